@@ -1,0 +1,332 @@
+"""The experiment configuration: YAML in Determined's shape, validated by pydantic.
+
+Every problem in a file becomes one line ``<field path>: <what is wrong and what is
+allowed>``; :func:`load_config` raises :class:`ConfigError` holding all of them, so the
+CLI prints them and exits 2 before anything touches the database.
+
+Example:
+    >>> cfg = parse_config({
+    ...     "name": "demo", "entrypoint": "model:Trial",
+    ...     "hyperparameters": {"global_batch_size": 64, "lr": {"type": "log", "minval": 1e-4, "maxval": 1e-1}},
+    ...     "searcher": {"name": "random", "metric": "val_loss", "max_trials": 2, "max_length": {"epochs": 1}},
+    ... })
+    >>> cfg.searcher.max_trials
+    2
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from trials import CheckpointStorageConfig, Length, OptimizationsConfig, ProfilingConfig
+
+SEARCHER_NAMES = ("random", "grid", "tpe", "cmaes", "gp", "nsga2")
+PRUNER_NAMES = ("asha", "hyperband", "median", "none")
+COST_OBJECTIVES = ("slot_seconds", "wall_seconds")
+
+
+class ConfigError(Exception):
+    """A configuration that cannot run; ``problems`` holds one line per problem."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ConstHP(_Strict):
+    type: Literal["const"]
+    val: Any
+
+
+class IntHP(_Strict):
+    type: Literal["int"]
+    minval: int
+    maxval: int
+    count: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> IntHP:
+        if self.minval > self.maxval:
+            raise ValueError(f"minval ({self.minval}) must not exceed maxval ({self.maxval})")
+        return self
+
+
+class DoubleHP(_Strict):
+    type: Literal["double"]
+    minval: float
+    maxval: float
+    count: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> DoubleHP:
+        if not self.minval < self.maxval:
+            raise ValueError(f"minval ({self.minval}) must be less than maxval ({self.maxval})")
+        return self
+
+
+class LogHP(_Strict):
+    """A log-uniform range; ``minval``/``maxval`` are the values themselves (not exponents)."""
+
+    type: Literal["log"]
+    minval: float = Field(gt=0)
+    maxval: float = Field(gt=0)
+    count: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LogHP:
+        if not self.minval < self.maxval:
+            raise ValueError(f"minval ({self.minval}) must be less than maxval ({self.maxval})")
+        return self
+
+
+class CategoricalHP(_Strict):
+    type: Literal["categorical"]
+    vals: list[Any] = Field(min_length=1)
+
+
+Hyperparameter = Annotated[
+    ConstHP | IntHP | DoubleHP | LogHP | CategoricalHP, Field(discriminator="type")
+]
+_HP_ADAPTER: TypeAdapter[Any] = TypeAdapter(Hyperparameter)
+HP_TYPES = ("const", "int", "double", "log", "categorical")
+
+
+class PrunerConfig(_Strict):
+    """Early stopping; the resource unit follows ``searcher.max_length``."""
+
+    name: Literal["asha", "hyperband", "median", "none"] = "none"
+    min_resource: int = Field(default=1, ge=1)
+    reduction_factor: int = Field(default=3, ge=2)
+    min_early_stopping_rate: int = Field(default=0, ge=0)
+    n_startup_trials: int = Field(default=5, ge=0)
+    n_warmup_steps: int = Field(default=0, ge=0)
+
+
+class ObjectiveConfig(_Strict):
+    """An extra objective measured by the platform, for cost-aware multi-objective search."""
+
+    name: Literal["slot_seconds", "wall_seconds"]
+    smaller_is_better: Literal[True] = True
+
+
+class SearcherConfig(_Strict):
+    name: Literal["random", "grid", "tpe", "cmaes", "gp", "nsga2"] = "tpe"
+    metric: str = Field(min_length=1)
+    smaller_is_better: bool = True
+    max_trials: int = Field(ge=1)
+    max_length: Length
+    max_concurrent_trials: int = Field(default=1, ge=1)
+    seed: int | None = None
+    n_startup_trials: int = Field(default=10, ge=0)
+    pruner: PrunerConfig = Field(default_factory=PrunerConfig)
+    objectives: list[ObjectiveConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _multi_objective(self) -> SearcherConfig:
+        if self.name == "nsga2" and not self.objectives:
+            raise ValueError(
+                "nsga2 is multi-objective: add 'objectives' (slot_seconds or wall_seconds)"
+            )
+        if self.objectives and self.name not in ("random", "tpe", "nsga2", "gp"):
+            raise ValueError(
+                f"{self.name} is single-objective; with 'objectives' use random, tpe, gp or nsga2"
+            )
+        if self.objectives and self.pruner.name != "none":
+            raise ValueError(
+                "pruning is single-objective: set pruner.name to none with 'objectives'"
+            )
+        return self
+
+
+class ResourcesConfig(_Strict):
+    slots_per_trial: int = Field(default=1, ge=1)
+    resource_pool: str = Field(default="default", min_length=1)
+    # Determined's convention: a lower number runs first (1..99, default 42).
+    priority: int = Field(default=42, ge=1, le=99)
+
+
+class ExperimentConfig(_Strict):
+    """A whole experiment; see the README's configuration reference."""
+
+    name: str = Field(min_length=1, max_length=200)
+    description: str = ""
+    entrypoint: str
+    hyperparameters: dict[str, Hyperparameter]
+    searcher: SearcherConfig
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    optimizations: OptimizationsConfig = Field(default_factory=OptimizationsConfig)
+    min_validation_period: Length = Field(default_factory=lambda: Length(epochs=1))
+    min_checkpoint_period: Length | None = Field(default_factory=lambda: Length(epochs=1))
+    checkpoint_storage: CheckpointStorageConfig = Field(default_factory=CheckpointStorageConfig)
+    profiling: ProfilingConfig = Field(default_factory=ProfilingConfig)
+    max_restarts: int = Field(default=5, ge=0)
+    data: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint_shape(cls, value: str) -> str:
+        module, sep, attr = value.partition(":")
+        if not sep or not module or not attr:
+            raise ValueError("must be 'module:ClassName', e.g. 'model:DigitsTrial'")
+        return value
+
+    @field_validator("hyperparameters", mode="before")
+    @classmethod
+    def _shorthand_consts(cls, value: Any) -> Any:
+        # Determined allows a bare value for a constant: `lr_scaling: linear`.
+        if not isinstance(value, dict):
+            return value
+        return {
+            key: hp if isinstance(hp, dict) else {"type": "const", "val": hp}
+            for key, hp in value.items()
+        }
+
+    @model_validator(mode="after")
+    def _batch_size(self) -> ExperimentConfig:
+        gbs = self.hyperparameters.get("global_batch_size")
+        if gbs is None:
+            raise ValueError(
+                "hyperparameters.global_batch_size: required (an integer, or int/categorical of integers)"
+            )
+        for value in _possible_values(gbs):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(
+                    f"hyperparameters.global_batch_size: must be an integer, got {value!r}"
+                )
+            for slots in self.possible_slots_per_trial():
+                if value < slots:
+                    raise ValueError(
+                        f"hyperparameters.global_batch_size: {value} is smaller than "
+                        f"slots_per_trial ({slots}); each slot needs at least one sample"
+                    )
+        return self
+
+    def possible_slots_per_trial(self) -> list[int]:
+        """Every slots_per_trial a trial may ask for (it can itself be a hyperparameter)."""
+        hp = self.hyperparameters.get("slots_per_trial")
+        if hp is None:
+            return [self.resources.slots_per_trial]
+        return [int(v) for v in _possible_values(hp)]
+
+
+def _possible_values(hp: Any) -> list[Any]:
+    if isinstance(hp, ConstHP):
+        return [hp.val]
+    if isinstance(hp, CategoricalHP):
+        return list(hp.vals)
+    if isinstance(hp, IntHP):
+        return [hp.minval, hp.maxval]
+    return [hp.minval, hp.maxval]
+
+
+def _allowed_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
+    """Field names allowed at ``loc`` (for 'unknown field' messages)."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            field = current.model_fields.get(str(part))
+            if field is None:
+                return None
+            current = _unwrap(field.annotation)
+        elif isinstance(part, str) and part in HP_TYPES:
+            current = {
+                "const": ConstHP,
+                "int": IntHP,
+                "double": DoubleHP,
+                "log": LogHP,
+                "categorical": CategoricalHP,
+            }[part]
+        else:
+            current = _unwrap(current)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return None
+
+
+def _unwrap(annotation: Any) -> Any:
+    import typing
+
+    for arg in typing.get_args(annotation) or ():
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return annotation
+
+
+def _format_error(error: Any) -> str:
+    loc = tuple(error["loc"])
+    # Discriminated unions put the chosen tag in the path; users never wrote it.
+    path_parts = [str(p) for p in loc if not (isinstance(p, str) and p in HP_TYPES)]
+    path = ".".join(path_parts) or "<top level>"
+    kind = error["type"]
+    msg = error["msg"]
+    if kind == "extra_forbidden":
+        allowed = _allowed_fields(ExperimentConfig, loc)
+        hint = f"; allowed: {', '.join(allowed)}" if allowed else ""
+        return f"{path}: unknown field{hint}"
+    if kind == "missing":
+        return f"{path}: required field is missing"
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        return f"{path}.type: must be one of {', '.join(HP_TYPES)}"
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+        if msg.startswith("hyperparameters."):
+            return msg
+    got = error.get("input")
+    if kind not in ("model_type",) and not isinstance(got, (dict, list)):
+        return f"{path}: {msg} (got {got!r})"
+    return f"{path}: {msg}"
+
+
+def parse_config(raw: Any, config_dir: Path | None = None) -> ExperimentConfig:
+    """Validate a loaded YAML document; raises :class:`ConfigError` listing every problem."""
+    if not isinstance(raw, dict):
+        raise ConfigError(["<top level>: must be a mapping of fields (name, entrypoint, ...)"])
+    try:
+        config = ExperimentConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(sorted({_format_error(e) for e in exc.errors()})) from None
+    if config_dir is not None:
+        module = config.entrypoint.partition(":")[0]
+        module_path = config_dir / Path(*module.split("."))
+        if not (
+            module_path.with_suffix(".py").is_file() or (module_path / "__init__.py").is_file()
+        ):
+            raise ConfigError(
+                [
+                    f"entrypoint: module '{module}' not found in {config_dir} "
+                    f"(expected {module_path.with_suffix('.py')})"
+                ]
+            )
+    return config
+
+
+def load_config(path: str | Path) -> ExperimentConfig:
+    """Read and validate an experiment YAML file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError([f"config: cannot read {path}: {exc.strerror}"]) from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError([f"config: not valid YAML{where}"]) from None
+    return parse_config(raw, config_dir=path.resolve().parent)

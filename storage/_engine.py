@@ -1,0 +1,109 @@
+"""Engines and sessions that many processes can share safely.
+
+SQLite is the embedded default and several processes (the driver, rank 0 of every
+running trial, the UI) write to one file at once. Two things keep that free of
+"database is locked": WAL mode (readers never block the writer) with a busy timeout,
+and ``BEGIN IMMEDIATE`` for every transaction, so a transaction takes the write lock
+up front instead of failing when it upgrades a stale read snapshot (SQLite does not
+call the busy handler in that case).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+import sqlalchemy
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from storage._url import resolve_db_url
+
+SQLITE_BUSY_TIMEOUT_S = 60.0
+
+
+def _make_sqlite_shareable(engine: Engine, read_only: bool = False) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # The driver's own transaction handling is turned off so that ours (below) is used.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+        if not read_only:
+            cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA synchronous = NORMAL")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+
+def prepare_engine(engine: Engine, read_only: bool = False) -> Engine:
+    """Apply slotsweep's SQLite settings to an engine someone else created (Optuna's).
+
+    Pooled connections made before the listeners existed are dropped, so every
+    connection from now on has the settings.
+    """
+    if engine.url.get_backend_name() == "sqlite":
+        _make_sqlite_shareable(engine, read_only=read_only)
+        engine.dispose()
+    return engine
+
+
+def engine_kwargs(url: str) -> dict[str, Any]:
+    """Keyword arguments for ``create_engine`` that suit ``url``'s backend."""
+    if make_backend(url) == "sqlite":
+        return {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False}}
+    return {"pool_pre_ping": True}
+
+
+def make_backend(url: str) -> str:
+    return sqlalchemy.engine.make_url(url).get_backend_name()
+
+
+@functools.lru_cache(maxsize=16)
+def get_engine(url: str | None = None, read_only: bool = False) -> Engine:
+    """One engine per (URL, mode) and process.
+
+    ``read_only`` engines (the UI) start deferred transactions, so a reader never holds
+    the write lock and never makes a writer wait.
+
+    Example:
+        >>> engine = get_engine("sqlite://")
+        >>> engine.url.get_backend_name()
+        'sqlite'
+    """
+    resolved = resolve_db_url(url)
+    engine = sqlalchemy.create_engine(resolved, **engine_kwargs(resolved))
+    return prepare_engine(engine, read_only=read_only)
+
+
+@functools.lru_cache(maxsize=16)
+def _session_factory(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(bind=engine, expire_on_commit=False)
+
+
+@contextlib.contextmanager
+def session_scope(url_or_engine: str | Engine | None = None) -> Iterator[Session]:
+    """A session committed on success and rolled back on error.
+
+    Example:
+        >>> with session_scope("sqlite://") as session:
+        ...     session.execute(sqlalchemy.text("select 1")).scalar()
+        1
+    """
+    engine = url_or_engine if isinstance(url_or_engine, Engine) else get_engine(url_or_engine)
+    session = _session_factory(engine)()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()

@@ -1,0 +1,248 @@
+"""SQLAlchemy models of everything slotsweep records.
+
+Table names carry a ``slotsweep_`` prefix because Optuna's own tables (``studies``,
+``trials``, ...) live in the same database: one URL opens both, and any Optuna tool
+(optuna-dashboard included) can read the study that a search created.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import enum
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Enum,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> _dt.datetime:
+    """Timezone-naive UTC now; every timestamp in the database is naive UTC."""
+    return _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of slotsweep's tables (never Optuna's)."""
+
+
+class ExperimentState(str, enum.Enum):
+    ACTIVE = "ACTIVE"
+    PAUSED = "PAUSED"
+    COMPLETED = "COMPLETED"
+    CANCELED = "CANCELED"
+    ERROR = "ERROR"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (ExperimentState.COMPLETED, ExperimentState.CANCELED, ExperimentState.ERROR)
+
+
+class TrialState(str, enum.Enum):
+    """A trial's life; the terminal three mirror Optuna's COMPLETE, PRUNED and FAIL."""
+
+    QUEUED = "QUEUED"
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    PRUNED = "PRUNED"
+    ERROR = "ERROR"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (TrialState.COMPLETED, TrialState.PRUNED, TrialState.ERROR)
+
+
+class MetricKind(str, enum.Enum):
+    TRAINING = "training"
+    VALIDATION = "validation"
+
+
+class CheckpointState(str, enum.Enum):
+    COMPLETED = "COMPLETED"
+    DELETED = "DELETED"
+
+
+def _enum(cls: type[enum.Enum]) -> Enum:
+    # Stored as plain strings (no native ENUM type) so migrations stay simple on PostgreSQL.
+    return Enum(cls, native_enum=False, length=16, validate_strings=True)
+
+
+class Experiment(Base):
+    __tablename__ = "slotsweep_experiments"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), index=True)
+    study_name: Mapped[str] = mapped_column(String(512), unique=True)
+    state: Mapped[ExperimentState] = mapped_column(_enum(ExperimentState), index=True)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    config_path: Mapped[str | None] = mapped_column(Text)
+    model_dir: Mapped[str] = mapped_column(Text)
+    max_trials: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+    ended_at: Mapped[_dt.datetime | None] = mapped_column(DateTime)
+    # The driver that owns the search; a stale heartbeat means it died.
+    driver_host: Mapped[str | None] = mapped_column(String(255))
+    driver_pid: Mapped[int | None] = mapped_column(Integer)
+    driver_heartbeat_at: Mapped[_dt.datetime | None] = mapped_column(DateTime)
+    # Set by `slotsweep pause|kill` from another terminal; the driver polls it.
+    requested_action: Mapped[str | None] = mapped_column(String(16))
+
+    trials: Mapped[list[Trial]] = relationship(back_populates="experiment")
+
+
+class Trial(Base):
+    __tablename__ = "slotsweep_trials"
+    __table_args__ = (UniqueConstraint("experiment_id", "optuna_trial_number"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("slotsweep_experiments.id", ondelete="CASCADE"), index=True
+    )
+    optuna_trial_id: Mapped[int] = mapped_column(Integer)
+    optuna_trial_number: Mapped[int] = mapped_column(Integer)
+    state: Mapped[TrialState] = mapped_column(_enum(TrialState), index=True)
+    hparams: Mapped[dict[str, Any]] = mapped_column(JSON)
+    slots_per_trial: Mapped[int] = mapped_column(Integer)
+    restarts: Mapped[int] = mapped_column(Integer, default=0)
+    log_path: Mapped[str | None] = mapped_column(Text)
+    searcher_metric_value: Mapped[float | None] = mapped_column(Float)
+    total_batches: Mapped[int] = mapped_column(Integer, default=0)
+    slot_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+    started_at: Mapped[_dt.datetime | None] = mapped_column(DateTime)
+    ended_at: Mapped[_dt.datetime | None] = mapped_column(DateTime)
+    # Written by rank 0 when the user's training finished normally, so that the outcome
+    # does not depend on torchrun's exit code (gloo teardown can abort a finished rank).
+    finished_at: Mapped[_dt.datetime | None] = mapped_column(DateTime)
+    pruned_at: Mapped[_dt.datetime | None] = mapped_column(DateTime)
+
+    experiment: Mapped[Experiment] = relationship(back_populates="trials")
+    runs: Mapped[list[TrialRun]] = relationship(
+        back_populates="trial", order_by="TrialRun.attempt"
+    )
+
+
+class TrialRun(Base):
+    """One launch of a trial: the first run is attempt 0, each restart adds one."""
+
+    __tablename__ = "slotsweep_trial_runs"
+    __table_args__ = (UniqueConstraint("trial_id", "attempt"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trial_id: Mapped[int] = mapped_column(
+        ForeignKey("slotsweep_trials.id", ondelete="CASCADE"), index=True
+    )
+    attempt: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+    ended_at: Mapped[_dt.datetime | None] = mapped_column(DateTime)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    restored_from_checkpoint: Mapped[str | None] = mapped_column(String(64))
+    restored_from_step: Mapped[int | None] = mapped_column(Integer)
+    agents: Mapped[list[str]] = mapped_column(JSON, default=list)
+    reason: Mapped[str | None] = mapped_column(Text)
+
+    trial: Mapped[Trial] = relationship(back_populates="runs")
+
+
+class Metric(Base):
+    """One averaged metric value; re-recording the same key replaces it (see ``record_metrics``)."""
+
+    __tablename__ = "slotsweep_metrics"
+    __table_args__ = (
+        UniqueConstraint("trial_id", "step", "kind", "name", name="uq_metric_key"),
+        Index("ix_metric_trial_kind_name", "trial_id", "kind", "name", "step"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("slotsweep_trials.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    epoch: Mapped[float | None] = mapped_column(Float)
+    kind: Mapped[MetricKind] = mapped_column(_enum(MetricKind))
+    name: Mapped[str] = mapped_column(String(255))
+    value: Mapped[float] = mapped_column(Float)
+    recorded_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class Checkpoint(Base):
+    __tablename__ = "slotsweep_checkpoints"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    uuid: Mapped[str] = mapped_column(String(64), unique=True)
+    trial_id: Mapped[int] = mapped_column(
+        ForeignKey("slotsweep_trials.id", ondelete="CASCADE"), index=True
+    )
+    step: Mapped[int] = mapped_column(Integer)
+    epoch: Mapped[float | None] = mapped_column(Float)
+    path: Mapped[str] = mapped_column(Text)
+    size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    metrics: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)
+    state: Mapped[CheckpointState] = mapped_column(_enum(CheckpointState))
+    created_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class Allocation(Base):
+    """A slot held by a running trial; the unique key is what stops two drivers sharing a slot."""
+
+    __tablename__ = "slotsweep_allocations"
+    __table_args__ = (UniqueConstraint("resource_pool", "agent", "slot", name="uq_slot"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    resource_pool: Mapped[str] = mapped_column(String(255))
+    agent: Mapped[str] = mapped_column(String(255))
+    host: Mapped[str] = mapped_column(String(255))
+    slot: Mapped[int] = mapped_column(Integer)
+    trial_id: Mapped[int] = mapped_column(
+        ForeignKey("slotsweep_trials.id", ondelete="CASCADE"), index=True
+    )
+    experiment_id: Mapped[int] = mapped_column(Integer, index=True)
+    allocated_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+    # Renewed by the owning driver; past it, another driver may reclaim the slot.
+    lease_expires_at: Mapped[_dt.datetime] = mapped_column(DateTime, index=True)
+
+
+class Timing(Base):
+    """A windowed aggregate of one profiled phase of the training loop (not one row per batch)."""
+
+    __tablename__ = "slotsweep_timings"
+    __table_args__ = (Index("ix_timing_trial_name", "trial_id", "name", "end_step"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("slotsweep_trials.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(64))
+    start_step: Mapped[int] = mapped_column(Integer)
+    end_step: Mapped[int] = mapped_column(Integer)
+    count: Mapped[int] = mapped_column(Integer)
+    mean_s: Mapped[float] = mapped_column(Float)
+    p50_s: Mapped[float] = mapped_column(Float)
+    p95_s: Mapped[float] = mapped_column(Float)
+    total_s: Mapped[float] = mapped_column(Float)
+    recorded_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class SystemMetric(Base):
+    """Host or GPU utilisation sampled on an agent while a trial runs."""
+
+    __tablename__ = "slotsweep_system_metrics"
+    __table_args__ = (Index("ix_sysmetric_trial", "trial_id", "agent", "name", "recorded_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trial_id: Mapped[int | None] = mapped_column(
+        ForeignKey("slotsweep_trials.id", ondelete="CASCADE")
+    )
+    agent: Mapped[str] = mapped_column(String(255))
+    gpu_index: Mapped[int | None] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(64))
+    value: Mapped[float] = mapped_column(Float)
+    recorded_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)

@@ -1,0 +1,59 @@
+"""Writes that must be idempotent, because a restarted trial records the same steps again."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from storage._models import Metric, MetricKind, utcnow
+
+
+def record_metrics(
+    session: Session,
+    trial_id: int,
+    step: int,
+    kind: MetricKind,
+    values: Mapping[str, float],
+    epoch: float | None = None,
+) -> None:
+    """Insert or replace one step's metrics; a key (trial, step, kind, name) exists once.
+
+    Example:
+        >>> record_metrics(session, trial_id=1, step=100, kind=MetricKind.VALIDATION,
+        ...                values={"val_loss": 0.3})  # doctest: +SKIP
+    """
+    if not values:
+        return
+    rows: list[dict[str, Any]] = [
+        {
+            "trial_id": trial_id,
+            "step": step,
+            "epoch": epoch,
+            "kind": kind,
+            "name": name,
+            "value": float(value),
+            "recorded_at": utcnow(),
+        }
+        for name, value in values.items()
+    ]
+    dialect = session.get_bind().dialect.name
+    insert: Any
+    if dialect == "sqlite":
+        insert = sqlite.insert(Metric)
+    elif dialect == "postgresql":
+        insert = postgresql.insert(Metric)
+    else:
+        raise NotImplementedError(f"metrics upsert is not implemented for {dialect}")
+    statement = insert.values(rows)
+    statement = statement.on_conflict_do_update(
+        index_elements=["trial_id", "step", "kind", "name"],
+        set_={
+            "value": statement.excluded.value,
+            "epoch": statement.excluded.epoch,
+            "recorded_at": statement.excluded.recorded_at,
+        },
+    )
+    session.execute(statement)

@@ -1,0 +1,23 @@
+"""slotsweep's trials: the scheduler, the launcher and the in-worker runtime.
+
+``trials`` may import ``storage``, never ``searcher`` or ``ui``. Code that runs inside
+each rank keeps heavy imports (Optuna, SQLAlchemy) lazy so a trial starts fast.
+"""
+
+from trials._batching import per_slot_batch_size
+from trials._config import (
+    CheckpointStorageConfig,
+    Length,
+    OptimizationsConfig,
+    ProfilingConfig,
+    RuntimeSpec,
+)
+
+__all__ = [
+    "CheckpointStorageConfig",
+    "Length",
+    "OptimizationsConfig",
+    "ProfilingConfig",
+    "RuntimeSpec",
+    "per_slot_batch_size",
+]

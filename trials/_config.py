@@ -1,0 +1,111 @@
+"""Configuration sections that the in-worker runtime reads.
+
+These are the parts of an experiment config that matter inside a rank. They live in
+``trials`` (not ``searcher``) because the runtime must not import the driver; the
+experiment config in ``searcher`` is composed from them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Length(_Strict):
+    """A training length or period in Determined's units: ``{epochs: N}`` or ``{batches: N}``.
+
+    Example:
+        >>> Length(epochs=2).unit, Length(batches=50).value
+        ('epochs', 50)
+    """
+
+    epochs: int | None = Field(default=None, ge=1)
+    batches: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Length:
+        if (self.epochs is None) == (self.batches is None):
+            raise ValueError("give exactly one of 'epochs' or 'batches' (a positive integer)")
+        return self
+
+    @property
+    def unit(self) -> Literal["epochs", "batches"]:
+        return "epochs" if self.epochs is not None else "batches"
+
+    @property
+    def value(self) -> int:
+        return self.epochs if self.epochs is not None else self.batches  # type: ignore[return-value]
+
+    def in_batches(self, batches_per_epoch: int) -> int:
+        """This length in optimizer-visible batches, given the epoch size."""
+        return self.value * batches_per_epoch if self.unit == "epochs" else self.value
+
+
+class OptimizationsConfig(_Strict):
+    """Determined's ``optimizations`` section, applied by the managed loop."""
+
+    aggregation_frequency: int = Field(default=1, ge=1)
+    average_aggregated_gradients: bool = True
+    average_training_metrics: bool = True
+    gradient_compression: Literal["none", "fp16", "bf16", "powersgd"] = "none"
+    powersgd_rank: int = Field(default=1, ge=1)
+    mixed_precision: Literal["none", "fp16", "bf16"] = "none"
+    tensor_fusion_threshold: float = Field(default=64.0, gt=0)
+
+
+class CheckpointStorageConfig(_Strict):
+    """Where checkpoints go and how many survive garbage collection."""
+
+    path: str = "./checkpoints"
+    save_trial_latest: int = Field(default=1, ge=0)
+    save_trial_best: int = Field(default=1, ge=0)
+    save_experiment_best: int = Field(default=0, ge=0)
+
+
+class ProfilingConfig(_Strict):
+    """Timings of the loop's phases, aggregated per window of batches."""
+
+    enabled: bool = True
+    window_batches: int = Field(default=50, ge=1)
+    # Only every n-th batch synchronises CUDA, so timing does not slow training.
+    sync_every: int = Field(default=10, ge=1)
+    system_metrics_interval_s: float = Field(default=5.0, gt=0)
+
+
+class RuntimeSpec(_Strict):
+    """Everything a rank needs to run one trial, written by the driver as JSON.
+
+    The driver passes the file's path in ``SLOTSWEEP_TRIAL_SPEC``; each rank reads it
+    at start-up. It holds no secret beyond the database URL the driver itself uses.
+    """
+
+    db_url: str
+    experiment_id: int
+    trial_id: int
+    study_name: str
+    optuna_trial_id: int
+    optuna_trial_number: int
+    attempt: int = 0
+    entrypoint: str
+    model_dir: str
+    hparams: dict[str, Any]
+    data: dict[str, Any] = Field(default_factory=dict)
+    slots_per_trial: int = Field(ge=1)
+    max_length: Length
+    searcher_metric: str
+    smaller_is_better: bool = True
+    pruning: bool = True
+    min_validation_period: Length
+    min_checkpoint_period: Length | None = None
+    optimizations: OptimizationsConfig = Field(default_factory=OptimizationsConfig)
+    checkpoint_storage: CheckpointStorageConfig = Field(default_factory=CheckpointStorageConfig)
+    profiling: ProfilingConfig = Field(default_factory=ProfilingConfig)
+    scratch_dir: str
+    seed: int | None = None
+    restore_checkpoint_path: str | None = None
+    agent: str = "local"
