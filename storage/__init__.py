@@ -26,6 +26,7 @@ from storage._models import (
     TrialState,
     utcnow,
 )
+from storage._optuna import optuna_storage
 from storage._records import record_metrics
 from storage._url import DB_ENV_VAR, DEFAULT_DB_URL, redact_url, resolve_db_url
 
@@ -46,6 +47,7 @@ __all__ = [
     "TrialRun",
     "TrialState",
     "get_engine",
+    "optuna_storage",
     "prepare_engine",
     "record_metrics",
     "redact_url",

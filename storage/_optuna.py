@@ -1,0 +1,31 @@
+"""Optuna's RDBStorage on slotsweep's database, with the same multi-process safety."""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+from storage._engine import engine_kwargs, prepare_engine
+from storage._url import resolve_db_url
+
+if TYPE_CHECKING:
+    from optuna.storages import RDBStorage
+
+
+@functools.lru_cache(maxsize=8)
+def optuna_storage(url: str | None = None) -> RDBStorage:
+    """Optuna's storage for the study tables in the same database as slotsweep's.
+
+    Optuna imports lazily so processes that never touch a study (most ranks) do not
+    pay for it.
+
+    Example:
+        >>> import optuna
+        >>> study = optuna.create_study(storage=optuna_storage("sqlite://"))  # doctest: +SKIP
+    """
+    from optuna.storages import RDBStorage
+
+    resolved = resolve_db_url(url)
+    storage = RDBStorage(resolved, engine_kwargs=engine_kwargs(resolved))
+    prepare_engine(storage.engine)
+    return storage
