@@ -28,7 +28,13 @@ from storage._models import (
 )
 from storage._optuna import optuna_storage
 from storage._records import record_metrics
-from storage._url import DB_ENV_VAR, DEFAULT_DB_URL, redact_url, resolve_db_url
+from storage._url import (
+    DB_ENV_VAR,
+    DEFAULT_DB_URL,
+    absolute_db_url,
+    redact_url,
+    resolve_db_url,
+)
 
 __all__ = [
     "DB_ENV_VAR",
@@ -46,6 +52,7 @@ __all__ = [
     "Trial",
     "TrialRun",
     "TrialState",
+    "absolute_db_url",
     "get_engine",
     "optuna_storage",
     "prepare_engine",

@@ -13,11 +13,12 @@ if TYPE_CHECKING:
 
 
 @functools.lru_cache(maxsize=8)
-def optuna_storage(url: str | None = None) -> RDBStorage:
+def optuna_storage(url: str | None = None, read_only: bool = False) -> RDBStorage:
     """Optuna's storage for the study tables in the same database as slotsweep's.
 
     Optuna imports lazily so processes that never touch a study (most ranks) do not
-    pay for it.
+    pay for it. ``read_only`` storages (the UI) create no tables and start deferred
+    transactions, so reading a study never takes the write lock from the driver.
 
     Example:
         >>> import optuna
@@ -26,6 +27,8 @@ def optuna_storage(url: str | None = None) -> RDBStorage:
     from optuna.storages import RDBStorage
 
     resolved = resolve_db_url(url)
-    storage = RDBStorage(resolved, engine_kwargs=engine_kwargs(resolved))
-    prepare_engine(storage.engine)
+    storage = RDBStorage(
+        resolved, engine_kwargs=engine_kwargs(resolved), skip_table_creation=read_only
+    )
+    prepare_engine(storage.engine, read_only=read_only)
     return storage

@@ -31,3 +31,24 @@ def redact_url(url: str) -> str:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:  # An unparsable URL is reported by whoever parses it next.
         return "<unparsable database URL>"
+
+
+def absolute_db_url(url: str, base_dir: str | None = None) -> str:
+    """``url`` with a relative SQLite path made absolute.
+
+    Trials run in their own working directory; ``sqlite:///slotsweep.db`` must still
+    mean the driver's file.
+
+    Example:
+        >>> absolute_db_url("sqlite:///x.db", "/work")
+        'sqlite:////work/x.db'
+    """
+    import os
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database:
+        return url
+    if parsed.database == ":memory:" or parsed.database.startswith("file:"):
+        return url
+    path = os.path.join(base_dir or os.getcwd(), os.path.expanduser(parsed.database))
+    return parsed.set(database=os.path.abspath(path)).render_as_string(hide_password=False)

@@ -10,6 +10,7 @@ from trials._config import (
     Length,
     OptimizationsConfig,
     ProfilingConfig,
+    PrunerSpec,
     RuntimeSpec,
 )
 
@@ -18,6 +19,7 @@ __all__ = [
     "Length",
     "OptimizationsConfig",
     "ProfilingConfig",
+    "PrunerSpec",
     "RuntimeSpec",
     "per_slot_batch_size",
 ]

@@ -77,6 +77,27 @@ class ProfilingConfig(_Strict):
     system_metrics_interval_s: float = Field(default=5.0, gt=0)
 
 
+class PrunerSpec(_Strict):
+    """An Optuna pruner by class name and arguments.
+
+    Optuna does not store a study's pruner, so every rank 0 that asks ``should_prune``
+    rebuilds the driver's pruner from this.
+
+    Example:
+        >>> PrunerSpec(name="SuccessiveHalvingPruner", kwargs={"min_resource": 1}).name
+        'SuccessiveHalvingPruner'
+    """
+
+    name: str
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    def build(self) -> Any:
+        """The ``optuna.pruners`` instance (imports Optuna)."""
+        import optuna
+
+        return getattr(optuna.pruners, self.name)(**self.kwargs)
+
+
 class RuntimeSpec(_Strict):
     """Everything a rank needs to run one trial, written by the driver as JSON.
 
@@ -100,6 +121,7 @@ class RuntimeSpec(_Strict):
     searcher_metric: str
     smaller_is_better: bool = True
     pruning: bool = True
+    pruner: PrunerSpec | None = None
     min_validation_period: Length
     min_checkpoint_period: Length | None = None
     optimizations: OptimizationsConfig = Field(default_factory=OptimizationsConfig)
@@ -109,3 +131,5 @@ class RuntimeSpec(_Strict):
     seed: int | None = None
     restore_checkpoint_path: str | None = None
     agent: str = "local"
+    # The driver creates this file to ask the trial to checkpoint and exit (pause, Ctrl-C).
+    preempt_path: str | None = None
