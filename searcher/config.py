@@ -16,6 +16,8 @@ Example:
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -49,9 +51,59 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _json_problem(value: Any) -> str | None:
+    """Why ``value`` is not JSON data, or None when it is.
+
+    Hyperparameter values are stored as JSON (trial rows, Optuna's tables) and shown in
+    the UI, so YAML-only values (dates, sets, recursive aliases) are refused up front.
+    """
+    done: set[int] = set()  # Containers already checked: YAML aliases share nodes.
+    path: set[int] = set()  # Containers on the current path: a repeat is a cycle.
+
+    def check(node: Any) -> str | None:
+        if node is None or isinstance(node, (bool, int, float, str)):
+            return None
+        if not isinstance(node, (list, dict)):
+            return f"{type(node).__name__} values cannot be stored"
+        if id(node) in path:
+            return "a value may not contain itself"
+        if id(node) in done:
+            return None
+        path.add(id(node))
+        if isinstance(node, dict):
+            if not all(isinstance(key, str) for key in node):
+                return "mapping keys must be strings"
+            items: list[Any] = list(node.values())
+        else:
+            items = node
+        for item in items:
+            problem = check(item)
+            if problem is not None:
+                return problem
+        path.discard(id(node))
+        done.add(id(node))
+        return None
+
+    try:
+        problem = check(value)
+    except RecursionError:
+        problem = "nested too deeply"
+    if problem is None:
+        return None
+    return f"must be JSON data (null, booleans, numbers, strings, lists, mappings): {problem}"
+
+
 class ConstHP(_Strict):
     type: Literal["const"]
     val: Any
+
+    @field_validator("val")
+    @classmethod
+    def _json_value(cls, value: Any) -> Any:
+        problem = _json_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
 
 class IntHP(_Strict):
@@ -65,6 +117,31 @@ class IntHP(_Strict):
         if self.minval > self.maxval:
             raise ValueError(f"minval ({self.minval}) must not exceed maxval ({self.maxval})")
         return self
+
+    def points(self) -> list[int] | None:
+        """The ``count`` evenly spaced integers this range is restricted to.
+
+        None means every integer in ``[minval, maxval]`` (no ``count``, or a ``count``
+        at least as large as the range, as in Determined). Points are rounded half up
+        and include both ends; ``count: 1`` is the midpoint.
+
+        Example:
+            >>> IntHP(type="int", minval=0, maxval=10, count=3).points()
+            [0, 5, 10]
+        """
+        span = self.maxval - self.minval
+        if self.count is None or self.count > span:
+            return None
+        if self.count == 1:
+            return [self.minval + span // 2]
+        gaps = self.count - 1
+        # Integer arithmetic: round(minval + k * span / gaps) without float error.
+        return [self.minval + (2 * k * span + gaps) // (2 * gaps) for k in range(self.count)]
+
+    def values(self) -> list[int]:
+        """Every integer a trial can get from this range."""
+        points = self.points()
+        return points if points is not None else list(range(self.minval, self.maxval + 1))
 
 
 class DoubleHP(_Strict):
@@ -99,6 +176,20 @@ class CategoricalHP(_Strict):
     type: Literal["categorical"]
     vals: list[Any] = Field(min_length=1)
 
+    @field_validator("vals")
+    @classmethod
+    def _json_distinct(cls, value: list[Any]) -> list[Any]:
+        problem = _json_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        seen: set[str] = set()
+        for val in value:
+            key = json.dumps(val, sort_keys=True)
+            if key in seen:
+                raise ValueError(f"{val!r} is listed twice; each value must appear once")
+            seen.add(key)
+        return value
+
 
 Hyperparameter = Annotated[
     ConstHP | IntHP | DoubleHP | LogHP | CategoricalHP, Field(discriminator="type")
@@ -132,10 +223,19 @@ class SearcherConfig(_Strict):
     max_trials: int = Field(ge=1)
     max_length: Length
     max_concurrent_trials: int = Field(default=1, ge=1)
-    seed: int | None = None
+    # NumPy's seed range, which every Optuna sampler uses.
+    seed: int | None = Field(default=None, ge=0, le=2**32 - 1)
     n_startup_trials: int = Field(default=10, ge=0)
     pruner: PrunerConfig = Field(default_factory=PrunerConfig)
     objectives: list[ObjectiveConfig] = Field(default_factory=list)
+
+    @field_validator("objectives", mode="before")
+    @classmethod
+    def _objective_names(cls, value: Any) -> Any:
+        # Shorthand: `objectives: [slot_seconds]`.
+        if not isinstance(value, list):
+            return value
+        return [{"name": item} if isinstance(item, str) else item for item in value]
 
     @model_validator(mode="after")
     def _multi_objective(self) -> SearcherConfig:
@@ -150,6 +250,15 @@ class SearcherConfig(_Strict):
         if self.objectives and self.pruner.name != "none":
             raise ValueError(
                 "pruning is single-objective: set pruner.name to none with 'objectives'"
+            )
+        if (
+            self.pruner.name in ("asha", "hyperband")
+            and self.pruner.min_resource >= self.max_length.value
+        ):
+            raise ValueError(
+                f"pruner.min_resource ({self.pruner.min_resource}) must be less than "
+                f"max_length ({self.max_length.value} {self.max_length.unit}); "
+                "otherwise no trial could be stopped early"
             )
         return self
 
@@ -197,6 +306,43 @@ class ExperimentConfig(_Strict):
             for key, hp in value.items()
         }
 
+    @field_validator("data")
+    @classmethod
+    def _json_data(cls, value: dict[str, Any]) -> dict[str, Any]:
+        problem = _json_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @model_validator(mode="after")
+    def _slots_hyperparameter(self) -> ExperimentConfig:
+        hp = self.hyperparameters.get("slots_per_trial")
+        if hp is None:
+            return self
+        if isinstance(hp, (DoubleHP, LogHP)):
+            raise ValueError(
+                "hyperparameters.slots_per_trial: must be an integer, or int/categorical of integers"
+            )
+        if isinstance(hp, IntHP) and hp.maxval - hp.minval >= _MAX_SLOT_CHOICES:
+            raise ValueError(
+                f"hyperparameters.slots_per_trial: an int range may span at most "
+                f"{_MAX_SLOT_CHOICES} values; use categorical vals for the sizes you want"
+            )
+        for value in _possible_values(hp):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(
+                    f"hyperparameters.slots_per_trial: must be a positive integer, got {value!r}"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _grid_counts(self) -> ExperimentConfig:
+        if self.searcher.name == "grid":
+            problems = grid_count_problems(self.hyperparameters)
+            if problems:
+                raise ValueError("\n".join(problems))
+        return self
+
     @model_validator(mode="after")
     def _batch_size(self) -> ExperimentConfig:
         gbs = self.hyperparameters.get("global_batch_size")
@@ -222,16 +368,36 @@ class ExperimentConfig(_Strict):
         hp = self.hyperparameters.get("slots_per_trial")
         if hp is None:
             return [self.resources.slots_per_trial]
+        if isinstance(hp, IntHP):
+            return hp.values()
         return [int(v) for v in _possible_values(hp)]
 
 
+# A slots_per_trial range is enumerated to check every size fits the pool.
+_MAX_SLOT_CHOICES = 1024
+
+
+def grid_count_problems(hyperparameters: Mapping[str, Any]) -> list[str]:
+    """One line per numeric hyperparameter lacking the ``count`` a grid search needs.
+
+    Example:
+        >>> grid_count_problems({"lr": DoubleHP(type="double", minval=0.0, maxval=1.0)})
+        ['hyperparameters.lr.count: required by the grid searcher (how many points between minval and maxval)']
+    """
+    return [
+        f"hyperparameters.{name}.count: required by the grid searcher "
+        "(how many points between minval and maxval)"
+        for name, hp in hyperparameters.items()
+        if isinstance(hp, (IntHP, DoubleHP, LogHP)) and hp.count is None
+    ]
+
+
 def _possible_values(hp: Any) -> list[Any]:
+    """The values to check a hyperparameter against (for ranges, the two ends)."""
     if isinstance(hp, ConstHP):
         return [hp.val]
     if isinstance(hp, CategoricalHP):
         return list(hp.vals)
-    if isinstance(hp, IntHP):
-        return [hp.minval, hp.maxval]
     return [hp.minval, hp.maxval]
 
 
@@ -288,7 +454,12 @@ def _format_error(error: Any) -> str:
         if msg.startswith("hyperparameters."):
             return msg
     got = error.get("input")
-    if kind not in ("model_type",) and not isinstance(got, (dict, list)):
+    if kind == "model_type":
+        # pydantic names our class ("instance of Length"); users wrote a YAML value.
+        fields = _allowed_fields(ExperimentConfig, (*loc, ""))
+        shape = f" with fields {', '.join(fields)}" if fields else ""
+        return f"{path}: must be a mapping{shape} (got {got!r})"
+    if not isinstance(got, (dict, list)):
         return f"{path}: {msg} (got {got!r})"
     return f"{path}: {msg}"
 
@@ -320,13 +491,21 @@ def load_config(path: str | Path) -> ExperimentConfig:
     """Read and validate an experiment YAML file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError([f"config: cannot read {path}: {exc.strerror}"]) from None
+    except UnicodeDecodeError:
+        raise ConfigError([f"config: {path} is not UTF-8 text"]) from None
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError([f"config: not valid YAML{where}"]) from None
+    except ValueError as exc:
+        # PyYAML's constructors raise plain errors for malformed scalars (`2024-13-45`).
+        raise ConfigError([f"config: not valid YAML ({exc})"]) from None
+    except Exception:
+        # Others (`!!timestamp x`, RecursionError from very deep nesting) say nothing useful.
+        raise ConfigError(["config: not valid YAML"]) from None
     return parse_config(raw, config_dir=path.resolve().parent)

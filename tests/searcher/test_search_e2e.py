@@ -1,0 +1,71 @@
+"""A real search through the CLI: real torchrun jobs, a real SQLite file, a real study."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import optuna
+import pytest
+from sqlalchemy import func, select
+
+from storage import (
+    Checkpoint,
+    CheckpointState,
+    Experiment,
+    ExperimentState,
+    Metric,
+    MetricKind,
+    Trial,
+    TrialState,
+    session_scope,
+)
+from tests.searcher.conftest import run_cli, write_experiment
+
+pytestmark = pytest.mark.slow
+
+
+def test_small_search_end_to_end(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    path = write_experiment(tmp_path / "exp")
+    db = f"sqlite:///{tmp_path / 'sweep.db'}"
+    result = run_cli(["run", str(path), "--db", db, "--no-progress"], cli_env, tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "Best trials" in result.stdout
+
+    with session_scope(db) as session:
+        experiment = session.scalars(select(Experiment)).one()
+        assert experiment.state == ExperimentState.COMPLETED
+        trials = list(session.scalars(select(Trial).order_by(Trial.id)))
+        assert len(trials) == 2
+        for trial in trials:
+            assert trial.state in (TrialState.COMPLETED, TrialState.PRUNED), trial.error
+            assert trial.slots_per_trial == 2
+            log = Path(trial.log_path or "").read_text()
+            ranks = set(re.findall(r"^\[rank (\d+)\] ", log, flags=re.MULTILINE))
+            assert ranks == {"0", "1"}, log[-2000:]
+            validation = session.scalar(
+                select(func.count()).where(
+                    Metric.trial_id == trial.id, Metric.kind == MetricKind.VALIDATION
+                )
+            )
+            assert validation and validation > 0
+            checkpoints = list(
+                session.scalars(
+                    select(Checkpoint).where(
+                        Checkpoint.trial_id == trial.id,
+                        Checkpoint.state == CheckpointState.COMPLETED,
+                    )
+                )
+            )
+            assert checkpoints and all(Path(c.path).exists() for c in checkpoints)
+        study_name = experiment.study_name
+
+    study = optuna.load_study(study_name=study_name, storage=db)
+    states = sorted(t.state.name for t in study.trials)
+    assert len(states) == 2 and set(states) <= {"COMPLETE", "PRUNED"}
+
+    listing = run_cli(["list", "--db", db], cli_env, tmp_path)
+    assert listing.returncode == 0 and "digits-large-batch" in listing.stdout
+    described = run_cli(["describe", "digits-large-batch", "--db", db], cli_env, tmp_path)
+    assert described.returncode == 0
+    assert "global_batch_size=" in described.stdout and "step" in described.stdout

@@ -1,0 +1,129 @@
+"""Storage on real databases: migrations, idempotent metric writes, multi-process SQLite."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import optuna
+import pytest
+from sqlalchemy import func, inspect, select, text
+
+from storage import (
+    Experiment,
+    ExperimentState,
+    Metric,
+    MetricKind,
+    Trial,
+    TrialState,
+    absolute_db_url,
+    get_engine,
+    optuna_storage,
+    record_metrics,
+    redact_url,
+    session_scope,
+    upgrade_schema,
+)
+from storage._migrate import VERSION_TABLE, current_revision, head_revision
+
+
+def _seed_trial(url: str) -> int:
+    with session_scope(url) as session:
+        experiment = Experiment(
+            name="e",
+            study_name=f"e-{id(session)}",
+            state=ExperimentState.ACTIVE,
+            config={},
+            model_dir="/tmp",
+            max_trials=1,
+        )
+        session.add(experiment)
+        session.flush()
+        trial = Trial(
+            experiment_id=experiment.id,
+            optuna_trial_id=0,
+            optuna_trial_number=0,
+            state=TrialState.RUNNING,
+            hparams={"lr": 0.1},
+            slots_per_trial=1,
+        )
+        session.add(trial)
+        session.flush()
+        return trial.id
+
+
+def _check_database(url: str) -> None:
+    upgrade_schema(url)
+    upgrade_schema(url)  # Idempotent.
+    assert current_revision(url) == head_revision()
+    tables = set(inspect(get_engine(url)).get_table_names())
+    assert {"slotsweep_experiments", "slotsweep_metrics", VERSION_TABLE} <= tables
+    # Optuna's own tables and version bookkeeping live beside ours, untouched.
+    study = optuna.create_study(storage=optuna_storage(url), study_name="shared")
+    study.tell(study.ask(), 1.0)
+    assert optuna.load_study(study_name="shared", storage=url).best_value == 1.0
+
+    trial_id = _seed_trial(url)
+    with session_scope(url) as session:
+        record_metrics(session, trial_id, 10, MetricKind.TRAINING, {"loss": 1.0, "acc": 0.5})
+    with session_scope(url) as session:
+        # A restarted trial records step 10 again: replaced, never duplicated.
+        record_metrics(session, trial_id, 10, MetricKind.TRAINING, {"loss": 0.9}, epoch=1.0)
+        record_metrics(session, trial_id, 10, MetricKind.VALIDATION, {"loss": 2.0})
+    with session_scope(url) as session:
+        rows = session.execute(
+            select(Metric.kind, Metric.name, Metric.value)
+            .where(Metric.trial_id == trial_id)
+            .order_by(Metric.kind, Metric.name)
+        ).all()
+    assert [(k.value, n, v) for k, n, v in rows] == [
+        ("training", "acc", 0.5),
+        ("training", "loss", 0.9),
+        ("validation", "loss", 2.0),
+    ]
+
+
+def test_sqlite_schema_and_metrics(db_url: str) -> None:
+    _check_database(db_url)
+    with get_engine(db_url).connect() as connection:
+        assert connection.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+        assert int(connection.execute(text("PRAGMA busy_timeout")).scalar() or 0) >= 10_000
+
+
+@pytest.mark.slow
+def test_postgresql_schema_and_metrics(postgres_url: str) -> None:
+    _check_database(postgres_url)
+
+
+def _hammer(url: str, trial_id: int, worker: int, steps: int) -> None:
+    for step in range(steps):
+        with session_scope(url) as session:
+            record_metrics(
+                session, trial_id, step, MetricKind.TRAINING, {f"loss_{worker}": float(step)}
+            )
+            trial = session.get(Trial, trial_id)
+            assert trial is not None
+            trial.total_batches = step
+
+
+def test_concurrent_sqlite_writers_never_see_database_locked(db_url: str) -> None:
+    trial_id = _seed_trial(db_url)
+    context = multiprocessing.get_context("spawn")
+    workers = [
+        context.Process(target=_hammer, args=(db_url, trial_id, worker, 60)) for worker in range(4)
+    ]
+    for process in workers:
+        process.start()
+    for process in workers:
+        process.join(timeout=120)
+    assert [p.exitcode for p in workers] == [0, 0, 0, 0]
+    with session_scope(db_url) as session:
+        count = session.scalar(select(func.count()).where(Metric.trial_id == trial_id))
+    assert count == 4 * 60
+
+
+def test_urls_are_made_absolute_and_passwords_hidden(tmp_path: Path) -> None:
+    assert absolute_db_url("sqlite:///x.db", str(tmp_path)) == f"sqlite:///{tmp_path}/x.db"
+    assert absolute_db_url("sqlite://") == "sqlite://"
+    hidden = redact_url("postgresql://me:secret@db:5432/sweeps")
+    assert "secret" not in hidden and "me" in hidden

@@ -1,0 +1,92 @@
+"""The cluster model: resource pools of agents, each agent with a fixed set of slots.
+
+These are plain frozen dataclasses (no I/O) so the scheduler core can be a pure function
+of them; :mod:`trials.scheduler._cluster_file` builds them from YAML or the local machine.
+
+Example:
+    >>> agent = Agent(name="a1", host="127.0.0.1", slots=(0, 1))
+    >>> cluster = Cluster(pools=(ResourcePool(name="default", agents=(agent,)),))
+    >>> cluster.pool("default").agents[0].size
+    2
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+FittingPolicy = Literal["best", "worst"]
+
+
+@dataclass(frozen=True)
+class Agent:
+    """One machine: ``slots`` are its GPU indices, or CPU slot numbers without GPUs."""
+
+    name: str
+    host: str
+    slots: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        """How many slots the agent has."""
+        return len(self.slots)
+
+
+@dataclass(frozen=True)
+class ResourcePool:
+    """Agents that trials of one pool share, with Determined's fitting options.
+
+    ``allowing_heterogeneous_fits`` lets a trial larger than one agent span whole free
+    agents of any sizes (the last one possibly in part) instead of a multiple of one
+    agent size. ``fitting_policy`` picks, for a trial that fits on one agent, the agent
+    with the fewest free slots that still fit ("best", keeps whole machines free for large
+    trials) or the most ("worst", spreads load).
+    """
+
+    name: str
+    agents: tuple[Agent, ...]
+    allowing_heterogeneous_fits: bool = False
+    fitting_policy: FittingPolicy = "best"
+
+    @property
+    def total_slots(self) -> int:
+        return sum(agent.size for agent in self.agents)
+
+    def agent(self, name: str) -> Agent:
+        """The agent called ``name``; ``KeyError`` if the pool has none of that name."""
+        for agent in self.agents:
+            if agent.name == name:
+                return agent
+        raise KeyError(f"resource pool {self.name!r} has no agent {name!r}")
+
+
+class UnknownPool(KeyError):
+    """A resource pool name the cluster does not declare; the message lists the pools."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        super().__init__(name)
+        self.name = name
+        self.known = known
+
+    def __str__(self) -> str:
+        # KeyError's own str() would quote the whole message.
+        return f"unknown resource pool {self.name!r}; pools: {', '.join(self.known) or '(none)'}"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Every resource pool that trials can be scheduled on."""
+
+    pools: tuple[ResourcePool, ...]
+
+    def pool(self, name: str) -> ResourcePool:
+        """The pool called ``name``; raises :class:`UnknownPool` listing the pools otherwise."""
+        for pool in self.pools:
+            if pool.name == name:
+                return pool
+        raise UnknownPool(name, [pool.name for pool in self.pools])
+
+    @property
+    def agents(self) -> tuple[tuple[ResourcePool, Agent], ...]:
+        """Every (pool, agent) pair, in declaration order."""
+        return tuple((pool, agent) for pool in self.pools for agent in pool.agents)

@@ -1,0 +1,759 @@
+"""The UI's reads: every query pages with LIMIT/OFFSET or aggregates in SQL.
+
+Nothing here imports Streamlit, so the queries are tested and benchmarked as plain
+functions. Each function opens its own short connection and closes it before
+returning: a read transaction left open would pin an old WAL snapshot and keep SQLite
+from checkpointing while the driver and trials write.
+
+Example:
+    >>> from storage import get_engine
+    >>> engine = get_engine("sqlite:///slotsweep.db", read_only=True)  # doctest: +SKIP
+    >>> page = list_experiments(engine, limit=50, offset=0)  # doctest: +SKIP
+    >>> page.total, list(page.rows.columns)[:3]  # doctest: +SKIP
+    (2, ['id', 'name', 'state'])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from storage import (
+    Allocation,
+    Checkpoint,
+    Experiment,
+    Metric,
+    MetricKind,
+    SystemMetric,
+    Timing,
+    Trial,
+    TrialRun,
+    TrialState,
+)
+
+_E = Experiment.__table__
+_T = Trial.__table__
+_R = TrialRun.__table__
+_M = Metric.__table__
+_C = Checkpoint.__table__
+_A = Allocation.__table__
+_TI = Timing.__table__
+_S = SystemMetric.__table__
+
+# Columns a user may sort the trials table by; anything else is refused, never
+# interpolated into SQL.
+TRIAL_SORT_COLUMNS: dict[str, sa.ColumnElement[Any]] = {
+    "number": _T.c.optuna_trial_number,
+    "metric": _T.c.searcher_metric_value,
+    "state": _T.c.state,
+    "started": _T.c.started_at,
+    "batches": _T.c.total_batches,
+    "slot_seconds": _T.c.slot_seconds,
+    "restarts": _T.c.restarts,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Page:
+    """One page of a table: its rows and how many rows the whole table has."""
+
+    rows: pd.DataFrame
+    total: int
+    offset: int
+    limit: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentSummary:
+    """One experiment with its trial counts, as the Experiment page's header shows it."""
+
+    id: int
+    name: str
+    study_name: str
+    state: str
+    max_trials: int
+    created_at: _dt.datetime
+    ended_at: _dt.datetime | None
+    config: dict[str, Any]
+    requested_action: str | None
+    driver_host: str | None
+    driver_pid: int | None
+    driver_heartbeat_at: _dt.datetime | None
+    counts: dict[str, int]
+    slots_in_use: int
+    best_value: float | None
+
+    @property
+    def metric(self) -> str:
+        return str(self.config.get("searcher", {}).get("metric", "metric"))
+
+    @property
+    def smaller_is_better(self) -> bool:
+        return bool(self.config.get("searcher", {}).get("smaller_is_better", True))
+
+    @property
+    def finished(self) -> int:
+        return sum(self.counts.get(s.value, 0) for s in TrialState if s.is_terminal)
+
+
+def _frame(result: sa.CursorResult[Any]) -> pd.DataFrame:
+    return pd.DataFrame(result.mappings().all(), columns=list(result.keys()))
+
+
+def _state_counts_columns() -> list[sa.ColumnElement[Any]]:
+    return [
+        sa.func.sum(sa.case((_T.c.state == state, 1), else_=0)).label(state.value.lower())
+        for state in TrialState
+    ]
+
+
+def _count_dict(row: Any) -> dict[str, int]:
+    return {state.value: int(row[state.value.lower()] or 0) for state in TrialState}
+
+
+def has_schema(engine: Engine) -> bool:
+    """Whether slotsweep's tables exist (a fresh or foreign database has none)."""
+    return sa.inspect(engine).has_table(_E.name)
+
+
+def experiment_count(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.select(sa.func.count()).select_from(_E)).scalar_one())
+
+
+def list_experiments(
+    engine: Engine,
+    *,
+    states: Sequence[str] = (),
+    name_contains: str = "",
+    limit: int = 50,
+    offset: int = 0,
+) -> Page:
+    """Experiments newest first, with trial counts, best value and slots in use.
+
+    Filtering and paging happen in SQL; the counts are aggregated only for the
+    experiments on the page.
+    """
+    where: list[sa.ColumnElement[bool]] = []
+    if states:
+        where.append(_E.c.state.in_(list(states)))
+    if name_contains:
+        escaped = name_contains.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        where.append(_E.c.name.ilike(f"%{escaped}%", escape="\\"))
+    with engine.connect() as conn:
+        total = conn.execute(sa.select(sa.func.count()).select_from(_E).where(*where)).scalar_one()
+        experiments = conn.execute(
+            sa.select(
+                _E.c.id,
+                _E.c.name,
+                _E.c.state,
+                _E.c.max_trials,
+                _E.c.created_at,
+                _E.c.ended_at,
+                _E.c.config,
+                _E.c.requested_action,
+            )
+            .where(*where)
+            .order_by(_E.c.id.desc())
+            .limit(limit)
+            .offset(offset)
+        ).all()
+        ids = [row.id for row in experiments]
+        counts = {
+            row.experiment_id: row
+            for row in conn.execute(
+                sa.select(
+                    _T.c.experiment_id,
+                    *_state_counts_columns(),
+                    sa.func.min(
+                        sa.case((_T.c.state == TrialState.COMPLETED, _T.c.searcher_metric_value))
+                    ).label("min_value"),
+                    sa.func.max(
+                        sa.case((_T.c.state == TrialState.COMPLETED, _T.c.searcher_metric_value))
+                    ).label("max_value"),
+                )
+                .where(_T.c.experiment_id.in_(ids))
+                .group_by(_T.c.experiment_id)
+            ).mappings()
+        }
+        slots = dict(
+            conn.execute(
+                sa.select(_A.c.experiment_id, sa.func.count())
+                .where(_A.c.experiment_id.in_(ids))
+                .group_by(_A.c.experiment_id)
+            ).all()
+        )
+    rows = []
+    for exp in experiments:
+        agg = counts.get(exp.id)
+        count = _count_dict(agg) if agg is not None else {s.value: 0 for s in TrialState}
+        smaller = bool((exp.config or {}).get("searcher", {}).get("smaller_is_better", True))
+        best = None if agg is None else (agg["min_value"] if smaller else agg["max_value"])
+        finished = sum(count[s.value] for s in TrialState if s.is_terminal)
+        rows.append(
+            {
+                "id": exp.id,
+                "name": exp.name,
+                "state": _enum_value(exp.state),
+                "progress": finished / exp.max_trials if exp.max_trials else 0.0,
+                "done": f"{finished}/{exp.max_trials}",
+                "completed": count["COMPLETED"],
+                "running": count["RUNNING"],
+                "queued": count["QUEUED"],
+                "pruned": count["PRUNED"],
+                "failed": count["ERROR"],
+                "best": best,
+                "metric": (exp.config or {}).get("searcher", {}).get("metric"),
+                "slots_in_use": int(slots.get(exp.id, 0)),
+                "started": exp.created_at,
+                "ended": exp.ended_at,
+                "requested_action": exp.requested_action,
+            }
+        )
+    columns = [
+        "id",
+        "name",
+        "state",
+        "progress",
+        "done",
+        "completed",
+        "running",
+        "queued",
+        "pruned",
+        "failed",
+        "best",
+        "metric",
+        "slots_in_use",
+        "started",
+        "ended",
+        "requested_action",
+    ]
+    return Page(pd.DataFrame(rows, columns=columns), int(total), offset, limit)
+
+
+def experiment_choices(engine: Engine, limit: int = 500) -> list[tuple[int, str]]:
+    """(id, name) of the newest experiments, for a picker."""
+    with engine.connect() as conn:
+        return [
+            (int(row.id), str(row.name))
+            for row in conn.execute(
+                sa.select(_E.c.id, _E.c.name).order_by(_E.c.id.desc()).limit(limit)
+            )
+        ]
+
+
+def experiment_summary(engine: Engine, experiment_id: int) -> ExperimentSummary | None:
+    """The experiment row with its trial counts, best value and slots in use."""
+    with engine.connect() as conn:
+        exp = conn.execute(sa.select(_E).where(_E.c.id == experiment_id)).first()
+        if exp is None:
+            return None
+        agg = (
+            conn.execute(
+                sa.select(
+                    *_state_counts_columns(),
+                    sa.func.min(
+                        sa.case((_T.c.state == TrialState.COMPLETED, _T.c.searcher_metric_value))
+                    ).label("min_value"),
+                    sa.func.max(
+                        sa.case((_T.c.state == TrialState.COMPLETED, _T.c.searcher_metric_value))
+                    ).label("max_value"),
+                ).where(_T.c.experiment_id == experiment_id)
+            )
+            .mappings()
+            .one()
+        )
+        slots = conn.execute(
+            sa.select(sa.func.count()).select_from(_A).where(_A.c.experiment_id == experiment_id)
+        ).scalar_one()
+    config = dict(exp.config or {})
+    smaller = bool(config.get("searcher", {}).get("smaller_is_better", True))
+    return ExperimentSummary(
+        id=exp.id,
+        name=exp.name,
+        study_name=exp.study_name,
+        state=_enum_value(exp.state),
+        max_trials=exp.max_trials,
+        created_at=exp.created_at,
+        ended_at=exp.ended_at,
+        config=config,
+        requested_action=exp.requested_action,
+        driver_host=exp.driver_host,
+        driver_pid=exp.driver_pid,
+        driver_heartbeat_at=exp.driver_heartbeat_at,
+        counts=_count_dict(agg),
+        slots_in_use=int(slots),
+        best_value=agg["min_value"] if smaller else agg["max_value"],
+    )
+
+
+def _trial_rows(rows: Sequence[Any]) -> pd.DataFrame:
+    out = []
+    for row in rows:
+        started, ended = row.started_at, row.ended_at
+        record = {
+            "id": row.id,
+            "number": row.optuna_trial_number,
+            "state": _enum_value(row.state),
+            "metric": row.searcher_metric_value,
+            "restarts": row.restarts,
+            "batches": row.total_batches,
+            "slot_seconds": row.slot_seconds,
+            "slots": row.slots_per_trial,
+            "started": started,
+            "duration_s": (ended - started).total_seconds() if started and ended else None,
+        }
+        for key, value in sorted((row.hparams or {}).items()):
+            record[f"hp.{key}"] = value if isinstance(value, (int, float, str, bool)) else str(value)
+        out.append(record)
+    return pd.DataFrame(out)
+
+
+_TRIAL_LIST_COLUMNS = (
+    _T.c.id,
+    _T.c.optuna_trial_number,
+    _T.c.state,
+    _T.c.searcher_metric_value,
+    _T.c.restarts,
+    _T.c.total_batches,
+    _T.c.slot_seconds,
+    _T.c.slots_per_trial,
+    _T.c.started_at,
+    _T.c.ended_at,
+    _T.c.hparams,
+)
+
+
+def best_trials(
+    engine: Engine, experiment_id: int, *, smaller_is_better: bool, limit: int = 10
+) -> pd.DataFrame:
+    """The completed trials with the best searcher metric, best first."""
+    order = _T.c.searcher_metric_value.asc() if smaller_is_better else _T.c.searcher_metric_value.desc()
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(*_TRIAL_LIST_COLUMNS)
+            .where(
+                _T.c.experiment_id == experiment_id,
+                _T.c.state == TrialState.COMPLETED,
+                _T.c.searcher_metric_value.is_not(None),
+            )
+            .order_by(order, _T.c.optuna_trial_number)
+            .limit(limit)
+        ).all()
+    return _trial_rows(rows)
+
+
+def list_trials(
+    engine: Engine,
+    experiment_id: int,
+    *,
+    states: Sequence[str] = (),
+    sort_by: str = "number",
+    descending: bool = False,
+    limit: int = 50,
+    offset: int = 0,
+) -> Page:
+    """One page of an experiment's trials, sorted in SQL by a whitelisted column."""
+    if sort_by not in TRIAL_SORT_COLUMNS:
+        raise ValueError(f"sort_by: must be one of {', '.join(TRIAL_SORT_COLUMNS)}, got {sort_by!r}")
+    column = TRIAL_SORT_COLUMNS[sort_by]
+    order = (column.desc() if descending else column.asc()).nulls_last()
+    where = [_T.c.experiment_id == experiment_id]
+    if states:
+        where.append(_T.c.state.in_(list(states)))
+    with engine.connect() as conn:
+        total = conn.execute(sa.select(sa.func.count()).select_from(_T).where(*where)).scalar_one()
+        rows = conn.execute(
+            sa.select(*_TRIAL_LIST_COLUMNS)
+            .where(*where)
+            .order_by(order, _T.c.optuna_trial_number)
+            .limit(limit)
+            .offset(offset)
+        ).all()
+    return Page(_trial_rows(rows), int(total), offset, limit)
+
+
+def trial_ids_by_number(engine: Engine, experiment_id: int, numbers: Sequence[int]) -> dict[int, int]:
+    """Optuna trial number -> slotsweep trial id, for the given numbers."""
+    if not numbers:
+        return {}
+    with engine.connect() as conn:
+        return {
+            int(number): int(trial_id)
+            for number, trial_id in conn.execute(
+                sa.select(_T.c.optuna_trial_number, _T.c.id).where(
+                    _T.c.experiment_id == experiment_id,
+                    _T.c.optuna_trial_number.in_(list(numbers)),
+                )
+            )
+        }
+
+
+def trial_number_range(engine: Engine, experiment_id: int) -> tuple[int, int] | None:
+    with engine.connect() as conn:
+        low, high = conn.execute(
+            sa.select(sa.func.min(_T.c.optuna_trial_number), sa.func.max(_T.c.optuna_trial_number))
+            .where(_T.c.experiment_id == experiment_id)
+        ).one()
+    return None if low is None else (int(low), int(high))
+
+
+def latest_trial_id(engine: Engine) -> int | None:
+    """The most recently created trial, shown when no trial was asked for."""
+    with engine.connect() as conn:
+        value = conn.execute(sa.select(sa.func.max(_T.c.id))).scalar_one()
+    return None if value is None else int(value)
+
+
+def trial_detail(engine: Engine, trial_id: int) -> dict[str, Any] | None:
+    """The trial row with its experiment's name and config."""
+    with engine.connect() as conn:
+        row = (
+            conn.execute(
+                sa.select(
+                    _T,
+                    _E.c.name.label("experiment_name"),
+                    _E.c.config.label("experiment_config"),
+                )
+                .join(_E, _E.c.id == _T.c.experiment_id)
+                .where(_T.c.id == trial_id)
+            )
+            .mappings()
+            .first()
+        )
+    if row is None:
+        return None
+    detail = dict(row)
+    detail["state"] = _enum_value(detail["state"])
+    return detail
+
+
+def metric_names(engine: Engine, trial_id: int) -> pd.DataFrame:
+    """Which metrics a trial recorded: kind, name, row count, step range, epochs known."""
+    with engine.connect() as conn:
+        return _frame(
+            conn.execute(
+                sa.select(
+                    _M.c.kind,
+                    _M.c.name,
+                    sa.func.count().label("rows"),
+                    sa.func.min(_M.c.step).label("min_step"),
+                    sa.func.max(_M.c.step).label("max_step"),
+                    sa.func.count(_M.c.epoch).label("with_epoch"),
+                )
+                .where(_M.c.trial_id == trial_id)
+                .group_by(_M.c.kind, _M.c.name)
+                .order_by(_M.c.kind, _M.c.name)
+            )
+        ).assign(kind=lambda df: df["kind"].map(_enum_value))
+
+
+def metric_curves(
+    engine: Engine,
+    trial_id: int,
+    kind: MetricKind | str,
+    names: Sequence[str],
+    *,
+    max_points: int = 400,
+) -> pd.DataFrame:
+    """Metric values by step, downsampled in SQL to about ``max_points`` per metric.
+
+    Rows are already averaged across ranks by the runtime; buckets of consecutive
+    steps are averaged again here so a long run stays a light chart. Columns: name,
+    step (first step of the bucket), epoch (mean, may be NaN), value (mean).
+    """
+    if not names:
+        return pd.DataFrame(columns=["name", "step", "epoch", "value"])
+    where = [_M.c.trial_id == trial_id, _M.c.kind == MetricKind(kind), _M.c.name.in_(list(names))]
+    with engine.connect() as conn:
+        low, high = conn.execute(
+            sa.select(sa.func.min(_M.c.step), sa.func.max(_M.c.step)).where(*where)
+        ).one()
+        if low is None:
+            return pd.DataFrame(columns=["name", "step", "epoch", "value"])
+        width = max(1, math.ceil((high - low + 1) / max(1, max_points)))
+        bucket = ((_M.c.step - low) // width) if width > 1 else _M.c.step
+        frame = _frame(
+            conn.execute(
+                sa.select(
+                    _M.c.name,
+                    sa.func.min(_M.c.step).label("step"),
+                    sa.func.avg(_M.c.epoch).label("epoch"),
+                    sa.func.avg(_M.c.value).label("value"),
+                )
+                .where(*where)
+                .group_by(_M.c.name, bucket)
+                .order_by(_M.c.name, sa.func.min(_M.c.step))
+            )
+        )
+    return frame
+
+
+def checkpoints(engine: Engine, trial_id: int, *, limit: int = 100) -> pd.DataFrame:
+    """A trial's checkpoints, newest step first."""
+    with engine.connect() as conn:
+        frame = _frame(
+            conn.execute(
+                sa.select(
+                    _C.c.uuid,
+                    _C.c.step,
+                    _C.c.epoch,
+                    _C.c.state,
+                    _C.c.size_bytes,
+                    _C.c.path,
+                    _C.c.metrics,
+                    _C.c.created_at,
+                )
+                .where(_C.c.trial_id == trial_id)
+                .order_by(_C.c.step.desc())
+                .limit(limit)
+            )
+        )
+    if not frame.empty:
+        frame["state"] = frame["state"].map(_enum_value)
+    return frame
+
+
+def trial_runs(engine: Engine, trial_id: int, *, limit: int = 100) -> pd.DataFrame:
+    """Every launch of a trial (attempt 0 is the first run, each restart adds one)."""
+    with engine.connect() as conn:
+        frame = _frame(
+            conn.execute(
+                sa.select(
+                    _R.c.attempt,
+                    _R.c.started_at,
+                    _R.c.ended_at,
+                    _R.c.exit_code,
+                    _R.c.restored_from_checkpoint,
+                    _R.c.restored_from_step,
+                    _R.c.agents,
+                    _R.c.reason,
+                )
+                .where(_R.c.trial_id == trial_id)
+                .order_by(_R.c.attempt)
+                .limit(limit)
+            )
+        )
+    if not frame.empty:
+        frame["agents"] = frame["agents"].map(lambda a: ", ".join(a or []))
+    return frame
+
+
+def timing_breakdown(engine: Engine, trial_id: int) -> pd.DataFrame:
+    """Per profiled phase: batches timed, weighted mean, median window p50, worst p95, total.
+
+    The runtime records windowed aggregates, so the mean over the trial is the
+    count-weighted mean of the windows; p50 and p95 cannot be merged exactly, so the
+    table shows the mean of window p50s and the largest window p95.
+    """
+    with engine.connect() as conn:
+        frame = _frame(
+            conn.execute(
+                sa.select(
+                    _TI.c.name.label("phase"),
+                    sa.func.count().label("windows"),
+                    sa.func.sum(_TI.c.count).label("batches"),
+                    (
+                        sa.func.sum(_TI.c.mean_s * _TI.c.count)
+                        / sa.func.nullif(sa.func.sum(_TI.c.count), 0)
+                    ).label("mean_s"),
+                    sa.func.avg(_TI.c.p50_s).label("p50_s"),
+                    sa.func.max(_TI.c.p95_s).label("p95_s"),
+                    sa.func.sum(_TI.c.total_s).label("total_s"),
+                )
+                .where(_TI.c.trial_id == trial_id)
+                .group_by(_TI.c.name)
+                .order_by(sa.func.sum(_TI.c.total_s).desc())
+            )
+        )
+    if not frame.empty:
+        grand = float(frame["total_s"].sum())
+        frame["share"] = frame["total_s"] / grand if grand > 0 else 0.0
+    return frame
+
+
+def timing_series(engine: Engine, trial_id: int, *, max_windows: int = 300) -> pd.DataFrame:
+    """Mean seconds per phase by window end step, the newest ``max_windows`` windows per phase."""
+    ranked = (
+        sa.select(
+            _TI.c.name,
+            _TI.c.end_step,
+            _TI.c.mean_s,
+            sa.func.row_number()
+            .over(partition_by=_TI.c.name, order_by=_TI.c.end_step.desc())
+            .label("rank"),
+        )
+        .where(_TI.c.trial_id == trial_id)
+        .subquery()
+    )
+    with engine.connect() as conn:
+        return _frame(
+            conn.execute(
+                sa.select(ranked.c.name, ranked.c.end_step, ranked.c.mean_s)
+                .where(ranked.c.rank <= max_windows)
+                .order_by(ranked.c.name, ranked.c.end_step)
+            )
+        )
+
+
+def system_metric_summary(engine: Engine, trial_id: int) -> pd.DataFrame:
+    """Per agent, GPU (empty for host metrics) and metric: samples, mean, max, last time."""
+    with engine.connect() as conn:
+        return _frame(
+            conn.execute(
+                sa.select(
+                    _S.c.agent,
+                    _S.c.gpu_index,
+                    _S.c.name,
+                    sa.func.count().label("samples"),
+                    sa.func.avg(_S.c.value).label("mean"),
+                    sa.func.max(_S.c.value).label("max"),
+                    sa.func.max(_S.c.recorded_at).label("last_recorded"),
+                )
+                .where(_S.c.trial_id == trial_id)
+                .group_by(_S.c.agent, _S.c.gpu_index, _S.c.name)
+                .order_by(_S.c.agent, _S.c.gpu_index, _S.c.name)
+            )
+        )
+
+
+def system_metric_series(
+    engine: Engine, trial_id: int, name: str, *, max_points: int = 300
+) -> pd.DataFrame:
+    """One system metric over time per agent/GPU, the newest ``max_points`` samples each."""
+    ranked = (
+        sa.select(
+            _S.c.agent,
+            _S.c.gpu_index,
+            _S.c.recorded_at,
+            _S.c.value,
+            sa.func.row_number()
+            .over(
+                partition_by=(_S.c.agent, _S.c.gpu_index),
+                order_by=_S.c.recorded_at.desc(),
+            )
+            .label("rank"),
+        )
+        .where(_S.c.trial_id == trial_id, _S.c.name == name)
+        .subquery()
+    )
+    with engine.connect() as conn:
+        return _frame(
+            conn.execute(
+                sa.select(ranked.c.agent, ranked.c.gpu_index, ranked.c.recorded_at, ranked.c.value)
+                .where(ranked.c.rank <= max_points)
+                .order_by(ranked.c.agent, ranked.c.gpu_index, ranked.c.recorded_at)
+            )
+        )
+
+
+def allocations(engine: Engine, *, limit: int = 500, offset: int = 0) -> Page:
+    """Held slots with the trial and experiment holding each."""
+    with engine.connect() as conn:
+        total = conn.execute(sa.select(sa.func.count()).select_from(_A)).scalar_one()
+        frame = _frame(
+            conn.execute(
+                sa.select(
+                    _A.c.resource_pool.label("pool"),
+                    _A.c.agent,
+                    _A.c.host,
+                    _A.c.slot,
+                    _A.c.experiment_id,
+                    _E.c.name.label("experiment"),
+                    _A.c.trial_id,
+                    _T.c.optuna_trial_number.label("trial_number"),
+                    _T.c.state.label("trial_state"),
+                    _A.c.allocated_at,
+                    _A.c.lease_expires_at,
+                )
+                .join(_T, _T.c.id == _A.c.trial_id)
+                .outerjoin(_E, _E.c.id == _A.c.experiment_id)
+                .order_by(_A.c.resource_pool, _A.c.agent, _A.c.slot)
+                .limit(limit)
+                .offset(offset)
+            )
+        )
+    if not frame.empty:
+        frame["trial_state"] = frame["trial_state"].map(_enum_value)
+    return Page(frame, int(total), offset, limit)
+
+
+def allocation_summary(engine: Engine) -> pd.DataFrame:
+    """Per pool and agent: slots held, trials holding them, the oldest allocation."""
+    with engine.connect() as conn:
+        return _frame(
+            conn.execute(
+                sa.select(
+                    _A.c.resource_pool.label("pool"),
+                    _A.c.agent,
+                    _A.c.host,
+                    sa.func.count().label("slots_held"),
+                    sa.func.count(sa.distinct(_A.c.trial_id)).label("trials"),
+                    sa.func.min(_A.c.allocated_at).label("since"),
+                )
+                .group_by(_A.c.resource_pool, _A.c.agent, _A.c.host)
+                .order_by(_A.c.resource_pool, _A.c.agent)
+            )
+        )
+
+
+def held_slots(engine: Engine, pool: str, agents: Sequence[str]) -> dict[tuple[str, int], dict[str, Any]]:
+    """(agent, slot) -> holder, for the agents of one pool (used with the cluster layout)."""
+    if not agents:
+        return {}
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(
+                _A.c.agent,
+                _A.c.slot,
+                _A.c.trial_id,
+                _A.c.experiment_id,
+                _T.c.optuna_trial_number,
+                _E.c.name.label("experiment"),
+            )
+            .join(_T, _T.c.id == _A.c.trial_id)
+            .outerjoin(_E, _E.c.id == _A.c.experiment_id)
+            .where(_A.c.resource_pool == pool, _A.c.agent.in_(list(agents)))
+        ).mappings()
+        return {(row["agent"], int(row["slot"])): dict(row) for row in rows}
+
+
+def optuna_study_signature(engine: Engine, study_name: str) -> tuple[Any, ...]:
+    """Changes whenever the study's trials change, so cached plots know when to refresh.
+
+    Reads Optuna's own tables (same database): trial count, states, last completion
+    and the number of intermediate values reported so far.
+    """
+    with engine.connect() as conn:
+        study_id = conn.execute(
+            sa.text("SELECT study_id FROM studies WHERE study_name = :name"), {"name": study_name}
+        ).scalar()
+        if study_id is None:
+            return (None,)
+        trials = conn.execute(
+            sa.text(
+                "SELECT COUNT(*), MAX(trial_id), MAX(datetime_complete),"
+                " SUM(CASE WHEN state = 'RUNNING' THEN 1 ELSE 0 END)"
+                " FROM trials WHERE study_id = :sid"
+            ),
+            {"sid": study_id},
+        ).one()
+        intermediate = conn.execute(
+            sa.text(
+                "SELECT COUNT(*) FROM trial_intermediate_values v"
+                " JOIN trials t ON t.trial_id = v.trial_id WHERE t.study_id = :sid"
+            ),
+            {"sid": study_id},
+        ).scalar_one()
+    return (study_id, *tuple(trials), intermediate)
+
+
+def _enum_value(value: Any) -> Any:
+    return getattr(value, "value", value)
