@@ -48,7 +48,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from trials.scheduler._cluster import Agent, ResourcePool
-from trials.scheduler._fitting import check_schedulable
+from trials.scheduler._fitting import check_schedulable, size_counts
 
 DEFAULT_PRIORITY = 42
 
@@ -116,6 +116,7 @@ class SlotScheduler:
         self._max = max(self._size, default=0)
         self._sizes_desc = sorted({s for s in self._size if s > 0}, reverse=True)
         self._mixed_sizes = len(self._sizes_desc) > 1
+        self._counts = size_counts(pool)
         self._best = pool.fitting_policy == "best"
         self._hetero = pool.allowing_heterogeneous_fits
         self._free_ids: list[set[int]] = []
@@ -336,14 +337,19 @@ class SlotScheduler:
         """The agents the blocked head request will start on once they drain."""
         size = self._size
         if slots <= self._max:
-            wanted_size, count, need = slots, 1, slots
+            # One agent large enough to hold the request.
+            eligible = [s for s in self._sizes_desc if s >= slots]
+            count, cover = 1, 0
         elif self._hetero:
-            wanted_size, count, need = 1, len(self._agents), slots
+            # Whole agents of any sizes that add up to the request.
+            eligible = self._sizes_desc
+            count, cover = len(self._agents), slots
         else:
-            wanted_size = next(
-                s for s in self._sizes_desc if slots % s == 0 and slots // s <= self._count(s)
+            # ``k`` agents of the size the request is a multiple of.
+            wanted = next(
+                s for s in self._sizes_desc if slots % s == 0 and slots // s <= self._counts[s]
             )
-            count, need = slots // wanted_size, slots
+            eligible, count, cover = [wanted], slots // wanted, 0
         chosen: list[int] = []
         covered = 0
         # Most free slots first: those agents drain soonest, so the head waits least.
@@ -351,26 +357,16 @@ class SlotScheduler:
             bucket = self._by_free[n]
             if not bucket:
                 continue
-            if self._mixed_sizes or self._hetero:
-                if slots <= self._max or self._hetero:
-                    members = sorted((i for i in bucket if size[i] >= wanted_size),
-                                     key=lambda i: (-size[i], i))
-                else:
-                    members = sorted(i for i in bucket if size[i] == wanted_size)
+            if self._mixed_sizes:
+                members = sorted((i for i in bucket if size[i] in eligible), key=lambda i: (-size[i], i))
             else:
-                members = sorted(bucket) if len(bucket) <= count - len(chosen) else (
-                    heapq.nsmallest(count - len(chosen), bucket)
-                )
+                members = sorted(bucket)
             for i in members:
                 chosen.append(i)
-                covered += size[i] if self._hetero and slots > self._max else 0
-                if len(chosen) == count or (self._hetero and slots > self._max and covered >= need):
+                covered += size[i]
+                if len(chosen) == count or (cover and covered >= cover):
                     return frozenset(chosen)
         return frozenset(chosen)
-
-    def _count(self, size: int) -> int:
-        return sum(1 for s in self._size if s == size)
-
 
 def schedule(
     pool: ResourcePool,

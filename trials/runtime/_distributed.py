@@ -1,0 +1,124 @@
+"""Where this rank sits in the job, and the few collectives the runtime needs.
+
+``torchrun`` describes the job through environment variables; :class:`DistributedInfo`
+reads them once. Every collective helper here is a no-op for a single rank, so the
+same loop runs with or without a process group (unit tests call it in-process).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistributedInfo:
+    """Rank, local rank and sizes of this process, as ``torchrun`` set them.
+
+    ``cross_rank`` is the node's rank (torchrun's ``GROUP_RANK``); with c10d rendezvous
+    it follows arrival order, not ``--node_rank``.
+
+    Example:
+        >>> info = DistributedInfo.from_env({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"})
+        >>> info.rank, info.world_size, info.is_chief
+        (1, 2, False)
+    """
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    cross_rank: int = 0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> DistributedInfo:
+        env = os.environ if env is None else env
+        world_size = int(env.get("WORLD_SIZE", "1"))
+        return cls(
+            rank=int(env.get("RANK", "0")),
+            local_rank=int(env.get("LOCAL_RANK", "0")),
+            world_size=world_size,
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", str(world_size))),
+            cross_rank=int(env.get("GROUP_RANK", "0")),
+        )
+
+    @property
+    def is_chief(self) -> bool:
+        """Rank 0: the only rank that writes to the database and the checkpoint store."""
+        return self.rank == 0
+
+    @property
+    def is_local_chief(self) -> bool:
+        """Local rank 0: one per node (runs the node's system-metrics sampler)."""
+        return self.local_rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def select_device(info: DistributedInfo) -> torch.device:
+    """``cuda:LOCAL_RANK`` when the driver gave this node GPUs, else the CPU."""
+    if torch.cuda.is_available():
+        device = torch.device("cuda", info.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def init_process_group(info: DistributedInfo, device: torch.device) -> None:
+    """Join torchrun's job: NCCL on GPUs, gloo on CPUs. Nothing to do for one rank."""
+    if not info.distributed or dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    kwargs: dict[str, Any] = {"backend": backend, "rank": info.rank, "world_size": info.world_size}
+    if device.type == "cuda":
+        # Binding the device lets NCCL set up its communicator eagerly and avoids a guess.
+        kwargs["device_id"] = device
+    dist.init_process_group(**kwargs)
+
+
+def destroy_process_group() -> None:
+    """Leave the job cleanly; without it gloo's teardown can abort a finished rank."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum ``tensor`` over every rank, in place; returned for chaining."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def broadcast_flag(flag: bool, device: torch.device) -> bool:
+    """Rank 0's ``flag`` on every rank (the prune decision, for instance)."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return flag
+    tensor = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.broadcast(tensor, src=0)
+    return bool(tensor.item() > 0.5)
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's picklable ``obj`` on every rank (a checkpoint's uuid, for instance)."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return obj
+    holder = [obj]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
+def gather_to_chief(obj: Any) -> list[Any] | None:
+    """Every rank's ``obj`` as a list on rank 0 (``None`` elsewhere)."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return [obj]
+    rank = dist.get_rank()
+    gathered: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
+    dist.gather_object(obj, gathered, dst=0)
+    return gathered

@@ -1,0 +1,15 @@
+"""slotsweep's web UI: a Streamlit app that shows what a search recorded.
+
+Pages: Experiments, Experiment (Optuna's plots of the study), Trial (metrics,
+checkpoints, restarts, log, profile, system metrics) and Cluster (slots and who holds
+them). The app only reads the database, through a read-only engine; the one write
+it can make is an explicitly confirmed pause or kill request.
+
+Example:
+    >>> import ui
+    >>> ui.launch("sqlite:///slotsweep.db", port=8501)  # doctest: +SKIP
+"""
+
+from ui._launch import APP_PATH, launch, streamlit_command
+
+__all__ = ["APP_PATH", "launch", "streamlit_command"]

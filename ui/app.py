@@ -1,0 +1,20 @@
+"""The Streamlit entry point: ``streamlit run ui/app.py -- --db URL`` (see ``ui.launch``)."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from ui import _context
+
+st.set_page_config(page_title="slotsweep", layout="wide")
+
+navigation = st.navigation(
+    [
+        st.Page(_context.EXPERIMENTS_PAGE, title="Experiments", url_path="experiments", default=True),
+        st.Page(_context.EXPERIMENT_PAGE, title="Experiment", url_path="experiment"),
+        st.Page(_context.TRIAL_PAGE, title="Trial", url_path="trial"),
+        st.Page(_context.CLUSTER_PAGE, title="Cluster", url_path="cluster"),
+    ]
+)
+_context.sidebar()
+navigation.run()
