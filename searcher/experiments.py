@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -32,7 +33,11 @@ class UsageError(Exception):
 
 
 def create_experiment(
-    config: ExperimentConfig, *, config_path: Path, db_url: str, directions: list[str]
+    config: ExperimentConfig,
+    *,
+    config_path: Path,
+    db_url: str,
+    directions: Sequence[Literal["minimize", "maximize"]],
 ) -> int:
     """Record a new experiment and create its Optuna study; returns the experiment id.
 

@@ -125,7 +125,7 @@ class TrialProcesses:
             if any(code not in (None, 0) for code in codes):
                 self.terminate()
             return None
-        return next((code for code in codes if code != 0), 0)  # type: ignore[return-value]
+        return next((code for code in codes if code != 0), 0)
 
     def terminate(self, sig: int = signal.SIGTERM) -> None:
         """Signal every process group of the trial (torchrun and its ranks)."""

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import sqlalchemy.exc
 import streamlit as st
 from sqlalchemy.engine import Engine, make_url
 
@@ -73,14 +74,27 @@ def require_database() -> Engine:
             "`slotsweep run CONFIG` (or pass `--db URL`) and this page fills in."
         )
         st.stop()
-    eng = engine()
-    if not _queries.has_schema(eng):
+    try:
+        eng = engine()
+        ready = _queries.has_schema(eng)
+    except sqlalchemy.exc.SQLAlchemyError as exc:
+        st.error(f"Cannot read the database `{redact_url(url)}`: {_safe_reason(exc, url)}")
+        st.stop()
+    if not ready:
         st.info(
             f"The database `{redact_url(url)}` has no slotsweep tables yet. "
             "Start a search with `slotsweep run CONFIG` and this page fills in."
         )
         st.stop()
     return eng
+
+
+def _safe_reason(exc: sqlalchemy.exc.SQLAlchemyError, url: str) -> str:
+    """The driver's first line of complaint, with the URL's password masked if it is echoed."""
+    original = getattr(exc, "orig", None) or exc
+    reason = (str(original).strip().splitlines() or [type(original).__name__])[0]
+    password = make_url(url).password
+    return reason.replace(str(password), "***") if password else reason
 
 
 def refresh_seconds() -> float | None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from storage import absolute_db_url, redact_url, resolve_db_url
@@ -56,8 +58,15 @@ def launch(
     command = streamlit_command(url, host=host, port=port, headless=headless)
     print(f"slotsweep ui: {redact_url(url)} at http://{host}:{port}", flush=True)
     process = subprocess.Popen(command)
+    # `kill PID` of `slotsweep ui` must stop the server too, not orphan it.
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, lambda signum, _frame: process.send_signal(signum))
     try:
         return process.wait()
     except KeyboardInterrupt:
         # Ctrl-C reaches the whole process group; let Streamlit finish shutting down.
         return process.wait()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)

@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -51,7 +52,10 @@ def snapshot_study(url: str, study_name: str) -> optuna.Study:
     )
     copy.add_trials(stored.get_trials(deepcopy=False))
     if stored.metric_names is not None:
-        copy.set_metric_names(stored.metric_names)
+        with warnings.catch_warnings():
+            # Experimental since Optuna 3.2; the plots only need the names.
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            copy.set_metric_names(stored.metric_names)
     return copy
 
 

@@ -71,16 +71,21 @@ def select_device(info: DistributedInfo) -> torch.device:
     return torch.device("cpu")
 
 
-def init_process_group(info: DistributedInfo, device: torch.device) -> None:
-    """Join torchrun's job: NCCL on GPUs, gloo on CPUs. Nothing to do for one rank."""
+def init_process_group(info: DistributedInfo, device: torch.device) -> bool:
+    """Join torchrun's job: NCCL on GPUs, gloo on CPUs; whether a group was created.
+
+    Nothing to do for one rank, or when the caller already joined (then the caller
+    also leaves).
+    """
     if not info.distributed or dist.is_initialized():
-        return
+        return False
     backend = "nccl" if device.type == "cuda" else "gloo"
     kwargs: dict[str, Any] = {"backend": backend, "rank": info.rank, "world_size": info.world_size}
     if device.type == "cuda":
         # Binding the device lets NCCL set up its communicator eagerly and avoids a guess.
         kwargs["device_id"] = device
     dist.init_process_group(**kwargs)
+    return True
 
 
 def destroy_process_group() -> None:

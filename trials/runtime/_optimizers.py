@@ -13,10 +13,11 @@ because importing it costs about a second of every trial's start-up.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch.optim.optimizer import ParamsT
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "radam", "lars", "lamb")
 LR_SCALINGS = ("none", "linear", "sqrt", "world_size")
@@ -65,7 +66,7 @@ def scaled_lr(
 
 
 def build_optimizer(
-    params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+    params: ParamsT,
     hparams: Mapping[str, Any],
     *,
     global_batch_size: int,

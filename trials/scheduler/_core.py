@@ -113,6 +113,7 @@ class SlotScheduler:
         if len(self._index) != len(self._agents):
             raise ValueError(f"resource pool {pool.name!r} declares an agent name twice")
         self._size = [agent.size for agent in self._agents]
+        self._total = sum(self._size)
         self._max = max(self._size, default=0)
         self._sizes_desc = sorted({s for s in self._size if s > 0}, reverse=True)
         self._mixed_sizes = len(self._sizes_desc) > 1
@@ -147,10 +148,13 @@ class SlotScheduler:
                 )
         self._free_ids = []
         for agent in self._agents:
-            ids = set(agent.slots) if free_slots is None else set(free_slots.get(agent.name, ()))
-            stray = ids - set(agent.slots)
-            if stray:
-                raise ValueError(f"agent {agent.name!r} has no slots {sorted(stray)}")
+            if free_slots is None:
+                ids = set(agent.slots)
+            else:
+                ids = set(free_slots.get(agent.name, ()))
+                if ids and not ids.issubset(agent.slots):
+                    stray = sorted(ids.difference(agent.slots))
+                    raise ValueError(f"agent {agent.name!r} has no slots {stray}")
             self._free_ids.append(ids)
         self._nfree = [len(ids) for ids in self._free_ids]
         self._by_free = [set() for _ in range(self._max + 1)]
@@ -163,7 +167,9 @@ class SlotScheduler:
 
     def free_slots(self) -> dict[str, frozenset[int]]:
         """Each agent's free slot ids now."""
-        return {a.name: frozenset(ids) for a, ids in zip(self._agents, self._free_ids)}
+        return {
+            a.name: frozenset(ids) for a, ids in zip(self._agents, self._free_ids, strict=True)
+        }
 
     @property
     def free_total(self) -> int:
@@ -171,7 +177,7 @@ class SlotScheduler:
 
     @property
     def used_total(self) -> int:
-        return sum(self._size) - self._free_total
+        return self._total - self._free_total
 
     def release(self, placement: Placement) -> None:
         """Give a finished (or failed-to-start) placement's slots back."""
@@ -313,24 +319,19 @@ class SlotScheduler:
         if sum(size[i] for i in candidates) < slots:
             return None
         candidates.sort(key=lambda i: (-size[i], i))
+        # Largest agents whole until the rest fits on one agent: as few agents as possible.
         chosen: list[tuple[int, int]] = []
-        skipped: list[int] = []
         remaining = slots
-        for i in candidates:
-            if remaining == 0:
-                break
-            if size[i] <= remaining:
+        for position, i in enumerate(candidates):
+            if size[i] < remaining:
                 chosen.append((i, size[i]))
                 remaining -= size[i]
-            else:
-                skipped.append(i)
-        if remaining:
-            # Every skipped agent is larger than what is left (sizes were descending).
-            if self._best:
-                last = min(skipped, key=lambda i: (size[i], i))
-            else:
-                last = min(skipped, key=lambda i: (-size[i], i))
+                continue
+            fits = [j for j in candidates[position:] if size[j] >= remaining]
+            # Best fit: the smallest agent that holds the rest; worst fit: the largest.
+            last = min(fits, key=lambda j: (size[j], j)) if self._best else fits[0]
             chosen.append((last, remaining))
+            break
         return chosen
 
     def _reserve(self, slots: int) -> frozenset[int]:
@@ -358,7 +359,11 @@ class SlotScheduler:
             if not bucket:
                 continue
             if self._mixed_sizes:
-                members = sorted((i for i in bucket if size[i] in eligible), key=lambda i: (-size[i], i))
+                members = sorted(
+                    (i for i in bucket if size[i] in eligible), key=lambda i: (-size[i], i)
+                )
+            elif count - len(chosen) == 1:
+                members = [min(bucket)]
             else:
                 members = sorted(bucket)
             for i in members:
@@ -367,6 +372,7 @@ class SlotScheduler:
                 if len(chosen) == count or (cover and covered >= cover):
                     return frozenset(chosen)
         return frozenset(chosen)
+
 
 def schedule(
     pool: ResourcePool,

@@ -39,7 +39,9 @@ def size_counts(pool: ResourcePool) -> Counter[int]:
     return Counter(agent.size for agent in pool.agents if agent.size > 0)
 
 
-def fits_ever(pool: ResourcePool, slots_per_trial: int, counts: Counter[int] | None = None) -> bool:
+def fits_ever(
+    pool: ResourcePool, slots_per_trial: int, counts: Counter[int] | None = None
+) -> bool:
     """Whether an otherwise idle pool could run a trial of ``slots_per_trial`` slots."""
     counts = size_counts(pool) if counts is None else counts
     if slots_per_trial < 1 or not counts:
@@ -49,8 +51,7 @@ def fits_ever(pool: ResourcePool, slots_per_trial: int, counts: Counter[int] | N
     if pool.allowing_heterogeneous_fits:
         return slots_per_trial <= sum(size * n for size, n in counts.items())
     return any(
-        slots_per_trial % size == 0 and slots_per_trial // size <= n
-        for size, n in counts.items()
+        slots_per_trial % size == 0 and slots_per_trial // size <= n for size, n in counts.items()
     )
 
 

@@ -20,6 +20,16 @@ def _optimizer(lr: float = LR) -> torch.optim.Optimizer:
     return torch.optim.SGD(torch.nn.Linear(3, 2).parameters(), lr=lr, momentum=0.9)
 
 
+def _two_group_optimizer() -> torch.optim.Optimizer:
+    """Weights at lr 1.0, the bias at the optimizer's default 0.2."""
+    model = torch.nn.Linear(3, 2)
+    groups: list[dict[str, Any]] = [
+        {"params": [model.weight], "lr": 1.0},
+        {"params": [model.bias]},
+    ]
+    return torch.optim.SGD(groups, lr=0.2)
+
+
 def _lrs(
     opt: torch.optim.Optimizer, sched: LRScheduler, steps: int, group: int = 0
 ) -> list[float]:
@@ -91,7 +101,9 @@ def test_warmup_then_step_decay_every_n_epochs_after_warmup() -> None:
         "lr_step_gamma": 0.5,
     }
     sched = build_lr_scheduler(opt, hparams, steps_per_epoch=4, total_steps=30)
-    expected = [_warmup(t, 4) for t in range(4)] + [LR * 0.5 ** ((t - 4) // 8) for t in range(4, 30)]
+    expected = [_warmup(t, 4) for t in range(4)] + [
+        LR * 0.5 ** ((t - 4) // 8) for t in range(4, 30)
+    ]
     assert _lrs(opt, sched, 30) == pytest.approx(expected)
 
 
@@ -111,8 +123,7 @@ def test_zero_warmup_steps_is_no_warmup() -> None:
 
 
 def test_every_param_group_warms_up_to_its_own_lr() -> None:
-    model = torch.nn.Linear(3, 2)
-    opt = torch.optim.SGD([{"params": [model.weight], "lr": 1.0}, {"params": [model.bias]}], lr=0.2)
+    opt = _two_group_optimizer()
     sched = build_lr_scheduler(
         opt, {"warmup_steps": 4, "lr_decay": "cosine"}, steps_per_epoch=2, total_steps=8
     )
@@ -123,7 +134,9 @@ def test_every_param_group_warms_up_to_its_own_lr() -> None:
         sched.step()
     for t, (weight_lr, bias_lr) in enumerate(seen):
         if t < 4:
-            assert (weight_lr, bias_lr) == pytest.approx((_warmup(t, 4, lr=1.0), _warmup(t, 4, lr=0.2)))
+            assert (weight_lr, bias_lr) == pytest.approx(
+                (_warmup(t, 4, lr=1.0), _warmup(t, 4, lr=0.2))
+            )
         else:
             assert (weight_lr, bias_lr) == pytest.approx(
                 (_cosine(t, 4, 8, lr=1.0), _cosine(t, 4, 8, lr=0.2)), abs=1e-12
@@ -158,7 +171,9 @@ def test_schedule_runs_on_the_optimizers_build_optimizer_makes() -> None:
     ],
 )
 @pytest.mark.parametrize("stop_at", [2, 4, 9])
-def test_state_dict_round_trips_through_a_checkpoint(hparams: dict[str, Any], stop_at: int) -> None:
+def test_state_dict_round_trips_through_a_checkpoint(
+    hparams: dict[str, Any], stop_at: int
+) -> None:
     total = 16
 
     def build() -> tuple[torch.optim.Optimizer, LRScheduler]:
@@ -206,12 +221,18 @@ def test_stepping_after_the_optimizer_warns_nothing() -> None:
         ({"warmup_start_factor": 0}, r"hparam 'warmup_start_factor' must be a number in \(0, 1\]"),
         ({"warmup_start_factor": 1.5}, "hparam 'warmup_start_factor'"),
         ({"lr_decay": "step"}, "hparam 'lr_step_epochs' is required when lr_decay is 'step'"),
-        ({"lr_decay": "step", "lr_step_epochs": 0}, "hparam 'lr_step_epochs' must be a number > 0"),
+        (
+            {"lr_decay": "step", "lr_step_epochs": 0},
+            "hparam 'lr_step_epochs' must be a number > 0",
+        ),
         (
             {"lr_decay": "step", "lr_step_epochs": 1, "lr_step_gamma": 0},
             "hparam 'lr_step_gamma' must be a number in",
         ),
-        ({"lr_decay": "cosine", "lr_min_factor": 2}, r"hparam 'lr_min_factor' must be a number in \[0, 1\]"),
+        (
+            {"lr_decay": "cosine", "lr_min_factor": 2},
+            r"hparam 'lr_min_factor' must be a number in \[0, 1\]",
+        ),
     ],
 )
 def test_bad_hparams_raise_one_clear_line(hparams: dict[str, Any], message: str) -> None:
@@ -233,8 +254,7 @@ def test_bad_arguments_raise(kwargs: dict[str, int], message: str) -> None:
 
 
 def test_cosine_floor_needs_one_shared_lr() -> None:
-    model = torch.nn.Linear(3, 2)
-    opt = torch.optim.SGD([{"params": [model.weight], "lr": 1.0}, {"params": [model.bias]}], lr=0.2)
+    opt = _two_group_optimizer()
     with pytest.raises(ValueError, match="'lr_min_factor' above 0 needs every param group"):
         build_lr_scheduler(
             opt, {"lr_decay": "cosine", "lr_min_factor": 0.1}, steps_per_epoch=2, total_steps=8

@@ -177,7 +177,10 @@ def test_lars_step_matches_its_layerwise_trust_ratio() -> None:
 @pytest.mark.parametrize(
     ("hparams", "message"),
     [
-        ({"optimizer": "rmsprop", "lr": 0.1}, "hparam 'optimizer' must be one of sgd, adam, adamw"),
+        (
+            {"optimizer": "rmsprop", "lr": 0.1},
+            "hparam 'optimizer' must be one of sgd, adam, adamw",
+        ),
         ({"optimizer": "SGD", "lr": 0.1}, "hparam 'optimizer' must be one of"),
         ({}, "hparam 'lr' is required"),
         ({"lr": 0}, "hparam 'lr' must be a number > 0; got 0"),
@@ -185,8 +188,14 @@ def test_lars_step_matches_its_layerwise_trust_ratio() -> None:
         ({"lr": "0.1"}, "hparam 'lr' must be a number > 0; got '0.1'"),
         ({"lr": True}, "hparam 'lr' must be a number > 0"),
         ({"lr": float("nan")}, "hparam 'lr' must be a number > 0"),
-        ({"lr": 0.1, "lr_scaling": "log"}, "hparam 'lr_scaling' must be one of none, linear, sqrt"),
-        ({"lr": 0.1, "reference_batch_size": 0}, "hparam 'reference_batch_size' must be an integer"),
+        (
+            {"lr": 0.1, "lr_scaling": "log"},
+            "hparam 'lr_scaling' must be one of none, linear, sqrt",
+        ),
+        (
+            {"lr": 0.1, "reference_batch_size": 0},
+            "hparam 'reference_batch_size' must be an integer",
+        ),
         ({"lr": 0.1, "reference_batch_size": 25.6}, "hparam 'reference_batch_size'"),
         ({"lr": 0.1, "momentum": 1.0}, r"hparam 'momentum' must be a number in \[0, 1\)"),
         ({"lr": 0.1, "momentum": -0.1}, "hparam 'momentum'"),

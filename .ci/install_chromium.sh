@@ -1,0 +1,21 @@
+#!/bin/sh
+# Debian's headless Chromium and its WebDriver, for the UI's real-browser test.
+# Idempotent: does nothing when both binaries are already installed.
+set -eu
+
+if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then
+    exit 0
+fi
+
+if [ "$(id -u)" -eq 0 ]; then
+    SUDO=""
+elif command -v sudo >/dev/null 2>&1; then
+    SUDO="sudo"
+else
+    echo "install_chromium.sh: root (or sudo) is needed to apt-get install chromium" >&2
+    exit 1
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update
+$SUDO apt-get install -y chromium chromium-driver

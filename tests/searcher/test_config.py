@@ -1,0 +1,622 @@
+"""Experiment config validation: good files load, bad ones give one line per problem."""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from searcher.config import ConfigError, ExperimentConfig, load_config
+from searcher.samplers import build_pruner, build_sampler, study_directions
+from searcher.space import grid_size, suggest_hparams
+from tests.conftest import EXAMPLES_DIR
+
+_BASE: dict[str, Any] = {
+    "name": "demo",
+    "entrypoint": "model:Trial",
+    "hyperparameters": {
+        "global_batch_size": {"type": "categorical", "vals": [32, 64]},
+        "lr": {"type": "log", "minval": 1e-4, "maxval": 1e-1, "count": 3},
+        "warmup": {"type": "int", "minval": 0, "maxval": 2, "count": 3},
+        "lr_scaling": "linear",
+    },
+    "searcher": {
+        "name": "tpe",
+        "metric": "val_loss",
+        "max_trials": 4,
+        "max_length": {"epochs": 3},
+    },
+}
+
+
+def _write(folder: Path, document: Any) -> Path:
+    """A config file (``document`` as YAML, or the text itself) with a model.py beside it."""
+    (folder / "model.py").write_text("class Trial: ...\n")
+    path = folder / "experiment.yaml"
+    text = document if isinstance(document, str) else yaml.safe_dump(document)
+    path.write_text(text)
+    return path
+
+
+def _with(change: dict[str, Any]) -> dict[str, Any]:
+    """``_BASE`` with ``change`` merged in (``None`` deletes a key); dotted keys nest."""
+    config = copy.deepcopy(_BASE)
+    for dotted, value in change.items():
+        *parents, last = dotted.split(".")
+        node = config
+        for part in parents:
+            node = node.setdefault(part, {})
+        if value is None:
+            node.pop(last, None)
+        else:
+            node[last] = value
+    return config
+
+
+def _problems(tmp_path: Path, document: Any) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, document))
+    return info.value.problems
+
+
+def test_the_digits_example_loads() -> None:
+    config = load_config(EXAMPLES_DIR / "digits" / "experiment.yaml")
+    assert config.searcher.name == "tpe"
+    assert config.hyperparameters["lr_scaling"].type == "const"
+
+
+def test_a_full_config_loads_with_shorthands(tmp_path: Path) -> None:
+    text = """
+name: cost-aware
+entrypoint: model:Trial
+hyperparameters:
+  global_batch_size: {type: categorical, vals: [64, 128]}
+  slots_per_trial: {type: categorical, vals: [1, 2]}
+  layers: {type: categorical, vals: [[64], [64, 32]]}
+  lr: {type: log, minval: 1.0e-4, maxval: 1.0e-1}
+  lr_scaling: linear
+searcher:
+  name: nsga2
+  metric: val_accuracy
+  smaller_is_better: false
+  max_trials: 16
+  max_length: {batches: 200}
+  seed: 4294967295
+  objectives: [slot_seconds]
+"""
+    config = load_config(_write(tmp_path, text))
+    assert [o.name for o in config.searcher.objectives] == ["slot_seconds"]
+    assert config.possible_slots_per_trial() == [1, 2]
+    assert config.hyperparameters["lr_scaling"].val == "linear"  # type: ignore[union-attr]
+
+
+def test_every_slots_per_trial_of_an_int_range_is_checked(tmp_path: Path) -> None:
+    config = load_config(
+        _write(
+            tmp_path,
+            _with({"hyperparameters.slots_per_trial": {"type": "int", "minval": 1, "maxval": 4}}),
+        )
+    )
+    assert config.possible_slots_per_trial() == [1, 2, 3, 4]
+    config = load_config(
+        _write(
+            tmp_path,
+            _with(
+                {
+                    "hyperparameters.slots_per_trial": {
+                        "type": "int",
+                        "minval": 1,
+                        "maxval": 8,
+                        "count": 4,
+                    }
+                }
+            ),
+        )
+    )
+    assert config.possible_slots_per_trial() == [1, 3, 6, 8]
+
+
+@pytest.mark.parametrize(
+    ("change", "problems"),
+    [
+        (
+            {"searcher.name": "bayes"},
+            [
+                "searcher.name: Input should be 'random', 'grid', 'tpe', 'cmaes', 'gp' or 'nsga2' (got 'bayes')"
+            ],
+        ),
+        ({"searcher.metric": None}, ["searcher.metric: required field is missing"]),
+        (
+            {"searcher.metric": ""},
+            ["searcher.metric: String should have at least 1 character (got '')"],
+        ),
+        (
+            {"hyperparameters.lr": {"type": "log", "minval": 0.1, "maxval": 0.01}},
+            ["hyperparameters.lr: minval (0.1) must be less than maxval (0.01)"],
+        ),
+        (
+            {"hyperparameters.warmup": {"type": "int", "minval": 3, "maxval": 1}},
+            ["hyperparameters.warmup: minval (3) must not exceed maxval (1)"],
+        ),
+        (
+            {"hyperparameters.lr": {"type": "log", "minval": 0, "maxval": 1}},
+            ["hyperparameters.lr.minval: Input should be greater than 0 (got 0)"],
+        ),
+        (
+            {"hyperparameters.lr": {"type": "float", "minval": 0, "maxval": 1}},
+            ["hyperparameters.lr.type: must be one of const, int, double, log, categorical"],
+        ),
+        (
+            {"hyperparameters.lr": {"type": "double", "minval": 0, "maxval": 1, "steps": 3}},
+            ["hyperparameters.lr.steps: unknown field; allowed: type, minval, maxval, count"],
+        ),
+        (
+            {"searcher.max_trail": 3},
+            [
+                "searcher.max_trail: unknown field; allowed: name, metric, smaller_is_better, "
+                "max_trials, max_length, max_concurrent_trials, seed, n_startup_trials, pruner, "
+                "objectives"
+            ],
+        ),
+        (
+            {"resources.slots_per_trail": 2},
+            [
+                "resources.slots_per_trail: unknown field; allowed: slots_per_trial, resource_pool, priority"
+            ],
+        ),
+        (
+            {"searcher.max_length": 3},
+            ["searcher.max_length: must be a mapping with fields epochs, batches (got 3)"],
+        ),
+        (
+            {"searcher.max_length": {"epochs": 2, "batches": 5}},
+            [
+                "searcher.max_length: give exactly one of 'epochs' or 'batches' (a positive integer)"
+            ],
+        ),
+        (
+            {"searcher.seed": -1},
+            ["searcher.seed: Input should be greater than or equal to 0 (got -1)"],
+        ),
+        (
+            {"searcher.seed": 2**32},
+            ["searcher.seed: Input should be less than or equal to 4294967295 (got 4294967296)"],
+        ),
+        (
+            {"searcher.pruner": {"name": "asha", "min_resource": 3}},
+            [
+                "searcher: pruner.min_resource (3) must be less than max_length (3 epochs); "
+                "otherwise no trial could be stopped early"
+            ],
+        ),
+        (
+            {"searcher.objectives": ["slots"]},
+            [
+                "searcher.objectives.0.name: Input should be 'slot_seconds' or 'wall_seconds' (got 'slots')"
+            ],
+        ),
+        (
+            {"searcher.name": "cmaes", "searcher.objectives": ["slot_seconds"]},
+            [
+                "searcher: cmaes is single-objective; with 'objectives' use random, tpe, gp or nsga2"
+            ],
+        ),
+        (
+            {"searcher.name": "nsga2"},
+            [
+                "searcher: nsga2 is multi-objective: add 'objectives' (slot_seconds or wall_seconds)"
+            ],
+        ),
+        (
+            {
+                "searcher.name": "grid",
+                "hyperparameters.lr": {"type": "log", "minval": 1e-4, "maxval": 1e-1},
+                "hyperparameters.warmup": {"type": "int", "minval": 0, "maxval": 2},
+            },
+            [
+                "hyperparameters.lr.count: required by the grid searcher (how many points between minval and maxval)\n"
+                "hyperparameters.warmup.count: required by the grid searcher (how many points between minval and maxval)"
+            ],
+        ),
+        (
+            {"hyperparameters.global_batch_size": None},
+            [
+                "hyperparameters.global_batch_size: required (an integer, or int/categorical of integers)"
+            ],
+        ),
+        (
+            {"hyperparameters.opt": {"type": "categorical", "vals": ["sgd", "adamw", "sgd"]}},
+            ["hyperparameters.opt.vals: 'sgd' is listed twice; each value must appear once"],
+        ),
+        (
+            {"hyperparameters.opt": {"type": "categorical", "vals": []}},
+            ["hyperparameters.opt.vals: List should have at least 1 item after validation, not 0"],
+        ),
+        (
+            {"hyperparameters.slots_per_trial": {"type": "double", "minval": 1, "maxval": 2}},
+            [
+                "hyperparameters.slots_per_trial: must be an integer, or int/categorical of integers"
+            ],
+        ),
+        (
+            {"hyperparameters.slots_per_trial": {"type": "categorical", "vals": [1, None]}},
+            ["hyperparameters.slots_per_trial: must be a positive integer, got None"],
+        ),
+        (
+            {"hyperparameters.slots_per_trial": 0},
+            ["hyperparameters.slots_per_trial: must be a positive integer, got 0"],
+        ),
+        (
+            {"hyperparameters.slots_per_trial": {"type": "int", "minval": 1, "maxval": 10**6}},
+            [
+                "hyperparameters.slots_per_trial: an int range may span at most 1024 values; "
+                "use categorical vals for the sizes you want"
+            ],
+        ),
+        (
+            {"hyperparameters.global_batch_size": 1, "resources.slots_per_trial": 2},
+            [
+                "hyperparameters.global_batch_size: 1 is smaller than slots_per_trial (2); "
+                "each slot needs at least one sample"
+            ],
+        ),
+        (
+            {"entrypoint": "model.Trial"},
+            [
+                "entrypoint: must be 'module:ClassName', e.g. 'model:DigitsTrial' (got 'model.Trial')"
+            ],
+        ),
+    ],
+)
+def test_common_mistakes_get_one_clear_line_each(
+    tmp_path: Path, change: dict[str, Any], problems: list[str]
+) -> None:
+    assert _problems(tmp_path, _with(change)) == problems
+
+
+def test_several_problems_are_all_listed(tmp_path: Path) -> None:
+    problems = _problems(
+        tmp_path, _with({"searcher.name": "bayes", "max_restarts": -1, "searchr": {}})
+    )
+    assert [p.split(":")[0] for p in problems] == ["max_restarts", "searcher.name", "searchr"]
+
+
+def test_values_that_cannot_be_stored_as_json_are_refused(tmp_path: Path) -> None:
+    text = yaml.safe_dump(_BASE) + "data:\n  since: 2024-01-31\n"
+    assert _problems(tmp_path, text) == [
+        "data: must be JSON data (null, booleans, numbers, strings, lists, "
+        "mappings): date values cannot be stored"
+    ]
+    hp = yaml.safe_dump(_BASE).replace("lr_scaling: linear", "lr_scaling: &a [*a]")
+    assert _problems(tmp_path, hp) == [
+        "hyperparameters.lr_scaling.val: must be JSON data (null, booleans, "
+        "numbers, strings, lists, mappings): a value may not contain itself"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("name: [unclosed\n", "config: not valid YAML at line 2, column 1"),
+        ("name: a\n\tentrypoint: b\n", "config: not valid YAML at line 2, column 1"),
+        ("when: 2024-13-45\n", "config: not valid YAML (month must be in 1..12)"),
+        ("n: !!int x\n", "config: not valid YAML (invalid literal for int() with base 10: 'x')"),
+        ("n: !!python/object:os.system {}\n", "config: not valid YAML at line 1, column 4"),
+        ("", "<top level>: must be a mapping of fields (name, entrypoint, ...)"),
+        ("- name: a\n", "<top level>: must be a mapping of fields (name, entrypoint, ...)"),
+    ],
+)
+def test_bad_yaml_is_one_line(tmp_path: Path, text: str, problem: str) -> None:
+    assert _problems(tmp_path, text) == [problem]
+
+
+def test_unreadable_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "missing.yaml")
+    assert info.value.problems == [
+        f"config: cannot read {tmp_path / 'missing.yaml'}: No such file or directory"
+    ]
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"name: \xff\xfe\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(binary)
+    assert info.value.problems == [f"config: {binary} is not UTF-8 text"]
+
+
+def test_the_entrypoint_module_must_exist(tmp_path: Path) -> None:
+    path = _write(tmp_path, _with({"entrypoint": "models.mlp:Trial"}))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.problems == [
+        f"entrypoint: module 'models.mlp' not found in {tmp_path} "
+        f"(expected {tmp_path / 'models' / 'mlp.py'})"
+    ]
+
+
+# Fuzzing: whatever the file holds, load_config returns a usable config or raises
+# ConfigError; it never raises anything else.
+
+_WORDS = st.sampled_from(
+    [
+        "random",
+        "grid",
+        "tpe",
+        "cmaes",
+        "gp",
+        "nsga2",
+        "asha",
+        "hyperband",
+        "median",
+        "none",
+        "const",
+        "int",
+        "double",
+        "log",
+        "categorical",
+        "slot_seconds",
+        "wall_seconds",
+        "val_loss",
+        "model:Trial",
+        "",
+        "x",
+    ]
+)
+_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 70)
+    | st.integers()
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | _WORDS
+    | st.text(max_size=4)
+    | st.dates()
+)
+_SHAPES = st.sampled_from(
+    [
+        {"epochs": 2},
+        {"batches": 5},
+        {"type": "int", "minval": 0, "maxval": 3},
+        {"type": "int", "minval": 1, "maxval": 4, "count": 3},
+        {"type": "double", "minval": 0.0, "maxval": 1.0, "count": 2},
+        {"type": "log", "minval": 1e-3, "maxval": 1.0},
+        {"type": "categorical", "vals": [1, 2]},
+        {"type": "categorical", "vals": [[1], {"a": None}]},
+        {"type": "const", "val": 8},
+        {"name": "asha", "min_resource": 1},
+        {"name": "hyperband", "min_resource": 1, "reduction_factor": 2},
+        {"name": "median", "n_warmup_steps": 1},
+        ["slot_seconds"],
+        [{"name": "wall_seconds"}],
+    ]
+)
+_VALUES = st.recursive(
+    _SCALARS | _SHAPES,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(_WORDS | st.text(max_size=3) | st.integers(), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_PATHS = [
+    "name",
+    "description",
+    "entrypoint",
+    "hyperparameters",
+    "hyperparameters.global_batch_size",
+    "hyperparameters.lr",
+    "hyperparameters.lr.type",
+    "hyperparameters.lr.minval",
+    "hyperparameters.lr.maxval",
+    "hyperparameters.lr.count",
+    "hyperparameters.warmup",
+    "hyperparameters.warmup.count",
+    "hyperparameters.slots_per_trial",
+    "hyperparameters.new",
+    "searcher",
+    "searcher.name",
+    "searcher.metric",
+    "searcher.smaller_is_better",
+    "searcher.max_trials",
+    "searcher.max_length",
+    "searcher.max_length.epochs",
+    "searcher.max_concurrent_trials",
+    "searcher.seed",
+    "searcher.n_startup_trials",
+    "searcher.pruner",
+    "searcher.pruner.name",
+    "searcher.pruner.min_resource",
+    "searcher.pruner.reduction_factor",
+    "searcher.objectives",
+    "resources",
+    "resources.slots_per_trial",
+    "resources.priority",
+    "optimizations",
+    "optimizations.mixed_precision",
+    "min_validation_period",
+    "min_checkpoint_period",
+    "checkpoint_storage",
+    "checkpoint_storage.path",
+    "profiling",
+    "max_restarts",
+    "data",
+    "unknown",
+]
+_CHANGES = st.dictionaries(st.sampled_from(_PATHS), _VALUES | st.none(), max_size=4)
+
+
+def _set(config: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    node: Any = config
+    for part in parents:
+        if not isinstance(node, dict):
+            return
+        node = node.setdefault(part, {})
+    if not isinstance(node, dict):
+        return
+    if value is None:
+        node.pop(last, None)
+    else:
+        node[last] = value
+
+
+def _assert_usable(config: ExperimentConfig) -> None:
+    """What the driver does with an accepted config must work too."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # e.g. CMA-ES on a one-dimensional space
+        study = optuna.create_study(
+            sampler=build_sampler(config, trials_so_far=1),
+            pruner=build_pruner(config),
+            directions=study_directions(config),
+        )
+        if config.searcher.name == "grid":
+            assert grid_size(config.hyperparameters) >= 1
+        trial = study.ask()
+        hparams = suggest_hparams(trial, config.hyperparameters)
+    assert set(hparams) == set(config.hyperparameters)
+    assert isinstance(hparams["global_batch_size"], int)
+    slots = config.possible_slots_per_trial()
+    assert slots and all(isinstance(n, int) and n >= 1 for n in slots)
+    if "slots_per_trial" in hparams:
+        assert hparams["slots_per_trial"] in slots
+
+
+def _load_or_config_error(document: Any) -> ExperimentConfig | None:
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            path = _write(Path(folder), document)
+        except yaml.YAMLError:
+            return None  # Not representable as YAML; nothing to load.
+        try:
+            return load_config(path)
+        except ConfigError as exc:
+            assert exc.problems
+            assert all(line.strip() and ": " in line for line in exc.problems)
+            return None
+
+
+_quiet = settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+
+
+@_quiet
+@given(changes=_CHANGES)
+def test_any_mutated_config_loads_or_raises_config_error(changes: dict[str, Any]) -> None:
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    config_dict = copy.deepcopy(_BASE)
+    for path, value in changes.items():
+        _set(config_dict, path, value)
+    config = _load_or_config_error(config_dict)
+    if config is not None:
+        _assert_usable(config)
+
+
+@_quiet
+@given(document=_VALUES)
+def test_any_yaml_document_loads_or_raises_config_error(document: Any) -> None:
+    assert _load_or_config_error(document) is None
+
+
+@_quiet
+@given(
+    text=st.text(
+        alphabet=st.sampled_from(list("ab:-[]{}&*!|>'\"#%@ \n\t,?0123456789.")), max_size=40
+    )
+)
+def test_any_text_loads_or_raises_config_error(text: str) -> None:
+    assert _load_or_config_error(text) is None
+
+
+_NUMERIC_HPS = st.sampled_from(
+    [
+        {"type": "int", "minval": 0, "maxval": 3},
+        {"type": "int", "minval": 0, "maxval": 9, "count": 4},
+        {"type": "double", "minval": 0.0, "maxval": 0.5},
+        {"type": "double", "minval": 0.0, "maxval": 0.5, "count": 3},
+        {"type": "log", "minval": 1e-4, "maxval": 1e-1},
+        {"type": "log", "minval": 1e-4, "maxval": 1e-1, "count": 1},
+    ]
+)
+_OTHER_HPS = st.sampled_from(
+    [
+        "linear",
+        {"type": "const", "val": {"milestones": [1, 2]}},
+        {"type": "categorical", "vals": ["sgd", "adamw"]},
+        {"type": "categorical", "vals": [[64], [64, 32], None]},
+    ]
+)
+
+
+@_quiet
+@given(
+    searcher=st.fixed_dictionaries(
+        {
+            "name": st.sampled_from(["random", "grid", "tpe", "cmaes", "gp", "nsga2"]),
+            "metric": st.just("val_loss"),
+            "max_trials": st.integers(1, 40),
+            "max_length": st.sampled_from([{"epochs": 1}, {"epochs": 4}, {"batches": 30}]),
+            "max_concurrent_trials": st.integers(1, 3),
+            "smaller_is_better": st.booleans(),
+        },
+        optional={
+            "seed": st.integers(0, 2**32 - 1),
+            "n_startup_trials": st.integers(0, 5),
+            "pruner": st.fixed_dictionaries(
+                {"name": st.sampled_from(["asha", "hyperband", "median", "none"])},
+                optional={
+                    "min_resource": st.integers(1, 5),
+                    "reduction_factor": st.integers(2, 4),
+                    "n_warmup_steps": st.integers(0, 3),
+                },
+            ),
+            "objectives": st.sampled_from(
+                [[], ["slot_seconds"], ["wall_seconds", "slot_seconds"]]
+            ),
+        },
+    ),
+    batch=st.sampled_from(
+        [
+            64,
+            {"type": "categorical", "vals": [32, 64]},
+            {"type": "int", "minval": 8, "maxval": 64, "count": 3},
+        ]
+    ),
+    slots=st.none()
+    | st.sampled_from(
+        [2, {"type": "categorical", "vals": [1, 2]}, {"type": "int", "minval": 1, "maxval": 3}]
+    ),
+    numeric=st.lists(_NUMERIC_HPS, max_size=3),
+    other=st.lists(_OTHER_HPS, max_size=2),
+)
+def test_any_searcher_setup_is_usable_or_explained(
+    searcher: dict[str, Any],
+    batch: Any,
+    slots: Any,
+    numeric: list[dict[str, Any]],
+    other: list[Any],
+) -> None:
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    hyperparameters: dict[str, Any] = {"global_batch_size": batch}
+    if slots is not None:
+        hyperparameters["slots_per_trial"] = slots
+    hyperparameters.update({f"n{i}": hp for i, hp in enumerate(numeric)})
+    hyperparameters.update({f"o{i}": hp for i, hp in enumerate(other)})
+    document = {
+        "name": "fuzz",
+        "entrypoint": "model:Trial",
+        "hyperparameters": hyperparameters,
+        "searcher": searcher,
+    }
+    config = _load_or_config_error(document)
+    if config is not None:
+        _assert_usable(config)

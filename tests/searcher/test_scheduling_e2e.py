@@ -1,0 +1,111 @@
+"""The scheduler in real searches: multi-agent trials and two drivers sharing slots."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from sqlalchemy import select
+
+from storage import Metric, MetricKind, Trial, TrialRun, TrialState, session_scope
+from tests.searcher.conftest import run_cli, write_experiment
+
+pytestmark = pytest.mark.slow
+
+
+def test_two_agent_trial_trains_with_world_size_four(
+    tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(
+        yaml.safe_dump(
+            {
+                "resource_pools": [
+                    {
+                        "name": "default",
+                        "agents": [
+                            {"name": "agent-a", "host": "127.0.0.1", "slots": 2},
+                            {"name": "agent-b", "host": "127.0.0.1", "slots": 2},
+                        ],
+                    }
+                ]
+            }
+        )
+    )
+    path = write_experiment(
+        tmp_path / "exp",
+        resources={"slots_per_trial": 4},
+        searcher={"max_trials": 1, "pruner": {"name": "none"}, "max_length": {"epochs": 1}},
+    )
+    db = f"sqlite:///{tmp_path / 'sweep.db'}"
+    result = run_cli(
+        ["run", str(path), "--db", db, "--cluster", str(cluster), "--no-progress"],
+        cli_env,
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    with session_scope(db) as session:
+        trial = session.scalars(select(Trial)).one()
+        assert trial.state == TrialState.COMPLETED, trial.error
+        run = session.scalars(select(TrialRun).where(TrialRun.trial_id == trial.id)).one()
+        assert sorted(node["agent"] for node in run.agents) == ["agent-a", "agent-b"]
+        names = set(
+            session.scalars(
+                select(Metric.name).where(
+                    Metric.trial_id == trial.id, Metric.kind == MetricKind.VALIDATION
+                )
+            )
+        )
+        assert "val_loss" in names
+        log = Path(trial.log_path or "").read_text()
+    assert set(re.findall(r"^\[rank (\d+)\] ", log, flags=re.MULTILINE)) == {"0", "1", "2", "3"}
+    assert re.search(r"world_size[=: ]+4", log), log[-3000:]
+
+
+def test_two_drivers_racing_on_one_database_never_share_a_slot(
+    tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    db = f"sqlite:///{tmp_path / 'sweep.db'}"
+    drivers = []
+    for name in ("first", "second"):
+        path = write_experiment(
+            tmp_path / name,
+            name=name,
+            searcher={"max_trials": 2, "pruner": {"name": "none"}, "max_length": {"epochs": 1}},
+        )
+        drivers.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "searcher.cli",
+                    "run",
+                    str(path),
+                    "--db",
+                    db,
+                    "--slots",
+                    "2",
+                    "--no-progress",
+                ],
+                env=cli_env,
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    for driver in drivers:
+        _, err = driver.communicate(timeout=600)
+        assert driver.returncode == 0, err[-3000:]
+    with session_scope(db) as session:
+        runs = session.execute(select(TrialRun.started_at, TrialRun.ended_at)).all()
+        states = set(session.scalars(select(Trial.state)))
+    assert len(runs) == 4 and states <= {TrialState.COMPLETED, TrialState.PRUNED}
+    # Every trial needs both slots of the only agent: no two runs may overlap in time.
+    intervals = sorted((start, end) for start, end in runs)
+    for (_, end), (next_start, _) in zip(intervals, intervals[1:], strict=False):
+        assert end is not None and end <= next_start, intervals

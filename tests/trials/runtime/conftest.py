@@ -1,0 +1,155 @@
+"""Fixtures of the runtime's tests: real trial rows, a real Optuna study, real torchrun."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trials import RuntimeSpec
+
+HERE = Path(__file__).resolve().parent
+FIXTURES = HERE / "fixtures"
+REPO_ROOT = HERE.parents[2]
+
+
+@dataclass
+class TrialHandle:
+    """A trial row, its Optuna trial, and the RuntimeSpec file that runs it."""
+
+    spec: RuntimeSpec
+    spec_path: Path
+    db_url: str
+
+    def with_changes(self, **changes: Any) -> TrialHandle:
+        """The same trial with spec fields changed (a restart, another attempt)."""
+        spec = self.spec.model_copy(update=changes)
+        path = self.spec_path.with_name(f"spec-{spec.trial_id}-{spec.attempt}-{id(changes)}.json")
+        path.write_text(spec.model_dump_json())
+        return TrialHandle(spec, path, self.db_url)
+
+
+def create_trial(
+    db_url: str,
+    tmp_path: Path,
+    *,
+    study_name: str = "runtime-test",
+    pruner: dict[str, Any] | None = None,
+    **spec_fields: Any,
+) -> TrialHandle:
+    """An experiment (if new), a trial row and an asked Optuna trial; a spec for it."""
+    import optuna
+
+    from storage import (
+        Experiment,
+        ExperimentState,
+        Trial,
+        TrialState,
+        optuna_storage,
+        session_scope,
+    )
+
+    storage = optuna_storage(db_url)
+    study = optuna.create_study(study_name=study_name, storage=storage, load_if_exists=True)
+    optuna_trial = study.ask()
+    with session_scope(db_url) as session:
+        experiment = session.query(Experiment).filter_by(study_name=study_name).one_or_none()
+        if experiment is None:
+            experiment = Experiment(
+                name=study_name,
+                study_name=study_name,
+                state=ExperimentState.ACTIVE,
+                config={},
+                model_dir=str(FIXTURES),
+                max_trials=10,
+            )
+            session.add(experiment)
+            session.flush()
+        hparams = spec_fields.pop("hparams", {"global_batch_size": 8})
+        trial = Trial(
+            experiment_id=experiment.id,
+            optuna_trial_id=optuna_trial._trial_id,
+            optuna_trial_number=optuna_trial.number,
+            state=TrialState.RUNNING,
+            hparams=hparams,
+            slots_per_trial=spec_fields.get("slots_per_trial", 2),
+        )
+        session.add(trial)
+        session.flush()
+        experiment_id, trial_id = experiment.id, trial.id
+    fields: dict[str, Any] = {
+        "db_url": db_url,
+        "experiment_id": experiment_id,
+        "trial_id": trial_id,
+        "study_name": study_name,
+        "optuna_trial_id": optuna_trial._trial_id,
+        "optuna_trial_number": optuna_trial.number,
+        "entrypoint": "runtime_trials:TinyTrial",
+        "model_dir": str(FIXTURES),
+        "hparams": hparams,
+        "slots_per_trial": 2,
+        "max_length": {"batches": 8},
+        "searcher_metric": "val_loss",
+        "min_validation_period": {"batches": 4},
+        "scratch_dir": str(tmp_path / f"scratch-{trial_id}"),
+        "checkpoint_storage": {"path": str(tmp_path / "checkpoints")},
+        "seed": 1,
+    }
+    if pruner is not None:
+        fields["pruner"] = pruner
+    fields.update(spec_fields)
+    spec = RuntimeSpec.model_validate(fields)
+    path = tmp_path / f"spec-{trial_id}.json"
+    path.write_text(spec.model_dump_json())
+    return TrialHandle(spec, path, db_url)
+
+
+def run_torchrun(
+    target: list[str], *, nproc: int = 2, env: dict[str, str] | None = None, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    """``python -m torch.distributed.run --standalone --nproc-per-node N <target>``."""
+    full_env = dict(os.environ)
+    full_env.pop("SLOTSWEEP_DB", None)
+    full_env["PYTHONUNBUFFERED"] = "1"
+    full_env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    full_env.update(env or {})
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "--max-restarts=0",
+            *target,
+        ],
+        env=full_env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def run_worker(handle: TrialHandle, *, nproc: int = 2) -> subprocess.CompletedProcess[str]:
+    """Run the trial as the driver does: ``torchrun ... -m trials.worker``."""
+    return run_torchrun(
+        ["-m", "trials.worker"], nproc=nproc, env={"SLOTSWEEP_TRIAL_SPEC": str(handle.spec_path)}
+    )
+
+
+@pytest.fixture
+def make_trial(db_url: str, tmp_path: Path) -> Callable[..., TrialHandle]:
+    """``make_trial(**spec_fields)``: a fresh trial row, Optuna trial and spec file."""
+
+    def make(**fields: Any) -> TrialHandle:
+        return create_trial(db_url, tmp_path, **fields)
+
+    return make

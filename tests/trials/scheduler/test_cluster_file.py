@@ -1,0 +1,203 @@
+"""The cluster file, its one-line-per-problem errors, and the local machine as default."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from trials._system_metrics import detect_gpus
+from trials.scheduler import (
+    CLUSTER_ENV_VAR,
+    Agent,
+    Cluster,
+    ClusterConfigError,
+    ResourcePool,
+    UnknownPool,
+    load_cluster,
+    parse_cluster,
+)
+
+
+def two_pools() -> dict[str, Any]:
+    return {
+        "resource_pools": [
+            {
+                "name": "default",
+                "agents": [
+                    {"name": "a1", "host": "127.0.0.1", "slots": 2},
+                    {"name": "a2", "host": "127.0.0.1", "slots": [0, 1]},
+                ],
+            },
+            {
+                "name": "big",
+                "allowing_heterogeneous_fits": True,
+                "fitting_policy": "worst",
+                "agents": [{"name": "gpu-box", "host": "10.0.0.5", "slots": [3, 1, 2]}],
+            },
+        ]
+    }
+
+
+def problems_of(raw: Any) -> list[str]:
+    with pytest.raises(ClusterConfigError) as info:
+        parse_cluster(raw)
+    assert str(info.value) == "\n".join(info.value.problems)
+    return info.value.problems
+
+
+def test_a_file_declares_pools_and_agents(tmp_path: Path) -> None:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(two_pools()))
+    cluster = load_cluster(path)
+    assert cluster == Cluster(
+        pools=(
+            ResourcePool(
+                "default",
+                (Agent("a1", "127.0.0.1", (0, 1)), Agent("a2", "127.0.0.1", (0, 1))),
+            ),
+            ResourcePool(
+                "big",
+                (Agent("gpu-box", "10.0.0.5", (3, 1, 2)),),
+                allowing_heterogeneous_fits=True,
+                fitting_policy="worst",
+            ),
+        )
+    )
+    assert [agent.name for _, agent in cluster.agents] == ["a1", "a2", "gpu-box"]
+
+
+def test_host_defaults_to_loopback() -> None:
+    cluster = parse_cluster(
+        {"resource_pools": [{"name": "p", "agents": [{"name": "a", "slots": 1}]}]}
+    )
+    assert cluster.pool("p").agents[0].host == "127.0.0.1"
+
+
+def test_unknown_pool_names_the_pools() -> None:
+    cluster = parse_cluster(two_pools())
+    with pytest.raises(UnknownPool) as info:
+        cluster.pool("gpus")
+    assert str(info.value) == "unknown resource pool 'gpus'; pools: default, big"
+    assert isinstance(info.value, KeyError)
+
+
+def test_every_problem_is_one_line_naming_its_field() -> None:
+    raw = two_pools()
+    raw["resource_pools"][0]["agents"][0]["slots"] = 0
+    raw["resource_pools"][0]["agents"][1]["slots"] = [0, 0, -1]
+    raw["resource_pools"][1]["fitting_policy"] = "first"
+    raw["resource_pools"][1]["agents"][0]["gpus"] = 2
+    assert problems_of(raw) == [
+        "resource_pools.0.agents.0.slots: must be at least 1 slot (got 0)",
+        "resource_pools.0.agents.1.slots.2: Input should be greater than or equal to 0 (got -1)",
+        "resource_pools.1.agents.0.gpus: unknown field; allowed: name, host, slots",
+        "resource_pools.1.fitting_policy: Input should be 'best' or 'worst' (got 'first')",
+    ]
+
+
+def test_repeated_slot_ids_are_refused() -> None:
+    raw = two_pools()
+    raw["resource_pools"][0]["agents"][1]["slots"] = [0, 1, 1]
+    assert problems_of(raw) == [
+        "resource_pools.0.agents.1.slots: slot ids must be unique; repeated: [1]"
+    ]
+
+
+@pytest.mark.parametrize("slots", ["two", True, 2.5, None])
+def test_slots_must_be_a_count_or_a_list(slots: Any) -> None:
+    raw = two_pools()
+    raw["resource_pools"][0]["agents"][0]["slots"] = slots
+    [problem] = problems_of(raw)
+    assert problem.startswith(
+        "resource_pools.0.agents.0.slots: must be a slot count (e.g. 8) or a list of slot ids"
+    )
+
+
+def test_names_must_be_unique() -> None:
+    raw = two_pools()
+    raw["resource_pools"][1]["name"] = "default"
+    raw["resource_pools"][1]["agents"][0]["name"] = "a1"
+    assert problems_of(raw) == [
+        "resource_pools.1.name: pool 'default' is already declared (resource_pools.0)",
+        "resource_pools.1.agents.0.name: agent 'a1' is already declared "
+        "(resource_pools.0.agents.0); agent names must be unique in the cluster",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        ([], "<top level>: must be a mapping with a 'resource_pools' list"),
+        ({}, "resource_pools: required field is missing"),
+        (
+            {"resource_pools": []},
+            "resource_pools: List should have at least 1 item after validation, not 0",
+        ),
+        (
+            {"resource_pools": [{"name": "p", "agents": []}]},
+            "resource_pools.0.agents: List should have at least 1 item after validation, not 0",
+        ),
+        ({"pools": []}, "pools: unknown field; allowed: resource_pools"),
+    ],
+)
+def test_shape_problems(raw: Any, problem: str) -> None:
+    assert problem in problems_of(raw)
+
+
+def test_file_problems_name_the_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ClusterConfigError) as info:
+        load_cluster(missing)
+    assert info.value.problems == [f"cluster: cannot read {missing}: No such file or directory"]
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("resource_pools: [\n")
+    with pytest.raises(ClusterConfigError, match=r"is not valid YAML at line \d+"):
+        load_cluster(broken)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("resource_pools: [{name: p}]\n")
+    with pytest.raises(ClusterConfigError) as info:
+        load_cluster(bad)
+    assert info.value.problems == [
+        f"cluster {bad}: resource_pools.0.agents: required field is missing"
+    ]
+
+
+def test_the_environment_variable_names_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(two_pools()))
+    monkeypatch.setenv(CLUSTER_ENV_VAR, str(path))
+    assert [pool.name for pool in load_cluster().pools] == ["default", "big"]
+    monkeypatch.setenv(CLUSTER_ENV_VAR, str(tmp_path / "gone.yaml"))
+    with pytest.raises(ClusterConfigError, match=f"^{CLUSTER_ENV_VAR}: cannot read"):
+        load_cluster()
+
+
+def test_without_a_file_the_local_machine_is_one_agent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(CLUSTER_ENV_VAR, raising=False)
+    cluster = load_cluster()
+    [pool] = cluster.pools
+    [agent] = pool.agents
+    assert pool.name == "default" and agent.name == socket.gethostname()
+    assert agent.host == "127.0.0.1"
+    gpus = detect_gpus()
+    # Its GPUs, or one slot per CPU where NVML finds none (as on CPU-only machines).
+    assert agent.slots == (tuple(gpus) or tuple(range(os.cpu_count() or 1)))
+    if not gpus:
+        assert load_cluster(slots=3).pool("default").agents[0].slots == (0, 1, 2)
+
+
+def test_slots_override_is_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(CLUSTER_ENV_VAR, raising=False)
+    with pytest.raises(ClusterConfigError, match=r"^slots: must be a positive integer \(got 0\)$"):
+        load_cluster(slots=0)
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(two_pools()))
+    with pytest.raises(ClusterConfigError, match="slots: cannot be combined with a cluster file"):
+        load_cluster(path, slots=2)

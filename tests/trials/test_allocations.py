@@ -1,0 +1,344 @@
+"""Slot ownership in a real SQLite database: claims, leases, reclaim and racing drivers."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import multiprocessing
+import uuid
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from storage import (
+    Allocation,
+    Experiment,
+    ExperimentState,
+    Trial,
+    TrialState,
+    session_scope,
+    upgrade_schema,
+    utcnow,
+)
+from tests.storage.conftest import postgres_url  # noqa: F401  (a real server for the race)
+from trials import allocations
+from trials.scheduler import Agent, AgentSlots, Cluster, Placement, ResourcePool
+
+A0 = Agent("a0", "127.0.0.1", (0, 1))
+A1 = Agent("a1", "127.0.0.1", (0, 1))
+POOL = ResourcePool("default", (A0, A1))
+CLUSTER = Cluster((POOL,))
+
+
+def placement(request_id: int, *parts: tuple[Agent, tuple[int, ...]]) -> Placement:
+    return Placement(
+        request_id, POOL.name, tuple(AgentSlots(agent, slots) for agent, slots in parts)
+    )
+
+
+def make_trials(db_url: str, count: int, name: str = "exp") -> tuple[int, list[int]]:
+    """An experiment with ``count`` trials; their ids."""
+    with session_scope(db_url) as session:
+        experiment = Experiment(
+            name=name,
+            study_name=f"study-{name}-{uuid.uuid4().hex}",
+            state=ExperimentState.ACTIVE,
+            config={},
+            model_dir=".",
+            max_trials=count,
+        )
+        session.add(experiment)
+        session.flush()
+        trials = [
+            Trial(
+                experiment_id=experiment.id,
+                optuna_trial_id=n,
+                optuna_trial_number=n,
+                state=TrialState.QUEUED,
+                hparams={},
+                slots_per_trial=1,
+            )
+            for n in range(count)
+        ]
+        session.add_all(trials)
+        session.flush()
+        return experiment.id, [trial.id for trial in trials]
+
+
+def allocation_count(db_url: str) -> int:
+    with session_scope(db_url) as session:
+        return int(session.scalar(select(func.count()).select_from(Allocation)) or 0)
+
+
+def test_claimed_slots_are_no_longer_free(db_url: str) -> None:
+    experiment_id, (t1, _) = make_trials(db_url, 2)
+    with session_scope(db_url) as session:
+        assert allocations.free_slots(session, POOL, utcnow()) == {
+            "a0": frozenset({0, 1}),
+            "a1": frozenset({0, 1}),
+        }
+        assert allocations.claim(
+            session,
+            placement(t1, (A0, (1,)), (A1, (0, 1))),
+            trial_id=t1,
+            experiment_id=experiment_id,
+            lease_s=30,
+        )
+    with session_scope(db_url) as session:
+        assert allocations.free_slots(session, POOL, utcnow()) == {
+            "a0": frozenset({0}),
+            "a1": frozenset(),
+        }
+
+
+def test_a_claim_is_all_or_nothing(db_url: str) -> None:
+    experiment_id, (t1, t2) = make_trials(db_url, 2)
+    with session_scope(db_url) as session:
+        assert allocations.claim(
+            session,
+            placement(t1, (A0, (0,))),
+            trial_id=t1,
+            experiment_id=experiment_id,
+            lease_s=30,
+        )
+    with session_scope(db_url) as session:
+        # a1's slots are free, but a0 slot 0 is not: nothing of this claim may be written.
+        assert not allocations.claim(
+            session,
+            placement(t2, (A1, (0, 1)), (A0, (0, 1))),
+            trial_id=t2,
+            experiment_id=experiment_id,
+            lease_s=30,
+        )
+    assert allocation_count(db_url) == 1
+    with session_scope(db_url) as session:
+        assert allocations.claim(
+            session,
+            placement(t2, (A1, (0, 1)), (A0, (1,))),
+            trial_id=t2,
+            experiment_id=experiment_id,
+            lease_s=30,
+        )
+    assert allocation_count(db_url) == 4
+
+
+def test_release_frees_a_trials_slots(db_url: str) -> None:
+    experiment_id, (t1, t2) = make_trials(db_url, 2)
+    with session_scope(db_url) as session:
+        allocations.claim(
+            session,
+            placement(t1, (A0, (0, 1))),
+            trial_id=t1,
+            experiment_id=experiment_id,
+            lease_s=30,
+        )
+        allocations.claim(
+            session,
+            placement(t2, (A1, (0,))),
+            trial_id=t2,
+            experiment_id=experiment_id,
+            lease_s=30,
+        )
+    with session_scope(db_url) as session:
+        allocations.release(session, t1)
+    with session_scope(db_url) as session:
+        assert allocations.free_slots(session, POOL, utcnow())["a0"] == frozenset({0, 1})
+        assert [h.trial_id for h in allocations.holders(session)] == [t2]
+
+
+def test_an_expired_lease_is_free_and_reclaimed(db_url: str) -> None:
+    experiment_id, (dead, alive, newcomer) = make_trials(db_url, 3)
+    with session_scope(db_url) as session:
+        # The "dead" driver stopped renewing: its lease has run out.
+        allocations.claim(
+            session,
+            placement(dead, (A0, (0, 1))),
+            trial_id=dead,
+            experiment_id=experiment_id,
+            lease_s=-1,
+        )
+        allocations.claim(
+            session,
+            placement(alive, (A1, (0,))),
+            trial_id=alive,
+            experiment_id=experiment_id,
+            lease_s=300,
+        )
+    now = utcnow()
+    with session_scope(db_url) as session:
+        assert allocations.free_slots(session, POOL, now) == {
+            "a0": frozenset({0, 1}),
+            "a1": frozenset({1}),
+        }
+        stale = {h.trial_id for h in allocations.holders(session, now=now) if h.stale}
+        assert stale == {dead}
+        assert allocations.reclaim_stale(session, now) == [dead]
+    with session_scope(db_url) as session:
+        assert {h.trial_id for h in allocations.holders(session)} == {alive}
+        assert allocations.reclaim_stale(session, now) == []
+        assert allocations.claim(
+            session,
+            placement(newcomer, (A0, (0, 1))),
+            trial_id=newcomer,
+            experiment_id=experiment_id,
+            lease_s=30,
+        )
+
+
+def test_a_claim_takes_over_slots_whose_lease_expired(db_url: str) -> None:
+    experiment_id, (dead, newcomer) = make_trials(db_url, 2)
+    with session_scope(db_url) as session:
+        allocations.claim(
+            session,
+            placement(dead, (A0, (0,))),
+            trial_id=dead,
+            experiment_id=experiment_id,
+            lease_s=-1,
+        )
+    with session_scope(db_url) as session:
+        assert allocations.claim(
+            session,
+            placement(newcomer, (A0, (0, 1))),
+            trial_id=newcomer,
+            experiment_id=experiment_id,
+            lease_s=30,
+        )
+    with session_scope(db_url) as session:
+        assert {h.trial_id for h in allocations.holders(session)} == {newcomer}
+
+
+def test_renewing_keeps_a_lease_alive(db_url: str) -> None:
+    experiment_id, (t1,) = make_trials(db_url, 1)
+    other_experiment, (t2,) = make_trials(db_url, 1, name="other")
+    with session_scope(db_url) as session:
+        allocations.claim(
+            session, placement(t1, (A0, (0,))), trial_id=t1, experiment_id=experiment_id, lease_s=1
+        )
+        allocations.claim(
+            session,
+            placement(t2, (A1, (0,))),
+            trial_id=t2,
+            experiment_id=other_experiment,
+            lease_s=1,
+        )
+    later = utcnow() + _dt.timedelta(seconds=60)
+    with session_scope(db_url) as session:
+        allocations.renew_leases(session, experiment_id, lease_s=600)
+    with session_scope(db_url) as session:
+        # Only the renewed experiment still holds its slot a minute from now.
+        assert allocations.free_slots(session, POOL, later) == {
+            "a0": frozenset({1}),
+            "a1": frozenset({0, 1}),
+        }
+
+
+def test_holders_list_every_slot_of_the_cluster(db_url: str) -> None:
+    experiment_id, (t1,) = make_trials(db_url, 1, name="digits")
+    with session_scope(db_url) as session:
+        allocations.claim(
+            session,
+            placement(t1, (A1, (1,))),
+            trial_id=t1,
+            experiment_id=experiment_id,
+            lease_s=30,
+        )
+        # A slot of an agent this cluster does not declare (another driver's cluster file).
+        foreign = Agent("elsewhere", "10.0.0.9", (3,))
+        allocations.claim(
+            session,
+            Placement(t1, "default", (AgentSlots(foreign, (3,)),)),
+            trial_id=t1,
+            experiment_id=experiment_id,
+            lease_s=30,
+        )
+    with session_scope(db_url) as session:
+        rows = allocations.holders(session, CLUSTER)
+    assert [(r.pool, r.agent, r.slot, r.trial_id) for r in rows] == [
+        ("default", "a0", 0, None),
+        ("default", "a0", 1, None),
+        ("default", "a1", 0, None),
+        ("default", "a1", 1, t1),
+        ("default", "elsewhere", 3, t1),
+    ]
+    held = rows[3]
+    assert (held.experiment_id, held.experiment_name, held.trial_number, held.stale) == (
+        experiment_id,
+        "digits",
+        0,
+        False,
+    )
+    assert held.host == "127.0.0.1" and rows[4].host == "10.0.0.9"
+
+
+# -- two processes racing for the same slots ------------------------------------------
+
+ROUNDS = 30
+# The two claimants overlap on a0 slot 1 only: all-or-nothing means the loser's a1 slot
+# must not be written either.
+CLAIMS: dict[str, tuple[tuple[str, tuple[int, ...]], ...]] = {
+    "first": (("a0", (0, 1)),),
+    "second": (("a1", (0,)), ("a0", (1,))),
+}
+
+
+def _racer(
+    name: str, db_url: str, trial_id: int, experiment_id: int, barrier: Any, results: Any
+) -> None:
+    agents = {agent.name: agent for agent in POOL.agents}
+    mine = Placement(
+        trial_id, POOL.name, tuple(AgentSlots(agents[a], slots) for a, slots in CLAIMS[name])
+    )
+    for round_ in range(ROUNDS):
+        barrier.wait()
+        with session_scope(db_url) as session:
+            won = allocations.claim(
+                session, mine, trial_id=trial_id, experiment_id=experiment_id, lease_s=60
+            )
+        barrier.wait()  # both have tried
+        if won:
+            with session_scope(db_url) as session:
+                rows = session.execute(
+                    select(Allocation.trial_id, Allocation.agent, Allocation.slot).where(
+                        Allocation.experiment_id == experiment_id
+                    )
+                ).all()
+                results.put((round_, name, sorted(tuple(r) for r in rows)))
+                allocations.release(session, trial_id)
+        barrier.wait()  # the winner has released: next round starts from a free pool
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_two_processes_racing_for_slots_never_both_win(
+    backend: str, db_url: str, request: pytest.FixtureRequest
+) -> None:
+    if backend == "postgresql":
+        db_url = request.getfixturevalue("postgres_url")
+        upgrade_schema(db_url)
+    experiment_id, (t_first, t_second) = make_trials(db_url, 2)
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(2, timeout=120)
+    results = context.Queue()
+    procs = [
+        context.Process(
+            target=_racer, args=(name, db_url, trial_id, experiment_id, barrier, results)
+        )
+        for name, trial_id in (("first", t_first), ("second", t_second))
+    ]
+    for proc in procs:
+        proc.start()
+    wins = [results.get(timeout=120) for _ in range(ROUNDS)]
+    for proc in procs:
+        proc.join(timeout=120)
+        assert proc.exitcode == 0
+    assert results.empty()
+    # Exactly one winner every round, and only the winner's slots were ever written.
+    assert sorted(round_ for round_, _, _ in wins) == list(range(ROUNDS))
+    ids = {"first": t_first, "second": t_second}
+    for _, name, rows in wins:
+        expected = sorted(
+            (ids[name], agent, slot) for agent, slots in CLAIMS[name] for slot in slots
+        )
+        assert rows == expected
+    with session_scope(db_url) as session:
+        assert [h for h in allocations.holders(session) if h.experiment_id == experiment_id] == []

@@ -1,0 +1,384 @@
+"""Every page of the real app, rendered through AppTest against seeded databases."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from storage import get_engine
+from tests.ui._pages import PageRenderer, assert_no_exception, texts
+from ui._demo_data import DemoSearch
+
+
+def _charts(app: object, kind: str) -> list[dict[str, object]]:
+    return [json.loads(chart.proto.spec) for chart in app.get(kind)]  # type: ignore[attr-defined]
+
+
+def _trial_row(url: str, trial_id: int) -> sa.Row[object]:
+    with get_engine(url).connect() as conn:
+        return conn.execute(
+            sa.text("SELECT * FROM slotsweep_trials WHERE id = :id"), {"id": trial_id}
+        ).one()
+
+
+# --- Experiments ------------------------------------------------------------------------
+
+
+def test_experiments_lists_every_experiment_with_progress(
+    render: PageRenderer, small_search: DemoSearch
+) -> None:
+    app = render("experiments", small_search.url)
+    assert_no_exception(app)
+    assert app.title[0].value == "Experiments"
+    table = app.dataframe[0].value.set_index("name")
+    demo = table.loc["regression-demo"]
+    # 8 trials: 7 finished (completed, pruned or failed) of max_trials 8, one running on 2 slots.
+    assert demo["done"] == "7/8"
+    assert (demo["running"], demo["failed"], demo["slots_in_use"]) == (1, 1, 2)
+    assert demo["state"] == "ACTIVE"
+    with get_engine(small_search.url).connect() as conn:
+        best = conn.execute(
+            sa.text(
+                "SELECT MIN(searcher_metric_value) FROM slotsweep_trials"
+                " WHERE experiment_id = :e AND state = 'COMPLETED'"
+            ),
+            {"e": small_search.experiment_id},
+        ).scalar_one()
+    assert demo["best"] == pytest.approx(best)
+    assert table.loc["regression-cost", "state"] == "COMPLETED"
+    assert table.loc["regression-cost", "done"] == "4/4"
+
+
+def test_experiments_filters_by_state_and_name(render: PageRenderer, small_search: DemoSearch) -> None:
+    app = render("experiments", small_search.url)
+    app.multiselect(key="experiments_states").set_value(["COMPLETED"]).run()
+    assert list(app.dataframe[0].value["name"]) == ["regression-cost"]
+    app.multiselect(key="experiments_states").set_value([]).run()
+    app.text_input(key="experiments_name").set_value("DEMO").run()
+    assert list(app.dataframe[0].value["name"]) == ["regression-demo"]
+    app.text_input(key="experiments_name").set_value("no such search").run()
+    assert "No experiment matches these filters." in texts(app)
+
+
+def test_empty_database_says_so_on_every_page(render: PageRenderer, db_url: str) -> None:
+    for page in ("experiments", "experiment", "trial", "cluster"):
+        app = render(page, db_url)
+        assert_no_exception(app)
+        shown = texts(app)
+        assert "No experiments yet" in shown or "No trials yet" in shown or "No slot is held" in shown, (
+            page,
+            shown,
+        )
+
+
+def test_missing_database_file_is_not_created(render: PageRenderer, tmp_path: Path) -> None:
+    path = tmp_path / "absent.db"
+    app = render("experiments", f"sqlite:///{path}")
+    assert_no_exception(app)
+    assert f"No database file at `{path}`" in texts(app)
+    assert not path.exists()
+
+
+def test_database_without_slotsweep_tables(render: PageRenderer, tmp_path: Path) -> None:
+    path = tmp_path / "foreign.db"
+    sqlite3.connect(path).close()
+    app = render("experiment", f"sqlite:///{path}")
+    assert_no_exception(app)
+    assert "has no slotsweep tables yet" in texts(app)
+
+
+def test_unreachable_database_never_shows_the_password(render: PageRenderer) -> None:
+    url = "postgresql://sweeper:s3cret-pw@127.0.0.1:1/sweeps"
+    app = render("experiments", url)
+    assert_no_exception(app)
+    shown = texts(app) + "\n".join(str(c.value) for c in app.sidebar.caption)
+    assert "Cannot read the database `postgresql://sweeper:***@127.0.0.1:1/sweeps`" in shown
+    assert "s3cret-pw" not in shown
+
+
+# --- Experiment -------------------------------------------------------------------------
+
+
+def test_experiment_header_best_trials_and_history(
+    render: PageRenderer, small_search: DemoSearch
+) -> None:
+    app = render("experiment", small_search.url, experiment=small_search.experiment_id)
+    assert_no_exception(app)
+    assert app.subheader[0].value == f"regression-demo (#{small_search.experiment_id})"
+    metrics = {m.label: m.value for m in app.metric}
+    assert metrics["Trials done"] == "7/8"
+    assert metrics["Running"] == "1"
+    assert metrics["Slots in use"] == "2"
+    best = app.dataframe[0].value
+    assert list(best["state"].unique()) == ["COMPLETED"]
+    assert list(best["metric"]) == sorted(best["metric"])  # smaller is better: best first
+    assert metrics["Best val_loss"] == f"{best['metric'].iloc[0]:.6g}"
+    (history,) = _charts(app, "plotly_chart")
+    assert "Optimization History" in json.dumps(history["layout"])
+
+
+@pytest.mark.parametrize(
+    ("kind", "title"),
+    [
+        ("Parameter importances", "Hyperparameter Importances"),
+        ("Parallel coordinates", "Parallel Coordinate Plot"),
+        ("Intermediate values", "Intermediate Values Plot"),
+    ],
+)
+def test_experiment_optuna_plots(
+    render: PageRenderer, small_search: DemoSearch, kind: str, title: str
+) -> None:
+    app = render("experiment", small_search.url, experiment=small_search.experiment_id)
+    app.segmented_control(key=f"plot_kind_{small_search.experiment_id}").set_value(kind).run()
+    assert_no_exception(app)
+    (figure,) = _charts(app, "plotly_chart")
+    assert title in json.dumps(figure["layout"])
+
+
+def test_multi_objective_experiment_shows_the_pareto_front(
+    render: PageRenderer, small_search: DemoSearch
+) -> None:
+    experiment = small_search.multi_objective_experiment_id
+    app = render("experiment", small_search.url, experiment=experiment)
+    control = app.segmented_control(key=f"plot_kind_{experiment}")
+    assert "Pareto front" in control.options
+    control.set_value("Pareto front").run()
+    assert_no_exception(app)
+    (figure,) = _charts(app, "plotly_chart")
+    layout = json.dumps(figure["layout"])
+    assert "Pareto-front Plot" in layout
+    assert "slot_seconds" in layout and "val_loss" in layout
+
+
+def test_trials_table_sorts_and_filters_in_sql(render: PageRenderer, small_search: DemoSearch) -> None:
+    experiment = small_search.experiment_id
+    app = render("experiment", small_search.url, experiment=experiment)
+    table = app.dataframe[1].value
+    assert list(table["number"]) == list(range(8))
+    app.selectbox(key=f"trial_sort_{experiment}").set_value("metric").run()
+    app.toggle(key=f"trial_desc_{experiment}").set_value(True).run()
+    by_metric = app.dataframe[1].value
+    values = by_metric["metric"].dropna().tolist()
+    assert values == sorted(values, reverse=True)
+    assert by_metric["metric"].isna().tolist()[-2:] == [True, True]  # no value: last
+    app.multiselect(key=f"trial_states_{experiment}").set_value(["PRUNED", "ERROR"]).run()
+    assert set(app.dataframe[1].value["state"]) == {"PRUNED", "ERROR"}
+
+
+def test_experiment_links_to_trials(render: PageRenderer, small_search: DemoSearch) -> None:
+    app = render("experiment", small_search.url, experiment=small_search.experiment_id)
+    app.number_input(key=f"open_trial_{small_search.experiment_id}").set_value(3).run()
+    link = app.get("page_link")[0]
+    assert link.proto.label == "Open trial #3"
+    assert f"trial={small_search.restarted_trial_id}" in link.proto.query_string
+    table = app.dataframe[1].value
+    assert table.loc[table["number"] == 3, "open"].item() == f"trial?trial={small_search.restarted_trial_id}"
+
+
+def test_parameter_importances_need_two_completed_trials(
+    render: PageRenderer, writable_search: DemoSearch
+) -> None:
+    import optuna
+
+    from storage import Experiment, ExperimentState, optuna_storage, session_scope
+
+    study = optuna.create_study(study_name="one-trial", storage=optuna_storage(writable_search.url))
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
+    with session_scope(writable_search.url) as session:
+        experiment = Experiment(
+            name="one-trial",
+            study_name="one-trial",
+            state=ExperimentState.ACTIVE,
+            config={"searcher": {"metric": "x", "smaller_is_better": True}},
+            model_dir=".",
+            max_trials=5,
+        )
+        session.add(experiment)
+        session.flush()
+        experiment_id = experiment.id
+    app = render("experiment", writable_search.url, experiment=experiment_id)
+    app.segmented_control(key=f"plot_kind_{experiment_id}").set_value("Parameter importances").run()
+    assert_no_exception(app)
+    assert "Parameter importances need at least 2 completed trials; this study has 1." in texts(app)
+    assert not app.get("plotly_chart")
+
+
+def test_unknown_experiment_falls_back_to_the_newest(
+    render: PageRenderer, small_search: DemoSearch
+) -> None:
+    app = render("experiment", small_search.url, experiment=9999)
+    assert_no_exception(app)
+    assert "Experiment 9999 does not exist" in texts(app)
+    assert app.subheader[0].value.startswith("regression-cost")
+
+
+def test_pause_requires_confirmation_then_records_the_request(
+    render: PageRenderer, writable_search: DemoSearch
+) -> None:
+    app = render("experiment", writable_search.url, experiment=writable_search.experiment_id)
+    button = app.button[0]
+    assert button.label == "Send request" and button.disabled
+    app.radio(key="action").set_value("pause").run()
+    app.checkbox(key="action_confirmed").check().run()
+    app.button[0].click().run()
+    assert_no_exception(app)
+    assert "Requested pause of experiment" in texts(app)
+    with get_engine(writable_search.url).connect() as conn:
+        action = conn.execute(
+            sa.text("SELECT requested_action FROM slotsweep_experiments WHERE id = :e"),
+            {"e": writable_search.experiment_id},
+        ).scalar_one()
+    assert action == "pause"
+
+
+def test_finished_experiment_offers_no_actions(render: PageRenderer, small_search: DemoSearch) -> None:
+    app = render("experiment", small_search.url, experiment=small_search.multi_objective_experiment_id)
+    assert not app.button
+
+
+# --- Trial ------------------------------------------------------------------------------
+
+
+def test_completed_trial_shows_everything_it_recorded(
+    render: PageRenderer, small_search: DemoSearch
+) -> None:
+    trial_id = small_search.completed_trial_id
+    app = render("trial", small_search.url, trial=trial_id)
+    assert_no_exception(app)
+    row = _trial_row(small_search.url, trial_id)
+    shown = texts(app)
+    assert app.subheader[0].value == f"Trial #{row.optuna_trial_number} of regression-demo"
+    metrics = {m.label: m.value for m in app.metric}
+    assert metrics["State"] == "COMPLETED"
+    assert metrics["val_loss"] == f"{row.searcher_metric_value:.6g}"
+    assert metrics["Batches"] == str(row.total_batches)
+    hparams = dict(zip(app.dataframe[0].value["hyperparameter"], app.dataframe[0].value["value"], strict=True))
+    assert hparams == {k: str(v) for k, v in json.loads(row.hparams).items()}
+    # One chart per metric: training loss and lr, validation val_loss.
+    assert [m.value for m in app.markdown if m.value.startswith("**")] == ["**loss**", "**lr**", "**val_loss**"]
+    assert len(app.get("vega_lite_chart")) >= 3
+    assert f"Training metrics averaged across ranks; {2 * row.total_batches} recorded values" in shown
+    # Checkpoints: the newest is downloadable; the oldest was deleted by retention.
+    checkpoints = app.dataframe[1].value
+    assert list(checkpoints["step"]) == sorted(checkpoints["step"], reverse=True)
+    assert checkpoints["state"].iloc[-1] == "DELETED"
+    assert app.download_button[0].label == f"Download checkpoint at step {checkpoints['step'].iloc[0]}"
+    assert "No restarts: the trial ran once." in shown
+    assert "[rank 0] epoch 0 batch 0" in app.code[0].value
+    phases = set(app.dataframe[3].value["phase"])
+    assert {"train_batch", "dataloader_next", "reduce_metrics"} <= phases
+    assert set(app.dataframe[4].value["name"]) == {"cpu_util_percent", "memory_used_percent"}
+
+
+def test_step_axis_switches_to_epochs(render: PageRenderer, small_search: DemoSearch) -> None:
+    trial_id = small_search.completed_trial_id
+    app = render("trial", small_search.url, trial=trial_id)
+    app.radio(key=f"metric_axis_{trial_id}").set_value("epochs").run()
+    assert_no_exception(app)
+    spec = json.dumps(_charts(app, "vega_lite_chart")[0])
+    assert '"epoch"' in spec
+
+
+def test_log_tail_filters_by_rank(render: PageRenderer, small_search: DemoSearch) -> None:
+    trial_id = small_search.completed_trial_id
+    app = render("trial", small_search.url, trial=trial_id)
+    rank_box = app.selectbox(key=f"log_rank_{trial_id}")
+    assert rank_box.options == ["all ranks", "rank 0", "rank 1"]
+    rank_box.set_value(1).run()
+    lines = app.code[0].value.splitlines()
+    assert lines and all(line.startswith("[rank 1] ") for line in lines)
+
+
+def test_trial_without_metrics_says_what_is_missing(
+    render: PageRenderer, small_search: DemoSearch
+) -> None:
+    app = render("trial", small_search.url, trial=small_search.running_trial_id)
+    assert_no_exception(app)
+    shown = texts(app)
+    assert "No metrics recorded for this trial yet." in shown
+    assert "This trial has no checkpoints recorded." in shown
+    assert "Profiling timings not recorded for this trial" in shown
+    assert "System metrics not recorded for this trial" in shown
+    assert "First launch, still running." in shown
+    assert {m.label: m.value for m in app.metric}["State"] == "RUNNING"
+
+
+def test_missing_checkpoint_file_is_reported_not_raised(
+    render: PageRenderer, small_search: DemoSearch
+) -> None:
+    trial_id = small_search.missing_checkpoint_trial_id
+    app = render("trial", small_search.url, trial=trial_id)
+    assert_no_exception(app)
+    # The newest checkpoint (selected first) is the one removed from disk.
+    assert f"The checkpoint file is missing on disk: {small_search.missing_checkpoint_path}" in texts(app)
+    assert not app.download_button
+    table = app.dataframe[1].value
+    assert table["on_disk"].tolist()[:2] == [False, True]
+    # The older checkpoint is still on disk and downloadable.
+    app.selectbox(key=f"ckpt_{trial_id}").set_value(table["uuid"].iloc[1]).run()
+    assert_no_exception(app)
+    assert app.download_button[0].label == f"Download checkpoint at step {table['step'].iloc[1]}"
+
+
+def test_restarted_trial_lists_each_launch(render: PageRenderer, small_search: DemoSearch) -> None:
+    app = render("trial", small_search.url, trial=small_search.restarted_trial_id)
+    assert_no_exception(app)
+    assert "Restarted 1 time(s); each row is one launch." in texts(app)
+    runs = app.dataframe[2].value
+    assert list(runs["attempt"]) == [0, 1]
+    assert runs["exit_code"].tolist() == [-9, 0]
+    assert runs["restored_from_step"].iloc[1] > 0
+
+
+def test_failed_trial_shows_its_error(render: PageRenderer, small_search: DemoSearch) -> None:
+    app = render("trial", small_search.url, trial=small_search.failed_trial_id)
+    assert_no_exception(app)
+    assert "max_restarts (1) exhausted" in app.error[0].value
+
+
+def test_trial_picker_moves_to_another_trial(render: PageRenderer, small_search: DemoSearch) -> None:
+    app = render("trial", small_search.url, trial=small_search.completed_trial_id)
+    app.number_input[0].set_value(3).run()
+    assert_no_exception(app)
+    assert app.query_params["trial"] == str(small_search.restarted_trial_id)
+    assert app.subheader[0].value == "Trial #3 of regression-demo"
+
+
+def test_trial_page_without_a_trial_shows_the_newest(
+    render: PageRenderer, small_search: DemoSearch
+) -> None:
+    app = render("trial", small_search.url)
+    assert_no_exception(app)
+    assert app.subheader[0].value.endswith("of regression-cost")
+
+
+# --- Cluster ----------------------------------------------------------------------------
+
+
+def test_cluster_lists_every_slot_and_its_holder(render: PageRenderer, small_search: DemoSearch) -> None:
+    app = render("cluster", small_search.url)
+    assert_no_exception(app)
+    assert "Pool `default`" in texts(app)
+    agents = app.dataframe[0].value.set_index("agent")
+    assert (agents.loc["agent-0", "slots"], agents.loc["agent-0", "held"]) == (4, 2)
+    slots = app.dataframe[1].value
+    held = slots[(slots["agent"] == "agent-0") & (slots["state"] == "held")]
+    assert held["slot"].tolist() == [0, 1]
+    assert set(held["experiment"]) == {"regression-demo"}
+    assert set(held["open"]) == {f"trial?trial={small_search.running_trial_id}"}
+    allocations = app.dataframe[3].value
+    assert allocations["trial_state"].tolist() == ["RUNNING", "RUNNING"]
+
+
+def test_cluster_without_a_layout_shows_held_slots_and_says_why(
+    render: PageRenderer, small_search: DemoSearch, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("SLOTSWEEP_CLUSTER", str(tmp_path / "no-such-cluster.yaml"))
+    app = render("cluster", small_search.url)
+    assert_no_exception(app)
+    assert "Could not load the cluster layout" in texts(app)
+    assert app.dataframe[-1].value["slot"].tolist() == [0, 1]

@@ -1,0 +1,135 @@
+"""The UI's SQL: paging, sorting, downsampling and aggregation happen in the database."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+import sqlalchemy as sa
+
+from storage import MetricKind, get_engine, record_metrics, session_scope
+from ui import _queries
+from ui._demo_data import DemoSearch
+
+
+@pytest.fixture
+def engine(small_search: DemoSearch) -> sa.Engine:
+    return get_engine(small_search.url, read_only=True)
+
+
+def test_list_experiments_pages_and_filters(engine: sa.Engine) -> None:
+    everything = _queries.list_experiments(engine)
+    assert everything.total == 2
+    first = _queries.list_experiments(engine, limit=1, offset=0)
+    second = _queries.list_experiments(engine, limit=1, offset=1)
+    assert first.total == second.total == 2
+    assert [*first.rows["name"], *second.rows["name"]] == list(everything.rows["name"])
+    assert list(_queries.list_experiments(engine, states=["COMPLETED"]).rows["name"]) == [
+        "regression-cost"
+    ]
+    # LIKE wildcards in the user's text are literal.
+    assert _queries.list_experiments(engine, name_contains="%").total == 0
+    assert _queries.list_experiments(engine, name_contains="regression_").total == 0
+
+
+def test_list_trials_refuses_unknown_sort_columns(engine: sa.Engine, small_search: DemoSearch) -> None:
+    with pytest.raises(ValueError, match="sort_by: must be one of number, metric"):
+        _queries.list_trials(engine, small_search.experiment_id, sort_by="id; DROP TABLE x")
+
+
+def test_list_trials_pages(engine: sa.Engine, small_search: DemoSearch) -> None:
+    page = _queries.list_trials(
+        engine, small_search.experiment_id, sort_by="number", limit=3, offset=3
+    )
+    assert page.total == 8
+    assert list(page.rows["number"]) == [3, 4, 5]
+
+
+def test_metric_curves_are_downsampled_in_sql(db_url: str) -> None:
+    trial_id = _make_bare_trial(db_url)
+    with session_scope(db_url) as session:
+        for step in range(1, 1001):
+            record_metrics(session, trial_id, step, MetricKind.TRAINING, {"loss": float(step)})
+    engine = get_engine(db_url, read_only=True)
+    curves = _queries.metric_curves(engine, trial_id, MetricKind.TRAINING, ["loss"], max_points=100)
+    assert len(curves) == 100
+    # Each bucket is the mean of 10 consecutive steps, labelled by its first step.
+    assert curves["step"].iloc[0] == 1
+    assert curves["value"].iloc[0] == pytest.approx(statistics.fmean(range(1, 11)))
+    full = _queries.metric_curves(engine, trial_id, MetricKind.TRAINING, ["loss"], max_points=5000)
+    assert len(full) == 1000
+    assert _queries.metric_curves(engine, trial_id, MetricKind.VALIDATION, ["loss"]).empty
+
+
+def test_timing_breakdown_weights_windows_by_batch_count(db_url: str) -> None:
+    from storage import Timing
+
+    trial_id = _make_bare_trial(db_url)
+    with session_scope(db_url) as session:
+        for start, count, mean in ((0, 10, 1.0), (10, 30, 3.0)):
+            session.add(
+                Timing(
+                    trial_id=trial_id,
+                    name="train_batch",
+                    start_step=start,
+                    end_step=start + count,
+                    count=count,
+                    mean_s=mean,
+                    p50_s=mean,
+                    p95_s=mean * 2,
+                    total_s=mean * count,
+                )
+            )
+    breakdown = _queries.timing_breakdown(get_engine(db_url, read_only=True), trial_id)
+    row = breakdown.set_index("phase").loc["train_batch"]
+    assert row["batches"] == 40
+    assert row["mean_s"] == pytest.approx((10 * 1.0 + 30 * 3.0) / 40)
+    assert row["p95_s"] == pytest.approx(6.0)
+    assert row["share"] == pytest.approx(1.0)
+
+
+def test_study_signature_changes_when_the_study_does(writable_search: DemoSearch) -> None:
+    import optuna
+
+    from storage import optuna_storage
+
+    url, name = writable_search.url, writable_search.study_name
+    engine = get_engine(url, read_only=True)
+    before = _queries.optuna_study_signature(engine, name)
+    assert _queries.optuna_study_signature(engine, "no-such-study") == (None,)
+    study = optuna.load_study(study_name=name, storage=optuna_storage(url))
+    trial = study.ask()
+    asked = _queries.optuna_study_signature(engine, name)
+    assert asked != before
+    trial.report(0.5, 1)
+    reported = _queries.optuna_study_signature(engine, name)
+    assert reported != asked
+    study.tell(trial, 0.5)
+    assert _queries.optuna_study_signature(engine, name) != reported
+
+
+def _make_bare_trial(url: str) -> int:
+    from storage import Experiment, ExperimentState, Trial, TrialState
+
+    with session_scope(url) as session:
+        experiment = Experiment(
+            name="bare",
+            study_name="bare",
+            state=ExperimentState.ACTIVE,
+            config={},
+            model_dir=".",
+            max_trials=1,
+        )
+        session.add(experiment)
+        session.flush()
+        trial = Trial(
+            experiment_id=experiment.id,
+            optuna_trial_id=0,
+            optuna_trial_number=0,
+            state=TrialState.RUNNING,
+            hparams={},
+            slots_per_trial=1,
+        )
+        session.add(trial)
+        session.flush()
+        return trial.id

@@ -1,0 +1,193 @@
+"""Slot ownership in the database: which trial holds which slot, under a renewable lease.
+
+Every held slot is one ``storage.Allocation`` row, unique per (resource pool, agent, slot).
+That unique key, plus claiming all of a placement's slots in one transaction (SQLite
+runs every transaction as ``BEGIN IMMEDIATE``), is what stops two drivers sharing a slot:
+the second claimer sees the first's rows or hits the constraint, and writes nothing.
+
+A driver renews its leases while it runs (:func:`renew_leases`). One that dies leaves
+rows whose lease runs out; any other driver then treats those slots as free
+(:func:`free_slots`), takes them over when it claims them, and :func:`reclaim_stale`
+deletes them and names the trials that lost their slots.
+
+Example:
+    >>> with session_scope(url) as session:  # doctest: +SKIP
+    ...     free = free_slots(session, pool, utcnow())
+    ...     won = claim(session, placement, trial_id=7, experiment_id=1, lease_s=30.0)
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections import defaultdict
+from dataclasses import dataclass
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from storage import Allocation, Experiment, Trial, utcnow
+from trials.scheduler import Cluster, Placement, ResourcePool
+
+
+@dataclass(frozen=True)
+class SlotHolder:
+    """One slot of the cluster and who holds it (``None`` ids: the slot is free)."""
+
+    pool: str
+    agent: str
+    host: str
+    slot: int
+    experiment_id: int | None = None
+    trial_id: int | None = None
+    experiment_name: str | None = None
+    trial_number: int | None = None
+    allocated_at: _dt.datetime | None = None
+    lease_expires_at: _dt.datetime | None = None
+    stale: bool = False
+    """The holder's lease ran out: its driver stopped renewing; the slot is free to take."""
+
+
+def free_slots(
+    session: Session, pool: ResourcePool, now: _dt.datetime
+) -> dict[str, frozenset[int]]:
+    """Each agent's slot ids that no live lease holds (expired leases count as free)."""
+    held: dict[str, set[int]] = defaultdict(set)
+    rows = session.execute(
+        select(Allocation.agent, Allocation.slot).where(
+            Allocation.resource_pool == pool.name, Allocation.lease_expires_at > now
+        )
+    )
+    for agent, slot in rows:
+        held[agent].add(slot)
+    return {agent.name: frozenset(set(agent.slots) - held[agent.name]) for agent in pool.agents}
+
+
+def claim(
+    session: Session, placement: Placement, *, trial_id: int, experiment_id: int, lease_s: float
+) -> bool:
+    """Hold every slot of ``placement`` for ``trial_id``, or none of them.
+
+    Returns False, having written nothing, when any of the slots is held under a live
+    lease, including by another driver that claimed it a moment earlier. Slots whose
+    lease expired are taken over. Runs in a savepoint of the caller's transaction; the
+    caller commits (``session_scope`` does).
+    """
+    now = utcnow()
+    wanted = {(part.agent.name, slot) for part in placement.agents for slot in part.slots}
+    agents = {part.agent.name for part in placement.agents}
+    savepoint = session.begin_nested()
+    try:
+        existing = [
+            row
+            for row in session.scalars(
+                select(Allocation).where(
+                    Allocation.resource_pool == placement.pool, Allocation.agent.in_(agents)
+                )
+            )
+            if (row.agent, row.slot) in wanted
+        ]
+        if any(row.lease_expires_at > now for row in existing):
+            savepoint.rollback()
+            return False
+        for row in existing:
+            session.delete(row)
+        # Deletes must reach the database before the inserts that reuse their keys
+        # (one flush would insert first).
+        session.flush()
+        expires = now + _dt.timedelta(seconds=lease_s)
+        session.add_all(
+            Allocation(
+                resource_pool=placement.pool,
+                agent=part.agent.name,
+                host=part.agent.host,
+                slot=slot,
+                trial_id=trial_id,
+                experiment_id=experiment_id,
+                allocated_at=now,
+                lease_expires_at=expires,
+            )
+            for part in placement.agents
+            for slot in part.slots
+        )
+        session.flush()
+    except IntegrityError as exc:
+        savepoint.rollback()
+        if _is_unique_violation(exc):
+            return False  # another driver's insert won the race (PostgreSQL)
+        raise
+    savepoint.commit()
+    return True
+
+
+def release(session: Session, trial_id: int) -> None:
+    """Free every slot ``trial_id`` holds (it finished, failed or was never launched)."""
+    session.execute(delete(Allocation).where(Allocation.trial_id == trial_id))
+
+
+def renew_leases(session: Session, experiment_id: int, lease_s: float) -> None:
+    """Extend the lease of every slot the experiment's trials hold to ``lease_s`` from now."""
+    session.execute(
+        update(Allocation)
+        .where(Allocation.experiment_id == experiment_id)
+        .values(lease_expires_at=utcnow() + _dt.timedelta(seconds=lease_s))
+    )
+
+
+def reclaim_stale(session: Session, now: _dt.datetime) -> list[int]:
+    """Delete the allocations whose lease expired by ``now``; the ids of their trials."""
+    expired = Allocation.lease_expires_at <= now
+    trial_ids = sorted(set(session.scalars(select(Allocation.trial_id).where(expired))))
+    if trial_ids:
+        session.execute(delete(Allocation).where(expired))
+    return trial_ids
+
+
+def holders(
+    session: Session, cluster: Cluster | None = None, now: _dt.datetime | None = None
+) -> list[SlotHolder]:
+    """Every slot and its holder, for ``slotsweep task list``.
+
+    With ``cluster``, every slot of every declared agent appears (free ones without a
+    holder), followed by held slots of agents the cluster does not declare (another
+    driver's cluster file). Without it, only held slots.
+    """
+    now = utcnow() if now is None else now
+    rows = session.execute(
+        select(Allocation, Experiment.name, Trial.optuna_trial_number)
+        .outerjoin(Experiment, Experiment.id == Allocation.experiment_id)
+        .outerjoin(Trial, Trial.id == Allocation.trial_id)
+        .order_by(Allocation.resource_pool, Allocation.agent, Allocation.slot)
+    ).all()
+    held = {
+        (row.resource_pool, row.agent, row.slot): SlotHolder(
+            pool=row.resource_pool,
+            agent=row.agent,
+            host=row.host,
+            slot=row.slot,
+            experiment_id=row.experiment_id,
+            trial_id=row.trial_id,
+            experiment_name=name,
+            trial_number=number,
+            allocated_at=row.allocated_at,
+            lease_expires_at=row.lease_expires_at,
+            stale=row.lease_expires_at <= now,
+        )
+        for row, name, number in rows
+    }
+    result: list[SlotHolder] = []
+    if cluster is not None:
+        for pool, agent in cluster.agents:
+            for slot in agent.slots:
+                holder = held.pop((pool.name, agent.name, slot), None)
+                result.append(holder or SlotHolder(pool.name, agent.name, agent.host, slot))
+    result.extend(held.values())
+    return result
+
+
+def _is_unique_violation(exc: IntegrityError) -> bool:
+    orig = exc.orig
+    # PostgreSQL's unique_violation (psycopg 3 calls it sqlstate, psycopg2 pgcode).
+    if "23505" in (getattr(orig, "sqlstate", None), getattr(orig, "pgcode", None)):
+        return True
+    return "UNIQUE constraint failed" in str(orig)

@@ -1,0 +1,146 @@
+"""Checkpoint files: where they live, how they are written atomically, how they load.
+
+Layout: ``<checkpoint_storage.path>/<experiment_id>/<trial_id>/<uuid>/`` holding
+``state.pt`` (``torch.save`` of a dict of tensors and plain containers, so it loads
+with ``torch.load(weights_only=True)``) and ``metadata.json`` (step, epoch, metrics;
+for people and tools that do not load torch). A relative ``checkpoint_storage.path``
+is taken relative to the experiment's model directory (the config file's folder),
+like the entrypoint.
+
+A checkpoint is written into a hidden temporary directory beside its final place,
+fsynced, and renamed into place: a reader never sees a half-written checkpoint, and
+a crash leaves only a ``.tmp-*`` directory behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+STATE_FILE = "state.pt"
+METADATA_FILE = "metadata.json"
+FORMAT_VERSION = 1
+
+
+def trial_checkpoint_dir(
+    storage_path: str, model_dir: str, experiment_id: int, trial_id: int
+) -> Path:
+    """The folder holding one trial's checkpoints.
+
+    Example:
+        >>> str(trial_checkpoint_dir("ckpt", "/exp", 3, 7))
+        '/exp/ckpt/3/7'
+    """
+    base = Path(os.path.expanduser(storage_path))
+    if not base.is_absolute():
+        base = Path(model_dir) / base
+    return base / str(experiment_id) / str(trial_id)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_checkpoint(
+    directory: Path, uuid: str, state: Mapping[str, Any], metadata: Mapping[str, Any]
+) -> tuple[Path, int]:
+    """Write ``state`` as checkpoint ``uuid`` under ``directory``; ``(path, size_bytes)``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / uuid
+    tmp = directory / f".tmp-{uuid}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        state_path = tmp / STATE_FILE
+        with open(state_path, "wb") as f:
+            torch.save(dict(state), f)
+            f.flush()
+            os.fsync(f.fileno())
+        with open(tmp / METADATA_FILE, "w", encoding="utf-8") as f:
+            json.dump(dict(metadata), f, indent=2, sort_keys=True, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        os.rename(tmp, final)
+        _fsync_dir(directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    size = sum(p.stat().st_size for p in final.iterdir() if p.is_file())
+    return final, size
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load a checkpoint (its folder or its ``state.pt``) onto the CPU, weights only."""
+    target = Path(path)
+    if target.is_dir():
+        target = target / STATE_FILE
+    if not target.is_file():
+        raise FileNotFoundError(f"restore_checkpoint_path: no checkpoint at {path}")
+    state = torch.load(target, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict):
+        raise ValueError(f"restore_checkpoint_path: {path} does not hold a slotsweep checkpoint")
+    return state
+
+
+def delete_checkpoint(path: str | Path) -> None:
+    """Remove a checkpoint's folder (garbage collection); a missing one is fine."""
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def capture_rng_state(device: torch.device) -> dict[str, Any]:
+    """This process's Python, NumPy, torch (and CUDA) RNG states as weights-only data."""
+    version, internal, gauss = random.getstate()
+    state: dict[str, Any] = {
+        "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
+        "torch": torch.get_rng_state(),
+    }
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy ships with torch's wheels
+        return state
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+    state["numpy"] = {
+        "name": str(name),
+        "keys": torch.from_numpy(keys.astype(np.int64)),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached),
+    }
+    return state
+
+
+def restore_rng_state(state: Mapping[str, Any], device: torch.device) -> None:
+    """Set this process's RNGs from :func:`capture_rng_state`'s result."""
+    py = state["python"]
+    random.setstate((py["version"], tuple(int(x) for x in py["state"].tolist()), py["gauss"]))
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+    if "numpy" in state:
+        import numpy as np
+
+        np_state = state["numpy"]
+        np.random.set_state(
+            (
+                np_state["name"],
+                np_state["keys"].numpy().astype(np.uint32),
+                np_state["pos"],
+                np_state["has_gauss"],
+                np_state["cached_gaussian"],
+            )
+        )

@@ -1,0 +1,547 @@
+"""What user code holds inside a rank: the trial's context.
+
+:class:`TrialContext` is the core API (Determined's ``core.Context`` in spirit): who
+this rank is, the hyperparameters and batch sizes, a scratch directory, and the calls
+that report metrics, ask whether to stop, and save or load checkpoints. A user who
+writes their own training loop gets exactly this.
+
+:class:`PyTorchTrialContext` adds what the managed loop needs from a
+:class:`~trials.runtime.PyTorchTrial`: ``wrap_model`` (device placement and DDP with
+the configured buckets and gradient compression), ``wrap_optimizer``,
+``wrap_lr_scheduler``, and ``backward`` / ``step_optimizer``, through which gradient
+aggregation and mixed precision work without the user's code knowing about them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import uuid as uuid_lib
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from trials._batching import per_slot_batch_size
+from trials._config import Length, RuntimeSpec
+from trials.runtime._checkpoint import (
+    FORMAT_VERSION,
+    read_checkpoint,
+    trial_checkpoint_dir,
+    write_checkpoint,
+)
+from trials.runtime._data import batches_per_epoch
+from trials.runtime._distributed import (
+    DistributedInfo,
+    broadcast_flag,
+    broadcast_object,
+)
+from trials.runtime._metrics import MetricAccumulator, reduce_means, unpack_means
+from trials.runtime._precision import PrecisionPlan, resolve_mixed_precision
+from trials.runtime._recorder import ChiefRecorder
+
+StepMode = Literal["optimizer_step", "epoch", "manual"]
+
+
+class InvalidTrialError(ValueError):
+    """A trial that cannot run as configured (bad hparams, entrypoint, metric name).
+
+    The worker prints its message as one line and exits with code 2.
+    """
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    """A checkpoint saved through :meth:`TrialContext.save_checkpoint`, loaded back."""
+
+    state: dict[str, Any]
+    steps_completed: int
+    path: str
+
+
+def _trial_seed(spec: RuntimeSpec) -> int:
+    # The driver's seed when it gives one (trials that share it see the same data order
+    # and initialisation, which makes their comparison less noisy); otherwise one per
+    # trial. Either way a restarted attempt draws the same numbers as the first.
+    if spec.seed is not None:
+        return spec.seed % (2**31 - 1)
+    return (1_000_003 * (spec.optuna_trial_number + 1)) % (2**31 - 1)
+
+
+class TrialContext:
+    """The core API of a trial: ranks, hyperparameters, batch sizes, reporting, checkpoints.
+
+    Every reporting call here is collective: call it on every rank, with the same
+    metric names. Values are averaged across ranks and rank 0 records them.
+
+    Example:
+        >>> def main(context: TrialContext) -> None:  # entrypoint "model:main"
+        ...     for step in range(1, 101):
+        ...         loss = ...  # one step of your own loop
+        ...         context.report_training_metrics(step, {"loss": loss})
+        ...     context.report_validation_metrics(100, {"val_loss": 0.3})
+        ...     if context.should_prune():
+        ...         return
+    """
+
+    def __init__(
+        self,
+        spec: RuntimeSpec,
+        info: DistributedInfo,
+        device: torch.device,
+        recorder: ChiefRecorder | None = None,
+    ) -> None:
+        self.spec = spec
+        self.distributed = info
+        self.device = device
+        self._recorder = recorder
+        if "global_batch_size" not in spec.hparams:
+            raise InvalidTrialError(
+                "hyperparameters.global_batch_size: required (a positive integer, at least "
+                "slots_per_trial)"
+            )
+        try:
+            self._per_slot, dropped = per_slot_batch_size(
+                spec.hparams["global_batch_size"], info.world_size
+            )
+        except ValueError as error:
+            raise InvalidTrialError(f"hyperparameters.{error}") from None
+        self._global = int(spec.hparams["global_batch_size"])
+        if dropped and info.is_chief:
+            warnings.warn(
+                f"global_batch_size {self._global} is not a multiple of {info.world_size} slots: "
+                f"each slot trains on {self._per_slot} samples per batch and {dropped} samples "
+                f"of every global batch are dropped",
+                stacklevel=2,
+            )
+        self.seed = _trial_seed(spec)
+        self._latest_validation: tuple[int, dict[str, float]] | None = None
+        self._pending_prune_report = False
+        self.pruned = False
+        self.steps_reported = 0
+
+    # -- who and what ----------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        return self.distributed.rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.distributed.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.distributed.world_size
+
+    @property
+    def cross_rank(self) -> int:
+        """This node's rank among the trial's nodes."""
+        return self.distributed.cross_rank
+
+    @property
+    def is_chief(self) -> bool:
+        return self.distributed.is_chief
+
+    @property
+    def trial_id(self) -> int:
+        return self.spec.trial_id
+
+    @property
+    def experiment_id(self) -> int:
+        return self.spec.experiment_id
+
+    @property
+    def attempt(self) -> int:
+        """The driver's attempt number of this trial: 0, then 1 after the first restart..."""
+        return self.spec.attempt
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        """The trial's hyperparameters (a copy: changing it changes nothing)."""
+        return dict(self.spec.hparams)
+
+    def get_hparam(self, name: str) -> Any:
+        """One hyperparameter; a missing name is an error that lists the present ones."""
+        try:
+            return self.spec.hparams[name]
+        except KeyError:
+            present = ", ".join(sorted(self.spec.hparams)) or "none"
+            raise InvalidTrialError(
+                f"hyperparameters.{name}: not in this trial's hyperparameters ({present})"
+            ) from None
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The experiment config's ``data`` section."""
+        return dict(self.spec.data)
+
+    @property
+    def per_slot_batch_size(self) -> int:
+        """``global_batch_size // world_size``: each rank's batch."""
+        return self._per_slot
+
+    @property
+    def global_batch_size(self) -> int:
+        return self._global
+
+    @property
+    def max_length(self) -> Length:
+        return self.spec.max_length
+
+    @property
+    def scratch_dir(self) -> Path:
+        """A directory only this rank of this trial writes to (created on first use)."""
+        path = Path(self.spec.scratch_dir) / f"rank-{self.rank}"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    # -- reporting -------------------------------------------------------------------
+
+    def _average(self, metrics: Mapping[str, Any], contribute: bool = True) -> dict[str, float]:
+        accumulator = MetricAccumulator()
+        accumulator.add(metrics)
+        packed = reduce_means(accumulator.sums(self.device), accumulator.weight, contribute=contribute)
+        means, _, _ = unpack_means(accumulator.names(), packed.tolist())
+        return means
+
+    def report_training_metrics(self, steps_completed: int, metrics: Mapping[str, Any]) -> None:
+        """Record training metrics at ``steps_completed`` (collective).
+
+        Averaged across ranks when ``optimizations.average_training_metrics`` is true,
+        else rank 0's own values are recorded.
+        """
+        means = self._average(metrics, self.spec.optimizations.average_training_metrics or self.is_chief)
+        self.steps_reported = max(self.steps_reported, steps_completed)
+        if self._recorder is not None:
+            self._recorder.training_metrics(steps_completed, None, means)
+
+    def report_validation_metrics(
+        self, steps_completed: int, metrics: Mapping[str, Any], *, epoch: float | None = None
+    ) -> dict[str, float]:
+        """Record validation metrics averaged across ranks (collective); returns the means.
+
+        The searcher metric goes to the trial row and, with pruning on, to Optuna as an
+        intermediate value at the step of ``searcher.max_length``'s unit (``epoch``
+        rounded down when the unit is epochs and ``epoch`` is given).
+        """
+        means = self._average(metrics)
+        self.record_validation(steps_completed, epoch, means)
+        return means
+
+    def record_validation(
+        self, steps_completed: int, epoch: float | None, means: Mapping[str, float]
+    ) -> None:
+        """Record already averaged validation metrics (the managed loop's path)."""
+        means = dict(means)
+        metric = self.spec.searcher_metric
+        if metric not in means:
+            raise InvalidTrialError(
+                f"searcher.metric: {metric!r} is not among the validation metrics "
+                f"({', '.join(sorted(means)) or 'none'})"
+            )
+        self._latest_validation = (steps_completed, means)
+        self.steps_reported = max(self.steps_reported, steps_completed)
+        if self._recorder is None:
+            return
+        self._recorder.validation_metrics(steps_completed, epoch, means)
+        if self.spec.pruning:
+            if self.spec.max_length.unit == "epochs" and epoch is not None:
+                optuna_step = int(math.floor(epoch + 1e-9))
+            else:
+                optuna_step = steps_completed
+            self._recorder.report_intermediate(means[metric], optuna_step)
+
+    def should_prune(self) -> bool:
+        """Whether the study's pruner stops this trial (collective: rank 0 asks, all learn).
+
+        Always false with pruning off. When true, the trial is recorded as pruned;
+        return from training without a checkpoint.
+        """
+        if not self.spec.pruning:
+            return False
+        decision = self._recorder.should_prune() if self._recorder is not None else False
+        decision = broadcast_flag(decision, self.device)
+        if decision and not self.pruned:
+            self.pruned = True
+            if self._recorder is not None:
+                self._recorder.pruned(self.steps_reported)
+        return decision
+
+    # -- checkpoints -----------------------------------------------------------------
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """Where this trial's checkpoints are written (see ``trials.runtime._checkpoint``)."""
+        return trial_checkpoint_dir(
+            self.spec.checkpoint_storage.path,
+            self.spec.model_dir,
+            self.spec.experiment_id,
+            self.spec.trial_id,
+        )
+
+    def write_checkpoint(
+        self,
+        state: Mapping[str, Any],
+        *,
+        steps_completed: int,
+        epoch: float | None,
+        trial_running: bool,
+    ) -> str:
+        """Rank 0 only: write ``state`` atomically, record it, collect garbage; the uuid."""
+        if self._recorder is None:
+            raise RuntimeError("only rank 0 writes checkpoints")
+        metrics: dict[str, float] = {}
+        if self._latest_validation is not None and self._latest_validation[0] == steps_completed:
+            metrics = self._latest_validation[1]
+        uuid = str(uuid_lib.uuid4())
+        path, size = write_checkpoint(
+            self.checkpoint_dir,
+            uuid,
+            state,
+            {
+                "uuid": uuid,
+                "trial_id": self.trial_id,
+                "experiment_id": self.experiment_id,
+                "steps_completed": steps_completed,
+                "epoch": epoch,
+                "metrics": metrics,
+                "format": FORMAT_VERSION,
+            },
+        )
+        self._recorder.checkpoint(
+            uuid=uuid,
+            step=steps_completed,
+            epoch=epoch,
+            path=path,
+            size_bytes=size,
+            metrics=metrics,
+            trial_running=trial_running,
+        )
+        return uuid
+
+    def save_checkpoint(
+        self, state: Mapping[str, Any], steps_completed: int, *, epoch: float | None = None
+    ) -> str:
+        """Save rank 0's ``state`` (tensors and plain containers) as a checkpoint (collective).
+
+        Returns the checkpoint's uuid on every rank. Only rank 0's ``state`` is written;
+        the checkpoint records the validation metrics reported at the same step.
+        """
+        uuid = None
+        if self.is_chief:
+            payload = {
+                "format": FORMAT_VERSION,
+                "kind": "core",
+                "steps_completed": steps_completed,
+                "user_state": dict(state),
+            }
+            uuid = self.write_checkpoint(
+                payload, steps_completed=steps_completed, epoch=epoch, trial_running=True
+            )
+        return str(broadcast_object(uuid))
+
+    def load_latest_checkpoint(self) -> LoadedCheckpoint | None:
+        """The checkpoint this attempt continues from (``None`` on a fresh start).
+
+        The driver names it when it restarts or resumes a trial; every rank loads it with
+        ``torch.load(weights_only=True)``.
+        """
+        path = self.spec.restore_checkpoint_path
+        if path is None:
+            return None
+        state = read_checkpoint(path)
+        if state.get("kind") != "core":
+            raise InvalidTrialError(
+                f"restore_checkpoint_path: {path} was written by the managed loop, not by "
+                "save_checkpoint"
+            )
+        return LoadedCheckpoint(
+            state=state["user_state"], steps_completed=int(state["steps_completed"]), path=str(path)
+        )
+
+
+class PyTorchTrialContext(TrialContext):
+    """The context of a :class:`~trials.runtime.PyTorchTrial`: the core API plus wrapping.
+
+    Example:
+        >>> class MyTrial(PyTorchTrial):
+        ...     def __init__(self, context: PyTorchTrialContext) -> None:
+        ...         self.context = context
+        ...         self.model = context.wrap_model(torch.nn.Linear(8, 2))
+        ...         self.opt = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), 0.1))
+        ...
+        ...     def train_batch(self, batch, epoch_idx, batch_idx):
+        ...         x, y = batch
+        ...         loss = torch.nn.functional.cross_entropy(self.model(x), y)
+        ...         self.context.backward(loss)
+        ...         self.context.step_optimizer(self.opt)
+        ...         return {"loss": loss}
+    """
+
+    def __init__(
+        self,
+        spec: RuntimeSpec,
+        info: DistributedInfo,
+        device: torch.device,
+        recorder: ChiefRecorder | None = None,
+    ) -> None:
+        super().__init__(spec, info, device, recorder)
+        self.models: list[torch.nn.Module] = []
+        self.wrapped_models: list[torch.nn.Module] = []
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.lr_schedulers: list[tuple[torch.optim.lr_scheduler.LRScheduler, StepMode]] = []
+        self.precision: PrecisionPlan = resolve_mixed_precision(
+            spec.optimizations.mixed_precision, device
+        )
+        if self.precision.warning and info.is_chief:
+            warnings.warn(self.precision.warning, stacklevel=2)
+        self.grad_scaler: torch.amp.GradScaler | None = self.precision.grad_scaler()
+        # Set by the managed loop before every batch; outside it every batch steps.
+        self._is_optimizer_step = True
+        self._batches_accumulated = 1
+
+    # -- wrapping ----------------------------------------------------------------------
+
+    def wrap_model(self, model: torch.nn.Module, *, find_unused_parameters: bool = False) -> torch.nn.Module:
+        """Move ``model`` to this rank's device and, with several ranks, wrap it in DDP.
+
+        Returns the model to call in ``train_batch`` (the DDP wrapper when distributed).
+        """
+        model = model.to(self.device)
+        self.models.append(model)
+        wrapped: torch.nn.Module = model
+        if self.distributed.distributed:
+            from trials.runtime._ddp import wrap_ddp
+
+            wrapped = wrap_ddp(
+                model,
+                self.device,
+                self.spec.optimizations,
+                find_unused_parameters=find_unused_parameters,
+            )
+        self.wrapped_models.append(wrapped)
+        return wrapped
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Register ``optimizer`` so it is checkpointed and restored with the trial."""
+        self.optimizers.append(optimizer)
+        return optimizer
+
+    def wrap_lr_scheduler(
+        self,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        step_mode: StepMode = "optimizer_step",
+    ) -> torch.optim.lr_scheduler.LRScheduler:
+        """Register ``scheduler``; the loop steps it after every optimizer step (default),
+        at every epoch end (``"epoch"``), or never (``"manual"``: you call ``step()``).
+        """
+        if step_mode not in ("optimizer_step", "epoch", "manual"):
+            raise InvalidTrialError(
+                f"wrap_lr_scheduler: step_mode must be optimizer_step, epoch or manual, got {step_mode!r}"
+            )
+        self.lr_schedulers.append((scheduler, step_mode))
+        return scheduler
+
+    # -- the step --------------------------------------------------------------------
+
+    @property
+    def is_optimizer_step(self) -> bool:
+        """Whether this batch ends a gradient-aggregation group (``step_optimizer`` steps)."""
+        return self._is_optimizer_step
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()`` with aggregation averaging and fp16 loss scaling applied."""
+        k = self.spec.optimizations.aggregation_frequency
+        if k > 1 and self.spec.optimizations.average_aggregated_gradients:
+            loss = loss / k
+        if self.grad_scaler is not None:
+            loss = self.grad_scaler.scale(loss)
+        loss.backward()
+
+    def step_optimizer(
+        self,
+        optimizer: torch.optim.Optimizer,
+        clip_grads: Callable[[Iterable[torch.nn.Parameter]], Any] | None = None,
+    ) -> None:
+        """Step ``optimizer`` and zero its gradients, on the last batch of each
+        aggregation group only (a no-op on the others).
+
+        ``clip_grads(params)`` runs on unscaled gradients just before the step, e.g.
+        ``lambda ps: torch.nn.utils.clip_grad_norm_(ps, 1.0)``.
+        """
+        if not self._is_optimizer_step:
+            return
+        k = self.spec.optimizations.aggregation_frequency
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if k > 1 and self.spec.optimizations.average_aggregated_gradients and self._batches_accumulated != k:
+            # An epoch ended part-way through a group: the losses were divided by k, but
+            # only this many batches contributed.
+            correction = k / self._batches_accumulated
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(correction)
+        if self.grad_scaler is not None:
+            if clip_grads is not None:
+                self.grad_scaler.unscale_(optimizer)
+                clip_grads(params)
+            self.grad_scaler.step(optimizer)
+        else:
+            if clip_grads is not None:
+                clip_grads(params)
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def to_device(self, data: Any) -> Any:
+        """``data`` (tensors in lists, tuples and dicts) on this rank's device."""
+        if isinstance(data, torch.Tensor):
+            return data.to(self.device, non_blocking=True)
+        if isinstance(data, dict):
+            return {k: self.to_device(v) for k, v in data.items()}
+        if isinstance(data, tuple) and hasattr(data, "_fields"):
+            return type(data)(*(self.to_device(v) for v in data))
+        if isinstance(data, (list, tuple)):
+            return type(data)(self.to_device(v) for v in data)
+        return data
+
+    @contextlib.contextmanager
+    def _no_sync(self) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for model in self.wrapped_models:
+                no_sync = getattr(model, "no_sync", None)
+                if no_sync is not None:
+                    stack.enter_context(no_sync())
+            yield
+
+    # -- lengths, for building schedules in __init__ ---------------------------------
+
+    def optimizer_steps_per_epoch(self, num_samples: int, *, drop_last: bool = False) -> int:
+        """Optimizer steps per epoch over a training set of ``num_samples`` samples.
+
+        Example:
+            >>> steps = context.optimizer_steps_per_epoch(len(train_set))  # doctest: +SKIP
+        """
+        batches = batches_per_epoch(
+            num_samples,
+            world_size=self.world_size,
+            batch_size=self.per_slot_batch_size,
+            drop_last=drop_last,
+        )
+        return math.ceil(batches / self.spec.optimizations.aggregation_frequency)
+
+    def total_optimizer_steps(self, num_samples: int, *, drop_last: bool = False) -> int:
+        """Optimizer steps of the whole trial (``searcher.max_length``)."""
+        batches = batches_per_epoch(
+            num_samples,
+            world_size=self.world_size,
+            batch_size=self.per_slot_batch_size,
+            drop_last=drop_last,
+        )
+        k = self.spec.optimizations.aggregation_frequency
+        total = self.max_length.in_batches(batches)
+        epochs, rest = divmod(total, batches)
+        return epochs * math.ceil(batches / k) + math.ceil(rest / k)
+

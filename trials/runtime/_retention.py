@@ -1,0 +1,89 @@
+"""Which checkpoints survive garbage collection (Determined's retention rules).
+
+A checkpoint is kept when it is among its trial's ``save_trial_latest`` newest, its
+trial's ``save_trial_best`` best, or the experiment's ``save_experiment_best`` best
+(by the searcher metric recorded with it); everything else of the trial is deleted.
+While the trial still runs, its newest checkpoint is always kept as well, because a
+restart needs it. Pure functions: the runtime and the driver share them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """The facts about one live checkpoint that retention looks at."""
+
+    uuid: str
+    trial_id: int
+    step: int
+    metric: float | None = None
+
+
+def _best(
+    records: Iterable[CheckpointRecord], n: int, smaller_is_better: bool
+) -> list[CheckpointRecord]:
+    if n <= 0:
+        return []
+    scored = [r for r in records if r.metric is not None]
+    # Ties go to the newer checkpoint: it carries more training for the same metric.
+    scored.sort(key=lambda r: (r.metric if smaller_is_better else -r.metric, -r.step))  # type: ignore[operator]
+    return scored[:n]
+
+
+def checkpoints_to_keep(
+    trial_checkpoints: Sequence[CheckpointRecord],
+    experiment_checkpoints: Sequence[CheckpointRecord],
+    *,
+    save_trial_latest: int,
+    save_trial_best: int,
+    save_experiment_best: int,
+    smaller_is_better: bool,
+    trial_running: bool,
+) -> set[str]:
+    """The uuids of ``trial_checkpoints`` that retention keeps.
+
+    Example:
+        >>> ckpts = [CheckpointRecord(f"c{i}", 1, i, m) for i, m in enumerate([0.5, 0.2, 0.9])]
+        >>> sorted(checkpoints_to_keep(ckpts, ckpts, save_trial_latest=1, save_trial_best=1,
+        ...        save_experiment_best=0, smaller_is_better=True, trial_running=False))
+        ['c1', 'c2']
+    """
+    newest_first = sorted(trial_checkpoints, key=lambda r: r.step, reverse=True)
+    keep = {r.uuid for r in newest_first[: max(save_trial_latest, 0)]}
+    if trial_running and newest_first:
+        keep.add(newest_first[0].uuid)
+    keep |= {r.uuid for r in _best(trial_checkpoints, save_trial_best, smaller_is_better)}
+    mine = {r.uuid for r in trial_checkpoints}
+    keep |= {
+        r.uuid
+        for r in _best(experiment_checkpoints, save_experiment_best, smaller_is_better)
+        if r.uuid in mine
+    }
+    return keep
+
+
+def checkpoints_to_delete(
+    trial_checkpoints: Sequence[CheckpointRecord],
+    experiment_checkpoints: Sequence[CheckpointRecord],
+    *,
+    save_trial_latest: int,
+    save_trial_best: int,
+    save_experiment_best: int,
+    smaller_is_better: bool,
+    trial_running: bool,
+) -> list[CheckpointRecord]:
+    """The checkpoints of the trial that retention removes (oldest first)."""
+    keep = checkpoints_to_keep(
+        trial_checkpoints,
+        experiment_checkpoints,
+        save_trial_latest=save_trial_latest,
+        save_trial_best=save_trial_best,
+        save_experiment_best=save_experiment_best,
+        smaller_is_better=smaller_is_better,
+        trial_running=trial_running,
+    )
+    return sorted((r for r in trial_checkpoints if r.uuid not in keep), key=lambda r: r.step)

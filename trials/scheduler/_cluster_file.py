@@ -1,0 +1,200 @@
+"""The cluster file (YAML) and the default cluster: this machine as one agent.
+
+``--cluster FILE`` or ``$SLOTSWEEP_CLUSTER`` names a file like::
+
+    resource_pools:
+      - name: default
+        allowing_heterogeneous_fits: false   # default
+        fitting_policy: best                 # best | worst
+        agents:
+          - {name: a1, host: 127.0.0.1, slots: 2}        # a count: slots 0 and 1
+          - {name: a2, host: 127.0.0.1, slots: [0, 1]}   # explicit GPU indices
+
+Without a file the cluster is one pool ``default`` holding this machine, named after
+its hostname, with its GPUs as slots (found through NVML) or else one slot per CPU.
+Every problem in a file becomes one line naming the field path; :class:`ClusterConfigError`
+holds them all so the CLI can print them and exit 2.
+
+Example:
+    >>> cluster = parse_cluster({"resource_pools": [{"name": "default",
+    ...     "agents": [{"name": "a1", "slots": 2}, {"name": "a2", "slots": [0, 1]}]}]})
+    >>> [(a.name, a.host, a.slots) for a in cluster.pool("default").agents]
+    [('a1', '127.0.0.1', (0, 1)), ('a2', '127.0.0.1', (0, 1))]
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections import Counter
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from trials._validation import validation_problems
+from trials.scheduler._cluster import Agent, Cluster, ResourcePool
+
+CLUSTER_ENV_VAR = "SLOTSWEEP_CLUSTER"
+DEFAULT_POOL = "default"
+LOCAL_HOST = "127.0.0.1"
+
+
+class ClusterConfigError(Exception):
+    """A cluster that cannot be used; ``problems`` holds one line per problem."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+SlotId = Annotated[int, Field(ge=0, strict=True)]
+
+
+class _AgentSpec(_Strict):
+    name: str = Field(min_length=1)
+    host: str = Field(default=LOCAL_HOST, min_length=1)
+    slots: list[SlotId] = Field(min_length=1)
+
+    @field_validator("slots", mode="before")
+    @classmethod
+    def _count_or_ids(cls, value: Any) -> Any:
+        # ``slots: 4`` is shorthand for slot ids 0..3.
+        if isinstance(value, bool) or not isinstance(value, (int, list)):
+            raise ValueError("must be a slot count (e.g. 8) or a list of slot ids (e.g. [0, 1])")
+        if isinstance(value, int):
+            if value < 1:
+                raise ValueError("must be at least 1 slot")
+            return list(range(value))
+        return value
+
+    @field_validator("slots")
+    @classmethod
+    def _unique(cls, value: list[int]) -> list[int]:
+        repeated = sorted(slot for slot, n in Counter(value).items() if n > 1)
+        if repeated:
+            raise ValueError(f"slot ids must be unique; repeated: {repeated}")
+        return value
+
+
+class _PoolSpec(_Strict):
+    name: str = Field(min_length=1)
+    allowing_heterogeneous_fits: bool = False
+    fitting_policy: Literal["best", "worst"] = "best"
+    agents: list[_AgentSpec] = Field(min_length=1)
+
+
+class _ClusterSpec(_Strict):
+    resource_pools: list[_PoolSpec] = Field(min_length=1)
+
+
+def parse_cluster(raw: Any) -> Cluster:
+    """Validate a loaded cluster document; raises :class:`ClusterConfigError` listing every problem."""
+    if not isinstance(raw, dict):
+        raise ClusterConfigError(["<top level>: must be a mapping with a 'resource_pools' list"])
+    try:
+        spec = _ClusterSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise ClusterConfigError(validation_problems(exc, _ClusterSpec)) from None
+    problems: list[str] = []
+    seen_pools: dict[str, int] = {}
+    seen_agents: dict[str, str] = {}
+    for p, pool in enumerate(spec.resource_pools):
+        if pool.name in seen_pools:
+            problems.append(
+                f"resource_pools.{p}.name: pool {pool.name!r} is already declared "
+                f"(resource_pools.{seen_pools[pool.name]})"
+            )
+        seen_pools.setdefault(pool.name, p)
+        for a, agent in enumerate(pool.agents):
+            # Slot ownership is keyed by agent name, so a name means one machine.
+            where = f"resource_pools.{p}.agents.{a}"
+            if agent.name in seen_agents:
+                problems.append(
+                    f"{where}.name: agent {agent.name!r} is already declared "
+                    f"({seen_agents[agent.name]}); agent names must be unique in the cluster"
+                )
+            seen_agents.setdefault(agent.name, where)
+    if problems:
+        raise ClusterConfigError(problems)
+    return Cluster(
+        pools=tuple(
+            ResourcePool(
+                name=pool.name,
+                agents=tuple(
+                    Agent(name=agent.name, host=agent.host, slots=tuple(agent.slots))
+                    for agent in pool.agents
+                ),
+                allowing_heterogeneous_fits=pool.allowing_heterogeneous_fits,
+                fitting_policy=pool.fitting_policy,
+            )
+            for pool in spec.resource_pools
+        )
+    )
+
+
+def local_cluster(slots: int | None = None) -> Cluster:
+    """This machine as the one agent of pool ``default``: its GPUs, else one slot per CPU.
+
+    ``slots`` overrides the count (the first ``slots`` GPUs, or CPU slots 0..slots-1).
+    """
+    from trials._system_metrics import detect_gpus  # lazy: NVML only when no file is given
+
+    gpus = detect_gpus()
+    if slots is not None:
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ClusterConfigError([f"slots: must be a positive integer (got {slots!r})"])
+        if gpus and slots > len(gpus):
+            raise ClusterConfigError(
+                [f"slots: {slots} is more than the {len(gpus)} GPUs of this machine"]
+            )
+    ids = gpus or list(range(os.cpu_count() or 1))
+    if slots is not None:
+        ids = gpus[:slots] if gpus else list(range(slots))
+    agent = Agent(name=socket.gethostname() or "localhost", host=LOCAL_HOST, slots=tuple(ids))
+    return Cluster(pools=(ResourcePool(name=DEFAULT_POOL, agents=(agent,)),))
+
+
+def load_cluster(path: str | Path | None = None, *, slots: int | None = None) -> Cluster:
+    """The cluster from ``path``, else ``$SLOTSWEEP_CLUSTER``, else :func:`local_cluster`.
+
+    ``slots`` sizes the local machine's agent and cannot be combined with a file, which
+    declares every agent's slots itself.
+
+    Example:
+        >>> load_cluster(slots=2).pool("default").agents[0].slots  # doctest: +SKIP
+        (0, 1)
+    """
+    source = "cluster"
+    if path is None and os.environ.get(CLUSTER_ENV_VAR):
+        path, source = os.environ[CLUSTER_ENV_VAR], CLUSTER_ENV_VAR
+    if path is None:
+        return local_cluster(slots)
+    if slots is not None:
+        raise ClusterConfigError(
+            [
+                f"slots: cannot be combined with a cluster file ({source}); the file sets each agent's slots"
+            ]
+        )
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ClusterConfigError([f"{source}: cannot read {path}: {exc.strerror}"]) from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ClusterConfigError([f"{source}: {path} is not valid YAML{where}"]) from None
+    try:
+        return parse_cluster(raw)
+    except ClusterConfigError as exc:
+        raise ClusterConfigError(
+            [f"{source} {path}: {problem}" for problem in exc.problems]
+        ) from None

@@ -1,0 +1,129 @@
+"""Cluster: resource pools, agents, every slot and the trial holding it."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from ui import _cluster, _context, _queries
+
+st.title("Cluster")
+engine = _context.require_database()
+
+
+def _layout_section(layout: list[_cluster.AgentLayout]) -> None:
+    for pool in sorted({agent.pool for agent in layout}):
+        agents = [agent for agent in layout if agent.pool == pool]
+        held = _queries.held_slots(engine, pool, [agent.name for agent in agents])
+        total = sum(len(agent.slots) for agent in agents)
+        st.markdown(f"#### Pool `{pool}`")
+        st.caption(f"{len(agents)} agent(s), {total} slot(s), {len(held)} held, {total - len(held)} free.")
+        st.dataframe(
+            pd.DataFrame(
+                [
+                    {
+                        "agent": agent.name,
+                        "host": agent.host,
+                        "slots": len(agent.slots),
+                        "held": sum((agent.name, s) in held for s in agent.slots),
+                        "free": sum((agent.name, s) not in held for s in agent.slots),
+                    }
+                    for agent in agents
+                ]
+            ),
+            hide_index=True,
+            width="stretch",
+        )
+        slots = pd.DataFrame(
+            [
+                {
+                    "agent": agent.name,
+                    "slot": slot,
+                    "state": "held" if (agent.name, slot) in held else "free",
+                    "experiment": held.get((agent.name, slot), {}).get("experiment"),
+                    "trial #": held.get((agent.name, slot), {}).get("optuna_trial_number"),
+                    "open": (
+                        _context.link("trial", trial=int(held[(agent.name, slot)]["trial_id"]))
+                        if (agent.name, slot) in held
+                        else None
+                    ),
+                }
+                for agent in agents
+                for slot in agent.slots
+            ]
+        )
+        st.dataframe(
+            slots,
+            hide_index=True,
+            width="stretch",
+            column_config={"open": st.column_config.LinkColumn("trial", display_text="open")},
+        )
+
+
+@st.cache_resource(ttl=30, show_spinner=False)
+def _layout() -> tuple[list[_cluster.AgentLayout] | None, str | None]:
+    # The cluster file (or NVML probe) changes rarely; re-read it every 30 s at most.
+    return _cluster.load_layout()
+
+
+def _page() -> None:
+    layout, why_not = _layout()
+    if layout is not None:
+        _layout_section(layout)
+    else:
+        st.info(why_not)
+
+    st.markdown("#### Slots held, by agent")
+    summary = _queries.allocation_summary(engine)
+    if summary.empty:
+        st.info("No slot is held: no trial is running.")
+        return
+    if layout is not None:
+        known = {(agent.pool, agent.name) for agent in layout}
+        unknown = sorted(
+            {f"{pool}/{agent}" for pool, agent in zip(summary["pool"], summary["agent"], strict=True)}
+            - {f"{pool}/{agent}" for pool, agent in known}
+        )
+        if unknown:
+            st.warning(
+                "Slots are held on agents that this cluster layout does not list "
+                f"(another cluster file, or a renamed machine): {', '.join(unknown)}."
+            )
+    st.dataframe(
+        summary,
+        hide_index=True,
+        width="stretch",
+        column_config={"since": st.column_config.DatetimeColumn("oldest allocation (UTC)")},
+    )
+    st.markdown("#### Allocations")
+    total = _queries.allocations(engine, limit=1).total
+    offset = _context.pager(total, key="allocations_page", page_size=200)
+    page = _queries.allocations(engine, limit=200, offset=offset)
+    rows = page.rows.assign(open=[_context.link("trial", trial=int(i)) for i in page.rows["trial_id"]])
+    st.dataframe(
+        rows,
+        hide_index=True,
+        width="stretch",
+        column_order=[
+            "open",
+            "pool",
+            "agent",
+            "host",
+            "slot",
+            "experiment",
+            "trial_number",
+            "trial_state",
+            "allocated_at",
+            "lease_expires_at",
+        ],
+        column_config={
+            "open": st.column_config.LinkColumn("trial", display_text="open"),
+            "trial_number": st.column_config.NumberColumn("trial #"),
+            "allocated_at": st.column_config.DatetimeColumn("allocated (UTC)"),
+            "lease_expires_at": st.column_config.DatetimeColumn("lease expires (UTC)"),
+        },
+    )
+    st.caption(_context.rows_caption(page.offset, len(rows), page.total))
+
+
+_context.live(_page)

@@ -1,0 +1,333 @@
+"""Trial: hyperparameters, metric curves, checkpoints, restarts, log, profile, system metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+import pandas as pd
+import streamlit as st
+
+from storage import MetricKind
+from ui import _checkpoints, _context, _logs, _queries
+
+st.title("Trial")
+engine = _context.require_database()
+
+trial_id = _context.query_int("trial")
+if trial_id is None:
+    trial_id = _queries.latest_trial_id(engine)
+    if trial_id is None:
+        st.info("No trials yet. They appear here as soon as a search starts them.")
+        st.stop()
+detail = _queries.trial_detail(engine, trial_id)
+if detail is None:
+    st.warning(f"Trial {trial_id} does not exist.")
+    trial_id = _queries.latest_trial_id(engine)
+    detail = _queries.trial_detail(engine, trial_id) if trial_id is not None else None
+    if detail is None:
+        st.stop()
+
+# Picking another trial: experiment, then its trial number.
+choices = _queries.experiment_choices(engine)
+ids = [exp_id for exp_id, _ in choices]
+if detail["experiment_id"] not in ids:
+    choices.insert(0, (detail["experiment_id"], detail["experiment_name"]))
+    ids.insert(0, detail["experiment_id"])
+labels = dict(choices)
+pick = st.columns([3, 1])
+experiment_id = pick[0].selectbox(
+    "Experiment",
+    ids,
+    index=ids.index(detail["experiment_id"]),
+    format_func=lambda i: f"{labels[i]} (#{i})",
+)
+bounds = _queries.trial_number_range(engine, experiment_id) or (0, 0)
+default_number = (
+    detail["optuna_trial_number"] if experiment_id == detail["experiment_id"] else bounds[0]
+)
+number = int(
+    pick[1].number_input(
+        "Trial number", min_value=bounds[0], max_value=bounds[1], value=default_number, step=1
+    )
+)
+if (experiment_id, number) != (detail["experiment_id"], detail["optuna_trial_number"]):
+    picked = _queries.trial_ids_by_number(engine, experiment_id, [number]).get(number)
+    if picked is not None:
+        st.query_params["trial"] = str(picked)
+        st.rerun()
+    st.warning(f"Experiment #{experiment_id} has no trial number {number}.")
+    st.stop()
+st.query_params["trial"] = str(trial_id)
+st.page_link(
+    _context.EXPERIMENT_PAGE,
+    label=f"Back to experiment {detail['experiment_name']} (#{detail['experiment_id']})",
+    query_params={"experiment": detail["experiment_id"]},
+)
+
+
+def _summary() -> None:
+    info = _queries.trial_detail(engine, trial_id)
+    if info is None:
+        st.warning(f"Trial {trial_id} no longer exists.")
+        return
+    metric = (info["experiment_config"] or {}).get("searcher", {}).get("metric", "metric")
+    st.subheader(f"Trial #{info['optuna_trial_number']} of {info['experiment_name']}")
+    cols = st.columns([2, 2, 1, 1, 1, 1])
+    cols[0].metric("State", info["state"])
+    cols[1].metric(metric, _context.fmt_value(info["searcher_metric_value"]))
+    cols[2].metric("Restarts", info["restarts"])
+    cols[3].metric("Batches", info["total_batches"])
+    cols[4].metric("Slots", info["slots_per_trial"])
+    cols[5].metric("Slot·seconds", f"{info['slot_seconds']:.1f}")
+    started = info["started_at"]
+    ended = info["ended_at"]
+    when = f"started {started:%Y-%m-%d %H:%M:%S} UTC" if started else "not started yet"
+    st.caption(f"Trial id {info['id']} · Optuna trial id {info['optuna_trial_id']} · {when}")
+    if ended is not None:
+        st.caption(f"Ended {ended:%Y-%m-%d %H:%M:%S} UTC, exit code {info['exit_code']}")
+    if info["error"]:
+        st.error(f"Error: {info['error']}")
+
+    st.markdown("#### Hyperparameters")
+    hparams = info["hparams"] or {}
+    if hparams:
+        st.dataframe(
+            pd.DataFrame(
+                {"hyperparameter": list(hparams), "value": [str(v) for v in hparams.values()]}
+            ),
+            hide_index=True,
+        )
+    else:
+        st.info("This trial has no hyperparameters recorded.")
+
+
+def _metrics() -> None:
+    st.markdown("#### Metrics")
+    names = _queries.metric_names(engine, trial_id)
+    if names.empty:
+        st.info(
+            "No metrics recorded for this trial yet. Training metrics appear after the "
+            "first reported batch, validation metrics after the first validation."
+        )
+        return
+    axis = st.radio(
+        "Step axis", ["batches", "epochs"], horizontal=True, key=f"metric_axis_{trial_id}"
+    )
+    for kind in (MetricKind.TRAINING, MetricKind.VALIDATION):
+        of_kind = names[names["kind"] == kind.value]
+        if of_kind.empty:
+            st.caption(f"No {kind.value} metrics recorded.")
+            continue
+        chosen = st.multiselect(
+            f"{kind.value.capitalize()} metrics",
+            list(of_kind["name"]),
+            default=list(of_kind["name"])[:4],
+            key=f"metric_names_{trial_id}_{kind.value}",
+        )
+        curves = _queries.metric_curves(engine, trial_id, kind, chosen)
+        if curves.empty:
+            continue
+        use_epochs = axis == "epochs" and bool(curves["epoch"].notna().all())
+        if axis == "epochs" and not use_epochs:
+            st.caption("This trial did not record epochs for every step; the axis shows batches.")
+        x = "epoch" if use_epochs else "step"
+        # One chart per metric: loss and learning rate share no scale.
+        charts = st.columns(2)
+        for position, metric_name in enumerate(chosen):
+            curve = curves[curves["name"] == metric_name]
+            with charts[position % 2]:
+                st.markdown(f"**{metric_name}**")
+                st.line_chart(
+                    curve.groupby(x)["value"].mean().rename(metric_name),
+                    x_label="epoch" if use_epochs else "batch",
+                    y_label=metric_name,
+                    height=260,
+                )
+        st.caption(
+            f"{kind.value.capitalize()} metrics averaged across ranks; "
+            f"{int(of_kind['rows'].sum())} recorded values, drawn as {len(curves)} points."
+        )
+
+
+def _checkpoints_section() -> None:
+    st.markdown("#### Checkpoints")
+    frame = _queries.checkpoints(engine, trial_id)
+    if frame.empty:
+        st.info("This trial has no checkpoints recorded.")
+        return
+    problems = [
+        _checkpoints.checkpoint_problem(path, state)
+        for path, state in zip(frame["path"], frame["state"], strict=True)
+    ]
+    table = frame.assign(
+        size_mb=frame["size_bytes"] / 1e6,
+        on_disk=[p is None for p in problems],
+    )
+    metric_names = sorted({k for m in frame["metrics"] for k in (m or {})})
+    for name in metric_names:
+        table[f"m.{name}"] = [(m or {}).get(name) for m in frame["metrics"]]
+    st.dataframe(
+        table.drop(columns=["metrics", "size_bytes"]),
+        hide_index=True,
+        width="stretch",
+        column_order=[
+            "step",
+            "epoch",
+            "state",
+            *[f"m.{n}" for n in metric_names],
+            "size_mb",
+            "on_disk",
+            "path",
+            "created_at",
+            "uuid",
+        ],
+        column_config={
+            "size_mb": st.column_config.NumberColumn("size (MB)", format="%.3f"),
+            "created_at": st.column_config.DatetimeColumn("created (UTC)"),
+        },
+    )
+    labels = {
+        uuid: f"step {step} · {state} · {uuid[:8]}"
+        for uuid, step, state in zip(frame["uuid"], frame["step"], frame["state"], strict=True)
+    }
+    chosen = st.selectbox(
+        "Checkpoint to download", list(labels), format_func=labels.__getitem__, key=f"ckpt_{trial_id}"
+    )
+    row = frame[frame["uuid"] == chosen].iloc[0]
+    problem = problems[int(frame.index[frame["uuid"] == chosen][0])]
+    if problem is not None:
+        st.warning(problem)
+        return
+    path = str(row["path"])
+    st.download_button(
+        f"Download checkpoint at step {int(row['step'])}",
+        data=lambda: _checkpoints.checkpoint_bytes(path),
+        file_name=_checkpoints.download_name(path),
+        mime="application/octet-stream",
+        on_click="ignore",
+        key=f"download_{chosen}",
+    )
+
+
+def _restarts() -> None:
+    st.markdown("#### Runs and restarts")
+    runs = _queries.trial_runs(engine, trial_id)
+    if runs.empty:
+        st.info("This trial has not been launched yet.")
+        return
+    restarts = len(runs) - 1
+    running = pd.isna(runs["ended_at"].iloc[-1])
+    if restarts == 0:
+        st.caption("First launch, still running." if running else "No restarts: the trial ran once.")
+    else:
+        st.caption(
+            f"Restarted {restarts} time(s); each row is one launch"
+            + (" (the last is still running)." if running else ".")
+        )
+    st.dataframe(
+        runs,
+        hide_index=True,
+        width="stretch",
+        column_config={
+            "started_at": st.column_config.DatetimeColumn("started (UTC)"),
+            "ended_at": st.column_config.DatetimeColumn("ended (UTC)"),
+        },
+    )
+
+
+def _log() -> None:
+    st.markdown("#### Log")
+    info = _queries.trial_detail(engine, trial_id)
+    log_path = info["log_path"] if info else None
+    if not log_path:
+        st.info("This trial has no log file recorded yet.")
+        return
+    if not Path(log_path).is_file():
+        st.warning(f"The log file is missing on disk: {log_path}")
+        return
+    cols = st.columns(2)
+    max_lines = cols[0].selectbox("Lines", [100, 500, 2000], key=f"log_lines_{trial_id}")
+    lines = _logs.tail_lines(log_path, int(max_lines) * 4)
+    ranks = _logs.ranks_in(lines)
+    rank = cols[1].selectbox(
+        "Rank",
+        [None, *ranks],
+        format_func=lambda r: "all ranks" if r is None else f"rank {r}",
+        key=f"log_rank_{trial_id}",
+    )
+    shown = _logs.filter_rank(lines, rank)[-int(max_lines) :]
+    st.caption(f"Last {len(shown)} lines of `{log_path}`.")
+    st.code("\n".join(shown) or "(no lines)", language=None)
+
+
+def _profile() -> None:
+    st.markdown("#### Profiling timings")
+    breakdown = _queries.timing_breakdown(engine, trial_id)
+    if breakdown.empty:
+        st.info(
+            "Profiling timings not recorded for this trial (profiling disabled, or no "
+            "window of batches has finished yet)."
+        )
+        return
+    st.dataframe(
+        breakdown,
+        hide_index=True,
+        width="stretch",
+        column_config={
+            "mean_s": st.column_config.NumberColumn("mean (s)", format="%.5f"),
+            "p50_s": st.column_config.NumberColumn("p50 (s)", format="%.5f"),
+            "p95_s": st.column_config.NumberColumn("p95 (s, worst window)", format="%.5f"),
+            "total_s": st.column_config.NumberColumn("total (s)", format="%.3f"),
+            "share": st.column_config.ProgressColumn(
+                "share of time", min_value=0.0, max_value=1.0, format="percent"
+            ),
+        },
+    )
+    series = _queries.timing_series(engine, trial_id)
+    if not series.empty:
+        wide = series.pivot_table(index="end_step", columns="name", values="mean_s")
+        st.line_chart(wide, x_label="batch (window end)", y_label="mean seconds per batch")
+
+
+def _system() -> None:
+    st.markdown("#### System metrics")
+    summary = _queries.system_metric_summary(engine, trial_id)
+    if summary.empty:
+        st.info(
+            "System metrics not recorded for this trial (no sampler ran on its agents, "
+            "or NVML/psutil were unavailable)."
+        )
+        return
+    summary = summary.assign(
+        gpu=[("host" if pd.isna(g) else f"GPU {int(g)}") for g in summary["gpu_index"]]
+    ).drop(columns=["gpu_index"])
+    st.dataframe(
+        summary,
+        hide_index=True,
+        width="stretch",
+        column_order=["agent", "gpu", "name", "samples", "mean", "max", "last_recorded"],
+        column_config={"last_recorded": st.column_config.DatetimeColumn("last (UTC)")},
+    )
+    metric = st.selectbox(
+        "Plot system metric", sorted(set(summary["name"])), key=f"sysmetric_{trial_id}"
+    )
+    series = _queries.system_metric_series(engine, trial_id, str(metric))
+    if not series.empty:
+        series["source"] = [
+            f"{a} · {'host' if pd.isna(g) else f'GPU {int(g)}'}"
+            for a, g in zip(series["agent"], series["gpu_index"], strict=True)
+        ]
+        wide = series.pivot_table(index="recorded_at", columns="source", values="value")
+        st.line_chart(wide, x_label="time (UTC)", y_label=str(metric))
+
+
+def _page() -> None:
+    _summary()
+    _metrics()
+    _checkpoints_section()
+    _restarts()
+    _log()
+    _profile()
+    _system()
+
+
+_context.live(_page)
