@@ -127,7 +127,7 @@ class SearchDriver:
         # Slots are GPU indices exactly when this machine has GPUs (NVML finds them).
         self._use_gpus = bool(detect_gpus())
         self._study: optuna.Study | None = None
-        self._best_number: int | None = None
+        self._tells: list[tuple[int, list[float] | None, optuna.trial.TrialState | None]] = []
 
     # ----------------------------------------------------------------- set-up
     def _logs_root(self) -> Path:
@@ -211,6 +211,39 @@ class SearchDriver:
                     continue
                 trial.state = TrialState.QUEUED
                 self._queue(trial)
+        self._reconcile_optuna()
+        self._flush_tells()
+
+    def _reconcile_optuna(self) -> None:
+        """Tell Optuna outcomes that were recorded here just before a crash."""
+        import optuna
+
+        assert self._study is not None
+        unfinished = {
+            t.number
+            for t in self._study.get_trials(
+                deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)
+            )
+        }
+        with session_scope(self.db_url) as session:
+            for trial in session.scalars(
+                select(Trial).where(
+                    Trial.experiment_id == self.experiment_id,
+                    Trial.optuna_trial_number.in_(unfinished),
+                    Trial.state.in_([TrialState.COMPLETED, TrialState.PRUNED, TrialState.ERROR]),
+                )
+            ):
+                self._record_outcome_for_optuna(trial)
+
+    def _record_outcome_for_optuna(self, trial: Trial) -> None:
+        import optuna
+
+        if trial.state == TrialState.COMPLETED:
+            self._tell(trial, values=self._objective_values(trial))
+        elif trial.state == TrialState.PRUNED:
+            self._tell(trial, state=optuna.trial.TrialState.PRUNED)
+        else:
+            self._tell(trial, state=optuna.trial.TrialState.FAIL)
 
     def _end_leftover_run(self, session: Any, trial: Trial) -> None:
         run = session.scalars(
@@ -275,6 +308,7 @@ class SearchDriver:
                         self._heartbeat()
                         last_heartbeat = now
                     self._reap()
+                    self._flush_tells()
                     if self._control.action == "kill":
                         self._kill_running()
                         final = ExperimentState.CANCELED
@@ -287,6 +321,7 @@ class SearchDriver:
                     else:
                         self._fill_queue()
                         self._place()
+                        self._flush_tells()
                         if not self._running and not self._pending and self._search_done():
                             final = ExperimentState.COMPLETED
                             break
@@ -303,8 +338,9 @@ class SearchDriver:
         return final
 
     def _search_done(self) -> bool:
+        budget = self._trial_budget()
         with session_scope(self.db_url) as session:
-            return trial_counts(session, self.experiment_id).total >= self._trial_budget()
+            return trial_counts(session, self.experiment_id).total >= budget
 
     def _trial_budget(self) -> int:
         """max_trials plus any trials a user enqueued beyond it."""
@@ -323,9 +359,11 @@ class SearchDriver:
         assert self._study is not None
         limit = self.config.searcher.max_concurrent_trials
         while len(self._running) + len(self._pending) < limit:
+            budget = self._trial_budget()
             with session_scope(self.db_url) as session:
-                if trial_counts(session, self.experiment_id).total >= self._trial_budget():
-                    return
+                total = trial_counts(session, self.experiment_id).total
+            if total >= budget:
+                return
             optuna_trial = self._study.ask()
             hparams = space.suggest_hparams(optuna_trial, self.config.hyperparameters)
             with session_scope(self.db_url) as session:
@@ -566,16 +604,19 @@ class SearchDriver:
         values: list[float] | None = None,
         state: optuna.trial.TrialState | None = None,
     ) -> None:
-        import optuna
+        """Queue the outcome for Optuna; :meth:`_flush_tells` sends it after our commit.
 
+        Optuna uses its own connection: calling it inside one of our open SQLite
+        transactions would wait on our own write lock.
+        """
+        self._tells.append((trial.optuna_trial_number, values, state))
+
+    def _flush_tells(self) -> None:
         assert self._study is not None
-        frozen = self._study._storage.get_trial(trial.optuna_trial_id)
-        if frozen.state.is_finished():
-            return  # Told before a crash; telling twice would raise.
-        self._study.tell(
-            trial.optuna_trial_number, values, state=state, skip_if_finished=True
-        )
-        _ = optuna
+        while self._tells:
+            number, values, state = self._tells.pop(0)
+            # skip_if_finished: a tell that landed before a crash is not repeated.
+            self._study.tell(number, values, state=state, skip_if_finished=True)
 
     # ----------------------------------------------------------------- control
     def _heartbeat(self) -> None:
@@ -615,6 +656,7 @@ class SearchDriver:
                 else:
                     trial.state = TrialState.QUEUED
         self._running.clear()
+        self._flush_tells()
 
     def _finish(self, state: ExperimentState) -> None:
         with session_scope(self.db_url) as session:
@@ -635,6 +677,7 @@ class SearchDriver:
             experiment.driver_pid = None
             if state.is_terminal:
                 experiment.ended_at = utcnow()
+        self._flush_tells()
 
     def _install_signal_handlers(self) -> None:
         def on_interrupt(signum: int, frame: FrameType | None) -> None:

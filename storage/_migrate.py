@@ -41,8 +41,11 @@ def current_revision(url: str | None = None) -> str | None:
 
 @functools.lru_cache(maxsize=16)
 def _upgraded(url: str) -> bool:
-    if current_revision(url) != head_revision():
-        command.upgrade(alembic_config(url), "head")
+    from storage._lock import schema_lock
+
+    with schema_lock(url):
+        if current_revision(url) != head_revision():
+            command.upgrade(alembic_config(url), "head")
     return True
 
 

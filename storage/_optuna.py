@@ -26,9 +26,13 @@ def optuna_storage(url: str | None = None, read_only: bool = False) -> RDBStorag
     """
     from optuna.storages import RDBStorage
 
+    from storage._lock import schema_lock
+
     resolved = resolve_db_url(url)
-    storage = RDBStorage(
-        resolved, engine_kwargs=engine_kwargs(resolved), skip_table_creation=read_only
-    )
+    # Two drivers starting on a new database would both create Optuna's tables.
+    with schema_lock(resolved):
+        storage = RDBStorage(
+            resolved, engine_kwargs=engine_kwargs(resolved), skip_table_creation=read_only
+        )
     prepare_engine(storage.engine, read_only=read_only)
     return storage

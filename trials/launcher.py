@@ -174,6 +174,8 @@ def start_trial(
     # made gloo's connectFullMesh flaky on loopback.
     base_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     base_env.setdefault("PYTHONUNBUFFERED", "1")
+    # torchrun sets this for multi-process nodes anyway, with a banner in every log.
+    base_env.setdefault("OMP_NUM_THREADS", "1")
     base_env.update(extra_env or {})
     try:
         for command in commands:

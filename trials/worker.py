@@ -17,6 +17,7 @@ line saying why), 1 with a traceback for a crash.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -101,10 +102,8 @@ def stop_prefixing(pid: int, saved_out: int, saved_err: int, timeout_s: float = 
     import time
 
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     os.dup2(saved_out, 1)
     os.dup2(saved_err, 2)
     os.close(saved_out)
@@ -132,7 +131,9 @@ def _run() -> int:
 
     spec_path = os.environ.get("SLOTSWEEP_TRIAL_SPEC")
     if not spec_path:
-        return _fail("SLOTSWEEP_TRIAL_SPEC: not set; it must name the trial's RuntimeSpec JSON file")
+        return _fail(
+            "SLOTSWEEP_TRIAL_SPEC: not set; it must name the trial's RuntimeSpec JSON file"
+        )
     try:
         with open(spec_path, encoding="utf-8") as f:
             text = f.read()

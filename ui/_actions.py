@@ -29,6 +29,8 @@ def request_action(url: str, experiment_id: int, action: str) -> str:
         if experiment is None:
             return f"Experiment {experiment_id} does not exist."
         if experiment.state.is_terminal:
-            return f"Experiment {experiment_id} is already {experiment.state.value}; nothing to do."
+            return (
+                f"Experiment {experiment_id} is already {experiment.state.value}; nothing to do."
+            )
         experiment.requested_action = action
     return f"Requested {action} of experiment {experiment_id}; its driver acts on it at its next poll."

@@ -44,7 +44,7 @@ def cluster_layout(cluster: Any) -> list[AgentLayout]:
 def load_layout() -> tuple[list[AgentLayout] | None, str | None]:
     """The cluster's agents, or ``(None, why not)`` when the layout cannot be known."""
     try:
-        from trials.scheduler import load_cluster  # type: ignore[attr-defined,import-not-found,unused-ignore]
+        from trials.scheduler import load_cluster
     except ImportError:
         return None, (
             "The cluster layout is not available here (the scheduler's `load_cluster` "
@@ -54,5 +54,8 @@ def load_layout() -> tuple[list[AgentLayout] | None, str | None]:
     try:
         cluster = load_cluster()
     except Exception as exc:  # A bad cluster file must not break the page; say why.
-        return None, f"Could not load the cluster layout ({exc}); below are the slots held in the database."
+        return (
+            None,
+            f"Could not load the cluster layout ({exc}); below are the slots held in the database.",
+        )
     return cluster_layout(cluster), None

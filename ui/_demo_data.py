@@ -278,7 +278,9 @@ class _TrialRecorder:
         last_checkpoint = restore
         val_loss: float | None = None
         for epoch in range(first_epoch, epochs):
-            order = torch.randperm(len(self.data.x_train), generator=torch.Generator().manual_seed(epoch))
+            order = torch.randperm(
+                len(self.data.x_train), generator=torch.Generator().manual_seed(epoch)
+            )
             for batch in range(batches_per_epoch):
                 t0 = time.perf_counter()
                 index = order[batch * batch_size : (batch + 1) * batch_size]
@@ -321,7 +323,9 @@ class _TrialRecorder:
                 if step % window == 0:
                     self._flush_timings(step)
             with torch.no_grad():
-                val_loss = float(torch.nn.functional.mse_loss(model(self.data.x_val), self.data.y_val))
+                val_loss = float(
+                    torch.nn.functional.mse_loss(model(self.data.x_val), self.data.y_val)
+                )
             with session_scope(self.url) as session:
                 record_metrics(
                     session,
@@ -335,7 +339,9 @@ class _TrialRecorder:
             for rank in range(SLOTS_PER_TRIAL):
                 self.log(rank, f"validation after epoch {epoch}: val_loss {val_loss:.4f}")
             self._sample_system()
-            last_checkpoint = self._checkpoint(model, optimizer, scheduler, step, epoch + 1, val_loss)
+            last_checkpoint = self._checkpoint(
+                model, optimizer, scheduler, step, epoch + 1, val_loss
+            )
             if optuna_trial is not None:
                 optuna_trial.report(val_loss, epoch + 1)
                 if optuna_trial.should_prune():
@@ -539,9 +545,12 @@ def seed_small_search(url: str, root: Path, *, seed: int = 0) -> DemoSearch:
             except _Crash as crash:
                 _end_run(url, run_id, -9, f"{crash}; restarting from the latest checkpoint")
             with session_scope(url) as session:
-                latest = session.query(Checkpoint).filter_by(trial_id=trial_id).order_by(
-                    Checkpoint.step.desc()
-                ).first()
+                latest = (
+                    session.query(Checkpoint)
+                    .filter_by(trial_id=trial_id)
+                    .order_by(Checkpoint.step.desc())
+                    .first()
+                )
                 assert latest is not None
                 restore = (latest.path, latest.step)
             run_id = _start_run(url, trial_id, 1, restore)
@@ -594,7 +603,9 @@ def seed_small_search(url: str, root: Path, *, seed: int = 0) -> DemoSearch:
             os.remove(missing_path)
             ids["missing"] = trial_id
     if not {"completed", "pruned", "missing"} <= set(ids):
-        raise RuntimeError(f"the demo search missed an outcome ({sorted(ids)}); adjust the enqueued trials")
+        raise RuntimeError(
+            f"the demo search missed an outcome ({sorted(ids)}); adjust the enqueued trials"
+        )
 
     # Retention deleted the oldest checkpoint of the first trial.
     with session_scope(url) as session:
@@ -658,6 +669,7 @@ def seed_small_search(url: str, root: Path, *, seed: int = 0) -> DemoSearch:
         _finish_trial(url, trial_id, TrialState.COMPLETED, result.val_loss, result.batches)
         with session_scope(url) as session:
             slot_seconds = session.get_one(Trial, trial_id).slot_seconds
+        assert result.val_loss is not None
         multi.tell(trial, [result.val_loss, slot_seconds])
     with session_scope(url) as session:
         done = session.get_one(Experiment, multi_id)
@@ -740,12 +752,18 @@ def seed_huge_experiment(
     engine = get_engine(url)
 
     with engine.connect() as conn:
-        next_optuna_id = int(
-            conn.execute(optuna_models.TrialModel.__table__.select().with_only_columns(
-                optuna_models.TrialModel.__table__.c.trial_id
-            ).order_by(optuna_models.TrialModel.__table__.c.trial_id.desc()).limit(1)).scalar()
-            or 0
-        ) + 1
+        next_optuna_id = (
+            int(
+                conn.execute(
+                    optuna_models.TrialModel.__table__.select()
+                    .with_only_columns(optuna_models.TrialModel.__table__.c.trial_id)
+                    .order_by(optuna_models.TrialModel.__table__.c.trial_id.desc())
+                    .limit(1)
+                ).scalar()
+                or 0
+            )
+            + 1
+        )
         study_id = int(
             conn.execute(
                 optuna_models.StudyModel.__table__.select()
@@ -753,13 +771,18 @@ def seed_huge_experiment(
                 .where(optuna_models.StudyModel.__table__.c.study_name == study_name)
             ).scalar_one()
         )
-        next_trial_id = int(
-            conn.execute(
-                Trial.__table__.select().with_only_columns(Trial.__table__.c.id)
-                .order_by(Trial.__table__.c.id.desc()).limit(1)
-            ).scalar()
-            or 0
-        ) + 1
+        next_trial_id = (
+            int(
+                conn.execute(
+                    Trial.__table__.select()
+                    .with_only_columns(Trial.__table__.c.id)
+                    .order_by(Trial.__table__.c.id.desc())
+                    .limit(1)
+                ).scalar()
+                or 0
+            )
+            + 1
+        )
 
     start = utcnow() - _dt.timedelta(hours=12)
     o_trials: list[dict[str, Any]] = []
@@ -888,7 +911,10 @@ def seed_huge_experiment(
                 )
         for v, value in enumerate(val_curve):
             step = (v + 1) * validation_every
-            for metric_name, metric_value in (("val_loss", value), ("val_accuracy", 1.0 - value / 3)):
+            for metric_name, metric_value in (
+                ("val_loss", value),
+                ("val_accuracy", 1.0 - value / 3),
+            ):
                 metrics.append(
                     {
                         "trial_id": trial_id,
@@ -909,7 +935,11 @@ def seed_huge_experiment(
                     "epoch": step / validation_every,
                     "path": f"/nonexistent/huge/trial-{trial_id}/{c}.pt",
                     "size_bytes": 4_200_000,
-                    "metrics": {"val_loss": val_curve[min(len(val_curve) - 1, step // validation_every - 1)]},
+                    "metrics": {
+                        "val_loss": val_curve[
+                            min(len(val_curve) - 1, step // validation_every - 1)
+                        ]
+                    },
                     "state": CheckpointState.COMPLETED,
                     "created_at": began,
                 }
@@ -955,7 +985,7 @@ def seed_huge_experiment(
                 }
             )
         if state == TrialState.RUNNING:
-            for slot in range(SLOTS_PER_TRIAL):
+            for _ in range(SLOTS_PER_TRIAL):
                 agent_index, slot_index = divmod(running_slots, 8)
                 allocations.append(
                     {
@@ -972,7 +1002,7 @@ def seed_huge_experiment(
                 running_slots += 1
 
     with engine.begin() as conn:
-        for table, rows in (
+        tables: tuple[tuple[Any, list[dict[str, Any]]], ...] = (
             (optuna_models.TrialModel.__table__, o_trials),
             (optuna_models.TrialParamModel.__table__, o_params),
             (optuna_models.TrialValueModel.__table__, o_values),
@@ -984,7 +1014,8 @@ def seed_huge_experiment(
             (Timing.__table__, timings),
             (SystemMetric.__table__, system),
             (Allocation.__table__, allocations),
-        ):
+        )
+        for table, rows in tables:
             for chunk in _chunks(rows):
                 conn.execute(table.insert(), chunk)
     return experiment_id

@@ -61,7 +61,9 @@ def launch(
     # `kill PID` of `slotsweep ui` must stop the server too, not orphan it.
     previous = None
     if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, lambda signum, _frame: process.send_signal(signum))
+        previous = signal.signal(
+            signal.SIGTERM, lambda signum, _frame: process.send_signal(signum)
+        )
     try:
         return process.wait()
     except KeyboardInterrupt:

@@ -120,7 +120,7 @@ def _count_dict(row: Any) -> dict[str, int]:
 
 def has_schema(engine: Engine) -> bool:
     """Whether slotsweep's tables exist (a fresh or foreign database has none)."""
-    return sa.inspect(engine).has_table(_E.name)
+    return sa.inspect(engine).has_table(Experiment.__tablename__)
 
 
 def experiment_count(engine: Engine) -> int:
@@ -183,7 +183,7 @@ def list_experiments(
                 .group_by(_T.c.experiment_id)
             ).mappings()
         }
-        slots = dict(
+        slots: dict[int, int] = dict(
             conn.execute(
                 sa.select(_A.c.experiment_id, sa.func.count())
                 .where(_A.c.experiment_id.in_(ids))
@@ -294,6 +294,20 @@ def experiment_summary(engine: Engine, experiment_id: int) -> ExperimentSummary 
     )
 
 
+_TRIAL_ROW_COLUMNS = [
+    "id",
+    "number",
+    "state",
+    "metric",
+    "restarts",
+    "batches",
+    "slot_seconds",
+    "slots",
+    "started",
+    "duration_s",
+]
+
+
 def _trial_rows(rows: Sequence[Any]) -> pd.DataFrame:
     out = []
     for row in rows:
@@ -311,9 +325,11 @@ def _trial_rows(rows: Sequence[Any]) -> pd.DataFrame:
             "duration_s": (ended - started).total_seconds() if started and ended else None,
         }
         for key, value in sorted((row.hparams or {}).items()):
-            record[f"hp.{key}"] = value if isinstance(value, (int, float, str, bool)) else str(value)
+            record[f"hp.{key}"] = (
+                value if isinstance(value, (int, float, str, bool)) else str(value)
+            )
         out.append(record)
-    return pd.DataFrame(out)
+    return pd.DataFrame(out) if out else pd.DataFrame(columns=_TRIAL_ROW_COLUMNS)
 
 
 _TRIAL_LIST_COLUMNS = (
@@ -335,7 +351,11 @@ def best_trials(
     engine: Engine, experiment_id: int, *, smaller_is_better: bool, limit: int = 10
 ) -> pd.DataFrame:
     """The completed trials with the best searcher metric, best first."""
-    order = _T.c.searcher_metric_value.asc() if smaller_is_better else _T.c.searcher_metric_value.desc()
+    order = (
+        _T.c.searcher_metric_value.asc()
+        if smaller_is_better
+        else _T.c.searcher_metric_value.desc()
+    )
     with engine.connect() as conn:
         rows = conn.execute(
             sa.select(*_TRIAL_LIST_COLUMNS)
@@ -362,7 +382,9 @@ def list_trials(
 ) -> Page:
     """One page of an experiment's trials, sorted in SQL by a whitelisted column."""
     if sort_by not in TRIAL_SORT_COLUMNS:
-        raise ValueError(f"sort_by: must be one of {', '.join(TRIAL_SORT_COLUMNS)}, got {sort_by!r}")
+        raise ValueError(
+            f"sort_by: must be one of {', '.join(TRIAL_SORT_COLUMNS)}, got {sort_by!r}"
+        )
     column = TRIAL_SORT_COLUMNS[sort_by]
     order = (column.desc() if descending else column.asc()).nulls_last()
     where = [_T.c.experiment_id == experiment_id]
@@ -380,27 +402,28 @@ def list_trials(
     return Page(_trial_rows(rows), int(total), offset, limit)
 
 
-def trial_ids_by_number(engine: Engine, experiment_id: int, numbers: Sequence[int]) -> dict[int, int]:
-    """Optuna trial number -> slotsweep trial id, for the given numbers."""
+def trials_by_numbers(engine: Engine, experiment_id: int, numbers: Sequence[int]) -> pd.DataFrame:
+    """The trials with the given Optuna trial numbers (e.g. a Pareto front), by number."""
     if not numbers:
-        return {}
+        return _trial_rows([])
     with engine.connect() as conn:
-        return {
-            int(number): int(trial_id)
-            for number, trial_id in conn.execute(
-                sa.select(_T.c.optuna_trial_number, _T.c.id).where(
-                    _T.c.experiment_id == experiment_id,
-                    _T.c.optuna_trial_number.in_(list(numbers)),
-                )
+        rows = conn.execute(
+            sa.select(*_TRIAL_LIST_COLUMNS)
+            .where(
+                _T.c.experiment_id == experiment_id,
+                _T.c.optuna_trial_number.in_(list(numbers)),
             )
-        }
+            .order_by(_T.c.optuna_trial_number)
+        ).all()
+    return _trial_rows(rows)
 
 
 def trial_number_range(engine: Engine, experiment_id: int) -> tuple[int, int] | None:
     with engine.connect() as conn:
         low, high = conn.execute(
-            sa.select(sa.func.min(_T.c.optuna_trial_number), sa.func.max(_T.c.optuna_trial_number))
-            .where(_T.c.experiment_id == experiment_id)
+            sa.select(
+                sa.func.min(_T.c.optuna_trial_number), sa.func.max(_T.c.optuna_trial_number)
+            ).where(_T.c.experiment_id == experiment_id)
         ).one()
     return None if low is None else (int(low), int(high))
 
@@ -704,7 +727,9 @@ def allocation_summary(engine: Engine) -> pd.DataFrame:
         )
 
 
-def held_slots(engine: Engine, pool: str, agents: Sequence[str]) -> dict[tuple[str, int], dict[str, Any]]:
+def held_slots(
+    engine: Engine, pool: str, agents: Sequence[str]
+) -> dict[tuple[str, int], dict[str, Any]]:
     """(agent, slot) -> holder, for the agents of one pool (used with the cluster layout)."""
     if not agents:
         return {}
@@ -725,34 +750,55 @@ def held_slots(engine: Engine, pool: str, agents: Sequence[str]) -> dict[tuple[s
         return {(row["agent"], int(row["slot"])): dict(row) for row in rows}
 
 
-def optuna_study_signature(engine: Engine, study_name: str) -> tuple[Any, ...]:
-    """Changes whenever the study's trials change, so cached plots know when to refresh.
+@dataclasses.dataclass(frozen=True)
+class StudySignature:
+    """Fingerprints of a stored Optuna study, so cached plots know when to refresh.
 
-    Reads Optuna's own tables (same database): trial count, states, last completion
-    and the number of intermediate values reported so far.
+    ``everything`` changes with any change to the study's trials (a new trial, a
+    report, a finished trial); ``completed`` only when a trial completes, which is all
+    that the plots of completed trials (history, importances, parallel coordinates,
+    Pareto front) depend on.
     """
+
+    study_id: int | None
+    everything: tuple[Any, ...] = ()
+    completed: tuple[Any, ...] = ()
+
+    @property
+    def exists(self) -> bool:
+        return self.study_id is not None
+
+
+def optuna_study_signature(engine: Engine, study_name: str) -> StudySignature:
+    """The study's :class:`StudySignature`, from Optuna's own tables (same database)."""
     with engine.connect() as conn:
         study_id = conn.execute(
             sa.text("SELECT study_id FROM studies WHERE study_name = :name"), {"name": study_name}
         ).scalar()
         if study_id is None:
-            return (None,)
+            return StudySignature(None)
         trials = conn.execute(
             sa.text(
                 "SELECT COUNT(*), MAX(trial_id), MAX(datetime_complete),"
-                " SUM(CASE WHEN state = 'RUNNING' THEN 1 ELSE 0 END)"
+                " SUM(CASE WHEN state = 'RUNNING' THEN 1 ELSE 0 END),"
+                " SUM(CASE WHEN state = 'COMPLETE' THEN 1 ELSE 0 END),"
+                " MAX(CASE WHEN state = 'COMPLETE' THEN datetime_complete END)"
                 " FROM trials WHERE study_id = :sid"
             ),
             {"sid": study_id},
         ).one()
-        intermediate = conn.execute(
+        reports = conn.execute(
             sa.text(
                 "SELECT COUNT(*) FROM trial_intermediate_values v"
                 " JOIN trials t ON t.trial_id = v.trial_id WHERE t.study_id = :sid"
             ),
             {"sid": study_id},
         ).scalar_one()
-    return (study_id, *tuple(trials), intermediate)
+    return StudySignature(
+        study_id=int(study_id),
+        everything=(*tuple(trials[:4]), reports),
+        completed=tuple(trials[4:]),
+    )
 
 
 def _enum_value(value: Any) -> Any:

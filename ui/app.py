@@ -10,7 +10,9 @@ st.set_page_config(page_title="slotsweep", layout="wide")
 
 navigation = st.navigation(
     [
-        st.Page(_context.EXPERIMENTS_PAGE, title="Experiments", url_path="experiments", default=True),
+        st.Page(
+            _context.EXPERIMENTS_PAGE, title="Experiments", url_path="experiments", default=True
+        ),
         st.Page(_context.EXPERIMENT_PAGE, title="Experiment", url_path="experiment"),
         st.Page(_context.TRIAL_PAGE, title="Trial", url_path="trial"),
         st.Page(_context.CLUSTER_PAGE, title="Cluster", url_path="cluster"),

@@ -27,9 +27,7 @@ class PageRenderer:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self._monkeypatch = monkeypatch
 
-    def __call__(
-        self, page: str, url: str, run: bool = True, **query: Any
-    ) -> AppTest:
+    def __call__(self, page: str, url: str, run: bool = True, **query: Any) -> AppTest:
         self._monkeypatch.setenv("SLOTSWEEP_DB", url)
         app = AppTest.from_file(str(APP_PATH), default_timeout=RENDER_TIMEOUT_S)
         # Each AppTest scans every installed package for Streamlit components (~0.5 s);

@@ -31,7 +31,15 @@ def _no_waiting(engine: Any) -> None:
 def main(url: str, trial_id: int, study_name: str, stop_file: Path, progress: Path) -> int:
     import optuna
 
-    from storage import MetricKind, Timing, Trial, get_engine, optuna_storage, record_metrics, session_scope
+    from storage import (
+        MetricKind,
+        Timing,
+        Trial,
+        get_engine,
+        optuna_storage,
+        record_metrics,
+        session_scope,
+    )
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     _no_waiting(get_engine(url))

@@ -21,6 +21,7 @@ import streamlit as st
 from tests.ui._pages import PageRenderer
 from ui._demo_data import DemoSearch, seed_huge_experiment, seed_small_search, write_cluster_file
 
+
 @pytest.fixture(scope="session")
 def small_search(tmp_path_factory: pytest.TempPathFactory) -> DemoSearch:
     """A database holding a small real search (see the module docstring). Read-only use."""

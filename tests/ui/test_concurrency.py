@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,14 +44,15 @@ def test_pages_render_while_another_process_writes(
         assert progress.exists(), "the writer never completed a write"
         started = int(progress.read_text() or 0)
         url = writable_search.url
+        pages: tuple[tuple[str, dict[str, Any]], ...] = (
+            ("experiments", {}),
+            ("experiment", {"experiment": writable_search.experiment_id}),
+            ("trial", {"trial": writable_search.running_trial_id}),
+            ("trial", {"trial": writable_search.completed_trial_id}),
+            ("cluster", {}),
+        )
         for _ in range(2):
-            for page, query in (
-                ("experiments", {}),
-                ("experiment", {"experiment": writable_search.experiment_id}),
-                ("trial", {"trial": writable_search.running_trial_id}),
-                ("trial", {"trial": writable_search.completed_trial_id}),
-                ("cluster", {}),
-            ):
+            for page, query in pages:
                 assert_no_exception(render(page, url, **query))
             app = render("experiment", url, experiment=writable_search.experiment_id)
             control = app.segmented_control(key=f"plot_kind_{writable_search.experiment_id}")

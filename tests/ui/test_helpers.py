@@ -44,7 +44,9 @@ def test_checkpoint_problems_are_named(small_search: DemoSearch, tmp_path: Path)
     assert _checkpoints.checkpoint_problem(missing, "COMPLETED") == (
         f"The checkpoint file is missing on disk: {missing}"
     )
-    assert "deleted by the retention policy" in str(_checkpoints.checkpoint_problem(missing, "DELETED"))
+    assert "deleted by the retention policy" in str(
+        _checkpoints.checkpoint_problem(missing, "DELETED")
+    )
 
 
 def test_checkpoint_directory_downloads_as_zip(tmp_path: Path) -> None:
@@ -58,7 +60,9 @@ def test_checkpoint_directory_downloads_as_zip(tmp_path: Path) -> None:
     assert _checkpoints.download_name(str(folder)) == "ckpt.zip"
 
 
-def test_cluster_layout_from_the_scheduler_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cluster_layout_from_the_scheduler_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from ui._demo_data import write_cluster_file
 
     monkeypatch.setenv("SLOTSWEEP_CLUSTER", str(write_cluster_file(tmp_path / "c.yaml")))
@@ -66,7 +70,9 @@ def test_cluster_layout_from_the_scheduler_model(tmp_path: Path, monkeypatch: py
     assert why_not is None and layout is not None
     assert layout[0] == _cluster.AgentLayout("default", "agent-0", "127.0.0.1", (0, 1, 2, 3))
     assert len(layout) == 9
-    counted = SimpleNamespace(pools=[SimpleNamespace(name="p", agents=[SimpleNamespace(name="a", host="h", slots=2)])])
+    counted = SimpleNamespace(
+        pools=[SimpleNamespace(name="p", agents=[SimpleNamespace(name="a", host="h", slots=2)])]
+    )
     assert _cluster.cluster_layout(counted)[0].slots == (0, 1)
 
 

@@ -10,12 +10,17 @@ from tests.ui._pages import PageRenderer, assert_no_exception, texts
 
 
 @pytest.mark.slow
-def test_every_page_renders_the_huge_experiment(render: PageRenderer, huge_db: tuple[str, int]) -> None:
+def test_every_page_renders_the_huge_experiment(
+    render: PageRenderer, huge_db: tuple[str, int]
+) -> None:
     url, experiment_id = huge_db
     with get_engine(url).connect() as conn:
-        assert conn.execute(sa.text("SELECT COUNT(*) FROM slotsweep_metrics")).scalar_one() == 200_000
+        assert (
+            conn.execute(sa.text("SELECT COUNT(*) FROM slotsweep_metrics")).scalar_one() == 200_000
+        )
         trial_id = conn.execute(
-            sa.text("SELECT MAX(id) FROM slotsweep_trials WHERE experiment_id = :e"), {"e": experiment_id}
+            sa.text("SELECT MAX(id) FROM slotsweep_trials WHERE experiment_id = :e"),
+            {"e": experiment_id},
         ).scalar_one()
 
     app = render("experiments", url)
@@ -52,7 +57,8 @@ def test_huge_study_reads_back_through_optuna(huge_db: tuple[str, int]) -> None:
     url, experiment_id = huge_db
     with get_engine(url).connect() as conn:
         study_name = conn.execute(
-            sa.text("SELECT study_name FROM slotsweep_experiments WHERE id = :e"), {"e": experiment_id}
+            sa.text("SELECT study_name FROM slotsweep_experiments WHERE id = :e"),
+            {"e": experiment_id},
         ).scalar_one()
     study = optuna.load_study(study_name=study_name, storage=optuna_storage(url, read_only=True))
     trials = study.get_trials(deepcopy=False)
@@ -60,3 +66,10 @@ def test_huge_study_reads_back_through_optuna(huge_db: tuple[str, int]) -> None:
     complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert complete and all(len(t.intermediate_values) == 10 for t in trials)
     assert set(complete[0].params) == {"global_batch_size", "lr", "optimizer", "warmup_epochs"}
+    # The UI's lean read of the same study gives Optuna's plots the same trials.
+    from ui import _plots
+
+    copy = _plots.snapshot_study(url, study_name).get_trials(deepcopy=False)
+    assert [(t.number, t.state, t.values, t.params, t.intermediate_values) for t in copy] == [
+        (t.number, t.state, t.values, t.params, t.intermediate_values) for t in trials
+    ]

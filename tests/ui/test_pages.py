@@ -53,7 +53,9 @@ def test_experiments_lists_every_experiment_with_progress(
     assert table.loc["regression-cost", "done"] == "4/4"
 
 
-def test_experiments_filters_by_state_and_name(render: PageRenderer, small_search: DemoSearch) -> None:
+def test_experiments_filters_by_state_and_name(
+    render: PageRenderer, small_search: DemoSearch
+) -> None:
     app = render("experiments", small_search.url)
     app.multiselect(key="experiments_states").set_value(["COMPLETED"]).run()
     assert list(app.dataframe[0].value["name"]) == ["regression-cost"]
@@ -69,7 +71,9 @@ def test_empty_database_says_so_on_every_page(render: PageRenderer, db_url: str)
         app = render(page, db_url)
         assert_no_exception(app)
         shown = texts(app)
-        assert "No experiments yet" in shown or "No trials yet" in shown or "No slot is held" in shown, (
+        assert (
+            "No experiments yet" in shown or "No trials yet" in shown or "No slot is held" in shown
+        ), (
             page,
             shown,
         )
@@ -142,19 +146,36 @@ def test_experiment_optuna_plots(
 def test_multi_objective_experiment_shows_the_pareto_front(
     render: PageRenderer, small_search: DemoSearch
 ) -> None:
+    import optuna
+
+    from storage import optuna_storage
+
     experiment = small_search.multi_objective_experiment_id
     app = render("experiment", small_search.url, experiment=experiment)
-    control = app.segmented_control(key=f"plot_kind_{experiment}")
-    assert "Pareto front" in control.options
-    control.set_value("Pareto front").run()
     assert_no_exception(app)
+    control = app.segmented_control(key=f"plot_kind_{experiment}")
+    assert control.value == "Pareto front"  # the natural first plot of a multi-objective study
     (figure,) = _charts(app, "plotly_chart")
     layout = json.dumps(figure["layout"])
     assert "Pareto-front Plot" in layout
     assert "slot_seconds" in layout and "val_loss" in layout
+    # The best trials are Optuna's Pareto-optimal ones.
+    with get_engine(small_search.url).connect() as conn:
+        study_name = conn.execute(
+            sa.text("SELECT study_name FROM slotsweep_experiments WHERE id = :e"),
+            {"e": experiment},
+        ).scalar_one()
+    study = optuna.load_study(study_name=study_name, storage=optuna_storage(small_search.url))
+    assert "Best trials (Pareto front)" in texts(app)
+    assert sorted(app.dataframe[0].value["number"]) == sorted(t.number for t in study.best_trials)
+    control.set_value("Optimization history").run()
+    assert_no_exception(app)
+    assert "Optimization History" in json.dumps(_charts(app, "plotly_chart")[0]["layout"])
 
 
-def test_trials_table_sorts_and_filters_in_sql(render: PageRenderer, small_search: DemoSearch) -> None:
+def test_trials_table_sorts_and_filters_in_sql(
+    render: PageRenderer, small_search: DemoSearch
+) -> None:
     experiment = small_search.experiment_id
     app = render("experiment", small_search.url, experiment=experiment)
     table = app.dataframe[1].value
@@ -176,7 +197,10 @@ def test_experiment_links_to_trials(render: PageRenderer, small_search: DemoSear
     assert link.proto.label == "Open trial #3"
     assert f"trial={small_search.restarted_trial_id}" in link.proto.query_string
     table = app.dataframe[1].value
-    assert table.loc[table["number"] == 3, "open"].item() == f"trial?trial={small_search.restarted_trial_id}"
+    assert (
+        table.loc[table["number"] == 3, "open"].item()
+        == f"trial?trial={small_search.restarted_trial_id}"
+    )
 
 
 def test_parameter_importances_need_two_completed_trials(
@@ -186,7 +210,9 @@ def test_parameter_importances_need_two_completed_trials(
 
     from storage import Experiment, ExperimentState, optuna_storage, session_scope
 
-    study = optuna.create_study(study_name="one-trial", storage=optuna_storage(writable_search.url))
+    study = optuna.create_study(
+        study_name="one-trial", storage=optuna_storage(writable_search.url)
+    )
     study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
     with session_scope(writable_search.url) as session:
         experiment = Experiment(
@@ -201,9 +227,13 @@ def test_parameter_importances_need_two_completed_trials(
         session.flush()
         experiment_id = experiment.id
     app = render("experiment", writable_search.url, experiment=experiment_id)
-    app.segmented_control(key=f"plot_kind_{experiment_id}").set_value("Parameter importances").run()
+    app.segmented_control(key=f"plot_kind_{experiment_id}").set_value(
+        "Parameter importances"
+    ).run()
     assert_no_exception(app)
-    assert "Parameter importances need at least 2 completed trials; this study has 1." in texts(app)
+    assert "Parameter importances need at least 2 completed trials; this study has 1." in texts(
+        app
+    )
     assert not app.get("plotly_chart")
 
 
@@ -219,24 +249,40 @@ def test_unknown_experiment_falls_back_to_the_newest(
 def test_pause_requires_confirmation_then_records_the_request(
     render: PageRenderer, writable_search: DemoSearch
 ) -> None:
-    app = render("experiment", writable_search.url, experiment=writable_search.experiment_id)
+    experiment = writable_search.experiment_id
+    app = render("experiment", writable_search.url, experiment=experiment)
     button = app.button[0]
     assert button.label == "Send request" and button.disabled
-    app.radio(key="action").set_value("pause").run()
-    app.checkbox(key="action_confirmed").check().run()
+    with get_engine(writable_search.url).connect() as conn:
+        assert (
+            conn.execute(
+                sa.text("SELECT requested_action FROM slotsweep_experiments WHERE id = :e"),
+                {"e": experiment},
+            ).scalar_one()
+            is None
+        )
+    app.radio(key=f"action_{experiment}").set_value("pause").run()
+    app.checkbox(key=f"action_confirmed_{experiment}").check().run()
     app.button[0].click().run()
     assert_no_exception(app)
     assert "Requested pause of experiment" in texts(app)
     with get_engine(writable_search.url).connect() as conn:
         action = conn.execute(
             sa.text("SELECT requested_action FROM slotsweep_experiments WHERE id = :e"),
-            {"e": writable_search.experiment_id},
+            {"e": experiment},
         ).scalar_one()
     assert action == "pause"
+    # The confirmation was used up: another request needs another tick.
+    assert not app.checkbox(key=f"action_confirmed_{experiment}").value
+    assert app.button[0].disabled
 
 
-def test_finished_experiment_offers_no_actions(render: PageRenderer, small_search: DemoSearch) -> None:
-    app = render("experiment", small_search.url, experiment=small_search.multi_objective_experiment_id)
+def test_finished_experiment_offers_no_actions(
+    render: PageRenderer, small_search: DemoSearch
+) -> None:
+    app = render(
+        "experiment", small_search.url, experiment=small_search.multi_objective_experiment_id
+    )
     assert not app.button
 
 
@@ -256,17 +302,28 @@ def test_completed_trial_shows_everything_it_recorded(
     assert metrics["State"] == "COMPLETED"
     assert metrics["val_loss"] == f"{row.searcher_metric_value:.6g}"
     assert metrics["Batches"] == str(row.total_batches)
-    hparams = dict(zip(app.dataframe[0].value["hyperparameter"], app.dataframe[0].value["value"], strict=True))
+    hparams = dict(
+        zip(app.dataframe[0].value["hyperparameter"], app.dataframe[0].value["value"], strict=True)
+    )
     assert hparams == {k: str(v) for k, v in json.loads(row.hparams).items()}
     # One chart per metric: training loss and lr, validation val_loss.
-    assert [m.value for m in app.markdown if m.value.startswith("**")] == ["**loss**", "**lr**", "**val_loss**"]
+    assert [m.value for m in app.markdown if m.value.startswith("**")] == [
+        "**loss**",
+        "**lr**",
+        "**val_loss**",
+    ]
     assert len(app.get("vega_lite_chart")) >= 3
-    assert f"Training metrics averaged across ranks; {2 * row.total_batches} recorded values" in shown
+    assert (
+        f"Training metrics averaged across ranks; {2 * row.total_batches} recorded values" in shown
+    )
     # Checkpoints: the newest is downloadable; the oldest was deleted by retention.
     checkpoints = app.dataframe[1].value
     assert list(checkpoints["step"]) == sorted(checkpoints["step"], reverse=True)
     assert checkpoints["state"].iloc[-1] == "DELETED"
-    assert app.download_button[0].label == f"Download checkpoint at step {checkpoints['step'].iloc[0]}"
+    assert (
+        app.download_button[0].label
+        == f"Download checkpoint at step {checkpoints['step'].iloc[0]}"
+    )
     assert "No restarts: the trial ran once." in shown
     assert "[rank 0] epoch 0 batch 0" in app.code[0].value
     phases = set(app.dataframe[3].value["phase"])
@@ -314,7 +371,10 @@ def test_missing_checkpoint_file_is_reported_not_raised(
     app = render("trial", small_search.url, trial=trial_id)
     assert_no_exception(app)
     # The newest checkpoint (selected first) is the one removed from disk.
-    assert f"The checkpoint file is missing on disk: {small_search.missing_checkpoint_path}" in texts(app)
+    assert (
+        f"The checkpoint file is missing on disk: {small_search.missing_checkpoint_path}"
+        in texts(app)
+    )
     assert not app.download_button
     table = app.dataframe[1].value
     assert table["on_disk"].tolist()[:2] == [False, True]
@@ -340,7 +400,9 @@ def test_failed_trial_shows_its_error(render: PageRenderer, small_search: DemoSe
     assert "max_restarts (1) exhausted" in app.error[0].value
 
 
-def test_trial_picker_moves_to_another_trial(render: PageRenderer, small_search: DemoSearch) -> None:
+def test_trial_picker_moves_to_another_trial(
+    render: PageRenderer, small_search: DemoSearch
+) -> None:
     app = render("trial", small_search.url, trial=small_search.completed_trial_id)
     app.number_input[0].set_value(3).run()
     assert_no_exception(app)
@@ -359,7 +421,9 @@ def test_trial_page_without_a_trial_shows_the_newest(
 # --- Cluster ----------------------------------------------------------------------------
 
 
-def test_cluster_lists_every_slot_and_its_holder(render: PageRenderer, small_search: DemoSearch) -> None:
+def test_cluster_lists_every_slot_and_its_holder(
+    render: PageRenderer, small_search: DemoSearch
+) -> None:
     app = render("cluster", small_search.url)
     assert_no_exception(app)
     assert "Pool `default`" in texts(app)

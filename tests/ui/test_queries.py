@@ -32,7 +32,9 @@ def test_list_experiments_pages_and_filters(engine: sa.Engine) -> None:
     assert _queries.list_experiments(engine, name_contains="regression_").total == 0
 
 
-def test_list_trials_refuses_unknown_sort_columns(engine: sa.Engine, small_search: DemoSearch) -> None:
+def test_list_trials_refuses_unknown_sort_columns(
+    engine: sa.Engine, small_search: DemoSearch
+) -> None:
     with pytest.raises(ValueError, match="sort_by: must be one of number, metric"):
         _queries.list_trials(engine, small_search.experiment_id, sort_by="id; DROP TABLE x")
 
@@ -51,7 +53,9 @@ def test_metric_curves_are_downsampled_in_sql(db_url: str) -> None:
         for step in range(1, 1001):
             record_metrics(session, trial_id, step, MetricKind.TRAINING, {"loss": float(step)})
     engine = get_engine(db_url, read_only=True)
-    curves = _queries.metric_curves(engine, trial_id, MetricKind.TRAINING, ["loss"], max_points=100)
+    curves = _queries.metric_curves(
+        engine, trial_id, MetricKind.TRAINING, ["loss"], max_points=100
+    )
     assert len(curves) == 100
     # Each bucket is the mean of 10 consecutive steps, labelled by its first step.
     assert curves["step"].iloc[0] == 1
@@ -96,16 +100,51 @@ def test_study_signature_changes_when_the_study_does(writable_search: DemoSearch
     url, name = writable_search.url, writable_search.study_name
     engine = get_engine(url, read_only=True)
     before = _queries.optuna_study_signature(engine, name)
-    assert _queries.optuna_study_signature(engine, "no-such-study") == (None,)
+    assert before.exists
+    assert not _queries.optuna_study_signature(engine, "no-such-study").exists
     study = optuna.load_study(study_name=name, storage=optuna_storage(url))
     trial = study.ask()
     asked = _queries.optuna_study_signature(engine, name)
-    assert asked != before
+    assert asked.everything != before.everything
     trial.report(0.5, 1)
     reported = _queries.optuna_study_signature(engine, name)
-    assert reported != asked
+    assert reported.everything != asked.everything
+    # Plots of completed trials need not be redrawn until a trial completes.
+    assert reported.completed == asked.completed == before.completed
     study.tell(trial, 0.5)
-    assert _queries.optuna_study_signature(engine, name) != reported
+    told = _queries.optuna_study_signature(engine, name)
+    assert told.everything != reported.everything
+    assert told.completed != before.completed
+
+
+def test_lean_study_snapshot_equals_optunas_own_read(small_search: DemoSearch) -> None:
+    import optuna
+
+    from storage import optuna_storage
+    from ui import _plots
+
+    for experiment_name in ("regression-demo", "regression-cost"):
+        with get_engine(small_search.url).connect() as conn:
+            study_name = conn.execute(
+                sa.text("SELECT study_name FROM slotsweep_experiments WHERE name = :n"),
+                {"n": experiment_name},
+            ).scalar_one()
+        stored = optuna.load_study(study_name=study_name, storage=optuna_storage(small_search.url))
+        copy = _plots.snapshot_study(small_search.url, study_name)
+        assert copy.directions == stored.directions
+        assert copy.metric_names == stored.metric_names
+        expected = stored.get_trials(deepcopy=False)
+        got = copy.get_trials(deepcopy=False)
+        assert len(got) == len(expected)
+        for mine, theirs in zip(got, expected, strict=True):
+            assert (mine.number, mine.state, mine.values) == (
+                theirs.number,
+                theirs.state,
+                theirs.values,
+            )
+            assert mine.params == theirs.params
+            assert mine.distributions == theirs.distributions
+            assert mine.intermediate_values == theirs.intermediate_values
 
 
 def _make_bare_trial(url: str) -> int:

@@ -104,7 +104,11 @@ def capture_rng_state(device: torch.device) -> dict[str, Any]:
     """This process's Python, NumPy, torch (and CUDA) RNG states as weights-only data."""
     version, internal, gauss = random.getstate()
     state: dict[str, Any] = {
-        "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
+        "python": {
+            "version": version,
+            "state": torch.tensor(internal, dtype=torch.int64),
+            "gauss": gauss,
+        },
         "torch": torch.get_rng_state(),
     }
     if device.type == "cuda":
@@ -113,10 +117,11 @@ def capture_rng_state(device: torch.device) -> dict[str, Any]:
         import numpy as np
     except ImportError:  # pragma: no cover - numpy ships with torch's wheels
         return state
-    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+    legacy: Any = np.random.get_state(legacy=True)
+    name, keys, pos, has_gauss, cached = legacy
     state["numpy"] = {
         "name": str(name),
-        "keys": torch.from_numpy(keys.astype(np.int64)),
+        "keys": torch.from_numpy(np.asarray(keys).astype(np.int64)),
         "pos": int(pos),
         "has_gauss": int(has_gauss),
         "cached_gaussian": float(cached),

@@ -204,7 +204,9 @@ class TrialContext:
     def _average(self, metrics: Mapping[str, Any], contribute: bool = True) -> dict[str, float]:
         accumulator = MetricAccumulator()
         accumulator.add(metrics)
-        packed = reduce_means(accumulator.sums(self.device), accumulator.weight, contribute=contribute)
+        packed = reduce_means(
+            accumulator.sums(self.device), accumulator.weight, contribute=contribute
+        )
         means, _, _ = unpack_means(accumulator.names(), packed.tolist())
         return means
 
@@ -214,7 +216,9 @@ class TrialContext:
         Averaged across ranks when ``optimizations.average_training_metrics`` is true,
         else rank 0's own values are recorded.
         """
-        means = self._average(metrics, self.spec.optimizations.average_training_metrics or self.is_chief)
+        means = self._average(
+            metrics, self.spec.optimizations.average_training_metrics or self.is_chief
+        )
         self.steps_reported = max(self.steps_reported, steps_completed)
         if self._recorder is not None:
             self._recorder.training_metrics(steps_completed, None, means)
@@ -250,7 +254,7 @@ class TrialContext:
         self._recorder.validation_metrics(steps_completed, epoch, means)
         if self.spec.pruning:
             if self.spec.max_length.unit == "epochs" and epoch is not None:
-                optuna_step = int(math.floor(epoch + 1e-9))
+                optuna_step = math.floor(epoch + 1e-9)
             else:
                 optuna_step = steps_completed
             self._recorder.report_intermediate(means[metric], optuna_step)
@@ -360,7 +364,9 @@ class TrialContext:
                 "save_checkpoint"
             )
         return LoadedCheckpoint(
-            state=state["user_state"], steps_completed=int(state["steps_completed"]), path=str(path)
+            state=state["user_state"],
+            steps_completed=int(state["steps_completed"]),
+            path=str(path),
         )
 
 
@@ -406,7 +412,9 @@ class PyTorchTrialContext(TrialContext):
 
     # -- wrapping ----------------------------------------------------------------------
 
-    def wrap_model(self, model: torch.nn.Module, *, find_unused_parameters: bool = False) -> torch.nn.Module:
+    def wrap_model(
+        self, model: torch.nn.Module, *, find_unused_parameters: bool = False
+    ) -> torch.nn.Module:
         """Move ``model`` to this rank's device and, with several ranks, wrap it in DDP.
 
         Returns the model to call in ``train_batch`` (the DDP wrapper when distributed).
@@ -477,7 +485,11 @@ class PyTorchTrialContext(TrialContext):
             return
         k = self.spec.optimizations.aggregation_frequency
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        if k > 1 and self.spec.optimizations.average_aggregated_gradients and self._batches_accumulated != k:
+        if (
+            k > 1
+            and self.spec.optimizations.average_aggregated_gradients
+            and self._batches_accumulated != k
+        ):
             # An epoch ended part-way through a group: the losses were divided by k, but
             # only this many batches contributed.
             correction = k / self._batches_accumulated
@@ -544,4 +556,3 @@ class PyTorchTrialContext(TrialContext):
         total = self.max_length.in_batches(batches)
         epochs, rest = divmod(total, batches)
         return epochs * math.ceil(batches / k) + math.ceil(rest / k)
-

@@ -53,7 +53,9 @@ class DataLoader:
                 "use a map-style Dataset (one with __len__ and __getitem__)"
             )
         if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
-            raise ValueError(f"DataLoader: batch_size must be a positive integer, got {batch_size!r}")
+            raise ValueError(
+                f"DataLoader: batch_size must be a positive integer, got {batch_size!r}"
+            )
         self.dataset = dataset
         self.batch_size = batch_size
         self.shuffle = shuffle

@@ -53,7 +53,9 @@ def _bf16_compress_hook_gloo(
     return default_hooks._compress_hook(torch.bfloat16, process_group, bucket)
 
 
-def register_comm_hook(ddp: DistributedDataParallel, compression: str, powersgd_rank: int = 1) -> Any:
+def register_comm_hook(
+    ddp: DistributedDataParallel, compression: str, powersgd_rank: int = 1
+) -> Any:
     """Register the hook for ``compression`` (none, fp16, bf16, powersgd); returns its state.
 
     Example:

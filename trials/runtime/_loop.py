@@ -22,7 +22,12 @@ from typing import Any, Literal
 
 import torch
 
-from trials.runtime._checkpoint import FORMAT_VERSION, capture_rng_state, read_checkpoint, restore_rng_state
+from trials.runtime._checkpoint import (
+    FORMAT_VERSION,
+    capture_rng_state,
+    read_checkpoint,
+    restore_rng_state,
+)
 from trials.runtime._context import InvalidTrialError, PyTorchTrialContext
 from trials.runtime._data import ResumableDistributedSampler, ShardSampler, batch_sizes
 from trials.runtime._distributed import gather_to_chief
@@ -59,10 +64,6 @@ class Schedule:
             or batch_in_epoch + 1 == self.batches_per_epoch
             or step + 1 >= self.max_batches
         )
-
-    def optuna_step(self, step: int, unit: str) -> int:
-        """The intermediate-value step Optuna's pruners see: epochs or batches."""
-        return step // self.batches_per_epoch if unit == "epochs" else step
 
 
 class ManagedLoop:
@@ -139,7 +140,9 @@ class ManagedLoop:
         val_sampler = ShardSampler(val_len, num_replicas=info.world_size, rank=info.rank)
         self.val_loader = val_spec.build(val_sampler, ctx.per_slot_batch_size, torch.Generator())
         self.val_batch_sizes = batch_sizes(
-            len(val_sampler), self.val_loader.batch_size or ctx.per_slot_batch_size, val_spec.drop_last
+            len(val_sampler),
+            self.val_loader.batch_size or ctx.per_slot_batch_size,
+            val_spec.drop_last,
         )
         spec = self.spec
         checkpoint_every = (
@@ -208,7 +211,9 @@ class ManagedLoop:
         # Optimizers before schedulers: a scheduler's state refers to its optimizer's rates.
         for optimizer, opt_state in zip(ctx.optimizers, state["optimizers"], strict=True):
             optimizer.load_state_dict(opt_state)
-        for (scheduler, _), sched_state in zip(ctx.lr_schedulers, state["lr_schedulers"], strict=True):
+        for (scheduler, _), sched_state in zip(
+            ctx.lr_schedulers, state["lr_schedulers"], strict=True
+        ):
             scheduler.load_state_dict(sched_state)
         if ctx.grad_scaler is not None and state.get("grad_scaler"):
             ctx.grad_scaler.load_state_dict(state["grad_scaler"])
@@ -287,7 +292,10 @@ class ManagedLoop:
         step = self.step
         end = step >= s.max_batches
         validation_due = step - self.last_validation_step >= s.validation_every
-        checkpoint_due = s.checkpoint_every is not None and step - self.last_checkpoint_step >= s.checkpoint_every
+        checkpoint_due = (
+            s.checkpoint_every is not None
+            and step - self.last_checkpoint_step >= s.checkpoint_every
+        )
         preempt = False
         if (
             epoch_end
@@ -297,9 +305,12 @@ class ManagedLoop:
             or step - self.last_report_step >= s.report_every
         ):
             preempt = self._report_training()
-        if (validation_due or end) and self.last_validation_step != step:
-            if self._validate(final=end):
-                return "pruned"
+        if (
+            (validation_due or end)
+            and self.last_validation_step != step
+            and self._validate(final=end)
+        ):
+            return "pruned"
         if checkpoint_due or end or preempt:
             self._checkpoint(trial_running=not end)
         if preempt:
@@ -342,7 +353,7 @@ class ManagedLoop:
             is_step = s.is_optimizer_step(batch_in_epoch, self.step)
             ctx._is_optimizer_step = is_step
             ctx._batches_accumulated = batch_in_epoch % s.aggregation_frequency + 1
-            with (contextlib.nullcontext() if is_step else no_sync()), autocast():
+            with contextlib.nullcontext() if is_step else no_sync(), autocast():
                 metrics = trial.train_batch(batch, self.epoch_idx, self.step)
             profiler.lap("train_batch")
             accumulator.add(metrics)
@@ -373,4 +384,3 @@ class ManagedLoop:
         if outcome is None:
             outcome = "finished"
         return outcome
-

@@ -85,7 +85,11 @@ class MetricAccumulator:
             values = self._values[name]
             tensors = [v for v in values if isinstance(v, torch.Tensor)]
             floats = math.fsum(v for v in values if not isinstance(v, torch.Tensor))
-            total = torch.stack(tensors).to(device=device, dtype=torch.float64).sum() if tensors else 0.0
+            total = (
+                torch.stack(tensors).to(device=device, dtype=torch.float64).sum()
+                if tensors
+                else 0.0
+            )
             out[i] = total + floats
         return out
 
@@ -128,5 +132,7 @@ def unpack_means(
     """
     n = len(names)
     weight = float(packed[n])
-    means = {name: (float(packed[i]) / weight if weight else math.nan) for i, name in enumerate(names)}
+    means = {
+        name: (float(packed[i]) / weight if weight else math.nan) for i, name in enumerate(names)
+    }
     return means, weight, [float(x) for x in packed[n + 1 :]]

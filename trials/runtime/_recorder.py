@@ -41,7 +41,9 @@ class ChiefRecorder:
 
     def __init__(self, spec: RuntimeSpec) -> None:
         self.spec = spec
-        self._tasks: queue.Queue[tuple[Callable[[], Any], Future[Any], bool] | None] = queue.Queue()
+        self._tasks: queue.Queue[tuple[Callable[[], Any], Future[Any], bool] | None] = (
+            queue.Queue()
+        )
         self._error: BaseException | None = None
         self._optuna_trial: Any = None
         self._pruning_supported = True
@@ -117,7 +119,9 @@ class ChiefRecorder:
 
     # -- what the runtime records ----------------------------------------------------
 
-    def training_metrics(self, step: int, epoch: float | None, values: Mapping[str, float]) -> None:
+    def training_metrics(
+        self, step: int, epoch: float | None, values: Mapping[str, float]
+    ) -> None:
         """Averaged training metrics at ``step`` (batches trained), and the progress."""
         values = dict(values)
 
@@ -125,7 +129,9 @@ class ChiefRecorder:
             from storage import MetricKind, record_metrics
 
             with self._session() as session:
-                record_metrics(session, self.spec.trial_id, step, MetricKind.TRAINING, values, epoch)
+                record_metrics(
+                    session, self.spec.trial_id, step, MetricKind.TRAINING, values, epoch
+                )
                 self._update_trial(session, total_batches=step)
 
         self.submit(write)

@@ -50,9 +50,7 @@ def load_entrypoint(spec: RuntimeSpec) -> Any:
     try:
         target = getattr(module, attr)
     except AttributeError:
-        raise InvalidTrialError(
-            f"entrypoint: module {module_name!r} has no {attr!r}"
-        ) from None
+        raise InvalidTrialError(f"entrypoint: module {module_name!r} has no {attr!r}") from None
     if isinstance(target, type) and issubclass(target, PyTorchTrial):
         return target
     if not callable(target):

@@ -387,7 +387,8 @@ def schedule(
     Raises :class:`~trials.scheduler.Unschedulable` for a request the pool can never run,
     and ``ValueError`` for a request id queued twice.
 
-    Example:
+    Example (the 4-slot head is blocked and reserves both agents, so the 1-slot request
+    behind it does not take a1's free slots and delay it):
         >>> from trials.scheduler import Agent, ResourcePool
         >>> pool = ResourcePool("default", (Agent("a1", "h", (0, 1)), Agent("a2", "h", (0, 1))))
         >>> [p.request_id for p in schedule(pool, {"a1": frozenset({0, 1}), "a2": frozenset()},

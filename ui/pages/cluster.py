@@ -17,7 +17,9 @@ def _layout_section(layout: list[_cluster.AgentLayout]) -> None:
         held = _queries.held_slots(engine, pool, [agent.name for agent in agents])
         total = sum(len(agent.slots) for agent in agents)
         st.markdown(f"#### Pool `{pool}`")
-        st.caption(f"{len(agents)} agent(s), {total} slot(s), {len(held)} held, {total - len(held)} free.")
+        st.caption(
+            f"{len(agents)} agent(s), {total} slot(s), {len(held)} held, {total - len(held)} free."
+        )
         st.dataframe(
             pd.DataFrame(
                 [
@@ -81,7 +83,10 @@ def _page() -> None:
     if layout is not None:
         known = {(agent.pool, agent.name) for agent in layout}
         unknown = sorted(
-            {f"{pool}/{agent}" for pool, agent in zip(summary["pool"], summary["agent"], strict=True)}
+            {
+                f"{pool}/{agent}"
+                for pool, agent in zip(summary["pool"], summary["agent"], strict=True)
+            }
             - {f"{pool}/{agent}" for pool, agent in known}
         )
         if unknown:
@@ -99,7 +104,9 @@ def _page() -> None:
     total = _queries.allocations(engine, limit=1).total
     offset = _context.pager(total, key="allocations_page", page_size=200)
     page = _queries.allocations(engine, limit=200, offset=offset)
-    rows = page.rows.assign(open=[_context.link("trial", trial=int(i)) for i in page.rows["trial_id"]])
+    rows = page.rows.assign(
+        open=[_context.link("trial", trial=int(i)) for i in page.rows["trial_id"]]
+    )
     st.dataframe(
         rows,
         hide_index=True,

@@ -38,17 +38,25 @@ if experiment_id != requested:
     st.query_params["experiment"] = str(experiment_id)
 
 
-@st.cache_resource(ttl=3600, max_entries=16, show_spinner="Reading the Optuna study…")
-def _plot(
-    db: str, study_name: str, signature: tuple[Any, ...], kind: str, names: tuple[str, ...]
-) -> tuple[Any, str | None]:
-    # ``signature`` is part of the cache key only: a changed study gets a fresh copy.
-    return _plots.make_plot(_study(db, study_name, signature), kind, names)
-
-
-@st.cache_resource(ttl=3600, max_entries=4, show_spinner=False)
-def _study(db: str, study_name: str, signature: tuple[Any, ...]) -> Any:
+@st.cache_resource(ttl=3600, max_entries=4, show_spinner="Reading the Optuna study…")
+def _study(db: str, study_name: str, signature: _queries.StudySignature) -> Any:
+    # ``signature`` is in the key only: a study that changed gets a fresh copy.
     return _plots.snapshot_study(db, study_name)
+
+
+@st.cache_resource(ttl=3600, max_entries=32, show_spinner=False)
+def _plot(
+    db: str,
+    study_name: str,
+    changes: tuple[Any, ...],
+    kind: str,
+    names: tuple[str, ...],
+    _signature: _queries.StudySignature,
+) -> tuple[Any, str | None]:
+    # Keyed on what this plot depends on (``changes``), so e.g. parameter importances
+    # are not recomputed each time a running trial reports; ``_signature`` (not hashed)
+    # picks the study copy to draw from.
+    return _plots.make_plot(_study(db, study_name, _signature), kind, names)
 
 
 def _header() -> None:
@@ -58,7 +66,7 @@ def _header() -> None:
         return
     st.subheader(f"{summary.name} (#{summary.id})")
     counts = summary.counts
-    cols = st.columns([2, 2, 1, 1, 1, 2, 1])
+    cols = st.columns([3, 3, 1, 1, 1, 2, 1])
     cols[0].metric("State", summary.state)
     cols[1].metric("Trials done", f"{summary.finished}/{summary.max_trials}")
     cols[2].metric("Running", counts[TrialState.RUNNING.value])
@@ -76,33 +84,50 @@ def _header() -> None:
     st.caption(
         f"Study `{summary.study_name}` · searcher metric `{summary.metric}` ({direction}) · "
         f"started {summary.created_at:%Y-%m-%d %H:%M:%S} UTC · {driver}"
-        + (f" · requested action: **{summary.requested_action}**" if summary.requested_action else "")
+        + (
+            f" · requested action: **{summary.requested_action}**"
+            if summary.requested_action
+            else ""
+        )
     )
 
-    st.markdown("#### Best trials")
-    best = _queries.best_trials(
-        engine, experiment_id, smaller_is_better=summary.smaller_is_better, limit=10
-    )
+    signature = _queries.optuna_study_signature(engine, summary.study_name)
+    study = _study(url, summary.study_name, signature) if signature.exists else None
+    multi = study is not None and len(study.directions) > 1
+
+    if study is not None and multi:
+        # Several objectives: the best trials are Optuna's Pareto-optimal ones.
+        st.markdown("#### Best trials (Pareto front)")
+        numbers = [t.number for t in study.best_trials]
+        best = _queries.trials_by_numbers(engine, experiment_id, numbers)
+    else:
+        st.markdown("#### Best trials")
+        best = _queries.best_trials(
+            engine, experiment_id, smaller_is_better=summary.smaller_is_better, limit=10
+        )
     if best.empty:
         st.info("No trial has completed with a searcher metric yet.")
     else:
         _trials_table(best, key="best_trials")
 
     st.markdown("#### Optuna plots")
-    objectives = [o.get("name", "") for o in summary.config.get("searcher", {}).get("objectives", [])]
-    signature = _queries.optuna_study_signature(engine, summary.study_name)
-    if signature == (None,):
+    if study is None:
         st.info(f"The Optuna study `{summary.study_name}` is not in this database yet.")
         return
-    study = _study(url, summary.study_name, signature)
+    objectives = [
+        o.get("name", "") for o in summary.config.get("searcher", {}).get("objectives", [])
+    ]
     names = tuple(_plots.objective_names(study, summary.metric, objectives))
+    default = _plots.PARETO if multi else _plots.HISTORY
     kind = st.segmented_control(
         "Plot",
         _plots.available_plots(len(study.directions)),
-        default=_plots.HISTORY,
+        default=default,
         key=f"plot_kind_{experiment_id}",
     )
-    figure, reason = _plot(url, summary.study_name, signature, kind or _plots.HISTORY, names)
+    kind = kind or default
+    changes = signature.everything if kind == _plots.INTERMEDIATE else signature.completed
+    figure, reason = _plot(url, summary.study_name, changes, kind, names, signature)
     if figure is None:
         st.info(reason)
     else:
@@ -111,7 +136,13 @@ def _header() -> None:
 
 def _trials_table(rows: Any, key: str) -> None:
     rows = rows.assign(open=[_context.link("trial", trial=int(i)) for i in rows["id"]])
-    columns = ["open", "number", "state", "metric", *[c for c in rows.columns if c.startswith("hp.")]]
+    columns = [
+        "open",
+        "number",
+        "state",
+        "metric",
+        *[c for c in rows.columns if c.startswith("hp.")],
+    ]
     columns += ["restarts", "batches", "slot_seconds", "slots", "started", "duration_s", "id"]
     event = st.dataframe(
         rows,
@@ -133,7 +164,9 @@ def _trials_table(rows: Any, key: str) -> None:
     )
     selected = event.selection.rows if event is not None else []
     if selected:
-        st.switch_page(_context.TRIAL_PAGE, query_params={"trial": int(rows.iloc[selected[0]]["id"])})
+        st.switch_page(
+            _context.TRIAL_PAGE, query_params={"trial": str(int(rows.iloc[selected[0]]["id"]))}
+        )
 
 
 def _trials() -> None:
@@ -176,26 +209,47 @@ def _trials() -> None:
             step=1,
             key=f"open_trial_{experiment_id}",
         )
-        trial_id = _queries.trial_ids_by_number(engine, experiment_id, [int(number)]).get(int(number))
-        if trial_id is not None:
+        picked = _queries.trials_by_numbers(engine, experiment_id, [int(number)])
+        if not picked.empty:
             st.page_link(
-                _context.TRIAL_PAGE, label=f"Open trial #{int(number)}", query_params={"trial": trial_id}
+                _context.TRIAL_PAGE,
+                label=f"Open trial #{int(number)}",
+                query_params={"trial": str(int(picked["id"].iloc[0]))},
             )
+
+
+def _send_request(action_key: str, confirm_key: str, result_key: str) -> None:
+    # A callback, so the confirmation can be consumed: each request needs its own tick.
+    action = str(st.session_state[action_key])
+    st.session_state[result_key] = _actions.request_action(url, experiment_id, action)
+    st.session_state[confirm_key] = False
 
 
 def _actions_panel() -> None:
     summary = _queries.experiment_summary(engine, experiment_id)
     if summary is None or summary.state in ("COMPLETED", "CANCELED", "ERROR"):
         return
+    action_key, confirm_key = f"action_{experiment_id}", f"action_confirmed_{experiment_id}"
+    result_key = f"action_result_{experiment_id}"
     with st.expander("Actions (pause or kill this experiment)"):
         action = st.radio(
-            "Action", list(_actions.ACTIONS), format_func=_actions.ACTIONS.__getitem__, key="action"
+            "Action",
+            list(_actions.ACTIONS),
+            format_func=_actions.ACTIONS.__getitem__,
+            key=action_key,
         )
         confirmed = st.checkbox(
-            f"Yes, {action} experiment {summary.name} (#{summary.id})", key="action_confirmed"
+            f"Yes, {action} experiment {summary.name} (#{summary.id})", key=confirm_key
         )
-        if st.button("Send request", disabled=not confirmed, type="primary"):
-            st.success(_actions.request_action(url, experiment_id, str(action)))
+        st.button(
+            "Send request",
+            disabled=not confirmed,
+            type="primary",
+            on_click=_send_request,
+            args=(action_key, confirm_key, result_key),
+        )
+        if result_key in st.session_state:
+            st.success(st.session_state.pop(result_key))
 
 
 def _config() -> None:

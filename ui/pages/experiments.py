@@ -80,7 +80,7 @@ def _table() -> None:
     selected = event.selection.rows if event is not None else []
     if selected:
         experiment_id = int(rows.iloc[selected[0]]["id"])
-        st.switch_page(_context.EXPERIMENT_PAGE, query_params={"experiment": experiment_id})
+        st.switch_page(_context.EXPERIMENT_PAGE, query_params={"experiment": str(experiment_id)})
 
 
 _context.live(_table)

@@ -3,28 +3,28 @@
 from __future__ import annotations
 
 from pathlib import Path
+
 import pandas as pd
 import streamlit as st
 
 from storage import MetricKind
-from ui import _checkpoints, _context, _logs, _queries
+from ui import _charts, _checkpoints, _context, _logs, _queries
 
 st.title("Trial")
 engine = _context.require_database()
 
-trial_id = _context.query_int("trial")
-if trial_id is None:
-    trial_id = _queries.latest_trial_id(engine)
-    if trial_id is None:
-        st.info("No trials yet. They appear here as soon as a search starts them.")
-        st.stop()
-detail = _queries.trial_detail(engine, trial_id)
+newest = _queries.latest_trial_id(engine)
+if newest is None:
+    st.info("No trials yet. They appear here as soon as a search starts them.")
+    st.stop()
+requested = _context.query_int("trial")
+detail = _queries.trial_detail(engine, requested if requested is not None else newest)
 if detail is None:
-    st.warning(f"Trial {trial_id} does not exist.")
-    trial_id = _queries.latest_trial_id(engine)
-    detail = _queries.trial_detail(engine, trial_id) if trial_id is not None else None
-    if detail is None:
+    st.warning(f"Trial {requested} does not exist; showing the newest trial.")
+    detail = _queries.trial_detail(engine, newest)
+    if detail is None:  # Deleted between the two reads.
         st.stop()
+trial_id: int = detail["id"]
 
 # Picking another trial: experiment, then its trial number.
 choices = _queries.experiment_choices(engine)
@@ -50,9 +50,9 @@ number = int(
     )
 )
 if (experiment_id, number) != (detail["experiment_id"], detail["optuna_trial_number"]):
-    picked = _queries.trial_ids_by_number(engine, experiment_id, [number]).get(number)
-    if picked is not None:
-        st.query_params["trial"] = str(picked)
+    picked = _queries.trials_by_numbers(engine, experiment_id, [number])
+    if not picked.empty:
+        st.query_params["trial"] = str(int(picked["id"].iloc[0]))
         st.rerun()
     st.warning(f"Experiment #{experiment_id} has no trial number {number}.")
     st.stop()
@@ -60,7 +60,7 @@ st.query_params["trial"] = str(trial_id)
 st.page_link(
     _context.EXPERIMENT_PAGE,
     label=f"Back to experiment {detail['experiment_name']} (#{detail['experiment_id']})",
-    query_params={"experiment": detail["experiment_id"]},
+    query_params={"experiment": str(detail["experiment_id"])},
 )
 
 
@@ -133,14 +133,19 @@ def _metrics() -> None:
         # One chart per metric: loss and learning rate share no scale.
         charts = st.columns(2)
         for position, metric_name in enumerate(chosen):
-            curve = curves[curves["name"] == metric_name]
+            curve = curves.loc[curves["name"] == metric_name, [x, "value"]]
             with charts[position % 2]:
                 st.markdown(f"**{metric_name}**")
-                st.line_chart(
-                    curve.groupby(x)["value"].mean().rename(metric_name),
-                    x_label="epoch" if use_epochs else "batch",
-                    y_label=metric_name,
+                st.vega_lite_chart(
+                    curve,
+                    _charts.line_spec(
+                        x=x,
+                        y="value",
+                        x_title="epoch" if use_epochs else "batch",
+                        y_title=metric_name,
+                    ),
                     height=260,
+                    width="stretch",
                 )
         st.caption(
             f"{kind.value.capitalize()} metrics averaged across ranks; "
@@ -190,7 +195,10 @@ def _checkpoints_section() -> None:
         for uuid, step, state in zip(frame["uuid"], frame["step"], frame["state"], strict=True)
     }
     chosen = st.selectbox(
-        "Checkpoint to download", list(labels), format_func=labels.__getitem__, key=f"ckpt_{trial_id}"
+        "Checkpoint to download",
+        list(labels),
+        format_func=labels.__getitem__,
+        key=f"ckpt_{trial_id}",
     )
     row = frame[frame["uuid"] == chosen].iloc[0]
     problem = problems[int(frame.index[frame["uuid"] == chosen][0])]
@@ -217,7 +225,9 @@ def _restarts() -> None:
     restarts = len(runs) - 1
     running = pd.isna(runs["ended_at"].iloc[-1])
     if restarts == 0:
-        st.caption("First launch, still running." if running else "No restarts: the trial ran once.")
+        st.caption(
+            "First launch, still running." if running else "No restarts: the trial ran once."
+        )
     else:
         st.caption(
             f"Restarted {restarts} time(s); each row is one launch"
@@ -256,7 +266,11 @@ def _log() -> None:
     )
     shown = _logs.filter_rank(lines, rank)[-int(max_lines) :]
     st.caption(f"Last {len(shown)} lines of `{log_path}`.")
-    st.code("\n".join(shown) or "(no lines)", language=None)
+    st.code(
+        "\n".join(shown) or "(no lines)",
+        language=None,
+        height=420 if len(shown) > 20 else "content",
+    )
 
 
 def _profile() -> None:
@@ -284,8 +298,18 @@ def _profile() -> None:
     )
     series = _queries.timing_series(engine, trial_id)
     if not series.empty:
-        wide = series.pivot_table(index="end_step", columns="name", values="mean_s")
-        st.line_chart(wide, x_label="batch (window end)", y_label="mean seconds per batch")
+        st.vega_lite_chart(
+            series,
+            _charts.line_spec(
+                x="end_step",
+                y="mean_s",
+                color="name",
+                x_title="batch (window end)",
+                y_title="mean seconds per batch",
+            ),
+            height=300,
+            width="stretch",
+        )
 
 
 def _system() -> None:
@@ -316,8 +340,19 @@ def _system() -> None:
             f"{a} · {'host' if pd.isna(g) else f'GPU {int(g)}'}"
             for a, g in zip(series["agent"], series["gpu_index"], strict=True)
         ]
-        wide = series.pivot_table(index="recorded_at", columns="source", values="value")
-        st.line_chart(wide, x_label="time (UTC)", y_label=str(metric))
+        st.vega_lite_chart(
+            series[["recorded_at", "source", "value"]],
+            _charts.line_spec(
+                x="recorded_at",
+                y="value",
+                color="source",
+                x_title="time (UTC)",
+                y_title=str(metric),
+                x_type="temporal",
+            ),
+            height=300,
+            width="stretch",
+        )
 
 
 def _page() -> None:

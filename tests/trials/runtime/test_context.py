@@ -40,7 +40,10 @@ def context(tmp_path: Path, rank: int = 0, world: int = 4, **changes: Any) -> Py
 
 
 def test_batch_sizes_and_the_dropped_samples_warning(tmp_path: Path) -> None:
-    with pytest.warns(UserWarning, match="global_batch_size 130 is not a multiple of 4 slots.*32 samples.*2 samples"):
+    with pytest.warns(
+        UserWarning,
+        match="global_batch_size 130 is not a multiple of 4 slots.*32 samples.*2 samples",
+    ):
         ctx = context(tmp_path)
     assert (ctx.per_slot_batch_size, ctx.global_batch_size) == (32, 130)
     with warnings.catch_warnings():
@@ -52,11 +55,19 @@ def test_batch_sizes_and_the_dropped_samples_warning(tmp_path: Path) -> None:
     ("hparams", "message"),
     [
         ({"lr": 0.1}, "hyperparameters.global_batch_size: required"),
-        ({"global_batch_size": 64.0}, "hyperparameters.global_batch_size: must be an integer, got 64.0"),
-        ({"global_batch_size": 2}, "hyperparameters.global_batch_size: 2 is smaller than slots_per_trial \\(4\\)"),
+        (
+            {"global_batch_size": 64.0},
+            "hyperparameters.global_batch_size: must be an integer, got 64.0",
+        ),
+        (
+            {"global_batch_size": 2},
+            "hyperparameters.global_batch_size: 2 is smaller than slots_per_trial \\(4\\)",
+        ),
     ],
 )
-def test_bad_global_batch_size_is_one_clear_error(tmp_path: Path, hparams: dict[str, Any], message: str) -> None:
+def test_bad_global_batch_size_is_one_clear_error(
+    tmp_path: Path, hparams: dict[str, Any], message: str
+) -> None:
     with pytest.raises(InvalidTrialError, match=message):
         context(tmp_path, hparams=hparams)
 
@@ -66,7 +77,10 @@ def test_identity_hparams_and_rank_unique_scratch(tmp_path: Path) -> None:
     ctx1 = context(tmp_path, rank=1, hparams={"global_batch_size": 64, "lr": 0.1})
     assert (ctx1.rank, ctx1.world_size, ctx1.is_chief, ctx0.is_chief) == (1, 4, False, True)
     assert ctx0.get_hparam("lr") == 0.1
-    with pytest.raises(InvalidTrialError, match="hyperparameters.momentum: not in this trial's hyperparameters \\(global_batch_size, lr\\)"):
+    with pytest.raises(
+        InvalidTrialError,
+        match=r"hyperparameters.momentum: not in this trial's hyperparameters \(global_batch_size, lr\)",
+    ):
         ctx0.get_hparam("momentum")
     ctx0.hparams["lr"] = 5
     assert ctx0.get_hparam("lr") == 0.1
@@ -83,12 +97,23 @@ def test_optimizer_step_counts_for_schedules(tmp_path: Path) -> None:
     # 1437 samples over 4 ranks: 360 each -> 23 batches of 16 -> 6 optimizer steps per epoch.
     assert ctx.optimizer_steps_per_epoch(1437) == 6
     assert ctx.total_optimizer_steps(1437) == 18
-    ctx = context(tmp_path, hparams={"global_batch_size": 64}, optimizations={"aggregation_frequency": 4}, max_length={"batches": 30})
+    ctx = context(
+        tmp_path,
+        hparams={"global_batch_size": 64},
+        optimizations={"aggregation_frequency": 4},
+        max_length={"batches": 30},
+    )
     assert ctx.total_optimizer_steps(1437) == 6 + 2  # 23 batches (6 steps), then 7 (2 steps)
 
 
 def test_schedule_steps_at_group_ends_epoch_ends_and_the_last_batch() -> None:
-    s = Schedule(batches_per_epoch=10, max_batches=25, validation_every=10, checkpoint_every=None, report_every=100, aggregation_frequency=4)
+    s = Schedule(
+        batches_per_epoch=10,
+        max_batches=25,
+        validation_every=10,
+        checkpoint_every=None,
+        report_every=100,
+        aggregation_frequency=4,
+    )
     steps = [step for step in range(25) if s.is_optimizer_step(step % 10, step)]
     assert steps == [3, 7, 9, 13, 17, 19, 23, 24]
-    assert s.optuna_step(20, "epochs") == 2 and s.optuna_step(20, "batches") == 20

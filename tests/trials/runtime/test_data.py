@@ -29,7 +29,9 @@ def test_shards_cover_the_padded_data_set_and_differ_per_epoch() -> None:
     data = list(range(7))
     shards = []
     for rank in (0, 1):
-        sampler = ResumableDistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=0)
+        sampler = ResumableDistributedSampler(
+            data, num_replicas=2, rank=rank, shuffle=True, seed=0
+        )
         sampler.set_epoch(0)
         shards.append(list(sampler))
     assert len(shards[0]) == len(shards[1]) == 4  # padded to 8
@@ -50,7 +52,9 @@ def test_batch_arithmetic_matches_torch_loaders() -> None:
     for n, world, bs, drop in [(1437, 2, 32, False), (1437, 3, 50, True), (7, 2, 8, False)]:
         dataset = TensorDataset(torch.zeros(n, 1))
         sampler = ResumableDistributedSampler(dataset, num_replicas=world, rank=0, shuffle=False)
-        loader = DataLoader(dataset, batch_size=bs, drop_last=drop).build(sampler, bs, torch.Generator())
+        loader = DataLoader(dataset, batch_size=bs, drop_last=drop).build(
+            sampler, bs, torch.Generator()
+        )
         assert batches_per_epoch(n, world_size=world, batch_size=bs, drop_last=drop) == len(loader)
 
 

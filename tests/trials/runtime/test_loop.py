@@ -16,7 +16,15 @@ import pytest
 import torch
 from sqlalchemy import select
 
-from storage import Checkpoint, CheckpointState, Metric, MetricKind, Trial, optuna_storage, session_scope
+from storage import (
+    Checkpoint,
+    CheckpointState,
+    Metric,
+    MetricKind,
+    Trial,
+    optuna_storage,
+    session_scope,
+)
 from trials.runtime import InvalidTrialError
 from trials.runtime._checkpoint import read_checkpoint
 from trials.runtime._distributed import DistributedInfo
@@ -32,10 +40,14 @@ def run(handle: TrialHandle) -> str:
     return run_trial(handle.spec, SINGLE)
 
 
-def metric_series(db_url: str, trial_id: int, name: str, kind: MetricKind = MetricKind.TRAINING) -> dict[int, float]:
+def metric_series(
+    db_url: str, trial_id: int, name: str, kind: MetricKind = MetricKind.TRAINING
+) -> dict[int, float]:
     with session_scope(db_url) as session:
         rows = session.scalars(
-            select(Metric).where(Metric.trial_id == trial_id, Metric.name == name, Metric.kind == kind)
+            select(Metric).where(
+                Metric.trial_id == trial_id, Metric.name == name, Metric.kind == kind
+            )
         )
         return {row.step: row.value for row in rows}
 
@@ -50,7 +62,9 @@ def trial_row(db_url: str, trial_id: int) -> Trial:
 def checkpoints(db_url: str, trial_id: int) -> list[Checkpoint]:
     with session_scope(db_url) as session:
         return list(
-            session.scalars(select(Checkpoint).where(Checkpoint.trial_id == trial_id).order_by(Checkpoint.step))
+            session.scalars(
+                select(Checkpoint).where(Checkpoint.trial_id == trial_id).order_by(Checkpoint.step)
+            )
         )
 
 
@@ -90,13 +104,19 @@ def test_preempted_trial_resumes_mid_epoch_on_the_same_trajectory(
     expected = metric_series(reference.db_url, reference.spec.trial_id, "loss")
     assert sorted(expected) == list(range(1, 21))
     assert metric_series(resumed.db_url, resumed.spec.trial_id, "loss") == expected
-    assert metric_series(resumed.db_url, resumed.spec.trial_id, "val_loss", MetricKind.VALIDATION) == (
+    assert metric_series(
+        resumed.db_url, resumed.spec.trial_id, "val_loss", MetricKind.VALIDATION
+    ) == (
         metric_series(reference.db_url, reference.spec.trial_id, "val_loss", MetricKind.VALIDATION)
     )
     # The restored model and optimizer are those the uninterrupted run had at step 6.
     digests = {}
     for handle, attempt in ((reference, 0), (resumed, 1)):
-        lines = (Path(handle.spec.scratch_dir) / "rank-0" / f"digests-attempt{attempt}.jsonl").read_text().splitlines()
+        lines = (
+            (Path(handle.spec.scratch_dir) / "rank-0" / f"digests-attempt{attempt}.jsonl")
+            .read_text()
+            .splitlines()
+        )
         digests[attempt] = {d["step"]: d for d in map(json.loads, lines)}
     assert min(digests[1]) == 6
     assert digests[1][6] == digests[0][6]
@@ -128,7 +148,10 @@ def test_aggregated_gradients_equal_one_step_on_the_larger_batch(
     initial = torch.nn.Linear(4, 1, bias=False)
     torch.manual_seed(1)  # the trials' seed: both start from the same weights
     initial.reset_parameters()
-    after_k4, after_big = final_weight(aggregated.db_url, aggregated.spec.trial_id), final_weight(big.db_url, big.spec.trial_id)
+    after_k4, after_big = (
+        final_weight(aggregated.db_url, aggregated.spec.trial_id),
+        final_weight(big.db_url, big.spec.trial_id),
+    )
     torch.testing.assert_close(after_k4, after_big, rtol=1e-6, atol=1e-7)
     assert not torch.allclose(after_k4, initial.weight.detach())  # a step did happen
 
@@ -158,7 +181,9 @@ def test_mixed_precision_on_this_cpu_against_float32(
             assert any(plan.warning == str(w.message) for w in recwarn)  # ...that says so
 
 
-def test_epoch_lengths_report_epochs_to_optuna_and_fill_the_trial_row(make_trial: Callable[..., TrialHandle]) -> None:
+def test_epoch_lengths_report_epochs_to_optuna_and_fill_the_trial_row(
+    make_trial: Callable[..., TrialHandle],
+) -> None:
     handle = make_trial(
         max_length={"epochs": 2},
         min_validation_period={"epochs": 1},
@@ -166,7 +191,9 @@ def test_epoch_lengths_report_epochs_to_optuna_and_fill_the_trial_row(make_trial
         profiling={"window_batches": 5, "system_metrics_interval_s": 60},
     )
     assert run(handle) == "finished"
-    study = optuna.load_study(study_name=handle.spec.study_name, storage=optuna_storage(handle.db_url))
+    study = optuna.load_study(
+        study_name=handle.spec.study_name, storage=optuna_storage(handle.db_url)
+    )
     frozen = next(t for t in study.trials if t._trial_id == handle.spec.optuna_trial_id)
     val = metric_series(handle.db_url, handle.spec.trial_id, "val_loss", MetricKind.VALIDATION)
     assert sorted(val) == [8, 16]  # 64 samples / batches of 8
@@ -179,7 +206,14 @@ def test_epoch_lengths_report_epochs_to_optuna_and_fill_the_trial_row(make_trial
 
     with session_scope(handle.db_url) as session:
         windows = {(t.name, t.start_step, t.end_step) for t in session.scalars(select(Timing))}
-    for phase in ("dataloader_next", "to_device", "train_batch", "step_lr_schedulers", "reduce_metrics", "from_device"):
+    for phase in (
+        "dataloader_next",
+        "to_device",
+        "train_batch",
+        "step_lr_schedulers",
+        "reduce_metrics",
+        "from_device",
+    ):
         assert {(phase, 0, 5), (phase, 5, 10), (phase, 10, 15)} <= windows
     assert ("train_batch", 15, 16) in windows
 
@@ -193,16 +227,27 @@ def test_core_api_resumes_from_its_own_checkpoint(make_trial: Callable[..., Tria
     assert run(again) == "finished"
     seen = json.loads((Path(handle.spec.scratch_dir) / "rank-0" / "core.json").read_text())
     assert seen == {"start": 3, "weight": [3.0, 3.0, 3.0], "rank": 0}
-    assert metric_series(handle.db_url, handle.spec.trial_id, "loss") == {s: float(s) for s in range(1, 7)}
+    assert metric_series(handle.db_url, handle.spec.trial_id, "loss") == {
+        s: float(s) for s in range(1, 7)
+    }
     assert trial_row(handle.db_url, handle.spec.trial_id).total_batches == 6
 
 
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"entrypoint": "nowhere:Trial"}, "entrypoint: no module 'nowhere' in the model directory"),
-        ({"entrypoint": "runtime_trials:Missing"}, "entrypoint: module 'runtime_trials' has no 'Missing'"),
-        ({"entrypoint": "runtime_trials:SINGLE_VALUE"}, "must be a PyTorchTrial subclass or a callable"),
+        (
+            {"entrypoint": "nowhere:Trial"},
+            "entrypoint: no module 'nowhere' in the model directory",
+        ),
+        (
+            {"entrypoint": "runtime_trials:Missing"},
+            "entrypoint: module 'runtime_trials' has no 'Missing'",
+        ),
+        (
+            {"entrypoint": "runtime_trials:SINGLE_VALUE"},
+            "must be a PyTorchTrial subclass or a callable",
+        ),
         (
             {"searcher_metric": "val_acc"},
             "searcher.metric: 'val_acc' is not among the validation metrics \\(val_loss, val_rank_value\\)",

@@ -4,7 +4,9 @@ from trials.runtime._retention import CheckpointRecord, checkpoints_to_delete, c
 
 
 def records(trial_id: int, metrics: list[float | None]) -> list[CheckpointRecord]:
-    return [CheckpointRecord(f"t{trial_id}-s{i}", trial_id, i, m) for i, m in enumerate(metrics, 1)]
+    return [
+        CheckpointRecord(f"t{trial_id}-s{i}", trial_id, i, m) for i, m in enumerate(metrics, 1)
+    ]
 
 
 def keep(mine, everyone=None, running=False, **counts):  # type: ignore[no-untyped-def]
@@ -26,8 +28,13 @@ def test_latest_and_best_are_kept() -> None:
 def test_larger_is_better_and_unscored_checkpoints_are_never_best() -> None:
     mine = records(1, [0.9, None, 0.5])
     kept = checkpoints_to_keep(
-        mine, mine, save_trial_latest=0, save_trial_best=1, save_experiment_best=0,
-        smaller_is_better=False, trial_running=False,
+        mine,
+        mine,
+        save_trial_latest=0,
+        save_trial_best=1,
+        save_experiment_best=0,
+        smaller_is_better=False,
+        trial_running=False,
     )
     assert kept == {"t1-s1"}
 
@@ -49,7 +56,12 @@ def test_experiment_best_keeps_only_this_trials_share() -> None:
 def test_delete_list_is_the_complement_oldest_first() -> None:
     mine = records(1, [0.9, 0.2, 0.5, 0.7])
     doomed = checkpoints_to_delete(
-        mine, mine, save_trial_latest=1, save_trial_best=1, save_experiment_best=0,
-        smaller_is_better=True, trial_running=False,
+        mine,
+        mine,
+        save_trial_latest=1,
+        save_trial_best=1,
+        save_experiment_best=0,
+        smaller_is_better=True,
+        trial_running=False,
     )
     assert [r.uuid for r in doomed] == ["t1-s1", "t1-s3"]

@@ -17,7 +17,12 @@ def test_percentile_matches_numpy_linear_interpolation() -> None:
 
 def test_summarize_gives_count_mean_p50_p95_total() -> None:
     window = summarize("train_batch", [1.0, 2.0, 3.0, 4.0], start_step=10, end_step=14)
-    assert (window.name, window.start_step, window.end_step, window.count) == ("train_batch", 10, 14, 4)
+    assert (window.name, window.start_step, window.end_step, window.count) == (
+        "train_batch",
+        10,
+        14,
+        4,
+    )
     assert window.mean_s == 2.5
     assert window.p50_s == 2.5
     assert window.p95_s == pytest.approx(3.85)

@@ -21,7 +21,9 @@ def test_every_line_of_both_streams_gets_the_prefix() -> None:
     err_r, err_w = os.pipe()
     log_out_r, log_out_w = os.pipe()
     log_err_r, log_err_w = os.pipe()
-    pump = threading.Thread(target=_pump, args=({out_r: log_out_w, err_r: log_err_w}, b"[rank 3] "))
+    pump = threading.Thread(
+        target=_pump, args=({out_r: log_out_w, err_r: log_err_w}, b"[rank 3] ")
+    )
     pump.start()
     os.write(out_w, b"first\nsecond part")
     os.write(out_w, b" continues\n")

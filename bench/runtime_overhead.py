@@ -1,0 +1,302 @@
+"""Overhead of the managed training loop against a hand-written DDP loop.
+
+Trains the same MLP on the same data for the same number of steps, in the same
+torchrun job, once with slotsweep's managed loop (``PyTorchTrial`` through
+``run_trial``: metric accumulation and all-reduce, timings, recording into a real
+SQLite database, a final validation and checkpoint) and once with the loop people
+write by hand (zero_grad, forward, backward, step). The two alternate ``--repeats``
+times; each kind's best steps/s is reported, so a noisy neighbour on the machine
+penalises neither side more than the other. Steps/s is measured between the start of
+step ``--warmup`` and the start of the last step (start-up excluded for both).
+
+Without a GPU: 2 ranks on gloo. With a GPU: 1 rank on CUDA (use ``--nproc`` to change).
+
+Run:
+    .venv/bin/python bench/runtime_overhead.py
+Last line (machine-readable):
+    managed_steps_s=<a> raw_steps_s=<b> ratio=<a/b>
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from trials.runtime import DataLoader as ManagedDataLoader
+from trials.runtime import PyTorchTrial, PyTorchTrialContext
+
+IN, HIDDEN, OUT = 256, 512, 10
+PER_SLOT_BATCH = 64
+LR, MOMENTUM = 0.01, 0.9
+
+
+def make_model() -> nn.Module:
+    return nn.Sequential(
+        nn.Linear(IN, HIDDEN),
+        nn.ReLU(),
+        nn.Linear(HIDDEN, HIDDEN),
+        nn.ReLU(),
+        nn.Linear(HIDDEN, OUT),
+    )
+
+
+def make_dataset(samples: int) -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    return TensorDataset(
+        torch.randn(samples, IN, generator=g), torch.randint(0, OUT, (samples,), generator=g)
+    )
+
+
+class StepClock:
+    """Wall time between the start of step ``warmup`` and the start of the last step."""
+
+    def __init__(self, steps: int, warmup: int, device: torch.device) -> None:
+        self.steps, self.warmup, self.device = steps, warmup, device
+        self.start = self.end = 0.0
+
+    def tick(self, step: int) -> None:
+        if step in (self.warmup, self.steps - 1):
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            if step == self.warmup:
+                self.start = time.perf_counter()
+            else:
+                self.end = time.perf_counter()
+
+    def steps_per_s(self) -> float:
+        return (self.steps - 1 - self.warmup) / (self.end - self.start)
+
+
+CLOCK: StepClock | None = None
+
+
+class BenchTrial(PyTorchTrial):
+    """The managed side: the same model, data, optimizer and batch as the raw loop."""
+
+    def __init__(self, context: PyTorchTrialContext) -> None:
+        super().__init__(context)
+        self.model = context.wrap_model(make_model())
+        self.optimizer = context.wrap_optimizer(
+            torch.optim.SGD(self.model.parameters(), lr=LR, momentum=MOMENTUM)
+        )
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.data = make_dataset(int(context.data["samples"]))
+
+    def build_training_data_loader(self) -> ManagedDataLoader:
+        return ManagedDataLoader(self.data, shuffle=True, drop_last=True)
+
+    def build_validation_data_loader(self) -> ManagedDataLoader:
+        return ManagedDataLoader(TensorDataset(*self.data[:512]), batch_size=256)
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
+        assert CLOCK is not None
+        CLOCK.tick(batch_idx)
+        x, y = batch
+        loss = self.loss_fn(self.model(x), y)
+        self.context.backward(loss)
+        self.context.step_optimizer(self.optimizer)
+        return {"loss": loss}
+
+    def evaluate_batch(self, batch: Any, batch_idx: int) -> dict[str, Any]:
+        x, y = batch
+        return {"val_loss": self.loss_fn(self.model(x), y)}
+
+
+def raw_loop(steps: int, warmup: int, samples: int, device: torch.device) -> float:
+    """The hand-written baseline: DDP when distributed, a DistributedSampler, SGD."""
+    import torch.distributed as dist
+
+    torch.manual_seed(0)
+    model: nn.Module = make_model().to(device)
+    distributed = dist.is_initialized() and dist.get_world_size() > 1
+    if distributed:
+        model = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    loss_fn = nn.CrossEntropyLoss()
+    dataset = make_dataset(samples)
+    sampler = DistributedSampler(dataset, shuffle=True) if distributed else None
+    loader = DataLoader(
+        dataset,
+        batch_size=PER_SLOT_BATCH,
+        sampler=sampler,
+        shuffle=sampler is None,
+        drop_last=True,
+    )
+    clock = StepClock(steps, warmup, device)
+    step, epoch = 0, 0
+    while step < steps:
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        for x, y in loader:
+            if step >= steps:
+                break
+            clock.tick(step)
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            optimizer.step()
+            step += 1
+        epoch += 1
+    return clock.steps_per_s()
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One rank: alternate the two loops, write rank 0's figures as JSON."""
+    global CLOCK
+    import torch.distributed as dist
+
+    from trials import RuntimeSpec
+    from trials.runtime._distributed import DistributedInfo, init_process_group, select_device
+    from trials.runtime._runner import run_trial
+
+    info = DistributedInfo.from_env()
+    device = select_device(info)
+    init_process_group(info, device)
+    spec = RuntimeSpec.model_validate_json(Path(os.environ["BENCH_SPEC"]).read_text())
+    samples = int(spec.data["samples"])
+    results: dict[str, list[float]] = {"managed": [], "raw": []}
+    for _ in range(args.repeats):
+        results["raw"].append(raw_loop(args.steps, args.warmup, samples, device))
+        CLOCK = StepClock(args.steps, args.warmup, device)
+        outcome = run_trial(spec, info)
+        assert outcome == "finished", outcome
+        results["managed"].append(CLOCK.steps_per_s())
+    if info.is_chief:
+        Path(os.environ["BENCH_OUT"]).write_text(
+            json.dumps({"results": results, "device": str(device)})
+        )
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def write_spec(tmp: Path, args: argparse.Namespace, nproc: int) -> Path:
+    """A real experiment, trial row and study in a fresh SQLite database, and the spec."""
+    import optuna
+
+    from storage import (
+        Experiment,
+        ExperimentState,
+        Trial,
+        TrialState,
+        optuna_storage,
+        session_scope,
+        upgrade_schema,
+    )
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    url = f"sqlite:///{tmp / 'bench.db'}"
+    upgrade_schema(url)
+    study = optuna.create_study(study_name="bench", storage=optuna_storage(url))
+    asked = study.ask()
+    global_batch = PER_SLOT_BATCH * nproc
+    # Enough samples that the steps fit in one epoch: no epoch-end work on either side.
+    samples = global_batch * (args.steps + 1)
+    with session_scope(url) as session:
+        experiment = Experiment(
+            name="bench",
+            study_name="bench",
+            state=ExperimentState.ACTIVE,
+            config={},
+            model_dir=str(Path(__file__).parent),
+            max_trials=1,
+        )
+        session.add(experiment)
+        session.flush()
+        trial = Trial(
+            experiment_id=experiment.id,
+            optuna_trial_id=asked._trial_id,
+            optuna_trial_number=asked.number,
+            state=TrialState.RUNNING,
+            hparams={"global_batch_size": global_batch},
+            slots_per_trial=nproc,
+        )
+        session.add(trial)
+        session.flush()
+        ids = experiment.id, trial.id
+    spec = {
+        "db_url": url,
+        "experiment_id": ids[0],
+        "trial_id": ids[1],
+        "study_name": "bench",
+        "optuna_trial_id": asked._trial_id,
+        "optuna_trial_number": asked.number,
+        "entrypoint": "__main__:BenchTrial",
+        "model_dir": str(Path(__file__).parent),
+        "hparams": {"global_batch_size": global_batch},
+        "data": {"samples": samples},
+        "slots_per_trial": nproc,
+        "max_length": {"batches": args.steps},
+        "searcher_metric": "val_loss",
+        "pruning": False,
+        "min_validation_period": {"batches": args.steps},
+        "scratch_dir": str(tmp / "scratch"),
+        "checkpoint_storage": {"path": str(tmp / "checkpoints")},
+        "seed": 0,
+    }
+    path = tmp / "spec.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--nproc", type=int, default=None, help="ranks (default: 1 on a GPU, else 2)"
+    )
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    nproc = args.nproc or (1 if torch.cuda.is_available() else 2)
+    with tempfile.TemporaryDirectory(prefix="slotsweep-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        spec_path = write_spec(tmp, args, nproc)
+        out = tmp / "out.json"
+        env = dict(os.environ, BENCH_SPEC=str(spec_path), BENCH_OUT=str(out))
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]
+        )
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            __file__,
+            "--worker",
+            f"--steps={args.steps}",
+            f"--warmup={args.warmup}",
+            f"--repeats={args.repeats}",
+        ]
+        subprocess.run(command, env=env, check=True)
+        report = json.loads(out.read_text())
+    results = report["results"]
+    print(
+        f"device={report['device']} ranks={nproc} steps={args.steps} warmup={args.warmup} repeats={args.repeats}"
+    )
+    for kind in ("raw", "managed"):
+        print(f"{kind:8s} steps/s per repeat: " + " ".join(f"{v:.2f}" for v in results[kind]))
+    managed, raw = max(results["managed"]), max(results["raw"])
+    print(f"managed_steps_s={managed:.3f} raw_steps_s={raw:.3f} ratio={managed / raw:.4f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,279 @@
+"""The real app (``ui.launch``, as ``slotsweep ui`` runs it) in Debian's headless Chromium.
+
+Each page must show its title and its content, and no Streamlit exception box; a
+screenshot of each lands in ``test-artifacts/ui/<page>.png``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ui._demo_data import DemoSearch
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO_ROOT / "test-artifacts" / "ui"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+    "--window-size=1400,1400",
+)
+WAIT_S = 60.0
+
+pytestmark = pytest.mark.slow
+
+
+def _ensure_chromium() -> None:
+    if CHROMIUM.exists() and CHROMEDRIVER.exists():
+        return
+    if shutil.which("apt-get") is None:
+        pytest.skip("Debian's chromium is not installed and apt-get is unavailable to install it")
+    result = subprocess.run(
+        ["sh", str(REPO_ROOT / ".ci" / "install_chromium.sh")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, (
+        f".ci/install_chromium.sh failed:\n{result.stdout}\n{result.stderr}"
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_healthy(port: int, server: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            pytest.fail(f"the UI exited with code {server.returncode} before serving")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    pytest.fail(f"the UI did not answer on 127.0.0.1:{port} within {WAIT_S:.0f} s")
+
+
+@pytest.fixture
+def served(small_search: DemoSearch, cluster_file: Path, tmp_path: Path) -> Iterator[str]:
+    """The app started through ``ui.launch`` on 127.0.0.1 and a free port; its base URL."""
+    port = _free_port()
+    env = {**os.environ, "SLOTSWEEP_CLUSTER": str(cluster_file), "PYTHONUNBUFFERED": "1"}
+    env.pop("SLOTSWEEP_DB", None)
+    log = open(tmp_path / "ui.log", "w+")  # noqa: SIM115 - closed in teardown
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, ui; sys.exit(ui.launch(sys.argv[1], host='127.0.0.1', port=int(sys.argv[2])))",
+            small_search.url,
+            str(port),
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        _wait_healthy(port, server)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        # launch() forwards SIGTERM to Streamlit, so stopping this PID stops the server.
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=30)
+        log.seek(0)
+        output = log.read()
+        log.close()
+        assert "slotsweep ui: sqlite:///" in output, output
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    _ensure_chromium()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tempfile.mkdtemp(dir=tmp_path)}")
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.set_page_load_timeout(WAIT_S)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _open(driver: Any, url: str, title: str, ready: Callable[[Any], bool], shot: str) -> None:
+    """Open ``url``; wait for the title and the page's content; fail on an exception box."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(url)
+    wait = WebDriverWait(driver, WAIT_S, poll_frequency=0.2)
+    try:
+        wait.until(
+            lambda d: any(h.text.strip() == title for h in d.find_elements(By.CSS_SELECTOR, "h1"))
+        )
+        wait.until(ready)
+    except TimeoutException:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(ARTIFACTS / f"{shot}-timeout.png"))
+        pytest.fail(
+            f"{url}: the page did not show {title!r} and its content within {WAIT_S:.0f} s"
+        )
+    errors = driver.find_elements(By.CSS_SELECTOR, '[data-testid="stException"]')
+    _screenshot(driver, shot)
+    assert not errors, f"{url}: Streamlit exception: {errors[0].text[:2000]}"
+
+
+def _screenshot(driver: Any, shot: str) -> None:
+    """The whole page: Streamlit scrolls inside its main block, so the window grows to fit."""
+    height = driver.execute_script(
+        "const m = document.querySelector('[data-testid=\"stMain\"]');"
+        "return Math.max(m ? m.scrollHeight : 0, document.body.scrollHeight);"
+    )
+    width = driver.get_window_size()["width"]
+    driver.set_window_size(width, min(int(height) + 120, 9000))
+    time.sleep(1.0)  # Charts redraw at the new size.
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(ARTIFACTS / f"{shot}.png"))
+    driver.set_window_size(width, 1400)
+
+
+def _text(driver: Any) -> str:
+    from selenium.webdriver.common.by import By
+
+    return str(driver.find_element(By.TAG_NAME, "body").text)
+
+
+def _has(css: str, *texts: str) -> Callable[[Any], bool]:
+    from selenium.webdriver.common.by import By
+
+    def check(driver: Any) -> bool:
+        body = _text(driver)
+        return bool(driver.find_elements(By.CSS_SELECTOR, css)) and all(t in body for t in texts)
+
+    return check
+
+
+def test_every_page_in_headless_chromium(
+    served: str, browser: Any, small_search: DemoSearch
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    # The data grid draws cells on a canvas; its accessible mirror holds the text.
+    _open(
+        browser,
+        f"{served}/",
+        "Experiments",
+        lambda d: "regression-demo" in d.page_source and "regression-cost" in d.page_source,
+        "experiments",
+    )
+    assert "Rows 1–2 of 2." in _text(browser)
+
+    _open(
+        browser,
+        f"{served}/experiment?experiment={small_search.experiment_id}",
+        "Experiment",
+        _has(".js-plotly-plot", f"regression-demo (#{small_search.experiment_id})", "Best trials"),
+        "experiment",
+    )
+    assert (
+        "Optimization History Plot"
+        in browser.find_element(By.CSS_SELECTOR, ".js-plotly-plot").text
+    )
+    assert "Trials done" in _text(browser)
+
+    _open(
+        browser,
+        f"{served}/experiment?experiment={small_search.multi_objective_experiment_id}",
+        "Experiment",
+        _has(".js-plotly-plot", "regression-cost", "Pareto front"),
+        "experiment-multi-objective",
+    )
+
+    # In-app navigation: the experiment page's link opens the trial page.
+    _open(
+        browser,
+        f"{served}/experiment?experiment={small_search.experiment_id}",
+        "Experiment",
+        _has('[data-testid="stPageLink"] a', "Open trial #0"),
+        "experiment",
+    )
+    link = next(
+        a
+        for a in browser.find_elements(By.CSS_SELECTOR, '[data-testid="stPageLink"] a')
+        if a.text.startswith("Open trial #0")
+    )
+    link.click()
+    WebDriverWait(browser, WAIT_S).until(
+        _has('[data-testid="stVegaLiteChart"]', "Trial #0 of regression-demo")
+    )
+    assert f"trial={small_search.completed_trial_id}" in browser.current_url
+
+    _open(
+        browser,
+        f"{served}/trial?trial={small_search.completed_trial_id}",
+        "Trial",
+        _has(
+            '[data-testid="stVegaLiteChart"]',
+            "Trial #0 of regression-demo",
+            "Download checkpoint at step",
+            "[rank 0] ",
+            "train_batch",
+        ),
+        "trial",
+    )
+    assert "Hyperparameters" in _text(browser)
+
+    _open(
+        browser,
+        f"{served}/trial?trial={small_search.running_trial_id}",
+        "Trial",
+        _has("h1", "No metrics recorded for this trial yet.", "System metrics not recorded"),
+        "trial-without-metrics",
+    )
+
+    _open(
+        browser,
+        f"{served}/cluster",
+        "Cluster",
+        lambda d: "Pool default" in _text(d) and "agent-0" in d.page_source,
+        "cluster",
+    )
+    assert "9 agent(s), 68 slot(s), 2 held, 66 free." in _text(browser)
