@@ -15,9 +15,14 @@ from tests.conftest import EXAMPLES_DIR
 
 
 def write_experiment(folder: Path, **overrides: Any) -> Path:
-    """Copy the digits example into ``folder`` with a small, fast search; return the YAML path."""
+    """Copy the digits example into ``folder`` with a small, fast search; return the YAML path.
+
+    ``slow_model.py`` (entrypoint ``slow_model:SlowDigitsTrial``) is copied beside it for
+    tests that interrupt trials on purpose.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copy(EXAMPLES_DIR / "digits" / "model.py", folder / "model.py")
+    shutil.copy(Path(__file__).parent / "_slow_model.py", folder / "slow_model.py")
     config = yaml.safe_load((EXAMPLES_DIR / "digits" / "experiment.yaml").read_text())
     config["searcher"].update(max_trials=2, max_length={"epochs": 2}, max_concurrent_trials=1)
     config["hyperparameters"]["optimizer"] = {"type": "categorical", "vals": ["sgd", "adamw"]}

@@ -132,3 +132,18 @@ def test_app_reads_the_database_from_its_argv(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("SLOTSWEEP_DB", "sqlite:///from-env.db")
     assert _context.db_url(["--db", "sqlite:///from-argv.db"]) == "sqlite:///from-argv.db"
     assert _context.db_url(["--unrelated", "x"]) == "sqlite:///from-env.db"
+
+
+def test_actions_refuse_finished_experiments_and_unknown_actions(
+    writable_search: DemoSearch,
+) -> None:
+    from ui import _actions
+
+    url = writable_search.url
+    finished = writable_search.multi_objective_experiment_id
+    assert _actions.request_action(url, finished, "kill") == (
+        f"Experiment {finished} is already COMPLETED; nothing to do."
+    )
+    assert _actions.request_action(url, 9999, "pause") == "Experiment 9999 does not exist."
+    with pytest.raises(ValueError, match="action: must be one of pause, kill"):
+        _actions.request_action(url, writable_search.experiment_id, "delete")

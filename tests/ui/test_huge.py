@@ -42,6 +42,8 @@ def test_every_page_renders_the_huge_experiment(
     app = render("trial", url, trial=trial_id)
     assert_no_exception(app)
     assert "180 recorded values" in texts(app)
+    system = app.dataframe[-1].value
+    assert set(system["gpu"]) == {"GPU 0", "GPU 1", "host"}
 
     app = render("cluster", url)
     assert_no_exception(app)

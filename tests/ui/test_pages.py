@@ -446,3 +446,48 @@ def test_cluster_without_a_layout_shows_held_slots_and_says_why(
     assert_no_exception(app)
     assert "Could not load the cluster layout" in texts(app)
     assert app.dataframe[-1].value["slot"].tolist() == [0, 1]
+
+
+# --- The UI only reads ------------------------------------------------------------------
+
+
+def test_rendering_every_page_leaves_the_database_unchanged(
+    render: PageRenderer, writable_search: DemoSearch
+) -> None:
+    path = writable_search.url.removeprefix("sqlite:///")
+
+    def dump() -> list[str]:
+        with sqlite3.connect(path) as conn:
+            return list(conn.iterdump())
+
+    before = dump()
+    url = writable_search.url
+    for page, query in (
+        ("experiments", {}),
+        ("experiment", {"experiment": writable_search.experiment_id}),
+        ("experiment", {"experiment": writable_search.multi_objective_experiment_id}),
+        ("trial", {"trial": writable_search.completed_trial_id}),
+        ("trial", {"trial": writable_search.missing_checkpoint_trial_id}),
+        ("cluster", {}),
+    ):
+        assert_no_exception(render(page, url, **query))
+    assert dump() == before
+
+
+def test_sidebar_shows_the_database_and_the_refresh_interval(
+    monkeypatch: pytest.MonkeyPatch, small_search: DemoSearch
+) -> None:
+    from streamlit.testing.v1 import AppTest
+
+    from ui import APP_PATH
+
+    monkeypatch.setenv("SLOTSWEEP_DB", small_search.url)
+    # The sidebar is checked on the first run: this Streamlit's AppTest drops sidebar
+    # elements from reruns of an st.navigation app (a real browser keeps them).
+    app = AppTest.from_file(str(APP_PATH), default_timeout=60).run()
+    assert app.sidebar.caption[0].value == f"Database: `{small_search.url}`"
+    refresh = app.sidebar.selectbox[0]
+    assert (refresh.label, refresh.value) == ("Auto-refresh", "5 s")
+    refresh.set_value("off").run()  # Fragments then re-run only on interaction.
+    assert_no_exception(app)
+    assert list(app.dataframe[0].value["name"]) == ["regression-cost", "regression-demo"]

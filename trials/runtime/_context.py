@@ -363,11 +363,11 @@ class TrialContext:
                 f"restore_checkpoint_path: {path} was written by the managed loop, not by "
                 "save_checkpoint"
             )
-        return LoadedCheckpoint(
-            state=state["user_state"],
-            steps_completed=int(state["steps_completed"]),
-            path=str(path),
-        )
+        steps = int(state["steps_completed"])
+        if self._recorder is not None:
+            self._recorder.rewind(steps)
+        self.steps_reported = steps
+        return LoadedCheckpoint(state=state["user_state"], steps_completed=steps, path=str(path))
 
 
 class PyTorchTrialContext(TrialContext):

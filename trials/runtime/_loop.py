@@ -231,6 +231,9 @@ class ManagedLoop:
             self._restored_rng = rng[ctx.rank]
         if self._timings is not None:
             self._timings.flush(self.step)
+        if ctx._recorder is not None:
+            ctx._recorder.rewind(self.step)
+        ctx.steps_reported = self.step
 
     # -- reports and validation -------------------------------------------------------------
 

@@ -157,6 +157,30 @@ class ChiefRecorder:
 
         self.submit(write)
 
+    def rewind(self, step: int) -> None:
+        """Forget what an earlier attempt recorded past ``step`` (the restored checkpoint).
+
+        That attempt's later metrics and timings belong to a timeline that was abandoned;
+        the restored run records its own (metrics by upsert, timings as new windows).
+        """
+
+        def write() -> None:
+            from sqlalchemy import delete
+
+            from storage import Metric, Timing
+
+            with self._session() as session:
+                trial_id = self.spec.trial_id
+                session.execute(
+                    delete(Metric).where(Metric.trial_id == trial_id, Metric.step > step)
+                )
+                session.execute(
+                    delete(Timing).where(Timing.trial_id == trial_id, Timing.end_step > step)
+                )
+                self._update_trial(session, total_batches=step)
+
+        self.submit(write)
+
     def timings(self, windows: Sequence[TimingWindow]) -> None:
         if not windows:
             return

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from sqlalchemy import select
 
 from storage import Metric, MetricKind, session_scope
@@ -12,6 +13,8 @@ from trials.runtime._distributed import DistributedInfo
 from trials.runtime._runner import run_trial
 
 from .conftest import REPO_ROOT, TrialHandle
+
+pytestmark = pytest.mark.slow  # imports scikit-learn and trains 3 epochs (a few seconds)
 
 
 def test_digits_trial_learns_with_the_recipe_helpers(

@@ -23,6 +23,7 @@ from storage import (
     MetricKind,
     Trial,
     optuna_storage,
+    record_metrics,
     session_scope,
 )
 from trials.runtime import InvalidTrialError
@@ -223,6 +224,9 @@ def test_core_api_resumes_from_its_own_checkpoint(make_trial: Callable[..., Tria
     assert run(handle) == "finished"
     (first,) = checkpoints(handle.db_url, handle.spec.trial_id)
     assert (first.step, first.metrics) == (3, {"val_loss": 10.0})
+    # What a crashed attempt would have left past the checkpoint: forgotten on restore.
+    with session_scope(handle.db_url) as session:
+        record_metrics(session, handle.spec.trial_id, 9, MetricKind.TRAINING, {"loss": -1.0})
     again = handle.with_changes(attempt=1, restore_checkpoint_path=first.path)
     assert run(again) == "finished"
     seen = json.loads((Path(handle.spec.scratch_dir) / "rank-0" / "core.json").read_text())

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 
-from trials.worker import _pump
+import pytest
+
+from trials.worker import _pump, _run
 
 
 def read_all(fd: int) -> bytes:
@@ -38,3 +41,43 @@ def test_every_line_of_both_streams_gets_the_prefix() -> None:
         b"[rank 3] first\n[rank 3] second part continues\n[rank 3] no newline at the end\n"
     )
     assert read_all(log_err_r) == b"[rank 3] an error\n"
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (
+            None,
+            "slotsweep: SLOTSWEEP_TRIAL_SPEC: not set; it must name the trial's RuntimeSpec JSON file",
+        ),
+        (
+            "missing",
+            "slotsweep: SLOTSWEEP_TRIAL_SPEC: cannot read {path}: No such file or directory",
+        ),
+        ("{not json", "slotsweep: SLOTSWEEP_TRIAL_SPEC {path}: "),
+        (
+            '{"db_url": "sqlite://"}',
+            "slotsweep: SLOTSWEEP_TRIAL_SPEC {path}: entrypoint: required field is missing",
+        ),
+    ],
+)
+def test_a_bad_spec_is_one_line_per_problem_and_exit_code_2(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    content: str | None,
+    expected: str,
+) -> None:
+    path = tmp_path / "spec.json"
+    if content is None:
+        monkeypatch.delenv("SLOTSWEEP_TRIAL_SPEC", raising=False)
+    else:
+        monkeypatch.setenv("SLOTSWEEP_TRIAL_SPEC", str(path))
+        if content != "missing":
+            path.write_text(content)
+    assert _run() == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert lines and all(line.startswith("slotsweep: SLOTSWEEP_TRIAL_SPEC") for line in lines)
+    assert any(line.startswith(expected.format(path=path)) for line in lines)

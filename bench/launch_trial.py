@@ -1,0 +1,116 @@
+"""The tiny 2-rank training job of ``bench/launch_overhead.py``, in both of its forms.
+
+- ``torchrun --standalone --nproc-per-node=2 bench/launch_trial.py``: the plain DDP
+  script people write (join gloo, wrap the model in DDP, train, leave the group);
+- ``entrypoint: launch_trial:slotsweep_main``: the same training through slotsweep's
+  core API (the runtime has already joined gloo; the trial reports its final loss as a
+  validation metric so that it completes).
+
+Both call :func:`train` and average the final loss across ranks, so the work inside
+the job is the same; what differs is what each way of launching adds around it.
+
+When ``LAUNCH_BENCH_STAMPS`` names a folder, rank 0 appends one JSON line of wall-clock
+stamps per job to ``stamps.jsonl`` there (process start, after ``import torch``,
+training start and end), which the benchmark uses to say where the time goes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+_T_IMPORT = time.time()
+
+import torch  # noqa: E402  (the stamp above measures what this import costs)
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+
+_T_TORCH = time.time()
+
+STEPS = 20
+PER_SLOT_BATCH = 16
+IN, HIDDEN, OUT = 32, 64, 10
+STAMPS_ENV = "LAUNCH_BENCH_STAMPS"
+
+
+def train(device: torch.device) -> tuple[float, dict[str, float]]:
+    """``STEPS`` DDP steps of a tiny MLP; the loss averaged over ranks, and stamps."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    stamps = {"train_start": time.time()}
+    torch.manual_seed(0)
+    model: nn.Module = nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT))
+    model = DistributedDataParallel(model.to(device))
+    stamps["ddp_built"] = time.time()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    loss_fn = nn.CrossEntropyLoss()
+    generator = torch.Generator().manual_seed(dist.get_rank())
+    loss = torch.zeros(())
+    for _ in range(STEPS):
+        x = torch.randn(PER_SLOT_BATCH, IN, generator=generator)
+        y = torch.randint(0, OUT, (PER_SLOT_BATCH,), generator=generator)
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x.to(device)), y.to(device))
+        loss.backward()
+        optimizer.step()
+    stamps["train_end"] = time.time()
+    return float(loss.detach()), stamps
+
+
+def _process_start_time() -> float:
+    """This process's start in wall-clock seconds, from /proc (no psutil import)."""
+    with open("/proc/self/stat", encoding="ascii") as f:
+        # Field 22 (starttime, in clock ticks since boot) counts from after the command.
+        start_ticks = int(f.read().rpartition(")")[2].split()[19])
+    with open("/proc/stat", encoding="ascii") as f:
+        boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+    return boot + start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _write_stamps(kind: str, stamps: dict[str, float]) -> None:
+    folder = os.environ.get(STAMPS_ENV)
+    if not folder or dist.get_rank() != 0:
+        return
+    record: dict[str, Any] = {
+        "kind": kind,
+        "pid": os.getpid(),
+        "process_start": _process_start_time(),
+        "module_import": _T_IMPORT,
+        "torch_imported": _T_TORCH,
+        **stamps,
+    }
+    with open(os.path.join(folder, "stamps.jsonl"), "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def slotsweep_main(context: Any) -> None:
+    """The core-API entrypoint: train, report the averaged loss as ``val_loss``."""
+    loss, stamps = train(context.device)
+    # report_validation_metrics averages across ranks (one all-reduce), like the
+    # bare script's all_reduce below, and records the value so the trial completes.
+    means = context.report_validation_metrics(STEPS, {"val_loss": loss})
+    stamps["reported"] = time.time()
+    _write_stamps("slotsweep", stamps)
+    if context.is_chief:
+        print(f"final loss {means['val_loss']:.4f}", flush=True)
+
+
+def _bare_main() -> None:
+    dist.init_process_group("gloo")
+    try:
+        loss, stamps = train(torch.device("cpu"))
+        averaged = torch.tensor([loss])
+        dist.all_reduce(averaged)
+        averaged /= dist.get_world_size()
+        stamps["reported"] = time.time()
+        _write_stamps("bare", stamps)
+        if dist.get_rank() == 0:
+            print(f"final loss {averaged.item():.4f}", flush=True)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _bare_main()

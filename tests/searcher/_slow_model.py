@@ -1,0 +1,35 @@
+"""A test-only digits trial that runs slowly enough to be interrupted on purpose.
+
+``data.batch_delay_s`` sleeps in every training batch; ``data.fsync_delay_s`` slows
+``os.fsync`` in the trial's processes, which holds a checkpoint mid-write long enough
+for a test to crash the machine at that moment (fault injection, test code only).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from model import DigitsTrial
+
+from trials.runtime import PyTorchTrialContext
+
+
+class SlowDigitsTrial(DigitsTrial):
+    def __init__(self, context: PyTorchTrialContext) -> None:
+        super().__init__(context)
+        self._batch_delay_s = float(context.data.get("batch_delay_s", 0.0))
+        fsync_delay_s = float(context.data.get("fsync_delay_s", 0.0))
+        if fsync_delay_s:
+            real_fsync = os.fsync
+
+            def slow_fsync(fd: int) -> None:
+                time.sleep(fsync_delay_s)
+                real_fsync(fd)
+
+            os.fsync = slow_fsync
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
+        time.sleep(self._batch_delay_s)
+        return super().train_batch(batch, epoch_idx, batch_idx)
