@@ -254,9 +254,9 @@ def write_spec(tmp: Path, args: argparse.Namespace, nproc: int) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
         "--nproc", type=int, default=None, help="ranks (default: 1 on a GPU, else 2)"
     )

@@ -60,7 +60,9 @@ def _positive_int(name: str) -> Callable[[str], int]:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a positive integer, got {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"{name} must be a positive integer, got {text!r}"
+            ) from None
         if value < 1:
             raise argparse.ArgumentTypeError(f"{name} must be a positive integer, got {text!r}")
         return value
@@ -69,7 +71,9 @@ def _positive_int(name: str) -> Callable[[str], int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="slotsweep", description="Hyperparameter search over distributed trials.")
+    parser = _Parser(
+        prog="slotsweep", description="Hyperparameter search over distributed trials."
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
 
@@ -113,7 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_db(enqueue)
 
     task = commands.add_parser("task", help="tasks on the cluster")
-    task_commands = task.add_subparsers(dest="task_command", metavar="SUBCOMMAND", parser_class=_Parser)
+    task_commands = task.add_subparsers(
+        dest="task_command", metavar="SUBCOMMAND", parser_class=_Parser
+    )
     task_commands.required = True
     task_list = task_commands.add_parser("list", help="every slot and the trial holding it")
     _add_db(task_list)
@@ -125,7 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     ui = commands.add_parser("ui", help="start the web UI")
     _add_db(ui)
     ui.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    ui.add_argument("--port", type=_positive_int("--port"), default=8501, help="port (default 8501)")
+    ui.add_argument(
+        "--port", type=_positive_int("--port"), default=8501, help="port (default 8501)"
+    )
     return parser
 
 
@@ -275,7 +283,17 @@ def _cmd_list(args: argparse.Namespace) -> int:
     db_url = _db_url(args)
     upgrade_schema(db_url)
     table = Table(title="Experiments")
-    for column in ("id", "name", "state", "trials", "running", "completed", "pruned", "failed", "best"):
+    for column in (
+        "id",
+        "name",
+        "state",
+        "trials",
+        "running",
+        "completed",
+        "pruned",
+        "failed",
+        "best",
+    ):
         table.add_column(column)
     with session_scope(db_url) as session:
         for experiment in session.scalars(select(Experiment).order_by(Experiment.id)):
@@ -308,8 +326,18 @@ def _cmd_describe(args: argparse.Namespace) -> int:
     with session_scope(db_url) as session:
         experiment = find_experiment(session, args.experiment)
         metric = experiment.config["searcher"]["metric"]
-        table = Table(title=f"Experiment {experiment.id}: {experiment.name} ({experiment.state.value})")
-        for column in ("trial", "state", metric, "batches", "restarts", "checkpoint", "hyperparameters"):
+        table = Table(
+            title=f"Experiment {experiment.id}: {experiment.name} ({experiment.state.value})"
+        )
+        for column in (
+            "trial",
+            "state",
+            metric,
+            "batches",
+            "restarts",
+            "checkpoint",
+            "hyperparameters",
+        ):
             table.add_column(column)
         latest = (
             select(Checkpoint.trial_id, func.max(Checkpoint.step).label("step"))

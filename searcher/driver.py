@@ -49,7 +49,13 @@ from storage import (
 from trials import RuntimeSpec, per_slot_batch_size
 from trials import allocations as slot_ledger
 from trials._system_metrics import detect_gpus
-from trials.launcher import TrialProcesses, free_port, kill_leftover, start_trial, torchrun_commands
+from trials.launcher import (
+    TrialProcesses,
+    free_port,
+    kill_leftover,
+    start_trial,
+    torchrun_commands,
+)
 from trials.scheduler import Cluster, Placement, SlotRequest, check_schedulable, schedule
 
 if TYPE_CHECKING:
@@ -295,7 +301,9 @@ class SearchDriver:
         self._study = self._load_study(trials_so_far)
         self._recover()
         progress = SearchProgress(
-            total=self._max_trials(), enabled=self.show_progress, metric=self.config.searcher.metric
+            total=self._max_trials(),
+            enabled=self.show_progress,
+            metric=self.config.searcher.metric,
         )
         self._install_signal_handlers()
         final = ExperimentState.ACTIVE
@@ -429,7 +437,9 @@ class SearchDriver:
                     f"{dropped} samples per batch are dropped",
                     stacklevel=1,
                 )
-            rdzv_port = free_port(placement.agents[0].agent.host) if len(placement.agents) > 1 else None
+            rdzv_port = (
+                free_port(placement.agents[0].agent.host) if len(placement.agents) > 1 else None
+            )
             commands = torchrun_commands(
                 placement,
                 spec_path=str(spec_path),
@@ -568,7 +578,9 @@ class SearchDriver:
         elif trial.restarts < self.config.max_restarts:
             trial.restarts += 1
             trial.state = TrialState.QUEUED
-            trial.error = f"exit code {exit_code}; restart {trial.restarts} of {self.config.max_restarts}"
+            trial.error = (
+                f"exit code {exit_code}; restart {trial.restarts} of {self.config.max_restarts}"
+            )
             self._queue(trial)
             return
         else:
@@ -584,9 +596,7 @@ class SearchDriver:
             if objective.name == "slot_seconds":
                 values.append(float(trial.slot_seconds))
             else:
-                wall = (
-                    (utcnow() - trial.started_at).total_seconds() if trial.started_at else 0.0
-                )
+                wall = (utcnow() - trial.started_at).total_seconds() if trial.started_at else 0.0
                 values.append(wall)
         return values
 

@@ -68,7 +68,9 @@ def test_unknown_experiment_and_bad_arguments(tmp_path: Path, cli_env: dict[str,
     _assert_usage_error(run_cli(["describe", "nope", "--db", db], cli_env, tmp_path), "nope")
     _assert_usage_error(run_cli(["run", "x.yaml", "--slots", "0"], cli_env, tmp_path), "--slots")
     _assert_usage_error(run_cli(["frobnicate"], cli_env, tmp_path), "frobnicate")
-    _assert_usage_error(run_cli(["run", str(tmp_path / "missing.yaml")], cli_env, tmp_path), "config")
+    _assert_usage_error(
+        run_cli(["run", str(tmp_path / "missing.yaml")], cli_env, tmp_path), "config"
+    )
 
 
 def test_password_is_never_printed(tmp_path: Path, cli_env: dict[str, str]) -> None:

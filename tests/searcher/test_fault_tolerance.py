@@ -62,13 +62,22 @@ def _wait_for(predicate: Callable[[], bool], timeout: float = 180, what: str = "
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _open_runs(db: str) -> list[TrialRun]:
+def _open_runs(db: str, after_id: int = 0) -> list[TrialRun]:
     with session_scope(db) as session:
-        return list(session.scalars(select(TrialRun).where(TrialRun.ended_at.is_(None))))
+        return list(
+            session.scalars(
+                select(TrialRun).where(TrialRun.ended_at.is_(None), TrialRun.id > after_id)
+            )
+        )
 
 
-def _torchrun_pids(db: str) -> list[int]:
-    return [int(node["pid"]) for run in _open_runs(db) for node in run.agents]
+def _last_run_id(db: str) -> int:
+    with session_scope(db) as session:
+        return int(session.scalar(select(func.max(TrialRun.id))) or 0)
+
+
+def _torchrun_pids(db: str, after_id: int = 0) -> list[int]:
+    return [int(node["pid"]) for run in _open_runs(db, after_id) for node in run.agents]
 
 
 def _checkpoints(db: str) -> int:
@@ -81,9 +90,12 @@ def _checkpoints(db: str) -> int:
         )
 
 
-def _power_loss(driver: subprocess.Popen[str], db: str) -> None:
-    """SIGKILL the driver and every process of its running trials at once."""
-    pids = _torchrun_pids(db)
+def _power_loss(driver: subprocess.Popen[str], db: str, after_id: int = 0) -> None:
+    """SIGKILL the driver and every process of the trials it started at once.
+
+    Runs left open by an earlier crash are skipped: their pids may belong to others now.
+    """
+    pids = _torchrun_pids(db, after_id)
     driver.kill()
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
@@ -125,17 +137,19 @@ def test_search_survives_crashes_at_several_moments(
     finished_before = _finished_trials(db)
 
     # 2. Power loss in the middle of writing a checkpoint.
+    last = _last_run_id(db)
     driver = _start(resume_args, cli_env, tmp_path)
     _wait_for(
-        lambda: bool(_open_runs(db)) and _checkpoint_being_written(checkpoint_root),
+        lambda: bool(_open_runs(db, last)) and _checkpoint_being_written(checkpoint_root),
         what="a checkpoint being written",
     )
-    _power_loss(driver, db)
+    _power_loss(driver, db, last)
 
     # 3. Only the driver dies; its trial keeps running until the resume ends it.
+    last = _last_run_id(db)
     driver = _start(resume_args, cli_env, tmp_path)
-    _wait_for(lambda: bool(_open_runs(db)), what="a running trial")
-    leftover = _torchrun_pids(db)
+    _wait_for(lambda: bool(_open_runs(db, last)), what="a running trial")
+    leftover = _torchrun_pids(db, last)
     finished_mid = _finished_trials(db)
     driver.kill()
     driver.communicate(timeout=30)
@@ -143,7 +157,9 @@ def test_search_survives_crashes_at_several_moments(
 
     final = run_cli(resume_args + ["--no-progress"], cli_env, tmp_path, timeout=600)
     assert final.returncode == 0, final.stderr[-4000:]
-    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in leftover)
+    assert not any(
+        psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in leftover
+    )
 
     with session_scope(db) as session:
         experiment = session.scalars(select(Experiment)).one()
@@ -155,17 +171,23 @@ def test_search_survives_crashes_at_several_moments(
         total = session.scalar(select(func.count()).select_from(Metric))
         distinct = session.scalar(
             select(func.count()).select_from(
-                select(Metric.trial_id, Metric.step, Metric.kind, Metric.name).distinct().subquery()
+                select(Metric.trial_id, Metric.step, Metric.kind, Metric.name)
+                .distinct()
+                .subquery()
             )
         )
         assert total == distinct and total
-        runs = list(session.scalars(select(TrialRun).order_by(TrialRun.trial_id, TrialRun.attempt)))
+        runs = list(
+            session.scalars(select(TrialRun).order_by(TrialRun.trial_id, TrialRun.attempt))
+        )
         interrupted = [r for r in runs if r.attempt > 0]
         assert interrupted, "no trial was interrupted"
         # The trial interrupted after its first checkpoint went on from it, not from step 0.
         first_trial_runs = [r for r in runs if r.trial_id == trials[0].id]
         assert len(first_trial_runs) >= 2
-        assert first_trial_runs[1].restored_from_step and first_trial_runs[1].restored_from_step > 0
+        assert (
+            first_trial_runs[1].restored_from_step and first_trial_runs[1].restored_from_step > 0
+        )
         # Finished trials stayed finished: never run again, end time untouched.
         for trial in trials:
             for earlier in (finished_before, finished_mid):
@@ -245,16 +267,28 @@ def test_ctrl_c_pauses_then_activate_and_enqueue_finish_the_search(
         assert paused_at, "the paused trial wrote no checkpoint"
 
     enqueued = run_cli(
-        ["enqueue", "digits-large-batch", "lr=0.05", "optimizer=sgd", "global_batch_size=64",
-         "warmup_epochs=0", "--db", db],
+        [
+            "enqueue",
+            "digits-large-batch",
+            "lr=0.05",
+            "optimizer=sgd",
+            "global_batch_size=64",
+            "warmup_epochs=0",
+            "--db",
+            db,
+        ],
         cli_env,
         tmp_path,
     )
     assert enqueued.returncode == 0, enqueued.stderr
-    bad = run_cli(["enqueue", "digits-large-batch", "optimizer=rmsprop", "--db", db], cli_env, tmp_path)
+    bad = run_cli(
+        ["enqueue", "digits-large-batch", "optimizer=rmsprop", "--db", db], cli_env, tmp_path
+    )
     assert bad.returncode == 2 and "optimizer" in bad.stderr
 
-    activated = run_cli(["activate", "digits-large-batch", "--db", db, "--no-progress"], cli_env, tmp_path)
+    activated = run_cli(
+        ["activate", "digits-large-batch", "--db", db, "--no-progress"], cli_env, tmp_path
+    )
     assert activated.returncode == 0, activated.stderr[-4000:]
     with session_scope(db) as session:
         assert session.scalars(select(Experiment)).one().state == ExperimentState.COMPLETED

@@ -11,6 +11,7 @@ iteration count in PROGRESS_FILE mean every write succeeded.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import traceback
@@ -48,6 +49,7 @@ def main(url: str, trial_id: int, study_name: str, stop_file: Path, progress: Pa
     study = optuna.load_study(study_name=study_name, storage=storage)
     step = 10_000
     iterations = 0
+    partial = progress.with_suffix(".partial")
     deadline = time.monotonic() + 300
     try:
         while not stop_file.exists() and time.monotonic() < deadline:
@@ -74,7 +76,9 @@ def main(url: str, trial_id: int, study_name: str, stop_file: Path, progress: Pa
                 trial.report(1.0 / step, 1)
                 study.tell(trial, 1.0 / step)
             iterations += 1
-            progress.write_text(str(iterations))
+            # Atomic, so the test never reads a half-written count.
+            partial.write_text(str(iterations))
+            os.replace(partial, progress)
     except Exception:
         traceback.print_exc()
         return 1

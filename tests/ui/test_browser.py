@@ -204,7 +204,9 @@ def test_every_page_in_headless_chromium(
         lambda d: "regression-demo" in d.page_source and "regression-cost" in d.page_source,
         "experiments",
     )
-    assert "Rows 1–2 of 2." in _text(browser)
+    body = _text(browser)
+    assert "Rows 1–2 of 2." in body
+    assert "Auto-refresh" in body and f"Database: {small_search.url}" in body
 
     _open(
         browser,

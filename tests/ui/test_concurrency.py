@@ -42,7 +42,7 @@ def test_pages_render_while_another_process_writes(
         while not progress.exists() and writer.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert progress.exists(), "the writer never completed a write"
-        started = int(progress.read_text() or 0)
+        started = int(progress.read_text())
         url = writable_search.url
         pages: tuple[tuple[str, dict[str, Any]], ...] = (
             ("experiments", {}),
@@ -60,7 +60,7 @@ def test_pages_render_while_another_process_writes(
                 control.set_value(kind).run()
                 assert_no_exception(app)
         assert writer.poll() is None, "the writer stopped while the pages rendered"
-        ended = int(progress.read_text() or 0)
+        ended = int(progress.read_text())
     finally:
         stop.touch()
         output, _ = writer.communicate(timeout=60)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import streamlit as st
@@ -36,6 +37,19 @@ experiment_id = st.selectbox(
 )
 if experiment_id != requested:
     st.query_params["experiment"] = str(experiment_id)
+
+
+@st.cache_resource(show_spinner=False)
+def _preload_importances() -> threading.Thread:
+    # Once per server process, off the page's thread (see preload_importance_backend).
+    thread = threading.Thread(
+        target=_plots.preload_importance_backend, name="slotsweep-preload", daemon=True
+    )
+    thread.start()
+    return thread
+
+
+_preload_importances()
 
 
 @st.cache_resource(ttl=3600, max_entries=4, show_spinner="Reading the Optuna study…")

@@ -1,0 +1,290 @@
+"""Per-trial launch overhead of slotsweep against bare ``torchrun``.
+
+The same tiny 2-rank DDP job (``bench/launch_trial.py``: join gloo, wrap a small MLP in
+DDP, 20 steps, average the final loss across ranks, leave the group) runs K times in
+sequence two ways:
+
+- bare: ``python -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=2
+  --max-restarts=0 launch_trial.py`` (what the ``torchrun`` script runs), one after
+  the other from this process, with the same environment the launcher gives trials
+  (``OMP_NUM_THREADS=1``, ``PYTHONUNBUFFERED=1``, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``);
+- slotsweep: ONE ``slotsweep run`` search of K trials (``max_concurrent_trials: 1``,
+  ``slots_per_trial: 2``, random sampler, no pruner, default profiling) whose
+  entrypoint is the same file's core-API function ``launch_trial:slotsweep_main``. It
+  reports the averaged loss as ``val_loss`` so every trial completes.
+
+Both run in the same invocation, in ``--rounds`` rounds whose order alternates (bare
+first, then slotsweep first, ...), after one untimed bare warm-up job; each round uses a
+fresh temporary folder and SQLite database.
+
+Per-trial cost:
+
+- bare: the wall time of each ``torchrun`` (start to exit), averaged.
+- slotsweep, headline: the database's span from the first trial's launch
+  (``trial_runs.started_at`` of the first run, written right after its torchrun
+  started) to the last trial's reap (``ended_at`` of the last run), divided by K.
+  This is the cadence of a search in steady state: it contains everything the
+  platform adds per trial (runtime set-up in the ranks, recording, the driver's poll
+  interval, reaping, Optuna ask/tell and the database writes between two trials) and
+  leaves out only the one-time costs of a search (CLI imports, schema migration, study
+  creation, the final summary), which a real search of many trials amortises away.
+  Those one-time costs are printed separately.
+- slotsweep, whole-search: (search wall time - driver start-up before the first
+  launch) / K, also printed. It adds the driver's shutdown after the last trial to the
+  above, divided by K, so it depends on K.
+
+Where the time goes: rank 0 of every job appends wall-clock stamps (process start,
+training start and end) to a file, and the benchmark prints the mean phases of each
+kind: launch -> rank 0 process start (torchrun start-up), rank start -> training start
+(imports, process group, runtime set-up), training, training end -> job exit
+(recording, teardown), and exit -> next launch (the driver's gap).
+
+Run:
+    .venv/bin/python bench/launch_overhead.py            # K=5, 2 rounds
+    .venv/bin/python bench/launch_overhead.py -k 10 --rounds 3
+Last line (machine-readable):
+    bare_s=<a> slotsweep_s=<b> ratio=<b/a> overhead_s=<b-a>
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from _common import bench_env, epoch_s, fmt, run_search, write_yaml
+
+HERE = Path(__file__).resolve().parent
+TRIAL_FILE = HERE / "launch_trial.py"
+STAMPS_ENV = "LAUNCH_BENCH_STAMPS"
+PHASES = ("torchrun start", "rank set-up", "training", "finish + exit", "gap to next launch")
+
+
+@dataclass
+class KindResult:
+    """What one kind measured over all rounds."""
+
+    per_trial: list[float] = field(default_factory=list)  # seconds, one per trial
+    phases: list[dict[str, float]] = field(default_factory=list)
+    whole_search: list[float] = field(default_factory=list)  # slotsweep only, per round
+    startup: list[float] = field(default_factory=list)
+    shutdown: list[float] = field(default_factory=list)
+
+    @property
+    def mean(self) -> float:
+        return sum(self.per_trial) / len(self.per_trial)
+
+
+def trial_env(stamps: Path) -> dict[str, str]:
+    """The environment ``trials.launcher.start_trial`` gives torchrun, plus the stamps."""
+    return bench_env(
+        stamps.parent,
+        OMP_NUM_THREADS="1",
+        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+        **{STAMPS_ENV: str(stamps)},
+    )
+
+
+def read_stamps(folder: Path) -> list[dict[str, Any]]:
+    path = folder / "stamps.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def bare_argv(script: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes=1",
+        "--nproc-per-node=2",
+        "--max-restarts=0",
+        str(script),
+    ]
+
+
+def run_bare(k: int, folder: Path, result: KindResult) -> None:
+    """K bare torchrun jobs one after the other."""
+    stamps = folder / "stamps-bare"
+    stamps.mkdir(parents=True)
+    script = folder / TRIAL_FILE.name
+    env = trial_env(stamps)
+    launches: list[tuple[float, float]] = []
+    for i in range(k):
+        start = time.time()
+        done = subprocess.run(
+            bare_argv(script),
+            cwd=folder,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
+        end = time.time()
+        if done.returncode != 0:
+            # torchrun can exit 1 after a finished run (gloo teardown); the stamp
+            # tells whether the job did its work.
+            print(f"  bare job {i} exited {done.returncode}", file=sys.stderr)
+        launches.append((start, end))
+        result.per_trial.append(end - start)
+    records = read_stamps(stamps)
+    if len(records) != k:
+        raise RuntimeError(f"bare: {len(records)} of {k} jobs finished their training")
+    for (start, end), record in zip(launches, records, strict=True):
+        result.phases.append(_phases(start, end, end, record))
+
+
+def run_slotsweep(k: int, folder: Path, result: KindResult) -> None:
+    """One search of K trials through the ``slotsweep`` CLI."""
+    from sqlalchemy import select
+
+    from storage import Trial, TrialRun, TrialState, session_scope
+
+    stamps = folder / "stamps-slotsweep"
+    stamps.mkdir(parents=True)
+    config = write_yaml(
+        folder / "launch.yaml",
+        {
+            "name": "launch-overhead",
+            "entrypoint": "launch_trial:slotsweep_main",
+            "hyperparameters": {"global_batch_size": 32},
+            "searcher": {
+                "name": "random",
+                "metric": "val_loss",
+                "max_trials": k,
+                "max_length": {"batches": 20},
+                "max_concurrent_trials": 1,
+                "seed": 0,
+            },
+            "resources": {"slots_per_trial": 2},
+            "checkpoint_storage": {"path": str(folder / "checkpoints")},
+            "max_restarts": 0,
+        },
+    )
+    search = run_search(
+        config, db_path=folder / "search.db", cwd=folder, env=trial_env(stamps), slots=2
+    )
+    with session_scope(search.db_url) as session:
+        trials = list(session.scalars(select(Trial).order_by(Trial.id)))
+        states = [t.state for t in trials]
+        runs = list(session.scalars(select(TrialRun).order_by(TrialRun.started_at)))
+        spans = [(epoch_s(r.started_at), epoch_s(r.ended_at)) for r in runs if r.ended_at]
+    if len(trials) != k or any(s != TrialState.COMPLETED for s in states) or len(spans) != k:
+        raise RuntimeError(
+            f"slotsweep: expected {k} completed trials with one run each, got states "
+            f"{[s.value for s in states]} and {len(spans)} runs\n{search.output}"
+        )
+    first_launch, last_reap = spans[0][0], spans[-1][1]
+    span = last_reap - first_launch
+    result.per_trial.extend([span / k] * k)
+    startup = first_launch - search.started
+    result.startup.append(startup)
+    result.shutdown.append(search.ended - last_reap)
+    result.whole_search.append((search.wall_s - startup) / k)
+    records = read_stamps(stamps)
+    if len(records) != k:
+        raise RuntimeError(f"slotsweep: {len(records)} of {k} stamp records")
+    next_launches = [s for s, _ in spans[1:]] + [spans[-1][1]]
+    for (start, end), record, following in zip(spans, records, next_launches, strict=True):
+        result.phases.append(_phases(start, end, following, record))
+
+
+def _phases(launch: float, exit_: float, next_launch: float, record: dict[str, Any]) -> dict[str, float]:
+    return {
+        "torchrun start": record["process_start"] - launch,
+        "rank set-up": record["train_start"] - record["process_start"],
+        "training": record["reported"] - record["train_start"],
+        "finish + exit": exit_ - record["reported"],
+        "gap to next launch": next_launch - exit_,
+    }
+
+
+def _mean_phases(result: KindResult) -> dict[str, float]:
+    return {
+        name: sum(p[name] for p in result.phases) / len(result.phases) for name in PHASES
+    }
+
+
+def prepare(folder: Path) -> None:
+    folder.mkdir(parents=True)
+    shutil.copy2(TRIAL_FILE, folder / TRIAL_FILE.name)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-k", type=int, default=5, help="trials per kind and round (default 5)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds, order alternating (2)")
+    parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up job")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    args = parser.parse_args()
+    if args.k < 1 or args.rounds < 1:
+        parser.error("-k and --rounds must be positive integers")
+
+    root = Path(tempfile.mkdtemp(prefix="launch-overhead-"))
+    bare, sweep = KindResult(), KindResult()
+    try:
+        if not args.no_warmup:
+            warm = root / "warmup"
+            prepare(warm)
+            run_bare(1, warm, KindResult())
+        for r in range(args.rounds):
+            order = ("bare", "slotsweep") if r % 2 == 0 else ("slotsweep", "bare")
+            for kind in order:
+                folder = root / f"round-{r}-{kind}"
+                prepare(folder)
+                began = time.time()
+                if kind == "bare":
+                    run_bare(args.k, folder, bare)
+                    got = bare.per_trial[-args.k :]
+                else:
+                    run_slotsweep(args.k, folder, sweep)
+                    got = sweep.per_trial[-args.k :]
+                print(
+                    f"round {r} {kind:9s}: {args.k} trials, per trial {fmt(sum(got) / len(got))} s "
+                    f"(took {fmt(time.time() - began, 1)} s)",
+                    flush=True,
+                )
+    finally:
+        if args.keep:
+            print(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+    trials = args.k * args.rounds
+    print(f"\n{trials} trials of each kind ({args.rounds} rounds of K={args.k})")
+    print(f"bare torchrun per trial:      mean {fmt(bare.mean)} s, "
+          f"min {fmt(min(bare.per_trial))} s, max {fmt(max(bare.per_trial))} s")
+    print(f"slotsweep per trial (DB span of the search / K):            {fmt(sweep.mean)} s")
+    print(
+        f"slotsweep per trial ((search wall - start-up before launch) / K): "
+        f"{fmt(sum(sweep.whole_search) / len(sweep.whole_search))} s"
+    )
+    print(
+        f"slotsweep one-time costs per search: start-up before the first launch "
+        f"{fmt(sum(sweep.startup) / len(sweep.startup))} s, after the last reap "
+        f"{fmt(sum(sweep.shutdown) / len(sweep.shutdown))} s"
+    )
+    bare_phases, sweep_phases = _mean_phases(bare), _mean_phases(sweep)
+    print(f"\n{'mean phase (s)':22s} {'bare':>8s} {'slotsweep':>10s} {'extra':>8s}")
+    for name in PHASES:
+        b, s = bare_phases[name], sweep_phases[name]
+        print(f"{name:22s} {fmt(b):>8s} {fmt(s):>10s} {fmt(s - b):>8s}")
+    b_total, s_total = sum(bare_phases.values()), sum(sweep_phases.values())
+    print(f"{'total':22s} {fmt(b_total):>8s} {fmt(s_total):>10s} {fmt(s_total - b_total):>8s}")
+
+    a, b = bare.mean, sweep.mean
+    print(f"bare_s={fmt(a)} slotsweep_s={fmt(b)} ratio={fmt(b / a)} overhead_s={fmt(b - a)}")
+
+
+if __name__ == "__main__":
+    main()
