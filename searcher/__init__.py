@@ -1,10 +1,56 @@
 """slotsweep's searcher: experiment configs, the search space, the driver and the CLI.
 
+Public names load on first use, so ``slotsweep --help`` and config errors do not
+pay for Optuna and SQLAlchemy.
+
 Example:
-    >>> from searcher import load_config
+    >>> from searcher import load_config, SearchDriver
     >>> config = load_config("examples/digits/experiment.yaml")  # doctest: +SKIP
 """
 
-from searcher.config import ConfigError, ExperimentConfig, load_config, parse_config
+from __future__ import annotations
 
-__all__ = ["ConfigError", "ExperimentConfig", "load_config", "parse_config"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from searcher.config import ConfigError, ExperimentConfig, load_config, parse_config
+    from searcher.driver import SearchDriver
+    from searcher.experiments import UsageError, create_experiment, find_experiment
+    from searcher.samplers import build_pruner, build_sampler, pruner_spec, study_directions
+    from searcher.space import (
+        distributions,
+        grid_search_space,
+        grid_size,
+        parse_enqueue_params,
+        suggest_hparams,
+    )
+
+_EXPORTS = {
+    "ConfigError": "searcher.config",
+    "ExperimentConfig": "searcher.config",
+    "load_config": "searcher.config",
+    "parse_config": "searcher.config",
+    "SearchDriver": "searcher.driver",
+    "UsageError": "searcher.experiments",
+    "create_experiment": "searcher.experiments",
+    "find_experiment": "searcher.experiments",
+    "build_pruner": "searcher.samplers",
+    "build_sampler": "searcher.samplers",
+    "pruner_spec": "searcher.samplers",
+    "study_directions": "searcher.samplers",
+    "distributions": "searcher.space",
+    "grid_search_space": "searcher.space",
+    "grid_size": "searcher.space",
+    "parse_enqueue_params": "searcher.space",
+    "suggest_hparams": "searcher.space",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'searcher' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -158,7 +158,7 @@ def _usage_message(exc: Exception) -> str | None:
     """The one-line (or one line per problem) text of a user mistake, else None."""
     from searcher.config import ConfigError
     from searcher.experiments import UsageError
-    from trials.scheduler import ClusterConfigError, Unschedulable, UnknownPool
+    from trials.scheduler import ClusterConfigError, UnknownPool, Unschedulable
 
     if isinstance(exc, (ConfigError, ClusterConfigError)):
         return "\n".join(exc.problems)

@@ -155,7 +155,7 @@ def test_search_survives_crashes_at_several_moments(
     driver.communicate(timeout=30)
     assert all(psutil.pid_exists(pid) for pid in leftover)
 
-    final = run_cli(resume_args + ["--no-progress"], cli_env, tmp_path, timeout=600)
+    final = run_cli([*resume_args, "--no-progress"], cli_env, tmp_path, timeout=600)
     assert final.returncode == 0, final.stderr[-4000:]
     assert not any(
         psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in leftover

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import subprocess
 import sys
@@ -107,5 +108,5 @@ def test_two_drivers_racing_on_one_database_never_share_a_slot(
     assert len(runs) == 4 and states <= {TrialState.COMPLETED, TrialState.PRUNED}
     # Every trial needs both slots of the only agent: no two runs may overlap in time.
     intervals = sorted((start, end) for start, end in runs)
-    for (_, end), (next_start, _) in zip(intervals, intervals[1:], strict=False):
+    for (_, end), (next_start, _) in itertools.pairwise(intervals):
         assert end is not None and end <= next_start, intervals
