@@ -46,7 +46,25 @@ _EXPORTS = {
     "suggest_hparams": "searcher.space",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "ConfigError",
+    "ExperimentConfig",
+    "SearchDriver",
+    "UsageError",
+    "build_pruner",
+    "build_sampler",
+    "create_experiment",
+    "distributions",
+    "find_experiment",
+    "grid_search_space",
+    "grid_size",
+    "load_config",
+    "parse_config",
+    "parse_enqueue_params",
+    "pruner_spec",
+    "study_directions",
+    "suggest_hparams",
+]
 
 
 def __getattr__(name: str) -> Any:
