@@ -6,14 +6,16 @@ own SQLite file in a temporary folder, and reads what happened back from that da
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,17 +50,29 @@ def write_yaml(path: Path, data: dict[str, Any]) -> Path:
 
 @dataclass(frozen=True)
 class SearchRun:
-    """One ``slotsweep run`` as seen from outside: its wall-clock start and end."""
+    """One ``slotsweep run`` as seen from outside."""
 
     db_url: str
     started: float  # time.time() just before the CLI process was started
     ended: float  # time.time() when it exited
-    returncode: int
     output: str
+    # (time.time(), CPU seconds the driver process itself had used), sampled while it
+    # ran; its children (torchrun and the ranks) are not included.
+    driver_cpu: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def wall_s(self) -> float:
         return self.ended - self.started
+
+    def driver_cpu_between(self, start: float, end: float) -> float:
+        """CPU seconds the driver used between two wall-clock moments (nearest samples)."""
+        if not self.driver_cpu:
+            return float("nan")
+
+        def at(moment: float) -> float:
+            return min(self.driver_cpu, key=lambda s: abs(s[0] - moment))[1]
+
+        return at(end) - at(start)
 
 
 def run_search(
@@ -68,29 +82,48 @@ def run_search(
     cwd: Path,
     env: dict[str, str],
     slots: int | None = None,
+    poll_s: float = 0.1,
+    on_poll: Callable[[str], None] | None = None,
     timeout_s: float = 1800.0,
 ) -> SearchRun:
-    """``slotsweep run CONFIG --db sqlite:///DB --no-progress [--slots N]``; fails loudly."""
+    """``slotsweep run CONFIG --db sqlite:///DB --no-progress [--slots N]``; fails loudly.
+
+    Every ``poll_s`` the driver's own CPU time is sampled and ``on_poll(db_url)`` is
+    called (a benchmark may stop the search from there).
+    """
+    import psutil
+
     db_url = f"sqlite:///{db_path}"
     argv = [*slotsweep_argv(), "run", str(config), "--db", db_url, "--no-progress"]
     if slots is not None:
         argv += ["--slots", str(slots)]
-    started = time.time()
-    done = subprocess.run(
-        argv,
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        timeout=timeout_s,
-        check=False,
-    )
-    ended = time.time()
-    output = done.stdout.decode(errors="replace")
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}:\n{output}")
-    return SearchRun(db_url, started, ended, done.returncode, output)
+    samples: list[tuple[float, float]] = []
+    with tempfile.TemporaryFile() as out:
+        started = time.time()
+        process = subprocess.Popen(
+            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+        )
+        try:
+            watched = psutil.Process(process.pid)
+            while process.poll() is None:
+                if time.time() - started > timeout_s:
+                    raise TimeoutError(f"{' '.join(argv)} ran longer than {timeout_s} s")
+                with contextlib.suppress(psutil.Error):
+                    cpu = watched.cpu_times()
+                    samples.append((time.time(), cpu.user + cpu.system))
+                if on_poll is not None:
+                    on_poll(db_url)
+                time.sleep(poll_s)
+        finally:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+        ended = time.time()
+        out.seek(0)
+        output = out.read().decode(errors="replace")
+    if process.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {process.returncode}:\n{output[-4000:]}")
+    return SearchRun(db_url, started, ended, output, samples)
 
 
 def epoch_s(moment: dt.datetime) -> float:

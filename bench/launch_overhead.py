@@ -75,6 +75,7 @@ class KindResult:
     phases: list[dict[str, float]] = field(default_factory=list)
     whole_search: list[float] = field(default_factory=list)  # slotsweep only, per round
     startup: list[float] = field(default_factory=list)
+    driver_cpu: list[float] = field(default_factory=list)  # CPU s per trial, per round
     shutdown: list[float] = field(default_factory=list)
 
     @property
@@ -191,6 +192,7 @@ def run_slotsweep(k: int, folder: Path, result: KindResult) -> None:
     result.startup.append(startup)
     result.shutdown.append(search.ended - last_reap)
     result.whole_search.append((search.wall_s - startup) / k)
+    result.driver_cpu.append(search.driver_cpu_between(first_launch, last_reap) / k)
     records = read_stamps(stamps)
     if len(records) != k:
         raise RuntimeError(f"slotsweep: {len(records)} of {k} stamp records")
@@ -199,7 +201,9 @@ def run_slotsweep(k: int, folder: Path, result: KindResult) -> None:
         result.phases.append(_phases(start, end, following, record))
 
 
-def _phases(launch: float, exit_: float, next_launch: float, record: dict[str, Any]) -> dict[str, float]:
+def _phases(
+    launch: float, exit_: float, next_launch: float, record: dict[str, Any]
+) -> dict[str, float]:
     return {
         "torchrun start": record["process_start"] - launch,
         "rank set-up": record["train_start"] - record["process_start"],
@@ -210,9 +214,7 @@ def _phases(launch: float, exit_: float, next_launch: float, record: dict[str, A
 
 
 def _mean_phases(result: KindResult) -> dict[str, float]:
-    return {
-        name: sum(p[name] for p in result.phases) / len(result.phases) for name in PHASES
-    }
+    return {name: sum(p[name] for p in result.phases) / len(result.phases) for name in PHASES}
 
 
 def prepare(folder: Path) -> None:
@@ -262,8 +264,10 @@ def main() -> None:
 
     trials = args.k * args.rounds
     print(f"\n{trials} trials of each kind ({args.rounds} rounds of K={args.k})")
-    print(f"bare torchrun per trial:      mean {fmt(bare.mean)} s, "
-          f"min {fmt(min(bare.per_trial))} s, max {fmt(max(bare.per_trial))} s")
+    print(
+        f"bare torchrun per trial:      mean {fmt(bare.mean)} s, "
+        f"min {fmt(min(bare.per_trial))} s, max {fmt(max(bare.per_trial))} s"
+    )
     print(f"slotsweep per trial (DB span of the search / K):            {fmt(sweep.mean)} s")
     print(
         f"slotsweep per trial ((search wall - start-up before launch) / K): "
@@ -273,6 +277,11 @@ def main() -> None:
         f"slotsweep one-time costs per search: start-up before the first launch "
         f"{fmt(sum(sweep.startup) / len(sweep.startup))} s, after the last reap "
         f"{fmt(sum(sweep.shutdown) / len(sweep.shutdown))} s"
+    )
+    print(
+        f"slotsweep driver's own CPU while trials ran: "
+        f"{fmt(sum(sweep.driver_cpu) / len(sweep.driver_cpu))} CPU-s per trial "
+        "(it competes with the ranks for the cores)"
     )
     bare_phases, sweep_phases = _mean_phases(bare), _mean_phases(sweep)
     print(f"\n{'mean phase (s)':22s} {'bare':>8s} {'slotsweep':>10s} {'extra':>8s}")

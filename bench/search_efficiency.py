@@ -52,14 +52,16 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from _common import bench_env, fmt, median, slotsweep_argv, write_yaml
+from _common import bench_env, fmt, median, run_search, slotsweep_argv, write_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "digits"
 ARMS = ("random", "tpe_asha")
 
 
-def search_config(arm: str, seed: int, *, max_trials: int, epochs: int, folder: Path) -> dict[str, Any]:
+def search_config(
+    arm: str, seed: int, *, max_trials: int, epochs: int, folder: Path
+) -> dict[str, Any]:
     """The example's experiment with the benchmark's searcher settings for ``arm``."""
     example = yaml.safe_load((EXAMPLE / "experiment.yaml").read_text())
     if arm == "random":
@@ -164,9 +166,7 @@ def compute_to_target(
     return False, epochs, slot_seconds, len(outcomes), None
 
 
-def run_one(
-    arm: str, seed: int, *, args: argparse.Namespace, root: Path
-) -> SearchResult:
+def run_one(arm: str, seed: int, *, args: argparse.Namespace, root: Path) -> SearchResult:
     folder = root / f"{arm}-seed{seed}"
     folder.mkdir(parents=True)
     shutil.copy2(EXAMPLE / "model.py", folder / "model.py")
@@ -174,46 +174,49 @@ def run_one(
         folder / "experiment.yaml",
         search_config(arm, seed, max_trials=args.max_trials, epochs=args.epochs, folder=folder),
     )
-    db_url = f"sqlite:///{folder / 'search.db'}"
     env = bench_env(folder)
-    argv = [*slotsweep_argv(), "run", str(config), "--db", db_url, "--no-progress", "--slots", "2"]
-    started = time.time()
-    log = open(folder / "search.out", "wb")  # noqa: SIM115  (closed below)
-    process = subprocess.Popen(
-        argv, cwd=folder, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
-    )
     killed = False
-    try:
-        while process.poll() is None:
-            time.sleep(2.0)
-            if args.full or killed or not (folder / "search.db").exists():
-                continue
-            try:
-                reached = compute_to_target(trial_outcomes(db_url), args.target)[0]
-            except Exception:  # the schema may not exist yet
-                continue
-            if reached:
-                subprocess.run(
-                    [*slotsweep_argv(), "kill", "1", "--db", db_url],
-                    cwd=folder,
-                    env=env,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.STDOUT,
-                    check=False,
-                )
-                killed = True
-        process.wait()
-    finally:
-        if process.poll() is None:
-            process.kill()
-        log.close()
-    wall = time.time() - started
-    if process.returncode != 0:
-        output = (folder / "search.out").read_text(errors="replace")
-        raise RuntimeError(f"{' '.join(argv)} exited {process.returncode}:\n{output[-3000:]}")
+    next_check = [0.0]
+
+    def stop_when_reached(db_url: str) -> None:
+        # A finished trial reached the target: what finishes later cannot change the
+        # figure, so stop the search (the driver records the killed trials as failed).
+        nonlocal killed
+        if args.full or killed or time.time() < next_check[0]:
+            return
+        if not (folder / "search.db").exists():
+            return  # opening it here would create it under the driver's feet
+        next_check[0] = time.time() + 2.0
+        try:
+            reached = compute_to_target(trial_outcomes(db_url), args.target)[0]
+        except Exception:  # the schema is not there yet
+            return
+        if reached:
+            subprocess.run(
+                [*slotsweep_argv(), "kill", "1", "--db", db_url],
+                cwd=folder,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+                check=False,
+            )
+            killed = True
+
+    search = run_search(
+        config,
+        db_path=folder / "search.db",
+        cwd=folder,
+        env=env,
+        slots=2,
+        poll_s=0.5,
+        on_poll=stop_when_reached,
+    )
+    db_url, wall = search.db_url, search.wall_s
     outcomes = trial_outcomes(db_url)
     reached, epochs, slot_seconds, counted, hit = compute_to_target(outcomes, args.target)
-    return SearchResult(arm, seed, reached, epochs, slot_seconds, counted, len(outcomes), hit, wall)
+    return SearchResult(
+        arm, seed, reached, epochs, slot_seconds, counted, len(outcomes), hit, wall
+    )
 
 
 def main() -> None:

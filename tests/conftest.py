@@ -37,6 +37,11 @@ def in_tmp_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
 @pytest.fixture
 def cli_env(tmp_path: Path) -> dict[str, str]:
     """Environment for running the ``slotsweep`` CLI as a subprocess."""
+    return cli_environment()
+
+
+def cli_environment() -> dict[str, str]:
+    """:func:`cli_env` as a plain function, for session-scoped fixtures."""
     env = dict(os.environ)
     env.pop("SLOTSWEEP_DB", None)
     env.pop("SLOTSWEEP_CLUSTER", None)

@@ -565,8 +565,17 @@ def trial_runs(engine: Engine, trial_id: int, *, limit: int = 100) -> pd.DataFra
             )
         )
     if not frame.empty:
-        frame["agents"] = frame["agents"].map(lambda a: ", ".join(a or []))
+        frame["agents"] = frame["agents"].map(lambda a: ", ".join(map(_node_label, a or [])))
     return frame
+
+
+def _node_label(node: Any) -> str:
+    """One node of a launch: the driver records ``{"agent", "host", "slots", "pid", ...}``."""
+    if not isinstance(node, dict):
+        return str(node)  # Rows written before launches recorded their slots: a bare name.
+    slots = node.get("slots")
+    where = str(node.get("agent") or node.get("host") or "?")
+    return f"{where} slots {','.join(map(str, slots))}" if slots else where
 
 
 def timing_breakdown(engine: Engine, trial_id: int) -> pd.DataFrame:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.searcher.conftest import run_cli, write_experiment
+
+# Each test starts the CLI as a real process.
+pytestmark = pytest.mark.slow
 
 
 def _assert_usage_error(result: object, *needles: str) -> list[str]:

@@ -106,6 +106,7 @@ def _hammer(url: str, trial_id: int, worker: int, steps: int) -> None:
             trial.total_batches = step
 
 
+@pytest.mark.slow
 def test_concurrent_sqlite_writers_never_see_database_locked(db_url: str) -> None:
     trial_id = _seed_trial(db_url)
     context = multiprocessing.get_context("spawn")

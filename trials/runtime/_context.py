@@ -233,10 +233,10 @@ class TrialContext:
         rounded down when the unit is epochs and ``epoch`` is given).
         """
         means = self._average(metrics)
-        self.record_validation(steps_completed, epoch, means)
+        self._record_validation(steps_completed, epoch, means)
         return means
 
-    def record_validation(
+    def _record_validation(
         self, steps_completed: int, epoch: float | None, means: Mapping[str, float]
     ) -> None:
         """Record already averaged validation metrics (the managed loop's path)."""
@@ -287,7 +287,7 @@ class TrialContext:
             self.spec.trial_id,
         )
 
-    def write_checkpoint(
+    def _write_checkpoint(
         self,
         state: Mapping[str, Any],
         *,
@@ -343,7 +343,7 @@ class TrialContext:
                 "steps_completed": steps_completed,
                 "user_state": dict(state),
             }
-            uuid = self.write_checkpoint(
+            uuid = self._write_checkpoint(
                 payload, steps_completed=steps_completed, epoch=epoch, trial_running=True
             )
         return str(broadcast_object(uuid))

@@ -10,6 +10,16 @@ writes through its recorder's thread.
 Step counting: ``step`` is the number of batches trained (per rank, each of
 ``per_slot_batch_size`` samples, i.e. global batches), the key of every metric,
 timing and checkpoint.
+
+A checkpoint (``state.pt``, see ``_checkpoint``) holds ``step``, the position to resume
+from (``epoch_idx`` and ``batch_in_epoch``: the sampler skips that many batches of the
+epoch's shuffled shard), ``last_validation_step``, the state dicts of every wrapped
+model, optimizer and LR scheduler and of the GradScaler, and the RNG states (Python,
+NumPy, torch, CUDA) of every rank, gathered to rank 0. A restore loads it on every
+rank (so all ranks hold identical parameters and optimizer state, as after DDP's
+initial broadcast), forgets what an earlier attempt recorded past ``step``, and sets
+each rank's RNG right before the first batch: a deterministic run continues exactly
+as if it had never stopped.
 """
 
 from __future__ import annotations
@@ -181,7 +191,7 @@ class ManagedLoop:
         if self.context.is_chief:
             state = self._state()
             state["rng"] = rng_states
-            self.context.write_checkpoint(
+            self.context._write_checkpoint(
                 state,
                 steps_completed=self.step,
                 epoch=self.step / self.schedule.batches_per_epoch,
@@ -285,7 +295,7 @@ class ManagedLoop:
         packed = reduce_means(accumulator.sums(self.device), accumulator.weight)
         means, _, _ = unpack_means(accumulator.names(), packed.tolist())
         self.last_validation_step = self.step
-        ctx.record_validation(self.step, self.step / self.schedule.batches_per_epoch, means)
+        ctx._record_validation(self.step, self.step / self.schedule.batches_per_epoch, means)
         if final:
             return False
         return ctx.should_prune()

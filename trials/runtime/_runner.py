@@ -13,6 +13,7 @@ checkpoint and neither.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Any
 
@@ -26,6 +27,7 @@ from trials.runtime._distributed import (
     init_process_group,
     select_device,
 )
+from trials.runtime._loop import ManagedLoop
 from trials.runtime._recorder import ChiefRecorder
 from trials.runtime._trial import PyTorchTrial
 
@@ -61,9 +63,7 @@ def load_entrypoint(spec: RuntimeSpec) -> Any:
     return target
 
 
-def _start_system_metrics(spec: RuntimeSpec, info: DistributedInfo) -> Any:
-    import os
-
+def _start_system_metrics(spec: RuntimeSpec) -> Any:
     from trials._system_metrics import SystemMetricsSampler
 
     sampler = SystemMetricsSampler(
@@ -88,21 +88,17 @@ def run_trial(spec: RuntimeSpec, info: DistributedInfo | None = None) -> str:
     system_metrics = None
     try:
         if spec.profiling.enabled and info.is_local_chief:
-            system_metrics = _start_system_metrics(spec, info)
+            system_metrics = _start_system_metrics(spec)
         target = load_entrypoint(spec)
         context = PyTorchTrialContext(spec, info, device, recorder)
         _seed_everything(context.seed + info.rank)
         if isinstance(target, type) and issubclass(target, PyTorchTrial):
-            from trials.runtime._loop import ManagedLoop
-
             outcome: str = ManagedLoop(target, context).run()
-            total = context.steps_reported
         else:
             target(context)
             outcome = "pruned" if context.pruned else "finished"
-            total = context.steps_reported
         if recorder is not None and outcome == "finished":
-            recorder.finished(total)
+            recorder.finished(context.steps_reported)
         elif recorder is not None:
             recorder.flush()
         return outcome

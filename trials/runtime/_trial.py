@@ -33,7 +33,8 @@ class PyTorchTrial(abc.ABC):
 
     Training metrics are averaged over the batches since the last report and recorded
     at least every ``scheduling_unit`` batches, at every epoch end, validation and
-    checkpoint.
+    checkpoint. Return the same metric names on every rank: they travel in one
+    all-reduce.
 
     Example:
         >>> class DigitsTrial(PyTorchTrial):  # see examples/digits/model.py
