@@ -9,8 +9,10 @@ restored with ``torch.load(weights_only=True)``, phases are timed and host metri
 sampled with psutil. It records every outcome the UI must show: completed, pruned,
 failed after restarts, restarted from a checkpoint, still running with slots held, a
 checkpoint deleted by retention and one missing from disk, plus a multi-objective
-(cost-aware) experiment. The ``slotsweep run`` driver can replace it once a tiny
-example config exists; the UI reads the same tables either way.
+(cost-aware) experiment. The UI's slow tests look at a real ``slotsweep run`` instead
+(``tests/ui/_real_search.py``); this seed stands in for the states such a small run
+cannot produce reliably, and keeps the quick tests and ``python -m ui._demo_data``
+fast. Its rows have the shapes the driver and the runtime write.
 
 :func:`seed_huge_experiment` bulk-inserts an experiment of 1,000 trials and 200,000
 metric rows for the render benchmark and the huge-state test.
@@ -417,13 +419,19 @@ def _new_trial_row(
     return trial_id, log_path
 
 
+def _node(slots: list[int], agent: str = AGENT) -> dict[str, Any]:
+    # One node of a launch as the driver records it in ``TrialRun.agents`` (it adds the
+    # torchrun pid and spec path, which only the driver's own recovery reads).
+    return {"agent": agent, "host": "127.0.0.1", "slots": slots}
+
+
 def _start_run(url: str, trial_id: int, attempt: int, restore: tuple[str, int] | None) -> int:
     with session_scope(url) as session:
         checkpoint_uuid = Path(restore[0]).stem if restore else None
         run = TrialRun(
             trial_id=trial_id,
             attempt=attempt,
-            agents=[AGENT],
+            agents=[_node(list(range(SLOTS_PER_TRIAL)))],
             restored_from_checkpoint=checkpoint_uuid,
             restored_from_step=restore[1] if restore else None,
         )
@@ -888,7 +896,7 @@ def seed_huge_experiment(
                     "started_at": began,
                     "ended_at": ended,
                     "exit_code": 0 if ended else None,
-                    "agents": [f"node-{number % 8}"],
+                    "agents": [_node([0, 1], agent=f"node-{number % 8}")],
                     "restored_from_checkpoint": None,
                     "restored_from_step": None,
                     "reason": None,

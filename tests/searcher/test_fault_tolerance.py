@@ -309,8 +309,13 @@ def test_pause_and_kill_from_another_terminal(tmp_path: Path, cli_env: dict[str,
         data={"batch_delay_s": 0.08},
     )
     db = f"sqlite:///{tmp_path / 'sweep.db'}"
-    driver = _start(["run", str(path), "--db", db], cli_env, tmp_path)
+    driver = _start(["run", str(path), "--db", db, "--slots", "3"], cli_env, tmp_path)
     _wait_for(lambda: bool(_open_runs(db)), what="a running trial")
+    tasks = run_cli(["task", "list", "--db", db, "--slots", "3"], cli_env, tmp_path)
+    assert tasks.returncode == 0, tasks.stderr
+    slot_rows = [line for line in tasks.stdout.splitlines() if " default " in f" {line} "]
+    held = [line for line in slot_rows if line.split("│")[-2].strip() == "1"]
+    assert len(slot_rows) == 3 and len(held) == 2, tasks.stdout
     paused = run_cli(["pause", "digits-large-batch", "--db", db], cli_env, tmp_path)
     assert paused.returncode == 0, paused.stderr
     _, err = driver.communicate(timeout=300)

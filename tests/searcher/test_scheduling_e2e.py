@@ -8,11 +8,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import optuna
 import pytest
 import yaml
 from sqlalchemy import select
 
-from storage import Metric, MetricKind, Trial, TrialRun, TrialState, session_scope
+from storage import (
+    Experiment,
+    Metric,
+    MetricKind,
+    Trial,
+    TrialRun,
+    TrialState,
+    session_scope,
+)
 from tests.searcher.conftest import run_cli, write_experiment
 
 pytestmark = pytest.mark.slow
@@ -42,6 +51,8 @@ def test_two_agent_trial_trains_with_world_size_four(
         resources={"slots_per_trial": 4},
         searcher={"max_trials": 1, "pruner": {"name": "none"}, "max_length": {"epochs": 1}},
     )
+    agents = run_cli(["agents", "--cluster", str(cluster)], cli_env, tmp_path)
+    assert agents.returncode == 0 and "agent-a" in agents.stdout and "agent-b" in agents.stdout
     db = f"sqlite:///{tmp_path / 'sweep.db'}"
     result = run_cli(
         ["run", str(path), "--db", db, "--cluster", str(cluster), "--no-progress"],
@@ -110,3 +121,42 @@ def test_two_drivers_racing_on_one_database_never_share_a_slot(
     intervals = sorted((start, end) for start, end in runs)
     for (_, end), (next_start, _) in itertools.pairwise(intervals):
         assert end is not None and end <= next_start, intervals
+
+
+def test_cost_aware_search_over_slots_per_trial_gives_a_pareto_front(
+    tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    path = write_experiment(
+        tmp_path / "exp",
+        searcher={
+            "name": "nsga2",
+            "objectives": [{"name": "slot_seconds"}],
+            "pruner": {"name": "none"},
+            "max_trials": 3,
+            "max_concurrent_trials": 2,
+            "max_length": {"epochs": 1},
+        },
+    )
+    config = yaml.safe_load(path.read_text())
+    config["hyperparameters"]["slots_per_trial"] = {"type": "categorical", "vals": [1, 2]}
+    path.write_text(yaml.safe_dump(config))
+    db = f"sqlite:///{tmp_path / 'sweep.db'}"
+    result = run_cli(
+        ["run", str(path), "--db", db, "--slots", "2", "--no-progress"], cli_env, tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    with session_scope(db) as session:
+        trials = list(session.scalars(select(Trial).order_by(Trial.id)))
+        assert [t.state for t in trials] == [TrialState.COMPLETED] * 3, [t.error for t in trials]
+        for trial in trials:
+            assert trial.slots_per_trial == trial.hparams["slots_per_trial"]
+            run = session.scalars(select(TrialRun).where(TrialRun.trial_id == trial.id)).one()
+            assert sum(len(node["slots"]) for node in run.agents) == trial.slots_per_trial
+        study_name = session.scalars(select(Experiment.study_name)).one()
+    study = optuna.load_study(study_name=study_name, storage=db)
+    assert len(study.directions) == 2
+    assert all(len(t.values) == 2 and t.values[1] > 0 for t in study.trials)
+    by_number = {t.optuna_trial_number: t for t in trials}
+    for frozen in study.trials:
+        assert frozen.values[1] == pytest.approx(by_number[frozen.number].slot_seconds)
+    assert study.best_trials, "no Pareto front"

@@ -1,51 +1,119 @@
-"""Fixtures for the UI tests: seeded databases and a helper that renders one page.
+"""Fixtures for the UI tests: the databases the pages are rendered against.
 
-``small_search`` is THE fixture to switch to a real ``slotsweep run`` once the driver
-and a tiny example config exist: today it is seeded by
-:func:`ui._demo_data.seed_small_search`, a genuine in-process search (real Optuna
-study, real torch training, checkpoints written by ``torch.save``) that records every
-state the pages must show. A run of the driver must yield the same kinds of rows
-(completed, pruned, failed, restarted and running trials, a deleted and a missing
-checkpoint, a multi-objective experiment) for the page tests to keep their meaning.
+Two kinds, kept apart (separate database files, separate experiments):
+
+- ``real_search`` (slow, ~1 minute, once per session): a real ``slotsweep run`` of
+  the digits example as a subprocess (see :mod:`tests.ui._real_search`). Every page
+  has slow tests against it, asserting on what the driver and the runtime recorded.
+- ``synthetic_search`` (about a second): :func:`ui._demo_data.seed_small_search`, an
+  in-process stand-in written table by table. It holds the states a small real search
+  cannot produce reliably (a trial restarted from a checkpoint, one that failed after
+  its restarts, slots held by a running trial, a multi-objective study) and keeps the
+  quick subset (``-m 'not slow'``) quick. ``huge_db`` (1,000 trials, 200,000 metric
+  rows) is synthetic as well.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 import streamlit as st
 
+from storage import get_engine
 from tests.ui._pages import PageRenderer
+from tests.ui._real_search import RealSearch, run_real_search
 from ui._demo_data import DemoSearch, seed_huge_experiment, seed_small_search, write_cluster_file
 
 
+def copy_database(url: str, target: Path) -> str:
+    """A consistent copy of the SQLite database at ``url`` (online backup); its URL."""
+    source = url.removeprefix("sqlite:///")
+    with contextlib.closing(sqlite3.connect(source)) as src:
+        with contextlib.closing(sqlite3.connect(target)) as dst:
+            src.backup(dst)
+    return f"sqlite:///{target}"
+
+
+# --- The real search ----------------------------------------------------------------------
+
+
 @pytest.fixture(scope="session")
-def small_search(tmp_path_factory: pytest.TempPathFactory) -> DemoSearch:
-    """A database holding a small real search (see the module docstring). Read-only use."""
+def real_search(tmp_path_factory: pytest.TempPathFactory) -> RealSearch:
+    """A real small search run through ``slotsweep run`` (see :mod:`tests.ui._real_search`).
+
+    Read-only use: ``url`` is the finished search, ``running_url`` a copy taken while
+    ``running_trial_id`` held its slots with nothing recorded yet.
+    """
+    return run_real_search(tmp_path_factory.mktemp("real_search"))
+
+
+@pytest.fixture
+def writable_running_search(real_search: RealSearch, tmp_path: Path) -> RealSearch:
+    """A private copy of the real search caught mid-run, for tests that write."""
+    url = copy_database(real_search.running_url, tmp_path / "running-copy.db")
+    return RealSearch(**{**real_search.__dict__, "running_url": url})
+
+
+@pytest.fixture
+def missing_checkpoint(real_search: RealSearch) -> Iterator[tuple[int, str]]:
+    """``(trial id, path)`` of a kept checkpoint of the real search whose files are gone.
+
+    The newest kept checkpoint of the first trial is moved aside for one test, as if
+    someone had deleted it by hand, and put back afterwards.
+    """
+    with get_engine(real_search.url).connect() as conn:
+        trial_id, path = conn.execute(
+            sa.text(
+                "SELECT c.trial_id, c.path FROM slotsweep_checkpoints AS c"
+                " JOIN slotsweep_trials AS t ON t.id = c.trial_id"
+                " WHERE t.experiment_id = :e AND c.state = 'COMPLETED'"
+                " ORDER BY t.optuna_trial_number, c.step DESC LIMIT 1"
+            ),
+            {"e": real_search.experiment_id},
+        ).one()
+    aside = f"{path}.aside"
+    os.replace(path, aside)
+    try:
+        yield int(trial_id), str(path)
+    finally:
+        os.replace(aside, path)
+
+
+# --- The synthetic stand-in ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def synthetic_search(tmp_path_factory: pytest.TempPathFactory) -> DemoSearch:
+    """SYNTHETIC: :func:`ui._demo_data.seed_small_search` (see the module docstring).
+
+    Experiments ``regression-demo`` (TPE + median pruner: completed, pruned, restarted,
+    failed after restarts, running with slots held, a deleted and a missing checkpoint)
+    and ``regression-cost`` (multi-objective). Read-only use.
+    """
     from storage import upgrade_schema
 
-    root = tmp_path_factory.mktemp("small_search")
+    root = tmp_path_factory.mktemp("synthetic_search")
     url = f"sqlite:///{root / 'slotsweep.db'}"
     upgrade_schema(url)
     return seed_small_search(url, root)
 
 
 @pytest.fixture
-def writable_search(small_search: DemoSearch, tmp_path: Path) -> DemoSearch:
-    """A private copy of ``small_search`` for tests that write (pause/kill)."""
-    source = small_search.url.removeprefix("sqlite:///")
-    target = tmp_path / "copy.db"
-    with sqlite3.connect(source) as src, sqlite3.connect(target) as dst:
-        src.backup(dst)
-    return DemoSearch(**{**small_search.__dict__, "url": f"sqlite:///{target}"})
+def writable_synthetic(synthetic_search: DemoSearch, tmp_path: Path) -> DemoSearch:
+    """SYNTHETIC: a private copy of ``synthetic_search`` for tests that write (pause/kill)."""
+    url = copy_database(synthetic_search.url, tmp_path / "copy.db")
+    return DemoSearch(**{**synthetic_search.__dict__, "url": url})
 
 
 @pytest.fixture(scope="session")
 def huge_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, int]:
-    """A database with one experiment of 1,000 trials and 200,000 metric rows."""
+    """SYNTHETIC: one experiment of 1,000 trials and 200,000 metric rows (bulk inserts)."""
     from storage import upgrade_schema
 
     root = tmp_path_factory.mktemp("huge")
@@ -56,8 +124,11 @@ def huge_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, int]:
 
 @pytest.fixture(scope="session")
 def cluster_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A cluster file declaring the agents the seeded data uses."""
+    """A cluster file declaring the agents the synthetic data uses."""
     return write_cluster_file(tmp_path_factory.mktemp("cluster") / "cluster.yaml")
+
+
+# --- Rendering ----------------------------------------------------------------------------
 
 
 @pytest.fixture(autouse=True)
@@ -70,6 +141,10 @@ def _fresh_streamlit_caches() -> Iterator[None]:
 
 @pytest.fixture
 def render(monkeypatch: pytest.MonkeyPatch, cluster_file: Path) -> PageRenderer:
-    """``render("trial", url, trial=3)``: the page after one full run, ready to inspect."""
+    """``render("trial", url, trial=3)``: the page after one full run, ready to inspect.
+
+    The Cluster page reads ``$SLOTSWEEP_CLUSTER``: the synthetic layout here; tests of
+    the real search set it to the file their search ran with.
+    """
     monkeypatch.setenv("SLOTSWEEP_CLUSTER", str(cluster_file))
     return PageRenderer(monkeypatch)

@@ -18,7 +18,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_pages_render_while_another_process_writes(
-    render: PageRenderer, writable_search: DemoSearch, tmp_path: Path
+    render: PageRenderer, writable_synthetic: DemoSearch, tmp_path: Path
 ) -> None:
     stop, progress = tmp_path / "stop", tmp_path / "progress"
     writer = subprocess.Popen(
@@ -26,9 +26,9 @@ def test_pages_render_while_another_process_writes(
             sys.executable,
             "-m",
             "tests.ui._writer",
-            writable_search.url,
-            str(writable_search.running_trial_id),
-            writable_search.study_name,
+            writable_synthetic.url,
+            str(writable_synthetic.running_trial_id),
+            writable_synthetic.study_name,
             str(stop),
             str(progress),
         ],
@@ -43,19 +43,19 @@ def test_pages_render_while_another_process_writes(
             time.sleep(0.05)
         assert progress.exists(), "the writer never completed a write"
         started = int(progress.read_text())
-        url = writable_search.url
+        url = writable_synthetic.url
         pages: tuple[tuple[str, dict[str, Any]], ...] = (
             ("experiments", {}),
-            ("experiment", {"experiment": writable_search.experiment_id}),
-            ("trial", {"trial": writable_search.running_trial_id}),
-            ("trial", {"trial": writable_search.completed_trial_id}),
+            ("experiment", {"experiment": writable_synthetic.experiment_id}),
+            ("trial", {"trial": writable_synthetic.running_trial_id}),
+            ("trial", {"trial": writable_synthetic.completed_trial_id}),
             ("cluster", {}),
         )
         for _ in range(2):
             for page, query in pages:
                 assert_no_exception(render(page, url, **query))
-            app = render("experiment", url, experiment=writable_search.experiment_id)
-            control = app.segmented_control(key=f"plot_kind_{writable_search.experiment_id}")
+            app = render("experiment", url, experiment=writable_synthetic.experiment_id)
+            control = app.segmented_control(key=f"plot_kind_{writable_synthetic.experiment_id}")
             for kind in control.options:
                 control.set_value(kind).run()
                 assert_no_exception(app)

@@ -29,18 +29,18 @@ def test_tail_reads_only_the_end_and_filters_ranks(tmp_path: Path) -> None:
     assert _logs.parse_rank("rank 1 x") is None
 
 
-def test_checkpoint_download_round_trips_through_torch_load(small_search: DemoSearch) -> None:
+def test_checkpoint_download_round_trips_through_torch_load(synthetic_search: DemoSearch) -> None:
     import torch
 
-    path = small_search.downloadable_checkpoint_path
+    path = synthetic_search.downloadable_checkpoint_path
     assert _checkpoints.checkpoint_problem(path, "COMPLETED") is None
     state = torch.load(io.BytesIO(_checkpoints.checkpoint_bytes(path)), weights_only=True)
     assert set(state) >= {"model", "optimizer", "lr_scheduler", "step"}
     assert _checkpoints.download_name(path) == Path(path).name
 
 
-def test_checkpoint_problems_are_named(small_search: DemoSearch, tmp_path: Path) -> None:
-    missing = small_search.missing_checkpoint_path
+def test_checkpoint_problems_are_named(synthetic_search: DemoSearch, tmp_path: Path) -> None:
+    missing = synthetic_search.missing_checkpoint_path
     assert _checkpoints.checkpoint_problem(missing, "COMPLETED") == (
         f"The checkpoint file is missing on disk: {missing}"
     )
@@ -85,7 +85,7 @@ def test_bad_cluster_file_is_reported(tmp_path: Path, monkeypatch: pytest.Monkey
     assert why_not is not None and why_not.startswith("Could not load the cluster layout")
 
 
-def test_plot_guards_say_why(small_search: DemoSearch) -> None:
+def test_plot_guards_say_why(synthetic_search: DemoSearch) -> None:
     import optuna
 
     empty = optuna.create_study()
@@ -94,7 +94,7 @@ def test_plot_guards_say_why(small_search: DemoSearch) -> None:
         assert figure is None and reason
     figure, reason = _plots.make_plot(empty, _plots.PARETO, ["val_loss"])
     assert figure is None and reason == "The Pareto front needs a multi-objective study."
-    study = _plots.snapshot_study(small_search.url, small_search.study_name)
+    study = _plots.snapshot_study(synthetic_search.url, synthetic_search.study_name)
     assert _plots.objective_names(study, "ignored") == ["val_loss"]
     for kind in _plots.available_plots(1):
         figure, reason = _plots.make_plot(study, kind, ["val_loss"])
@@ -135,15 +135,15 @@ def test_app_reads_the_database_from_its_argv(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_actions_refuse_finished_experiments_and_unknown_actions(
-    writable_search: DemoSearch,
+    writable_synthetic: DemoSearch,
 ) -> None:
     from ui import _actions
 
-    url = writable_search.url
-    finished = writable_search.multi_objective_experiment_id
+    url = writable_synthetic.url
+    finished = writable_synthetic.multi_objective_experiment_id
     assert _actions.request_action(url, finished, "kill") == (
         f"Experiment {finished} is already COMPLETED; nothing to do."
     )
     assert _actions.request_action(url, 9999, "pause") == "Experiment 9999 does not exist."
     with pytest.raises(ValueError, match="action: must be one of pause, kill"):
-        _actions.request_action(url, writable_search.experiment_id, "delete")
+        _actions.request_action(url, writable_synthetic.experiment_id, "delete")

@@ -29,9 +29,9 @@ def _trial_row(url: str, trial_id: int) -> sa.Row[object]:
 
 
 def test_experiments_lists_every_experiment_with_progress(
-    render: PageRenderer, small_search: DemoSearch
+    render: PageRenderer, synthetic_search: DemoSearch
 ) -> None:
-    app = render("experiments", small_search.url)
+    app = render("experiments", synthetic_search.url)
     assert_no_exception(app)
     assert app.title[0].value == "Experiments"
     table = app.dataframe[0].value.set_index("name")
@@ -40,13 +40,13 @@ def test_experiments_lists_every_experiment_with_progress(
     assert demo["done"] == "7/8"
     assert (demo["running"], demo["failed"], demo["slots_in_use"]) == (1, 1, 2)
     assert demo["state"] == "ACTIVE"
-    with get_engine(small_search.url).connect() as conn:
+    with get_engine(synthetic_search.url).connect() as conn:
         best = conn.execute(
             sa.text(
                 "SELECT MIN(searcher_metric_value) FROM slotsweep_trials"
                 " WHERE experiment_id = :e AND state = 'COMPLETED'"
             ),
-            {"e": small_search.experiment_id},
+            {"e": synthetic_search.experiment_id},
         ).scalar_one()
     assert demo["best"] == pytest.approx(best)
     assert table.loc["regression-cost", "state"] == "COMPLETED"
@@ -54,9 +54,9 @@ def test_experiments_lists_every_experiment_with_progress(
 
 
 def test_experiments_filters_by_state_and_name(
-    render: PageRenderer, small_search: DemoSearch
+    render: PageRenderer, synthetic_search: DemoSearch
 ) -> None:
-    app = render("experiments", small_search.url)
+    app = render("experiments", synthetic_search.url)
     app.multiselect(key="experiments_states").set_value(["COMPLETED"]).run()
     assert list(app.dataframe[0].value["name"]) == ["regression-cost"]
     app.multiselect(key="experiments_states").set_value([]).run()
@@ -108,11 +108,11 @@ def test_unreachable_database_never_shows_the_password(render: PageRenderer) -> 
 
 
 def test_experiment_header_best_trials_and_history(
-    render: PageRenderer, small_search: DemoSearch
+    render: PageRenderer, synthetic_search: DemoSearch
 ) -> None:
-    app = render("experiment", small_search.url, experiment=small_search.experiment_id)
+    app = render("experiment", synthetic_search.url, experiment=synthetic_search.experiment_id)
     assert_no_exception(app)
-    assert app.subheader[0].value == f"regression-demo (#{small_search.experiment_id})"
+    assert app.subheader[0].value == f"regression-demo (#{synthetic_search.experiment_id})"
     metrics = {m.label: m.value for m in app.metric}
     assert metrics["Trials done"] == "7/8"
     assert metrics["Running"] == "1"
@@ -134,24 +134,24 @@ def test_experiment_header_best_trials_and_history(
     ],
 )
 def test_experiment_optuna_plots(
-    render: PageRenderer, small_search: DemoSearch, kind: str, title: str
+    render: PageRenderer, synthetic_search: DemoSearch, kind: str, title: str
 ) -> None:
-    app = render("experiment", small_search.url, experiment=small_search.experiment_id)
-    app.segmented_control(key=f"plot_kind_{small_search.experiment_id}").set_value(kind).run()
+    app = render("experiment", synthetic_search.url, experiment=synthetic_search.experiment_id)
+    app.segmented_control(key=f"plot_kind_{synthetic_search.experiment_id}").set_value(kind).run()
     assert_no_exception(app)
     (figure,) = _charts(app, "plotly_chart")
     assert title in json.dumps(figure["layout"])
 
 
 def test_multi_objective_experiment_shows_the_pareto_front(
-    render: PageRenderer, small_search: DemoSearch
+    render: PageRenderer, synthetic_search: DemoSearch
 ) -> None:
     import optuna
 
     from storage import optuna_storage
 
-    experiment = small_search.multi_objective_experiment_id
-    app = render("experiment", small_search.url, experiment=experiment)
+    experiment = synthetic_search.multi_objective_experiment_id
+    app = render("experiment", synthetic_search.url, experiment=experiment)
     assert_no_exception(app)
     control = app.segmented_control(key=f"plot_kind_{experiment}")
     assert control.value == "Pareto front"  # the natural first plot of a multi-objective study
@@ -160,12 +160,12 @@ def test_multi_objective_experiment_shows_the_pareto_front(
     assert "Pareto-front Plot" in layout
     assert "slot_seconds" in layout and "val_loss" in layout
     # The best trials are Optuna's Pareto-optimal ones.
-    with get_engine(small_search.url).connect() as conn:
+    with get_engine(synthetic_search.url).connect() as conn:
         study_name = conn.execute(
             sa.text("SELECT study_name FROM slotsweep_experiments WHERE id = :e"),
             {"e": experiment},
         ).scalar_one()
-    study = optuna.load_study(study_name=study_name, storage=optuna_storage(small_search.url))
+    study = optuna.load_study(study_name=study_name, storage=optuna_storage(synthetic_search.url))
     assert "Best trials (Pareto front)" in texts(app)
     assert sorted(app.dataframe[0].value["number"]) == sorted(t.number for t in study.best_trials)
     control.set_value("Optimization history").run()
@@ -174,10 +174,10 @@ def test_multi_objective_experiment_shows_the_pareto_front(
 
 
 def test_trials_table_sorts_and_filters_in_sql(
-    render: PageRenderer, small_search: DemoSearch
+    render: PageRenderer, synthetic_search: DemoSearch
 ) -> None:
-    experiment = small_search.experiment_id
-    app = render("experiment", small_search.url, experiment=experiment)
+    experiment = synthetic_search.experiment_id
+    app = render("experiment", synthetic_search.url, experiment=experiment)
     table = app.dataframe[1].value
     assert list(table["number"]) == list(range(8))
     app.selectbox(key=f"trial_sort_{experiment}").set_value("metric").run()
@@ -190,31 +190,31 @@ def test_trials_table_sorts_and_filters_in_sql(
     assert set(app.dataframe[1].value["state"]) == {"PRUNED", "ERROR"}
 
 
-def test_experiment_links_to_trials(render: PageRenderer, small_search: DemoSearch) -> None:
-    app = render("experiment", small_search.url, experiment=small_search.experiment_id)
-    app.number_input(key=f"open_trial_{small_search.experiment_id}").set_value(3).run()
+def test_experiment_links_to_trials(render: PageRenderer, synthetic_search: DemoSearch) -> None:
+    app = render("experiment", synthetic_search.url, experiment=synthetic_search.experiment_id)
+    app.number_input(key=f"open_trial_{synthetic_search.experiment_id}").set_value(3).run()
     link = app.get("page_link")[0]
     assert link.proto.label == "Open trial #3"
-    assert f"trial={small_search.restarted_trial_id}" in link.proto.query_string
+    assert f"trial={synthetic_search.restarted_trial_id}" in link.proto.query_string
     table = app.dataframe[1].value
     assert (
         table.loc[table["number"] == 3, "open"].item()
-        == f"trial?trial={small_search.restarted_trial_id}"
+        == f"trial?trial={synthetic_search.restarted_trial_id}"
     )
 
 
 def test_parameter_importances_need_two_completed_trials(
-    render: PageRenderer, writable_search: DemoSearch
+    render: PageRenderer, writable_synthetic: DemoSearch
 ) -> None:
     import optuna
 
     from storage import Experiment, ExperimentState, optuna_storage, session_scope
 
     study = optuna.create_study(
-        study_name="one-trial", storage=optuna_storage(writable_search.url)
+        study_name="one-trial", storage=optuna_storage(writable_synthetic.url)
     )
     study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
-    with session_scope(writable_search.url) as session:
+    with session_scope(writable_synthetic.url) as session:
         experiment = Experiment(
             name="one-trial",
             study_name="one-trial",
@@ -226,7 +226,7 @@ def test_parameter_importances_need_two_completed_trials(
         session.add(experiment)
         session.flush()
         experiment_id = experiment.id
-    app = render("experiment", writable_search.url, experiment=experiment_id)
+    app = render("experiment", writable_synthetic.url, experiment=experiment_id)
     app.segmented_control(key=f"plot_kind_{experiment_id}").set_value(
         "Parameter importances"
     ).run()
@@ -238,22 +238,22 @@ def test_parameter_importances_need_two_completed_trials(
 
 
 def test_unknown_experiment_falls_back_to_the_newest(
-    render: PageRenderer, small_search: DemoSearch
+    render: PageRenderer, synthetic_search: DemoSearch
 ) -> None:
-    app = render("experiment", small_search.url, experiment=9999)
+    app = render("experiment", synthetic_search.url, experiment=9999)
     assert_no_exception(app)
     assert "Experiment 9999 does not exist" in texts(app)
     assert app.subheader[0].value.startswith("regression-cost")
 
 
 def test_pause_requires_confirmation_then_records_the_request(
-    render: PageRenderer, writable_search: DemoSearch
+    render: PageRenderer, writable_synthetic: DemoSearch
 ) -> None:
-    experiment = writable_search.experiment_id
-    app = render("experiment", writable_search.url, experiment=experiment)
+    experiment = writable_synthetic.experiment_id
+    app = render("experiment", writable_synthetic.url, experiment=experiment)
     button = app.button[0]
     assert button.label == "Send request" and button.disabled
-    with get_engine(writable_search.url).connect() as conn:
+    with get_engine(writable_synthetic.url).connect() as conn:
         assert (
             conn.execute(
                 sa.text("SELECT requested_action FROM slotsweep_experiments WHERE id = :e"),
@@ -266,7 +266,7 @@ def test_pause_requires_confirmation_then_records_the_request(
     app.button[0].click().run()
     assert_no_exception(app)
     assert "Requested pause of experiment" in texts(app)
-    with get_engine(writable_search.url).connect() as conn:
+    with get_engine(writable_synthetic.url).connect() as conn:
         action = conn.execute(
             sa.text("SELECT requested_action FROM slotsweep_experiments WHERE id = :e"),
             {"e": experiment},
@@ -278,10 +278,10 @@ def test_pause_requires_confirmation_then_records_the_request(
 
 
 def test_finished_experiment_offers_no_actions(
-    render: PageRenderer, small_search: DemoSearch
+    render: PageRenderer, synthetic_search: DemoSearch
 ) -> None:
     app = render(
-        "experiment", small_search.url, experiment=small_search.multi_objective_experiment_id
+        "experiment", synthetic_search.url, experiment=synthetic_search.multi_objective_experiment_id
     )
     assert not app.button
 
@@ -290,12 +290,12 @@ def test_finished_experiment_offers_no_actions(
 
 
 def test_completed_trial_shows_everything_it_recorded(
-    render: PageRenderer, small_search: DemoSearch
+    render: PageRenderer, synthetic_search: DemoSearch
 ) -> None:
-    trial_id = small_search.completed_trial_id
-    app = render("trial", small_search.url, trial=trial_id)
+    trial_id = synthetic_search.completed_trial_id
+    app = render("trial", synthetic_search.url, trial=trial_id)
     assert_no_exception(app)
-    row = _trial_row(small_search.url, trial_id)
+    row = _trial_row(synthetic_search.url, trial_id)
     shown = texts(app)
     assert app.subheader[0].value == f"Trial #{row.optuna_trial_number} of regression-demo"
     metrics = {m.label: m.value for m in app.metric}
@@ -331,18 +331,18 @@ def test_completed_trial_shows_everything_it_recorded(
     assert set(app.dataframe[4].value["name"]) == {"cpu_util_percent", "memory_used_percent"}
 
 
-def test_step_axis_switches_to_epochs(render: PageRenderer, small_search: DemoSearch) -> None:
-    trial_id = small_search.completed_trial_id
-    app = render("trial", small_search.url, trial=trial_id)
+def test_step_axis_switches_to_epochs(render: PageRenderer, synthetic_search: DemoSearch) -> None:
+    trial_id = synthetic_search.completed_trial_id
+    app = render("trial", synthetic_search.url, trial=trial_id)
     app.radio(key=f"metric_axis_{trial_id}").set_value("epochs").run()
     assert_no_exception(app)
     spec = json.dumps(_charts(app, "vega_lite_chart")[0])
     assert '"epoch"' in spec
 
 
-def test_log_tail_filters_by_rank(render: PageRenderer, small_search: DemoSearch) -> None:
-    trial_id = small_search.completed_trial_id
-    app = render("trial", small_search.url, trial=trial_id)
+def test_log_tail_filters_by_rank(render: PageRenderer, synthetic_search: DemoSearch) -> None:
+    trial_id = synthetic_search.completed_trial_id
+    app = render("trial", synthetic_search.url, trial=trial_id)
     rank_box = app.selectbox(key=f"log_rank_{trial_id}")
     assert rank_box.options == ["all ranks", "rank 0", "rank 1"]
     rank_box.set_value(1).run()
@@ -351,9 +351,9 @@ def test_log_tail_filters_by_rank(render: PageRenderer, small_search: DemoSearch
 
 
 def test_trial_without_metrics_says_what_is_missing(
-    render: PageRenderer, small_search: DemoSearch
+    render: PageRenderer, synthetic_search: DemoSearch
 ) -> None:
-    app = render("trial", small_search.url, trial=small_search.running_trial_id)
+    app = render("trial", synthetic_search.url, trial=synthetic_search.running_trial_id)
     assert_no_exception(app)
     shown = texts(app)
     assert "No metrics recorded for this trial yet." in shown
@@ -365,14 +365,14 @@ def test_trial_without_metrics_says_what_is_missing(
 
 
 def test_missing_checkpoint_file_is_reported_not_raised(
-    render: PageRenderer, small_search: DemoSearch
+    render: PageRenderer, synthetic_search: DemoSearch
 ) -> None:
-    trial_id = small_search.missing_checkpoint_trial_id
-    app = render("trial", small_search.url, trial=trial_id)
+    trial_id = synthetic_search.missing_checkpoint_trial_id
+    app = render("trial", synthetic_search.url, trial=trial_id)
     assert_no_exception(app)
     # The newest checkpoint (selected first) is the one removed from disk.
     assert (
-        f"The checkpoint file is missing on disk: {small_search.missing_checkpoint_path}"
+        f"The checkpoint file is missing on disk: {synthetic_search.missing_checkpoint_path}"
         in texts(app)
     )
     assert not app.download_button
@@ -384,8 +384,8 @@ def test_missing_checkpoint_file_is_reported_not_raised(
     assert app.download_button[0].label == f"Download checkpoint at step {table['step'].iloc[1]}"
 
 
-def test_restarted_trial_lists_each_launch(render: PageRenderer, small_search: DemoSearch) -> None:
-    app = render("trial", small_search.url, trial=small_search.restarted_trial_id)
+def test_restarted_trial_lists_each_launch(render: PageRenderer, synthetic_search: DemoSearch) -> None:
+    app = render("trial", synthetic_search.url, trial=synthetic_search.restarted_trial_id)
     assert_no_exception(app)
     assert "Restarted 1 time(s); each row is one launch." in texts(app)
     runs = app.dataframe[2].value
@@ -394,26 +394,26 @@ def test_restarted_trial_lists_each_launch(render: PageRenderer, small_search: D
     assert runs["restored_from_step"].iloc[1] > 0
 
 
-def test_failed_trial_shows_its_error(render: PageRenderer, small_search: DemoSearch) -> None:
-    app = render("trial", small_search.url, trial=small_search.failed_trial_id)
+def test_failed_trial_shows_its_error(render: PageRenderer, synthetic_search: DemoSearch) -> None:
+    app = render("trial", synthetic_search.url, trial=synthetic_search.failed_trial_id)
     assert_no_exception(app)
     assert "max_restarts (1) exhausted" in app.error[0].value
 
 
 def test_trial_picker_moves_to_another_trial(
-    render: PageRenderer, small_search: DemoSearch
+    render: PageRenderer, synthetic_search: DemoSearch
 ) -> None:
-    app = render("trial", small_search.url, trial=small_search.completed_trial_id)
+    app = render("trial", synthetic_search.url, trial=synthetic_search.completed_trial_id)
     app.number_input[0].set_value(3).run()
     assert_no_exception(app)
-    assert app.query_params["trial"] == str(small_search.restarted_trial_id)
+    assert app.query_params["trial"] == str(synthetic_search.restarted_trial_id)
     assert app.subheader[0].value == "Trial #3 of regression-demo"
 
 
 def test_trial_page_without_a_trial_shows_the_newest(
-    render: PageRenderer, small_search: DemoSearch
+    render: PageRenderer, synthetic_search: DemoSearch
 ) -> None:
-    app = render("trial", small_search.url)
+    app = render("trial", synthetic_search.url)
     assert_no_exception(app)
     assert app.subheader[0].value.endswith("of regression-cost")
 
@@ -422,9 +422,9 @@ def test_trial_page_without_a_trial_shows_the_newest(
 
 
 def test_cluster_lists_every_slot_and_its_holder(
-    render: PageRenderer, small_search: DemoSearch
+    render: PageRenderer, synthetic_search: DemoSearch
 ) -> None:
-    app = render("cluster", small_search.url)
+    app = render("cluster", synthetic_search.url)
     assert_no_exception(app)
     assert "Pool `default`" in texts(app)
     agents = app.dataframe[0].value.set_index("agent")
@@ -433,16 +433,16 @@ def test_cluster_lists_every_slot_and_its_holder(
     held = slots[(slots["agent"] == "agent-0") & (slots["state"] == "held")]
     assert held["slot"].tolist() == [0, 1]
     assert set(held["experiment"]) == {"regression-demo"}
-    assert set(held["open"]) == {f"trial?trial={small_search.running_trial_id}"}
+    assert set(held["open"]) == {f"trial?trial={synthetic_search.running_trial_id}"}
     allocations = app.dataframe[3].value
     assert allocations["trial_state"].tolist() == ["RUNNING", "RUNNING"]
 
 
 def test_cluster_without_a_layout_shows_held_slots_and_says_why(
-    render: PageRenderer, small_search: DemoSearch, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    render: PageRenderer, synthetic_search: DemoSearch, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("SLOTSWEEP_CLUSTER", str(tmp_path / "no-such-cluster.yaml"))
-    app = render("cluster", small_search.url)
+    app = render("cluster", synthetic_search.url)
     assert_no_exception(app)
     assert "Could not load the cluster layout" in texts(app)
     assert app.dataframe[-1].value["slot"].tolist() == [0, 1]
@@ -452,22 +452,22 @@ def test_cluster_without_a_layout_shows_held_slots_and_says_why(
 
 
 def test_rendering_every_page_leaves_the_database_unchanged(
-    render: PageRenderer, writable_search: DemoSearch
+    render: PageRenderer, writable_synthetic: DemoSearch
 ) -> None:
-    path = writable_search.url.removeprefix("sqlite:///")
+    path = writable_synthetic.url.removeprefix("sqlite:///")
 
     def dump() -> list[str]:
         with sqlite3.connect(path) as conn:
             return list(conn.iterdump())
 
     before = dump()
-    url = writable_search.url
+    url = writable_synthetic.url
     for page, query in (
         ("experiments", {}),
-        ("experiment", {"experiment": writable_search.experiment_id}),
-        ("experiment", {"experiment": writable_search.multi_objective_experiment_id}),
-        ("trial", {"trial": writable_search.completed_trial_id}),
-        ("trial", {"trial": writable_search.missing_checkpoint_trial_id}),
+        ("experiment", {"experiment": writable_synthetic.experiment_id}),
+        ("experiment", {"experiment": writable_synthetic.multi_objective_experiment_id}),
+        ("trial", {"trial": writable_synthetic.completed_trial_id}),
+        ("trial", {"trial": writable_synthetic.missing_checkpoint_trial_id}),
         ("cluster", {}),
     ):
         assert_no_exception(render(page, url, **query))
@@ -475,17 +475,17 @@ def test_rendering_every_page_leaves_the_database_unchanged(
 
 
 def test_sidebar_shows_the_database_and_the_refresh_interval(
-    monkeypatch: pytest.MonkeyPatch, small_search: DemoSearch
+    monkeypatch: pytest.MonkeyPatch, synthetic_search: DemoSearch
 ) -> None:
     from streamlit.testing.v1 import AppTest
 
     from ui import APP_PATH
 
-    monkeypatch.setenv("SLOTSWEEP_DB", small_search.url)
+    monkeypatch.setenv("SLOTSWEEP_DB", synthetic_search.url)
     # The sidebar is checked on the first run: this Streamlit's AppTest drops sidebar
     # elements from reruns of an st.navigation app (a real browser keeps them).
     app = AppTest.from_file(str(APP_PATH), default_timeout=60).run()
-    assert app.sidebar.caption[0].value == f"Database: `{small_search.url}`"
+    assert app.sidebar.caption[0].value == f"Database: `{synthetic_search.url}`"
     refresh = app.sidebar.selectbox[0]
     assert (refresh.label, refresh.value) == ("Auto-refresh", "5 s")
     refresh.set_value("off").run()  # Fragments then re-run only on interaction.

@@ -13,8 +13,8 @@ from ui._demo_data import DemoSearch
 
 
 @pytest.fixture
-def engine(small_search: DemoSearch) -> sa.Engine:
-    return get_engine(small_search.url, read_only=True)
+def engine(synthetic_search: DemoSearch) -> sa.Engine:
+    return get_engine(synthetic_search.url, read_only=True)
 
 
 def test_list_experiments_pages_and_filters(engine: sa.Engine) -> None:
@@ -33,15 +33,15 @@ def test_list_experiments_pages_and_filters(engine: sa.Engine) -> None:
 
 
 def test_list_trials_refuses_unknown_sort_columns(
-    engine: sa.Engine, small_search: DemoSearch
+    engine: sa.Engine, synthetic_search: DemoSearch
 ) -> None:
     with pytest.raises(ValueError, match="sort_by: must be one of number, metric"):
-        _queries.list_trials(engine, small_search.experiment_id, sort_by="id; DROP TABLE x")
+        _queries.list_trials(engine, synthetic_search.experiment_id, sort_by="id; DROP TABLE x")
 
 
-def test_list_trials_pages(engine: sa.Engine, small_search: DemoSearch) -> None:
+def test_list_trials_pages(engine: sa.Engine, synthetic_search: DemoSearch) -> None:
     page = _queries.list_trials(
-        engine, small_search.experiment_id, sort_by="number", limit=3, offset=3
+        engine, synthetic_search.experiment_id, sort_by="number", limit=3, offset=3
     )
     assert page.total == 8
     assert list(page.rows["number"]) == [3, 4, 5]
@@ -92,12 +92,12 @@ def test_timing_breakdown_weights_windows_by_batch_count(db_url: str) -> None:
     assert row["share"] == pytest.approx(1.0)
 
 
-def test_study_signature_changes_when_the_study_does(writable_search: DemoSearch) -> None:
+def test_study_signature_changes_when_the_study_does(writable_synthetic: DemoSearch) -> None:
     import optuna
 
     from storage import optuna_storage
 
-    url, name = writable_search.url, writable_search.study_name
+    url, name = writable_synthetic.url, writable_synthetic.study_name
     engine = get_engine(url, read_only=True)
     before = _queries.optuna_study_signature(engine, name)
     assert before.exists
@@ -117,20 +117,20 @@ def test_study_signature_changes_when_the_study_does(writable_search: DemoSearch
     assert told.completed != before.completed
 
 
-def test_lean_study_snapshot_equals_optunas_own_read(small_search: DemoSearch) -> None:
+def test_lean_study_snapshot_equals_optunas_own_read(synthetic_search: DemoSearch) -> None:
     import optuna
 
     from storage import optuna_storage
     from ui import _plots
 
     for experiment_name in ("regression-demo", "regression-cost"):
-        with get_engine(small_search.url).connect() as conn:
+        with get_engine(synthetic_search.url).connect() as conn:
             study_name = conn.execute(
                 sa.text("SELECT study_name FROM slotsweep_experiments WHERE name = :n"),
                 {"n": experiment_name},
             ).scalar_one()
-        stored = optuna.load_study(study_name=study_name, storage=optuna_storage(small_search.url))
-        copy = _plots.snapshot_study(small_search.url, study_name)
+        stored = optuna.load_study(study_name=study_name, storage=optuna_storage(synthetic_search.url))
+        copy = _plots.snapshot_study(synthetic_search.url, study_name)
         assert copy.directions == stored.directions
         assert copy.metric_names == stored.metric_names
         expected = stored.get_trials(deepcopy=False)
