@@ -177,16 +177,19 @@ def worker(args: argparse.Namespace) -> None:
     spec = RuntimeSpec.model_validate_json(Path(os.environ["BENCH_SPEC"]).read_text())
     samples = int(spec.data["samples"])
     results: dict[str, list[float]] = {"managed": [], "raw": []}
+    cpu: dict[str, list[float]] = {"managed": [], "raw": []}
     for _ in range(args.repeats):
-        results["raw"].append(raw_loop(args.steps, args.warmup, samples, device))
+        raw = raw_loop(args.steps, args.warmup, samples, device)
+        results["raw"].append(raw.steps_per_s())
+        cpu["raw"].append(raw.cpu_ms_per_step())
         CLOCK = StepClock(args.steps, args.warmup, device)
         outcome = run_trial(spec, info)
         assert outcome == "finished", outcome
         results["managed"].append(CLOCK.steps_per_s())
+        cpu["managed"].append(CLOCK.cpu_ms_per_step())
     if info.is_chief:
-        Path(os.environ["BENCH_OUT"]).write_text(
-            json.dumps({"results": results, "device": str(device)})
-        )
+        report = {"results": results, "cpu_ms_per_step": cpu, "device": str(device)}
+        Path(os.environ["BENCH_OUT"]).write_text(json.dumps(report))
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -302,6 +305,9 @@ def main() -> None:
     )
     for kind in ("raw", "managed"):
         print(f"{kind:8s} steps/s per repeat: " + " ".join(f"{v:.2f}" for v in results[kind]))
+    for kind in ("raw", "managed"):
+        cpu = report["cpu_ms_per_step"][kind]
+        print(f"{kind:8s} rank-0 CPU ms/step per repeat: " + " ".join(f"{v:.2f}" for v in cpu))
     managed, raw = max(results["managed"]), max(results["raw"])
     print(f"managed_steps_s={managed:.3f} raw_steps_s={raw:.3f} ratio={managed / raw:.4f}")
 

@@ -33,6 +33,7 @@ from pydantic import (
 )
 
 from trials import CheckpointStorageConfig, Length, OptimizationsConfig, ProfilingConfig
+from trials._validation import VALUE_ERROR_PREFIX, allowed_fields, field_path, format_error
 
 SEARCHER_NAMES = ("random", "grid", "tpe", "cmaes", "gp", "nsga2")
 PRUNER_NAMES = ("asha", "hyperband", "median", "none")
@@ -401,67 +402,28 @@ def _possible_values(hp: Any) -> list[Any]:
     return [hp.minval, hp.maxval]
 
 
-def _allowed_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
-    """Field names allowed at ``loc`` (for 'unknown field' messages)."""
-    current: Any = model
-    for part in loc[:-1]:
-        if isinstance(current, type) and issubclass(current, BaseModel):
-            field = current.model_fields.get(str(part))
-            if field is None:
-                return None
-            current = _unwrap(field.annotation)
-        elif isinstance(part, str) and part in HP_TYPES:
-            current = {
-                "const": ConstHP,
-                "int": IntHP,
-                "double": DoubleHP,
-                "log": LogHP,
-                "categorical": CategoricalHP,
-            }[part]
-        else:
-            current = _unwrap(current)
-    if isinstance(current, type) and issubclass(current, BaseModel):
-        return list(current.model_fields)
-    return None
-
-
-def _unwrap(annotation: Any) -> Any:
-    import typing
-
-    for arg in typing.get_args(annotation) or ():
-        if isinstance(arg, type) and issubclass(arg, BaseModel):
-            return arg
-    return annotation
-
-
 def _format_error(error: Any) -> str:
+    """Hyperparameter-aware wording on top of the shared one-line pydantic format."""
     loc = tuple(error["loc"])
     # Discriminated unions put the chosen tag in the path; users never wrote it.
-    path_parts = [str(p) for p in loc if not (isinstance(p, str) and p in HP_TYPES)]
-    path = ".".join(path_parts) or "<top level>"
+    user_loc = tuple(p for p in loc if not (isinstance(p, str) and p in HP_TYPES))
+    path = field_path(user_loc)
     kind = error["type"]
-    msg = error["msg"]
+    msg = error["msg"].removeprefix(VALUE_ERROR_PREFIX)
     if kind == "extra_forbidden":
-        allowed = _allowed_fields(ExperimentConfig, loc)
+        allowed = allowed_fields(ExperimentConfig, loc)
         hint = f"; allowed: {', '.join(allowed)}" if allowed else ""
         return f"{path}: unknown field{hint}"
-    if kind == "missing":
-        return f"{path}: required field is missing"
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         return f"{path}.type: must be one of {', '.join(HP_TYPES)}"
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, ") :]
-        if msg.startswith("hyperparameters."):
-            return msg
-    got = error.get("input")
+    if msg.startswith("hyperparameters."):
+        return msg  # Whole-config checks already name their field.
     if kind == "model_type":
         # pydantic names our class ("instance of Length"); users wrote a YAML value.
-        fields = _allowed_fields(ExperimentConfig, (*loc, ""))
+        fields = allowed_fields(ExperimentConfig, (*loc, ""))
         shape = f" with fields {', '.join(fields)}" if fields else ""
-        return f"{path}: must be a mapping{shape} (got {got!r})"
-    if not isinstance(got, (dict, list)):
-        return f"{path}: {msg} (got {got!r})"
-    return f"{path}: {msg}"
+        return f"{path}: must be a mapping{shape} (got {error.get('input')!r})"
+    return format_error({**error, "loc": user_loc}, ExperimentConfig)
 
 
 def parse_config(raw: Any, config_dir: Path | None = None) -> ExperimentConfig:

@@ -55,28 +55,55 @@ def field_path(loc: tuple[Any, ...]) -> str:
 
 
 def allowed_fields(root: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
-    """Field names allowed where the unknown field ``loc[-1]`` was found."""
+    """Field names allowed where the unknown field ``loc[-1]`` was found.
+
+    Walks models, lists (integer parts), mappings (their keys) and discriminated unions
+    (pydantic puts the chosen tag, e.g. ``log``, in the path).
+    """
     current: Any = root
     for part in loc[:-1]:
         if isinstance(part, int):
-            continue  # a list index: the item type was already unwrapped
-        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            continue  # a list index: the item type is unwrapped below
+        tagged = _tagged_member(current, part)
+        if tagged is not None:
+            current = tagged
+            continue
+        if typing.get_origin(current) is dict:
+            current = typing.get_args(current)[1]  # ``part`` was a key of the mapping
+            continue
+        model = _model_in(current)
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
             return None
-        field = current.model_fields.get(str(part))
+        field = model.model_fields.get(str(part))
         if field is None:
             return None
-        current = _model_in(field.annotation)
-    if isinstance(current, type) and issubclass(current, BaseModel):
-        return list(current.model_fields)
+        current = field.annotation
+    model = _model_in(current)
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return list(model.model_fields)
     return None
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [model for arg in typing.get_args(annotation) for model in _models_in(arg)]
 
 
 def _model_in(annotation: Any) -> Any:
     """The model inside ``list[Model]``, ``Model | None`` and the like, else the annotation."""
+    models = _models_in(annotation)
+    return models[0] if models else annotation
+
+
+def _tagged_member(annotation: Any, tag: Any) -> type[BaseModel] | None:
+    """The union member whose ``Literal`` discriminator field equals ``tag``."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = _model_in(arg)
-        if isinstance(found, type) and issubclass(found, BaseModel):
-            return found
-    return annotation
+        return None
+    for model in _models_in(annotation):
+        for field in model.model_fields.values():
+            if typing.get_origin(field.annotation) is typing.Literal and tag in typing.get_args(
+                field.annotation
+            ):
+                return model
+    return None

@@ -65,7 +65,10 @@ class RealSearch:
 def _write_cluster_file(path: Path) -> Path:
     layout = {
         "resource_pools": [
-            {"name": "default", "agents": [{"name": AGENT, "host": "127.0.0.1", "slots": AGENT_SLOTS}]}
+            {
+                "name": "default",
+                "agents": [{"name": AGENT, "host": "127.0.0.1", "slots": AGENT_SLOTS}],
+            }
         ]
     }
     path.write_text(yaml.safe_dump(layout, sort_keys=False))

@@ -281,7 +281,9 @@ def test_finished_experiment_offers_no_actions(
     render: PageRenderer, synthetic_search: DemoSearch
 ) -> None:
     app = render(
-        "experiment", synthetic_search.url, experiment=synthetic_search.multi_objective_experiment_id
+        "experiment",
+        synthetic_search.url,
+        experiment=synthetic_search.multi_objective_experiment_id,
     )
     assert not app.button
 
@@ -384,7 +386,9 @@ def test_missing_checkpoint_file_is_reported_not_raised(
     assert app.download_button[0].label == f"Download checkpoint at step {table['step'].iloc[1]}"
 
 
-def test_restarted_trial_lists_each_launch(render: PageRenderer, synthetic_search: DemoSearch) -> None:
+def test_restarted_trial_lists_each_launch(
+    render: PageRenderer, synthetic_search: DemoSearch
+) -> None:
     app = render("trial", synthetic_search.url, trial=synthetic_search.restarted_trial_id)
     assert_no_exception(app)
     assert "Restarted 1 time(s); each row is one launch." in texts(app)
@@ -439,7 +443,10 @@ def test_cluster_lists_every_slot_and_its_holder(
 
 
 def test_cluster_without_a_layout_shows_held_slots_and_says_why(
-    render: PageRenderer, synthetic_search: DemoSearch, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    render: PageRenderer,
+    synthetic_search: DemoSearch,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
     monkeypatch.setenv("SLOTSWEEP_CLUSTER", str(tmp_path / "no-such-cluster.yaml"))
     app = render("cluster", synthetic_search.url)

@@ -129,7 +129,9 @@ def test_lean_study_snapshot_equals_optunas_own_read(synthetic_search: DemoSearc
                 sa.text("SELECT study_name FROM slotsweep_experiments WHERE name = :n"),
                 {"n": experiment_name},
             ).scalar_one()
-        stored = optuna.load_study(study_name=study_name, storage=optuna_storage(synthetic_search.url))
+        stored = optuna.load_study(
+            study_name=study_name, storage=optuna_storage(synthetic_search.url)
+        )
         copy = _plots.snapshot_study(synthetic_search.url, study_name)
         assert copy.directions == stored.directions
         assert copy.metric_names == stored.metric_names
