@@ -46,6 +46,7 @@ def create_experiment(
     """
     import optuna
 
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     upgrade_schema(db_url)
     with session_scope(db_url) as session:
         experiment = Experiment(

@@ -34,9 +34,11 @@ from ui._demo_data import DemoSearch, seed_huge_experiment, seed_small_search, w
 def copy_database(url: str, target: Path) -> str:
     """A consistent copy of the SQLite database at ``url`` (online backup); its URL."""
     source = url.removeprefix("sqlite:///")
-    with contextlib.closing(sqlite3.connect(source)) as src:
-        with contextlib.closing(sqlite3.connect(target)) as dst:
-            src.backup(dst)
+    with (
+        contextlib.closing(sqlite3.connect(source)) as src,
+        contextlib.closing(sqlite3.connect(target)) as dst,
+    ):
+        src.backup(dst)
     return f"sqlite:///{target}"
 
 

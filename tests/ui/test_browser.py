@@ -1,7 +1,9 @@
 """The real app (``ui.launch``, as ``slotsweep ui`` runs it) in Debian's headless Chromium.
 
 Each page must show its title and its content, and no Streamlit exception box; a
-screenshot of each lands in ``test-artifacts/ui/<page>.png``.
+screenshot of each lands in ``test-artifacts/ui/<page>.png``. The database is the
+real search of ``real_search`` with the synthetic experiments added beside it (see
+``browsed``).
 """
 
 from __future__ import annotations
@@ -20,8 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
-from ui._demo_data import DemoSearch
+from storage import get_engine
+from tests.ui._real_search import RealSearch
+from tests.ui.conftest import copy_database
+from ui._demo_data import DemoSearch, seed_small_search
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO_ROOT / "test-artifacts" / "ui"
@@ -80,7 +86,20 @@ def _wait_healthy(port: int, server: subprocess.Popen[str]) -> None:
 
 
 @pytest.fixture
-def served(small_search: DemoSearch, cluster_file: Path, tmp_path: Path) -> Iterator[str]:
+def browsed(real_search: RealSearch, tmp_path: Path) -> DemoSearch:
+    """A copy of the real search's database with the SYNTHETIC experiments seeded beside it.
+
+    The real experiment is looked at on every page; the synthetic ``regression-demo``
+    and ``regression-cost`` add what the small real search cannot show (a trial
+    running with slots held, a multi-objective study). Returns the synthetic ids, and
+    the combined database's URL.
+    """
+    url = copy_database(real_search.url, tmp_path / "browsed.db")
+    return seed_small_search(url, tmp_path / "synthetic")
+
+
+@pytest.fixture
+def served(browsed: DemoSearch, cluster_file: Path, tmp_path: Path) -> Iterator[str]:
     """The app started through ``ui.launch`` on 127.0.0.1 and a free port; its base URL."""
     port = _free_port()
     env = {**os.environ, "SLOTSWEEP_CLUSTER": str(cluster_file), "PYTHONUNBUFFERED": "1"}
@@ -91,7 +110,7 @@ def served(small_search: DemoSearch, cluster_file: Path, tmp_path: Path) -> Iter
             sys.executable,
             "-c",
             "import sys, ui; sys.exit(ui.launch(sys.argv[1], host='127.0.0.1', port=int(sys.argv[2])))",
-            small_search.url,
+            browsed.url,
             str(port),
         ],
         cwd=REPO_ROOT,
@@ -191,39 +210,52 @@ def _has(css: str, *texts: str) -> Callable[[Any], bool]:
 
 
 def test_every_page_in_headless_chromium(
-    served: str, browser: Any, small_search: DemoSearch
+    served: str, browser: Any, browsed: DemoSearch, real_search: RealSearch
 ) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
+
+    real = real_search
+    with get_engine(browsed.url).connect() as conn:
+        trials = conn.execute(
+            sa.text(
+                "SELECT id, optuna_trial_number AS number, state, searcher_metric_value AS value"
+                " FROM slotsweep_trials WHERE experiment_id = :e ORDER BY number"
+            ),
+            {"e": real.experiment_id},
+        ).all()
+    best = min((t for t in trials if t.state == "COMPLETED"), key=lambda t: t.value)
 
     # The data grid draws cells on a canvas; its accessible mirror holds the text.
     _open(
         browser,
         f"{served}/",
         "Experiments",
-        lambda d: "regression-demo" in d.page_source and "regression-cost" in d.page_source,
+        lambda d: all(
+            n in d.page_source for n in (real.name, "regression-demo", "regression-cost")
+        ),
         "experiments",
     )
     body = _text(browser)
-    assert "Rows 1–2 of 2." in body
-    assert "Auto-refresh" in body and f"Database: {small_search.url}" in body
+    assert "Rows 1–3 of 3." in body
+    assert "Auto-refresh" in body and f"Database: {browsed.url}" in body
 
     _open(
         browser,
-        f"{served}/experiment?experiment={small_search.experiment_id}",
+        f"{served}/experiment?experiment={real.experiment_id}",
         "Experiment",
-        _has(".js-plotly-plot", f"regression-demo (#{small_search.experiment_id})", "Best trials"),
+        _has(".js-plotly-plot", f"{real.name} (#{real.experiment_id})", "Best trials"),
         "experiment",
     )
     assert (
         "Optimization History Plot"
         in browser.find_element(By.CSS_SELECTOR, ".js-plotly-plot").text
     )
-    assert "Trials done" in _text(browser)
+    assert "Trials done" in _text(browser) and real.study_name in _text(browser)
 
     _open(
         browser,
-        f"{served}/experiment?experiment={small_search.multi_objective_experiment_id}",
+        f"{served}/experiment?experiment={browsed.multi_objective_experiment_id}",
         "Experiment",
         _has(".js-plotly-plot", "regression-cost", "Pareto front"),
         "experiment-multi-objective",
@@ -232,7 +264,7 @@ def test_every_page_in_headless_chromium(
     # In-app navigation: the experiment page's link opens the trial page.
     _open(
         browser,
-        f"{served}/experiment?experiment={small_search.experiment_id}",
+        f"{served}/experiment?experiment={real.experiment_id}",
         "Experiment",
         _has('[data-testid="stPageLink"] a', "Open trial #0"),
         "experiment",
@@ -244,20 +276,23 @@ def test_every_page_in_headless_chromium(
     )
     link.click()
     WebDriverWait(browser, WAIT_S).until(
-        _has('[data-testid="stVegaLiteChart"]', "Trial #0 of regression-demo")
+        _has('[data-testid="stVegaLiteChart"]', f"Trial #0 of {real.name}")
     )
-    assert f"trial={small_search.completed_trial_id}" in browser.current_url
+    assert f"trial={trials[0].id}" in browser.current_url
 
     _open(
         browser,
-        f"{served}/trial?trial={small_search.completed_trial_id}",
+        f"{served}/trial?trial={best.id}",
         "Trial",
         _has(
             '[data-testid="stVegaLiteChart"]',
-            "Trial #0 of regression-demo",
+            f"Trial #{best.number} of {real.name}",
+            "val_accuracy",
             "Download checkpoint at step",
             "[rank 0] ",
+            "[rank 1] ",
             "train_batch",
+            "cpu_util_percent",
         ),
         "trial",
     )
@@ -265,7 +300,7 @@ def test_every_page_in_headless_chromium(
 
     _open(
         browser,
-        f"{served}/trial?trial={small_search.running_trial_id}",
+        f"{served}/trial?trial={browsed.running_trial_id}",
         "Trial",
         _has("h1", "No metrics recorded for this trial yet.", "System metrics not recorded"),
         "trial-without-metrics",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -469,14 +470,15 @@ def test_rendering_every_page_leaves_the_database_unchanged(
 
     before = dump()
     url = writable_synthetic.url
-    for page, query in (
+    pages: tuple[tuple[str, dict[str, Any]], ...] = (
         ("experiments", {}),
         ("experiment", {"experiment": writable_synthetic.experiment_id}),
         ("experiment", {"experiment": writable_synthetic.multi_objective_experiment_id}),
         ("trial", {"trial": writable_synthetic.completed_trial_id}),
         ("trial", {"trial": writable_synthetic.missing_checkpoint_trial_id}),
         ("cluster", {}),
-    ):
+    )
+    for page, query in pages:
         assert_no_exception(render(page, url, **query))
     assert dump() == before
 

@@ -8,6 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 from storage import MetricKind, get_engine, record_metrics, session_scope
+from tests.ui._real_search import RealSearch
 from ui import _queries
 from ui._demo_data import DemoSearch
 
@@ -117,36 +118,45 @@ def test_study_signature_changes_when_the_study_does(writable_synthetic: DemoSea
     assert told.completed != before.completed
 
 
-def test_lean_study_snapshot_equals_optunas_own_read(synthetic_search: DemoSearch) -> None:
+def _assert_snapshot_equals_optunas_read(url: str, study_name: str) -> None:
     import optuna
 
     from storage import optuna_storage
     from ui import _plots
 
+    stored = optuna.load_study(study_name=study_name, storage=optuna_storage(url))
+    copy = _plots.snapshot_study(url, study_name)
+    assert copy.directions == stored.directions
+    assert copy.metric_names == stored.metric_names
+    expected = stored.get_trials(deepcopy=False)
+    got = copy.get_trials(deepcopy=False)
+    assert len(got) == len(expected)
+    for mine, theirs in zip(got, expected, strict=True):
+        assert (mine.number, mine.state, mine.values) == (
+            theirs.number,
+            theirs.state,
+            theirs.values,
+        )
+        assert mine.params == theirs.params
+        assert mine.distributions == theirs.distributions
+        assert mine.intermediate_values == theirs.intermediate_values
+
+
+def test_lean_study_snapshot_equals_optunas_own_read(synthetic_search: DemoSearch) -> None:
     for experiment_name in ("regression-demo", "regression-cost"):
         with get_engine(synthetic_search.url).connect() as conn:
             study_name = conn.execute(
                 sa.text("SELECT study_name FROM slotsweep_experiments WHERE name = :n"),
                 {"n": experiment_name},
             ).scalar_one()
-        stored = optuna.load_study(
-            study_name=study_name, storage=optuna_storage(synthetic_search.url)
-        )
-        copy = _plots.snapshot_study(synthetic_search.url, study_name)
-        assert copy.directions == stored.directions
-        assert copy.metric_names == stored.metric_names
-        expected = stored.get_trials(deepcopy=False)
-        got = copy.get_trials(deepcopy=False)
-        assert len(got) == len(expected)
-        for mine, theirs in zip(got, expected, strict=True):
-            assert (mine.number, mine.state, mine.values) == (
-                theirs.number,
-                theirs.state,
-                theirs.values,
-            )
-            assert mine.params == theirs.params
-            assert mine.distributions == theirs.distributions
-            assert mine.intermediate_values == theirs.intermediate_values
+        _assert_snapshot_equals_optunas_read(synthetic_search.url, study_name)
+
+
+@pytest.mark.slow
+def test_lean_study_snapshot_of_the_real_search(real_search: RealSearch) -> None:
+    # The study the driver created and the runtime's rank 0 reported into.
+    _assert_snapshot_equals_optunas_read(real_search.url, real_search.study_name)
+    _assert_snapshot_equals_optunas_read(real_search.running_url, real_search.study_name)
 
 
 def _make_bare_trial(url: str) -> int:

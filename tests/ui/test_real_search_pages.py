@@ -218,13 +218,14 @@ def test_trial_shows_everything_the_runtime_recorded(
         "**val_accuracy**",
         "**val_loss**",
     ]
-    counts = dict(
-        _rows(
+    counts = {
+        row.kind: row.n
+        for row in _rows(
             url,
-            "SELECT kind, COUNT(*) FROM slotsweep_metrics WHERE trial_id = :t GROUP BY kind",
+            "SELECT kind, COUNT(*) AS n FROM slotsweep_metrics WHERE trial_id = :t GROUP BY kind",
             t=best.id,
         )
-    )
+    }
     for kind in ("training", "validation"):
         recorded = counts[kind.upper()]
         assert (
@@ -295,9 +296,10 @@ def test_every_real_trial_renders_its_own_outcome(
             assert "This trial has no checkpoints recorded." in texts(app)
         # Each rank's last line says how the runtime ended the trial.
         outcome = "pruned" if trial.state == "PRUNED" else "finished"
-        log = app.code[0].value
+        lines = app.code[0].value.splitlines()
         for rank in (0, 1):
-            assert f"[rank {rank}] " in log and log.rstrip().endswith(outcome), log
+            own = [line for line in lines if line.startswith(f"[rank {rank}] ")]
+            assert own and own[-1].endswith(f": {outcome}"), lines
 
 
 def test_step_axis_switches_to_epochs(render: PageRenderer, real_search: RealSearch) -> None:
