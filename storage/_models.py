@@ -150,7 +150,8 @@ class TrialRun(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer)
     restored_from_checkpoint: Mapped[str | None] = mapped_column(String(64))
     restored_from_step: Mapped[int | None] = mapped_column(Integer)
-    agents: Mapped[list[str]] = mapped_column(JSON, default=list)
+    # One entry per agent of the launch: agent, host, slots, torchrun pid, spec path.
+    agents: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
     reason: Mapped[str | None] = mapped_column(Text)
 
     trial: Mapped[Trial] = relationship(back_populates="runs")
