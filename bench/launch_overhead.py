@@ -20,24 +20,31 @@ fresh temporary folder and SQLite database.
 Per-trial cost:
 
 - bare: the wall time of each ``torchrun`` (start to exit), averaged.
-- slotsweep, headline: the database's span from the first trial's launch
-  (``trial_runs.started_at`` of the first run, written right after its torchrun
-  started) to the last trial's reap (``ended_at`` of the last run), divided by K.
-  This is the cadence of a search in steady state: it contains everything the
-  platform adds per trial (runtime set-up in the ranks, recording, the driver's poll
-  interval, reaping, Optuna ask/tell and the database writes between two trials) and
-  leaves out only the one-time costs of a search (CLI imports, schema migration, study
-  creation, the final summary), which a real search of many trials amortises away.
-  Those one-time costs are printed separately.
-- slotsweep, whole-search: (search wall time - driver start-up before the first
-  launch) / K, also printed. It adds the driver's shutdown after the last trial to the
-  above, divided by K, so it depends on K.
+- slotsweep, headline: the search's span in the database, from the first trial's
+  torchrun start (the process's start time, which rank 0 reads from /proc) to the last
+  trial's reap (``trial_runs.ended_at`` of the last run), divided by K. This is the
+  cadence of a search in steady state: it contains everything the platform adds per
+  trial (the worker's set-up in the ranks, rank 0's recording, the driver's poll
+  interval, reaping, Optuna tell/ask and the database writes and spec file between two
+  trials) and leaves out only the one-time costs of a search (CLI imports, schema
+  migration, study creation, the final summary), which a search of many trials
+  amortises away. Those one-time costs are printed separately, and so is
+- slotsweep, whole search: (search wall time - driver start-up before the first
+  torchrun) / K, which adds the driver's shutdown after the last trial, divided by K
+  (so it depends on K).
 
-Where the time goes: rank 0 of every job appends wall-clock stamps (process start,
-training start and end) to a file, and the benchmark prints the mean phases of each
-kind: launch -> rank 0 process start (torchrun start-up), rank start -> training start
-(imports, process group, runtime set-up), training, training end -> job exit
-(recording, teardown), and exit -> next launch (the driver's gap).
+Where the time goes: rank 0 of every job writes wall-clock stamps when its interpreter
+starts to exit (torchrun's and its own process start, training start and end), and the
+benchmark prints the mean phases of each kind: before torchrun starts (bare: the fork;
+slotsweep: the driver's work from the previous reap to this launch), torchrun start-up
+(until rank 0 exists), rank set-up (imports, process group, the runtime's set-up, until
+the training function starts), training (DDP construction, the steps, the averaged
+loss), recording + leaving (what runs after the training function returns until the
+interpreter exits: rank 0's database writes, the system-metrics sampler's last sample,
+leaving the process group, the log prefixer), and exit + reap (interpreter teardown,
+torchrun's exit, and for slotsweep the driver noticing it). It also prints the CPU
+time the driver process itself used per trial, which competes with the ranks on a
+small machine.
 
 Run:
     .venv/bin/python bench/launch_overhead.py            # K=5, 2 rounds
@@ -59,12 +66,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _common import bench_env, epoch_s, fmt, run_search, write_yaml
+from _common import bench_env, epoch_s, fmt, median, run_search, write_yaml
 
 HERE = Path(__file__).resolve().parent
 TRIAL_FILE = HERE / "launch_trial.py"
 STAMPS_ENV = "LAUNCH_BENCH_STAMPS"
-PHASES = ("torchrun start", "rank set-up", "training", "finish + exit", "gap to next launch")
+PHASES = (
+    "before torchrun starts",
+    "torchrun start-up",
+    "rank set-up",
+    "training",
+    "recording + leaving",
+    "exit + reap",
+)
 
 
 @dataclass
@@ -142,7 +156,8 @@ def run_bare(k: int, folder: Path, result: KindResult) -> None:
     if len(records) != k:
         raise RuntimeError(f"bare: {len(records)} of {k} jobs finished their training")
     for (start, end), record in zip(launches, records, strict=True):
-        result.phases.append(_phases(start, end, end, record))
+        # Each job's time is Popen -> return; "before torchrun starts" is the fork.
+        result.phases.append(_phases(start, end, record))
 
 
 def run_slotsweep(k: int, folder: Path, result: KindResult) -> None:
@@ -185,31 +200,33 @@ def run_slotsweep(k: int, folder: Path, result: KindResult) -> None:
             f"slotsweep: expected {k} completed trials with one run each, got states "
             f"{[s.value for s in states]} and {len(spans)} runs\n{search.output}"
         )
-    first_launch, last_reap = spans[0][0], spans[-1][1]
-    span = last_reap - first_launch
-    result.per_trial.extend([span / k] * k)
+    records = read_stamps(stamps)
+    if len(records) != k:
+        raise RuntimeError(f"slotsweep: {len(records)} of {k} stamp records")
+    # The search's span runs from the first torchrun's start to the last reap; each
+    # trial's share runs from the previous trial's reap (the first: its own torchrun's
+    # start) to its own reap, so the driver's work between two trials falls on the next.
+    first_launch, last_reap = records[0]["torchrun_start"], spans[-1][1]
+    previous_reaps = [first_launch] + [end for _, end in spans[:-1]]
+    for previous, (_, end), record in zip(previous_reaps, spans, records, strict=True):
+        result.per_trial.append(end - previous)
+        result.phases.append(_phases(previous, end, record))
     startup = first_launch - search.started
     result.startup.append(startup)
     result.shutdown.append(search.ended - last_reap)
     result.whole_search.append((search.wall_s - startup) / k)
     result.driver_cpu.append(search.driver_cpu_between(first_launch, last_reap) / k)
-    records = read_stamps(stamps)
-    if len(records) != k:
-        raise RuntimeError(f"slotsweep: {len(records)} of {k} stamp records")
-    next_launches = [s for s, _ in spans[1:]] + [spans[-1][1]]
-    for (start, end), record, following in zip(spans, records, next_launches, strict=True):
-        result.phases.append(_phases(start, end, following, record))
 
 
-def _phases(
-    launch: float, exit_: float, next_launch: float, record: dict[str, Any]
-) -> dict[str, float]:
+def _phases(since: float, until: float, record: dict[str, Any]) -> dict[str, float]:
+    """One job's time from ``since`` (its launch, or the previous reap) to ``until``."""
     return {
-        "torchrun start": record["process_start"] - launch,
+        "before torchrun starts": record["torchrun_start"] - since,
+        "torchrun start-up": record["process_start"] - record["torchrun_start"],
         "rank set-up": record["train_start"] - record["process_start"],
         "training": record["reported"] - record["train_start"],
-        "finish + exit": exit_ - record["reported"],
-        "gap to next launch": next_launch - exit_,
+        "recording + leaving": record["exiting"] - record["reported"],
+        "exit + reap": until - record["exiting"],
     }
 
 
@@ -264,17 +281,22 @@ def main() -> None:
 
     trials = args.k * args.rounds
     print(f"\n{trials} trials of each kind ({args.rounds} rounds of K={args.k})")
+    for name, kind in (("bare torchrun", bare), ("slotsweep (DB span)", sweep)):
+        print(
+            f"{name:20s} per trial: mean {fmt(kind.mean)} s, median "
+            f"{fmt(median(kind.per_trial))} s, min {fmt(min(kind.per_trial))} s, "
+            f"max {fmt(max(kind.per_trial))} s"
+        )
     print(
-        f"bare torchrun per trial:      mean {fmt(bare.mean)} s, "
-        f"min {fmt(min(bare.per_trial))} s, max {fmt(max(bare.per_trial))} s"
+        f"median ratio {fmt(median(sweep.per_trial) / median(bare.per_trial))}, "
+        f"median overhead {fmt(median(sweep.per_trial) - median(bare.per_trial))} s"
     )
-    print(f"slotsweep per trial (DB span of the search / K):            {fmt(sweep.mean)} s")
     print(
-        f"slotsweep per trial ((search wall - start-up before launch) / K): "
+        f"slotsweep per trial, whole search ((wall - start-up before launch) / K): "
         f"{fmt(sum(sweep.whole_search) / len(sweep.whole_search))} s"
     )
     print(
-        f"slotsweep one-time costs per search: start-up before the first launch "
+        f"slotsweep one-time costs per search: start-up before the first torchrun "
         f"{fmt(sum(sweep.startup) / len(sweep.startup))} s, after the last reap "
         f"{fmt(sum(sweep.shutdown) / len(sweep.shutdown))} s"
     )
@@ -284,12 +306,12 @@ def main() -> None:
         "(it competes with the ranks for the cores)"
     )
     bare_phases, sweep_phases = _mean_phases(bare), _mean_phases(sweep)
-    print(f"\n{'mean phase (s)':22s} {'bare':>8s} {'slotsweep':>10s} {'extra':>8s}")
+    print(f"\n{'mean phase (s)':24s} {'bare':>8s} {'slotsweep':>10s} {'extra':>8s}")
     for name in PHASES:
         b, s = bare_phases[name], sweep_phases[name]
-        print(f"{name:22s} {fmt(b):>8s} {fmt(s):>10s} {fmt(s - b):>8s}")
+        print(f"{name:24s} {fmt(b):>8s} {fmt(s):>10s} {fmt(s - b):>8s}")
     b_total, s_total = sum(bare_phases.values()), sum(sweep_phases.values())
-    print(f"{'total':22s} {fmt(b_total):>8s} {fmt(s_total):>10s} {fmt(s_total - b_total):>8s}")
+    print(f"{'total':24s} {fmt(b_total):>8s} {fmt(s_total):>10s} {fmt(s_total - b_total):>8s}")
 
     a, b = bare.mean, sweep.mean
     print(f"bare_s={fmt(a)} slotsweep_s={fmt(b)} ratio={fmt(b / a)} overhead_s={fmt(b - a)}")

@@ -10,12 +10,15 @@ Both call :func:`train` and average the final loss across ranks, so the work ins
 the job is the same; what differs is what each way of launching adds around it.
 
 When ``LAUNCH_BENCH_STAMPS`` names a folder, rank 0 appends one JSON line of wall-clock
-stamps per job to ``stamps.jsonl`` there (process start, after ``import torch``,
-training start and end), which the benchmark uses to say where the time goes.
+stamps per job to ``stamps.jsonl`` there (torchrun's and this process's start, training
+start and end, and the moment the interpreter starts to exit), which the benchmark uses
+to say where the time goes. The line is written by an ``atexit`` handler, after
+everything the launcher's code does in the rank.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import time
@@ -59,30 +62,43 @@ def train(device: torch.device) -> tuple[float, dict[str, float]]:
     return float(loss.detach()), stamps
 
 
-def _process_start_time() -> float:
-    """This process's start in wall-clock seconds, from /proc (no psutil import)."""
-    with open("/proc/self/stat", encoding="ascii") as f:
-        # Field 22 (starttime, in clock ticks since boot) counts from after the command.
+def _process_start_time(pid: int | str = "self") -> float:
+    """A process's start in wall-clock seconds, from /proc (no psutil import)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        # Field 22 (starttime, clock ticks since boot), counted after the command name
+        # (which may hold spaces, hence the split at its closing parenthesis).
         start_ticks = int(f.read().rpartition(")")[2].split()[19])
-    with open("/proc/stat", encoding="ascii") as f:
-        boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+    # /proc/uptime (10 ms resolution) rather than btime (whole seconds) for the boot time.
+    with open("/proc/uptime", encoding="ascii") as f:
+        boot = time.time() - float(f.read().split()[0])
     return boot + start_ticks / os.sysconf("SC_CLK_TCK")
 
 
-def _write_stamps(kind: str, stamps: dict[str, float]) -> None:
+_STAMPS: dict[str, Any] = {}
+
+
+def _write_stamps() -> None:
     folder = os.environ.get(STAMPS_ENV)
-    if not folder or dist.get_rank() != 0:
+    if not folder or not _STAMPS:
         return
-    record: dict[str, Any] = {
-        "kind": kind,
-        "pid": os.getpid(),
+    record = {
+        **_STAMPS,
+        "torchrun_start": _process_start_time(os.getppid()),
         "process_start": _process_start_time(),
         "module_import": _T_IMPORT,
         "torch_imported": _T_TORCH,
-        **stamps,
+        "exiting": time.time(),
     }
     with open(os.path.join(folder, "stamps.jsonl"), "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
+
+
+def _keep_stamps(kind: str, stamps: dict[str, float]) -> None:
+    """Rank 0 writes ``stamps`` when its interpreter starts to exit."""
+    if os.environ.get("RANK", "0") != "0" or not os.environ.get(STAMPS_ENV):
+        return
+    _STAMPS.update(kind=kind, pid=os.getpid(), **stamps)
+    atexit.register(_write_stamps)
 
 
 def slotsweep_main(context: Any) -> None:
@@ -92,7 +108,7 @@ def slotsweep_main(context: Any) -> None:
     # bare script's all_reduce below, and records the value so the trial completes.
     means = context.report_validation_metrics(STEPS, {"val_loss": loss})
     stamps["reported"] = time.time()
-    _write_stamps("slotsweep", stamps)
+    _keep_stamps("slotsweep", stamps)
     if context.is_chief:
         print(f"final loss {means['val_loss']:.4f}", flush=True)
 
@@ -105,7 +121,7 @@ def _bare_main() -> None:
         dist.all_reduce(averaged)
         averaged /= dist.get_world_size()
         stamps["reported"] = time.time()
-        _write_stamps("bare", stamps)
+        _keep_stamps("bare", stamps)
         if dist.get_rank() == 0:
             print(f"final loss {averaged.item():.4f}", flush=True)
     finally:

@@ -511,7 +511,10 @@ class SearchDriver:
                 / f"experiment-{self.experiment_id}"
                 / f"trial-{trial.id}"
             ),
-            seed=config.searcher.seed,
+            # Distinct per trial (as Determined does), reproducible from the experiment seed.
+            seed=None
+            if config.searcher.seed is None
+            else config.searcher.seed + trial.optuna_trial_number,
             restore_checkpoint_path=checkpoint.path if checkpoint else None,
             agent=self.pool.agents[0].name,
             preempt_path=str(preempt_path),

@@ -151,6 +151,14 @@ def _run() -> int:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, _terminate)
+    # c10d assigns ranks in arrival order; say which one this process got.
+    print(
+        f"slotsweep: trial {spec.trial_id} attempt {spec.attempt}: rank "
+        f"{os.environ.get('RANK', '0')} of world_size {os.environ.get('WORLD_SIZE', '1')} "
+        f"(local rank {os.environ.get('LOCAL_RANK', '0')}) on agent "
+        f"{os.environ.get('SLOTSWEEP_AGENT', spec.agent)}",
+        flush=True,
+    )
 
     from torch.distributed.elastic.multiprocessing.errors import record
 

@@ -75,7 +75,8 @@ def test_two_agent_trial_trains_with_world_size_four(
         assert "val_loss" in names
         log = Path(trial.log_path or "").read_text()
     assert set(re.findall(r"^\[rank (\d+)\] ", log, flags=re.MULTILINE)) == {"0", "1", "2", "3"}
-    assert re.search(r"world_size[=: ]+4", log), log[-3000:]
+    assert len(re.findall(r"of world_size 4 ", log)) == 4, log[-3000:]
+    assert {"agent-a", "agent-b"} <= set(re.findall(r"on agent (\S+)", log))
 
 
 def test_two_drivers_racing_on_one_database_never_share_a_slot(
