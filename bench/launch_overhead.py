@@ -193,12 +193,14 @@ def run_slotsweep(k: int, folder: Path, result: KindResult) -> None:
     with session_scope(search.db_url) as session:
         trials = list(session.scalars(select(Trial).order_by(Trial.id)))
         states = [t.state for t in trials]
+        session.expunge_all()
         runs = list(session.scalars(select(TrialRun).order_by(TrialRun.started_at)))
         spans = [(epoch_s(r.started_at), epoch_s(r.ended_at)) for r in runs if r.ended_at]
     if len(trials) != k or any(s != TrialState.COMPLETED for s in states) or len(spans) != k:
         raise RuntimeError(
             f"slotsweep: expected {k} completed trials with one run each, got states "
-            f"{[s.value for s in states]} and {len(spans)} runs\n{search.output}"
+            f"{[s.value for s in states]} and {len(spans)} runs\n{search.output}\n"
+            + "\n".join(_trial_report(t) for t in trials if t.state != TrialState.COMPLETED)
         )
     records = read_stamps(stamps)
     if len(records) != k:
@@ -216,6 +218,13 @@ def run_slotsweep(k: int, folder: Path, result: KindResult) -> None:
     result.shutdown.append(search.ended - last_reap)
     result.whole_search.append((search.wall_s - startup) / k)
     result.driver_cpu.append(search.driver_cpu_between(first_launch, last_reap) / k)
+
+
+def _trial_report(trial: Any) -> str:
+    """A failed trial's error and the end of its log, for the exception message."""
+    log = Path(trial.log_path) if trial.log_path else None
+    tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else "(no log)"
+    return f"trial {trial.id}: {trial.state.value} exit {trial.exit_code}: {trial.error}\n{tail}"
 
 
 def _phases(since: float, until: float, record: dict[str, Any]) -> dict[str, float]:
@@ -281,11 +290,11 @@ def main() -> None:
 
     trials = args.k * args.rounds
     print(f"\n{trials} trials of each kind ({args.rounds} rounds of K={args.k})")
-    for name, kind in (("bare torchrun", bare), ("slotsweep (DB span)", sweep)):
+    for name, measured in (("bare torchrun", bare), ("slotsweep (DB span)", sweep)):
         print(
-            f"{name:20s} per trial: mean {fmt(kind.mean)} s, median "
-            f"{fmt(median(kind.per_trial))} s, min {fmt(min(kind.per_trial))} s, "
-            f"max {fmt(max(kind.per_trial))} s"
+            f"{name:20s} per trial: mean {fmt(measured.mean)} s, median "
+            f"{fmt(median(measured.per_trial))} s, min {fmt(min(measured.per_trial))} s, "
+            f"max {fmt(max(measured.per_trial))} s"
         )
     print(
         f"median ratio {fmt(median(sweep.per_trial) / median(bare.per_trial))}, "

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from _common import bench_env, fmt, median, run_search, slotsweep_argv, write_yaml
+from _common import bench_env, epoch_s, fmt, median, run_search, slotsweep_argv, write_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "digits"
@@ -60,7 +60,13 @@ ARMS = ("random", "tpe_asha")
 
 
 def search_config(
-    arm: str, seed: int, *, max_trials: int, epochs: int, folder: Path
+    arm: str,
+    seed: int,
+    *,
+    max_trials: int,
+    epochs: int,
+    folder: Path,
+    n_startup_trials: int | None = None,
 ) -> dict[str, Any]:
     """The example's experiment with the benchmark's searcher settings for ``arm``."""
     example = yaml.safe_load((EXAMPLE / "experiment.yaml").read_text())
@@ -71,6 +77,8 @@ def search_config(
             "name": "tpe",
             "pruner": {"name": "asha", "min_resource": 1, "reduction_factor": 3},
         }
+        if n_startup_trials is not None:
+            searcher["n_startup_trials"] = n_startup_trials
     searcher.update(
         metric="val_accuracy",
         smaller_is_better=False,
@@ -144,7 +152,7 @@ def trial_outcomes(db_url: str) -> list[TrialOutcome]:
         TrialOutcome(
             trial_id=row[0],
             state=row[1].value,
-            ended=row[2].timestamp(),
+            ended=epoch_s(row[2]) if row[2] is not None else float("inf"),
             epochs=float(round(row[4] or 0.0, 6)),
             slot_seconds=float(row[3] or 0.0),
             best_accuracy=None if row[5] is None else float(row[5]),
@@ -172,7 +180,14 @@ def run_one(arm: str, seed: int, *, args: argparse.Namespace, root: Path) -> Sea
     shutil.copy2(EXAMPLE / "model.py", folder / "model.py")
     config = write_yaml(
         folder / "experiment.yaml",
-        search_config(arm, seed, max_trials=args.max_trials, epochs=args.epochs, folder=folder),
+        search_config(
+            arm,
+            seed,
+            max_trials=args.max_trials,
+            epochs=args.epochs,
+            folder=folder,
+            n_startup_trials=args.n_startup_trials,
+        ),
     )
     env = bench_env(folder)
     killed = False
@@ -225,6 +240,12 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.97, help="val_accuracy to reach")
     parser.add_argument("--max-trials", type=int, default=40)
     parser.add_argument("--epochs", type=int, default=9, help="searcher.max_length in epochs")
+    parser.add_argument(
+        "--n-startup-trials",
+        type=int,
+        default=None,
+        help="TPE's random start-up trials (default: the driver's default, 10)",
+    )
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--full", action="store_true", help="run every search to max_trials")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
@@ -233,7 +254,8 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="search-efficiency-"))
     print(
         f"target val_accuracy >= {args.target}; max_length {args.epochs} epochs; "
-        f"max_trials {args.max_trials}; seeds {args.seeds}; 1 slot per trial, 2 at once",
+        f"max_trials {args.max_trials}; seeds {args.seeds}; 1 slot per trial, 2 at once; "
+        f"TPE n_startup_trials {args.n_startup_trials or 'default (10)'}",
         flush=True,
     )
     results: dict[str, list[SearchResult]] = {arm: [] for arm in args.arms}

@@ -56,6 +56,7 @@ from trials.launcher import (
     start_trial,
     torchrun_commands,
 )
+from trials.retention import collect_garbage
 from trials.scheduler import Cluster, Placement, SlotRequest, check_schedulable, schedule
 
 if TYPE_CHECKING:
@@ -673,6 +674,14 @@ class SearchDriver:
 
     def _finish(self, state: ExperimentState) -> None:
         with session_scope(self.db_url) as session:
+            if state == ExperimentState.COMPLETED:
+                collect_garbage(
+                    session,
+                    experiment_id=self.experiment_id,
+                    policy=self.config.checkpoint_storage,
+                    metric=self.config.searcher.metric,
+                    smaller_is_better=self.config.searcher.smaller_is_better,
+                )
             experiment = session.get(Experiment, self.experiment_id)
             assert experiment is not None
             if state == ExperimentState.CANCELED:

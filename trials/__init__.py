@@ -13,13 +13,17 @@ from trials._config import (
     PrunerSpec,
     RuntimeSpec,
 )
+from trials.retention import CheckpointRecord, checkpoints_to_delete, collect_garbage
 
 __all__ = [
+    "CheckpointRecord",
     "CheckpointStorageConfig",
     "Length",
     "OptimizationsConfig",
     "ProfilingConfig",
     "PrunerSpec",
     "RuntimeSpec",
+    "checkpoints_to_delete",
+    "collect_garbage",
     "per_slot_batch_size",
 ]

@@ -25,11 +25,9 @@ from trials.runtime._context import (
 from trials.runtime._data import DataLoader
 from trials.runtime._lr_schedule import build_lr_scheduler
 from trials.runtime._optimizers import build_optimizer
-from trials.runtime._retention import CheckpointRecord, checkpoints_to_delete
 from trials.runtime._trial import PyTorchTrial
 
 __all__ = [
-    "CheckpointRecord",
     "DataLoader",
     "InvalidTrialError",
     "LoadedCheckpoint",
@@ -38,5 +36,4 @@ __all__ = [
     "TrialContext",
     "build_lr_scheduler",
     "build_optimizer",
-    "checkpoints_to_delete",
 ]

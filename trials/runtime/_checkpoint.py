@@ -95,11 +95,6 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     return state
 
 
-def delete_checkpoint(path: str | Path) -> None:
-    """Remove a checkpoint's folder (garbage collection); a missing one is fine."""
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def capture_rng_state(device: torch.device) -> dict[str, Any]:
     """This process's Python, NumPy, torch (and CUDA) RNG states as weights-only data."""
     version, internal, gauss = random.getstate()

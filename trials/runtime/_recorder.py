@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from trials._config import RuntimeSpec
-from trials.runtime._checkpoint import delete_checkpoint
-from trials.runtime._retention import CheckpointRecord, checkpoints_to_delete
+from trials.retention import collect_garbage
 from trials.runtime._timing import TimingWindow
 
 if TYPE_CHECKING:
@@ -245,46 +244,16 @@ class ChiefRecorder:
         return self.call(write)
 
     def _collect_garbage(self, trial_running: bool) -> list[str]:
-        from sqlalchemy import select
-
-        from storage import Checkpoint, CheckpointState, Trial
-
-        storage_cfg = self.spec.checkpoint_storage
-        metric_name = self.spec.searcher_metric
         with self._session() as session:
-            query = select(Checkpoint).where(Checkpoint.state == CheckpointState.COMPLETED)
-            if storage_cfg.save_experiment_best > 0:
-                query = query.join(Trial, Trial.id == Checkpoint.trial_id).where(
-                    Trial.experiment_id == self.spec.experiment_id
-                )
-            else:
-                query = query.where(Checkpoint.trial_id == self.spec.trial_id)
-            rows = list(session.scalars(query))
-            records = [
-                CheckpointRecord(
-                    uuid=row.uuid,
-                    trial_id=row.trial_id,
-                    step=row.step,
-                    metric=(row.metrics or {}).get(metric_name),
-                )
-                for row in rows
-            ]
-            mine = [r for r in records if r.trial_id == self.spec.trial_id]
-            doomed = checkpoints_to_delete(
-                mine,
-                records,
-                save_trial_latest=storage_cfg.save_trial_latest,
-                save_trial_best=storage_cfg.save_trial_best,
-                save_experiment_best=storage_cfg.save_experiment_best,
+            return collect_garbage(
+                session,
+                experiment_id=self.spec.experiment_id,
+                policy=self.spec.checkpoint_storage,
+                metric=self.spec.searcher_metric,
                 smaller_is_better=self.spec.smaller_is_better,
+                trial_id=self.spec.trial_id,
                 trial_running=trial_running,
             )
-            doomed_ids = {r.uuid for r in doomed}
-            for row in rows:
-                if row.uuid in doomed_ids:
-                    delete_checkpoint(row.path)
-                    row.state = CheckpointState.DELETED
-        return sorted(doomed_ids)
 
     def report_intermediate(self, value: float, step: int) -> None:
         """Report the searcher metric at ``step`` to the Optuna trial (for its pruner and plots)."""

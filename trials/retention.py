@@ -9,8 +9,15 @@ restart needs it. Pure functions: the runtime and the driver share them.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from trials._config import CheckpointStorageConfig
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 
 @dataclass(frozen=True)
@@ -87,3 +94,59 @@ def checkpoints_to_delete(
         trial_running=trial_running,
     )
     return sorted((r for r in trial_checkpoints if r.uuid not in keep), key=lambda r: r.step)
+
+
+def collect_garbage(
+    session: Session,
+    *,
+    experiment_id: int,
+    policy: CheckpointStorageConfig,
+    metric: str,
+    smaller_is_better: bool,
+    trial_id: int | None = None,
+    trial_running: bool = False,
+) -> list[str]:
+    """Apply retention in the database and on disk; the uuids deleted.
+
+    ``trial_id`` limits it to one trial (rank 0 after each checkpoint); ``None`` sweeps
+    every trial of the experiment (the driver, once no trial runs), since a checkpoint
+    kept as one of the experiment's best may have been overtaken by a later trial.
+    """
+    from sqlalchemy import select
+
+    from storage import Checkpoint, CheckpointState, Trial
+
+    query = select(Checkpoint).where(Checkpoint.state == CheckpointState.COMPLETED)
+    if trial_id is None or policy.save_experiment_best > 0:
+        query = query.join(Trial, Trial.id == Checkpoint.trial_id).where(
+            Trial.experiment_id == experiment_id
+        )
+    else:
+        query = query.where(Checkpoint.trial_id == trial_id)
+    rows = list(session.scalars(query))
+    records = [
+        CheckpointRecord(row.uuid, row.trial_id, row.step, (row.metrics or {}).get(metric))
+        for row in rows
+    ]
+    by_trial: dict[int, list[CheckpointRecord]] = {}
+    for record in records:
+        if trial_id is None or record.trial_id == trial_id:
+            by_trial.setdefault(record.trial_id, []).append(record)
+    doomed = {
+        record.uuid
+        for trial_records in by_trial.values()
+        for record in checkpoints_to_delete(
+            trial_records,
+            records,
+            save_trial_latest=policy.save_trial_latest,
+            save_trial_best=policy.save_trial_best,
+            save_experiment_best=policy.save_experiment_best,
+            smaller_is_better=smaller_is_better,
+            trial_running=trial_running,
+        )
+    }
+    for row in rows:
+        if row.uuid in doomed:
+            shutil.rmtree(row.path, ignore_errors=True)
+            row.state = CheckpointState.DELETED
+    return sorted(doomed)

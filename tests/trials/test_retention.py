@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from trials.runtime._retention import CheckpointRecord, checkpoints_to_delete, checkpoints_to_keep
+from trials.retention import CheckpointRecord, checkpoints_to_delete, checkpoints_to_keep
 
 
 def records(trial_id: int, metrics: list[float | None]) -> list[CheckpointRecord]:
