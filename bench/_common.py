@@ -56,9 +56,9 @@ class SearchRun:
     started: float  # time.time() just before the CLI process was started
     ended: float  # time.time() when it exited
     output: str
-    # (time.time(), CPU seconds the driver process itself had used), sampled while it
-    # ran; its children (torchrun and the ranks) are not included.
-    driver_cpu: list[tuple[float, float]] = field(default_factory=list)
+    # (time.time(), CPU seconds the driver process itself had used, CPU seconds of its
+    # children it had reaped: the trials' torchrun trees), sampled while it ran.
+    driver_cpu: list[tuple[float, float, float]] = field(default_factory=list)
 
     @property
     def wall_s(self) -> float:
@@ -73,6 +73,11 @@ class SearchRun:
             return min(self.driver_cpu, key=lambda s: abs(s[0] - moment))[1]
 
         return at(end) - at(start)
+
+    @property
+    def reaped_children_cpu(self) -> float:
+        """CPU seconds of the children the driver had reaped at its last sample."""
+        return self.driver_cpu[-1][2] if self.driver_cpu else float("nan")
 
 
 def run_search(
@@ -97,7 +102,7 @@ def run_search(
     argv = [*slotsweep_argv(), "run", str(config), "--db", db_url, "--no-progress"]
     if slots is not None:
         argv += ["--slots", str(slots)]
-    samples: list[tuple[float, float]] = []
+    samples: list[tuple[float, float, float]] = []
     with tempfile.TemporaryFile() as out:
         started = time.time()
         process = subprocess.Popen(
@@ -110,7 +115,13 @@ def run_search(
                     raise TimeoutError(f"{' '.join(argv)} ran longer than {timeout_s} s")
                 with contextlib.suppress(psutil.Error):
                     cpu = watched.cpu_times()
-                    samples.append((time.time(), cpu.user + cpu.system))
+                    samples.append(
+                        (
+                            time.time(),
+                            cpu.user + cpu.system,
+                            cpu.children_user + cpu.children_system,
+                        )
+                    )
                 if on_poll is not None:
                     on_poll(db_url)
                 time.sleep(poll_s)

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import shutil
 import subprocess
 import sys
@@ -81,15 +82,27 @@ PHASES = (
 )
 
 
+CPU_PARTS = (
+    "rank 0 until training",
+    "rank 0 training",
+    "rank 0 after training",
+    "rank 1 until training",
+    "rank 1 training",
+    "rank 1 after training",
+    "torchrun, prefixers, exits",
+    "driver between trials",
+)
+
+
 @dataclass
 class KindResult:
     """What one kind measured over all rounds."""
 
     per_trial: list[float] = field(default_factory=list)  # seconds, one per trial
     phases: list[dict[str, float]] = field(default_factory=list)
+    cpu: list[dict[str, float]] = field(default_factory=list)  # CPU seconds per trial
     whole_search: list[float] = field(default_factory=list)  # slotsweep only, per round
     startup: list[float] = field(default_factory=list)
-    driver_cpu: list[float] = field(default_factory=list)  # CPU s per trial, per round
     shutdown: list[float] = field(default_factory=list)
 
     @property
@@ -107,11 +120,27 @@ def trial_env(stamps: Path) -> dict[str, str]:
     )
 
 
-def read_stamps(folder: Path) -> list[dict[str, Any]]:
+def read_jobs(folder: Path, k: int, kind: str) -> list[dict[int, dict[str, Any]]]:
+    """Each job's stamp records by rank, in launch order; fails unless K jobs trained."""
     path = folder / "stamps.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = path.read_text().splitlines() if path.exists() else []
+    jobs: dict[int, dict[int, dict[str, Any]]] = {}
+    for line in lines:
+        record = json.loads(line)
+        jobs.setdefault(record["torchrun_pid"], {})[record["rank"]] = record
+    complete = sorted(
+        (job for job in jobs.values() if set(job) == {0, 1}),
+        key=lambda job: job[0]["torchrun_start"],
+    )
+    if len(complete) != k:
+        raise RuntimeError(f"{kind}: {len(complete)} of {k} jobs recorded both ranks' stamps")
+    return complete
+
+
+def children_cpu_s() -> float:
+    """CPU seconds of this process's reaped children (and theirs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def bare_argv(script: Path) -> list[str]:
@@ -133,8 +162,9 @@ def run_bare(k: int, folder: Path, result: KindResult) -> None:
     stamps.mkdir(parents=True)
     script = folder / TRIAL_FILE.name
     env = trial_env(stamps)
-    launches: list[tuple[float, float]] = []
+    launches: list[tuple[float, float, float]] = []
     for i in range(k):
+        cpu_before = children_cpu_s()
         start = time.time()
         done = subprocess.run(
             bare_argv(script),
@@ -147,17 +177,16 @@ def run_bare(k: int, folder: Path, result: KindResult) -> None:
         )
         end = time.time()
         if done.returncode != 0:
-            # torchrun can exit 1 after a finished run (gloo teardown); the stamp
-            # tells whether the job did its work.
+            # torchrun can exit 1 after a finished run (gloo teardown); the stamps
+            # tell whether the job did its work.
             print(f"  bare job {i} exited {done.returncode}", file=sys.stderr)
-        launches.append((start, end))
+        launches.append((start, end, children_cpu_s() - cpu_before))
         result.per_trial.append(end - start)
-    records = read_stamps(stamps)
-    if len(records) != k:
-        raise RuntimeError(f"bare: {len(records)} of {k} jobs finished their training")
-    for (start, end), record in zip(launches, records, strict=True):
+    jobs = read_jobs(stamps, k, "bare")
+    for (start, end, tree_cpu), job in zip(launches, jobs, strict=True):
         # Each job's time is Popen -> return; "before torchrun starts" is the fork.
-        result.phases.append(_phases(start, end, record))
+        result.phases.append(_phases(start, end, job[0]))
+        result.cpu.append(_cpu_parts(job, tree_cpu, driver_cpu=0.0))
 
 
 def run_slotsweep(k: int, folder: Path, result: KindResult) -> None:
@@ -202,22 +231,38 @@ def run_slotsweep(k: int, folder: Path, result: KindResult) -> None:
             f"{[s.value for s in states]} and {len(spans)} runs\n{search.output}\n"
             + "\n".join(_trial_report(t) for t in trials if t.state != TrialState.COMPLETED)
         )
-    records = read_stamps(stamps)
-    if len(records) != k:
-        raise RuntimeError(f"slotsweep: {len(records)} of {k} stamp records")
+    jobs = read_jobs(stamps, k, "slotsweep")
     # The search's span runs from the first torchrun's start to the last reap; each
     # trial's share runs from the previous trial's reap (the first: its own torchrun's
     # start) to its own reap, so the driver's work between two trials falls on the next.
-    first_launch, last_reap = records[0]["torchrun_start"], spans[-1][1]
+    first_launch, last_reap = jobs[0][0]["torchrun_start"], spans[-1][1]
     previous_reaps = [first_launch] + [end for _, end in spans[:-1]]
-    for previous, (_, end), record in zip(previous_reaps, spans, records, strict=True):
+    # The trials' process trees, as the driver's reaped children, shared out evenly.
+    tree_cpu = search.reaped_children_cpu / k
+    driver_cpu = search.driver_cpu_between(first_launch, last_reap) / k
+    for previous, (_, end), job in zip(previous_reaps, spans, jobs, strict=True):
         result.per_trial.append(end - previous)
-        result.phases.append(_phases(previous, end, record))
+        result.phases.append(_phases(previous, end, job[0]))
+        result.cpu.append(_cpu_parts(job, tree_cpu, driver_cpu))
     startup = first_launch - search.started
     result.startup.append(startup)
     result.shutdown.append(search.ended - last_reap)
     result.whole_search.append((search.wall_s - startup) / k)
-    result.driver_cpu.append(search.driver_cpu_between(first_launch, last_reap) / k)
+
+
+def _cpu_parts(
+    job: dict[int, dict[str, Any]], tree_cpu: float, driver_cpu: float
+) -> dict[str, float]:
+    """Where one job's CPU time went, from both ranks' stamps and its tree's total."""
+    parts: dict[str, float] = {}
+    for rank in (0, 1):
+        r = job[rank]
+        parts[f"rank {rank} until training"] = r["cpu_train_start"]
+        parts[f"rank {rank} training"] = r["cpu_reported"] - r["cpu_train_start"]
+        parts[f"rank {rank} after training"] = r["cpu_exiting"] - r["cpu_reported"]
+    parts["torchrun, prefixers, exits"] = tree_cpu - job[0]["cpu_exiting"] - job[1]["cpu_exiting"]
+    parts["driver between trials"] = driver_cpu
+    return parts
 
 
 def _trial_report(trial: Any) -> str:
@@ -239,8 +284,8 @@ def _phases(since: float, until: float, record: dict[str, Any]) -> dict[str, flo
     }
 
 
-def _mean_phases(result: KindResult) -> dict[str, float]:
-    return {name: sum(p[name] for p in result.phases) / len(result.phases) for name in PHASES}
+def _means(rows: list[dict[str, float]], names: tuple[str, ...]) -> dict[str, float]:
+    return {name: sum(row[name] for row in rows) / len(rows) for name in names}
 
 
 def prepare(folder: Path) -> None:
@@ -309,18 +354,18 @@ def main() -> None:
         f"{fmt(sum(sweep.startup) / len(sweep.startup))} s, after the last reap "
         f"{fmt(sum(sweep.shutdown) / len(sweep.shutdown))} s"
     )
-    print(
-        f"slotsweep driver's own CPU while trials ran: "
-        f"{fmt(sum(sweep.driver_cpu) / len(sweep.driver_cpu))} CPU-s per trial "
-        "(it competes with the ranks for the cores)"
-    )
-    bare_phases, sweep_phases = _mean_phases(bare), _mean_phases(sweep)
-    print(f"\n{'mean phase (s)':24s} {'bare':>8s} {'slotsweep':>10s} {'extra':>8s}")
-    for name in PHASES:
-        b, s = bare_phases[name], sweep_phases[name]
-        print(f"{name:24s} {fmt(b):>8s} {fmt(s):>10s} {fmt(s - b):>8s}")
-    b_total, s_total = sum(bare_phases.values()), sum(sweep_phases.values())
-    print(f"{'total':24s} {fmt(b_total):>8s} {fmt(s_total):>10s} {fmt(s_total - b_total):>8s}")
+    for title, names, table in (
+        ("mean wall phase (s)", PHASES, "phases"),
+        ("mean CPU per trial (s)", CPU_PARTS, "cpu"),
+    ):
+        b_means = _means(getattr(bare, table), names)
+        s_means = _means(getattr(sweep, table), names)
+        print(f"\n{title:28s} {'bare':>8s} {'slotsweep':>10s} {'extra':>8s}")
+        for name in names:
+            b, s = b_means[name], s_means[name]
+            print(f"{name:28s} {fmt(b):>8s} {fmt(s):>10s} {fmt(s - b):>8s}")
+        b_total, s_total = sum(b_means.values()), sum(s_means.values())
+        print(f"{'total':28s} {fmt(b_total):>8s} {fmt(s_total):>10s} {fmt(s_total - b_total):>8s}")
 
     a, b = bare.mean, sweep.mean
     print(f"bare_s={fmt(a)} slotsweep_s={fmt(b)} ratio={fmt(b / a)} overhead_s={fmt(b - a)}")

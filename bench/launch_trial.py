@@ -9,11 +9,12 @@
 Both call :func:`train` and average the final loss across ranks, so the work inside
 the job is the same; what differs is what each way of launching adds around it.
 
-When ``LAUNCH_BENCH_STAMPS`` names a folder, rank 0 appends one JSON line of wall-clock
-stamps per job to ``stamps.jsonl`` there (torchrun's and this process's start, training
-start and end, and the moment the interpreter starts to exit), which the benchmark uses
-to say where the time goes. The line is written by an ``atexit`` handler, after
-everything the launcher's code does in the rank.
+When ``LAUNCH_BENCH_STAMPS`` names a folder, every rank appends one JSON line per job to
+``stamps.jsonl`` there: wall-clock stamps (torchrun's and this process's start, training
+start and end, the moment the interpreter starts to exit) and the CPU time the process
+(all its threads) had used at those moments, which the benchmark uses to say where the
+time goes. The line is written by an ``atexit`` handler, after everything the
+launcher's code does in the rank.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import resource
 import time
 from typing import Any
 
@@ -38,11 +40,17 @@ IN, HIDDEN, OUT = 32, 64, 10
 STAMPS_ENV = "LAUNCH_BENCH_STAMPS"
 
 
+def _cpu_s() -> float:
+    """CPU seconds this process (every thread) has used so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def train(device: torch.device) -> tuple[float, dict[str, float]]:
     """``STEPS`` DDP steps of a tiny MLP; the loss averaged over ranks, and stamps."""
     from torch.nn.parallel import DistributedDataParallel
 
-    stamps = {"train_start": time.time()}
+    stamps = {"train_start": time.time(), "cpu_train_start": _cpu_s()}
     torch.manual_seed(0)
     model: nn.Module = nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT))
     model = DistributedDataParallel(model.to(device))
@@ -83,21 +91,24 @@ def _write_stamps() -> None:
         return
     record = {
         **_STAMPS,
+        "torchrun_pid": os.getppid(),
         "torchrun_start": _process_start_time(os.getppid()),
         "process_start": _process_start_time(),
         "module_import": _T_IMPORT,
         "torch_imported": _T_TORCH,
         "exiting": time.time(),
+        "cpu_exiting": _cpu_s(),
     }
     with open(os.path.join(folder, "stamps.jsonl"), "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
 
 
 def _keep_stamps(kind: str, stamps: dict[str, float]) -> None:
-    """Rank 0 writes ``stamps`` when its interpreter starts to exit."""
-    if os.environ.get("RANK", "0") != "0" or not os.environ.get(STAMPS_ENV):
+    """Write ``stamps`` when this rank's interpreter starts to exit."""
+    if not os.environ.get(STAMPS_ENV):
         return
-    _STAMPS.update(kind=kind, pid=os.getpid(), **stamps)
+    stamps["cpu_reported"] = _cpu_s()
+    _STAMPS.update(kind=kind, rank=int(os.environ.get("RANK", "0")), pid=os.getpid(), **stamps)
     atexit.register(_write_stamps)
 
 
