@@ -42,9 +42,12 @@ the training function starts), training (DDP construction, the steps, the averag
 loss), recording + leaving (what runs after the training function returns until the
 interpreter exits: rank 0's database writes, the system-metrics sampler's last sample,
 leaving the process group, the log prefixer), and exit + reap (interpreter teardown,
-torchrun's exit, and for slotsweep the driver noticing it). It also prints the CPU
-time the driver process itself used per trial, which competes with the ranks on a
-small machine.
+torchrun's exit, and for slotsweep the driver noticing it). A second table splits the
+CPU time per trial: each rank's CPU until training, during it and after it (from
+``getrusage`` in the rank), the rest of the job's process tree (torchrun, the log
+prefixers, the interpreters' exits: the tree's total from the reaping process's
+``RUSAGE_CHILDREN`` minus the ranks), and the driver's own CPU between trials, which
+competes with the ranks for a small machine's cores.
 
 Run:
     .venv/bin/python bench/launch_overhead.py            # K=5, 2 rounds
