@@ -347,12 +347,10 @@ class SearchDriver:
         return final
 
     def _search_done(self) -> bool:
-        budget = self._trial_budget()
-        with session_scope(self.db_url) as session:
-            return trial_counts(session, self.experiment_id).total >= budget
+        return self._trials_left() <= 0
 
-    def _trial_budget(self) -> int:
-        """max_trials plus any trials a user enqueued beyond it."""
+    def _trials_left(self) -> int:
+        """Trials still to ask for: up to max_trials, plus any a user enqueued beyond it."""
         import optuna
 
         assert self._study is not None
@@ -361,17 +359,14 @@ class SearchDriver:
         )
         with session_scope(self.db_url) as session:
             total = trial_counts(session, self.experiment_id).total
-        return max(self._max_trials(), total + waiting) if waiting else self._max_trials()
+        return max(self._max_trials() - total, waiting)
 
     def _fill_queue(self) -> None:
         """Ask Optuna for new trials while there is room to run them."""
         assert self._study is not None
         limit = self.config.searcher.max_concurrent_trials
         while len(self._running) + len(self._pending) < limit:
-            budget = self._trial_budget()
-            with session_scope(self.db_url) as session:
-                total = trial_counts(session, self.experiment_id).total
-            if total >= budget:
+            if self._trials_left() <= 0:
                 return
             optuna_trial = self._study.ask()
             hparams = space.suggest_hparams(optuna_trial, self.config.hyperparameters)

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
+from typing import TYPE_CHECKING
 
 from storage._url import resolve_db_url
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+# Alembic is imported where it is used: trial ranks import ``storage`` to record
+# metrics and never migrate, so they should not pay for Alembic (and Mako) at start-up.
 
 # Optuna keeps its own ``alembic_version`` table in the same database.
 VERSION_TABLE = "slotsweep_alembic_version"
@@ -19,6 +21,8 @@ _MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
 def alembic_config(url: str | None = None) -> Config:
     """The Alembic configuration for ``url``, usable with ``alembic.command``."""
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(_MIGRATIONS_DIR))
     config.set_main_option("sqlalchemy.url", resolve_db_url(url).replace("%", "%%"))
@@ -26,12 +30,16 @@ def alembic_config(url: str | None = None) -> Config:
 
 
 def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
     head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
     assert head is not None
     return head
 
 
 def current_revision(url: str | None = None) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
     from storage._engine import get_engine
 
     with get_engine(url).connect() as connection:
@@ -41,6 +49,8 @@ def current_revision(url: str | None = None) -> str | None:
 
 @functools.lru_cache(maxsize=16)
 def _upgraded(url: str) -> bool:
+    from alembic import command
+
     from storage._lock import schema_lock
 
     with schema_lock(url):
