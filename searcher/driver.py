@@ -38,6 +38,8 @@ from storage import (
     CheckpointState,
     Experiment,
     ExperimentState,
+    Metric,
+    MetricKind,
     Trial,
     TrialRun,
     TrialState,
@@ -568,9 +570,11 @@ class SearchDriver:
             trial.state = TrialState.COMPLETED
             self._tell(trial, values=self._objective_values(trial))
         elif trial.finished_at is not None:
+            metric = self.config.searcher.metric
             trial.error = (
-                f"the trial finished without reporting the searcher metric "
-                f"'{self.config.searcher.metric}'"
+                f"the searcher metric '{metric}' was NaN at the end of training (it diverged)"
+                if _last_validation_is_nan(session, trial.id, metric)
+                else f"the trial finished without reporting the searcher metric '{metric}'"
             )
             self._fail(session, trial)
             return
@@ -734,3 +738,18 @@ class SearchDriver:
                 .limit(1)
             ).scalar()
         progress.update(counts, best)
+
+
+def _last_validation_is_nan(session: Any, trial_id: int, metric: str) -> bool:
+    """Whether ``metric``'s last validation was NaN (stored as NULL: training diverged)."""
+    row = session.execute(
+        select(Metric.value)
+        .where(
+            Metric.trial_id == trial_id,
+            Metric.kind == MetricKind.VALIDATION,
+            Metric.name == metric,
+        )
+        .order_by(Metric.step.desc())
+        .limit(1)
+    ).first()
+    return row is not None and row[0] is None

@@ -172,7 +172,9 @@ class Metric(Base):
     epoch: Mapped[float | None] = mapped_column(Float)
     kind: Mapped[MetricKind] = mapped_column(_enum(MetricKind))
     name: Mapped[str] = mapped_column(String(255))
-    value: Mapped[float] = mapped_column(Float)
+    # NULL is NaN (a diverged loss): SQLite cannot store NaN, so it means one thing on
+    # every backend. Infinities are stored as they are.
+    value: Mapped[float | None] = mapped_column(Float)
     recorded_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
 
 

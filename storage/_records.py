@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +22,8 @@ def record_metrics(
 ) -> None:
     """Insert or replace one step's metrics; a key (trial, step, kind, name) exists once.
 
+    A NaN value (training diverged) is stored as NULL, which readers take as NaN.
+
     Example:
         >>> record_metrics(session, trial_id=1, step=100, kind=MetricKind.VALIDATION,
         ...                values={"val_loss": 0.3})  # doctest: +SKIP
@@ -34,7 +37,7 @@ def record_metrics(
             "epoch": epoch,
             "kind": kind,
             "name": name,
-            "value": float(value),
+            "value": None if math.isnan(value) else float(value),
             "recorded_at": utcnow(),
         }
         for name, value in values.items()

@@ -3,6 +3,7 @@
 ``data.batch_delay_s`` sleeps in every training batch; ``data.fsync_delay_s`` slows
 ``os.fsync`` in the trial's processes, which holds a checkpoint mid-write long enough
 for a test to crash the machine at that moment (fault injection, test code only).
+``DivergingDigitsTrial`` reports the infinite and NaN losses of a diverged run.
 """
 
 from __future__ import annotations
@@ -33,3 +34,15 @@ class SlowDigitsTrial(DigitsTrial):
     def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
         time.sleep(self._batch_delay_s)
         return super().train_batch(batch, epoch_idx, batch_idx)
+
+
+class DivergingDigitsTrial(DigitsTrial):
+    """A trial whose training diverged: every loss is infinite and ``val_loss`` is NaN."""
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
+        metrics = super().train_batch(batch, epoch_idx, batch_idx)
+        return {**metrics, "loss": metrics["loss"].detach() * float("inf")}
+
+    def evaluate_batch(self, batch: Any, batch_idx: int) -> dict[str, Any]:
+        metrics = super().evaluate_batch(batch, batch_idx)
+        return {**metrics, "val_loss": metrics["val_loss"] * float("nan")}

@@ -71,3 +71,49 @@ def test_small_search_end_to_end(tmp_path: Path, cli_env: dict[str, str]) -> Non
     described = run_cli(["describe", "digits-large-batch", "--db", db], cli_env, tmp_path)
     assert described.returncode == 0
     assert "global_batch_size=" in described.stdout and "step" in described.stdout
+
+
+@pytest.mark.parametrize(
+    ("pruner", "state", "optuna_state"),
+    [("none", TrialState.ERROR, "FAIL"), ("asha", TrialState.PRUNED, "PRUNED")],
+)
+def test_diverged_trial_is_recorded_and_ends_without_restarts(
+    tmp_path: Path,
+    cli_env: dict[str, str],
+    pruner: str,
+    state: TrialState,
+    optuna_state: str,
+) -> None:
+    """NaN losses are stored (as NULL); ASHA prunes the trial, without a pruner it fails
+    with a message naming the divergence; either way it is not restarted."""
+    path = write_experiment(
+        tmp_path / "exp",
+        entrypoint="slow_model:DivergingDigitsTrial",
+        searcher={"max_trials": 1, "max_length": {"epochs": 3}, "pruner": {"name": pruner}},
+        resources={"slots_per_trial": 1},
+    )
+    db = f"sqlite:///{tmp_path / 'sweep.db'}"
+    result = run_cli(["run", str(path), "--db", db, "--no-progress"], cli_env, tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+    with session_scope(db) as session:
+        trial = session.scalars(select(Trial)).one()
+        assert trial.state == state, trial.error
+        assert trial.restarts == 0
+        if state == TrialState.ERROR:
+            assert trial.error == (
+                "the searcher metric 'val_loss' was NaN at the end of training (it diverged)"
+            )
+        losses = session.execute(
+            select(Metric.kind, Metric.value).where(
+                Metric.trial_id == trial.id, Metric.name.in_(["loss", "val_loss"])
+            )
+        ).all()
+        assert {kind for kind, _ in losses} == {MetricKind.TRAINING, MetricKind.VALIDATION}
+        assert all(
+            value is None if kind == MetricKind.VALIDATION else value == float("inf")
+            for kind, value in losses
+        )
+        study_name = session.scalars(select(Experiment.study_name)).one()
+    study = optuna.load_study(study_name=study_name, storage=db)
+    assert [t.state.name for t in study.trials] == [optuna_state]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 from pathlib import Path
 
 import optuna
 import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
 from sqlalchemy import func, inspect, select, text
 
 from storage import (
@@ -25,6 +28,7 @@ from storage import (
     upgrade_schema,
 )
 from storage._migrate import VERSION_TABLE, current_revision, head_revision
+from storage._models import Base
 
 
 def _seed_trial(url: str) -> int:
@@ -81,6 +85,26 @@ def _check_database(url: str) -> None:
         ("training", "loss", 0.9),
         ("validation", "loss", 2.0),
     ]
+
+    # A diverged loss: NaN is stored as NULL (SQLite has no NaN), infinities as they are.
+    with session_scope(url) as session:
+        record_metrics(
+            session, trial_id, 11, MetricKind.TRAINING, {"loss": math.nan, "grad": math.inf}
+        )
+    with session_scope(url) as session:
+        stored = dict(
+            session.execute(
+                select(Metric.name, Metric.value).where(
+                    Metric.trial_id == trial_id, Metric.step == 11
+                )
+            ).all()
+        )
+    assert stored == {"loss": None, "grad": math.inf}
+
+    # The migrations build exactly the models' schema.
+    with get_engine(url).connect() as connection:
+        differences = compare_metadata(MigrationContext.configure(connection), Base.metadata)
+    assert [d for d in differences if "slotsweep" in str(d) and VERSION_TABLE not in str(d)] == []
 
 
 def test_sqlite_schema_and_metrics(db_url: str) -> None:

@@ -11,6 +11,7 @@ which also waits for every write queued before it.
 
 from __future__ import annotations
 
+import math
 import queue
 import sys
 import threading
@@ -151,7 +152,10 @@ class ChiefRecorder:
                 )
                 fields: dict[str, Any] = {"total_batches": step}
                 if metric is not None:
-                    fields["searcher_metric_value"] = float(metric)
+                    # A NaN (diverged) value clears the last finite one: the driver then
+                    # reports the divergence rather than rank an earlier, better value.
+                    value = float(metric)
+                    fields["searcher_metric_value"] = None if math.isnan(value) else value
                 self._update_trial(session, **fields)
 
         self.submit(write)
@@ -221,7 +225,8 @@ class ChiefRecorder:
 
         Synchronous: when it returns, a restart can find this checkpoint.
         """
-        metrics = dict(metrics)
+        # JSON has no NaN or infinity (PostgreSQL refuses them); null ranks as "no value".
+        finite = {name: float(v) if math.isfinite(v) else None for name, v in metrics.items()}
 
         def write() -> list[str]:
             from storage import Checkpoint, CheckpointState
@@ -235,7 +240,7 @@ class ChiefRecorder:
                         epoch=epoch,
                         path=str(path),
                         size_bytes=size_bytes,
-                        metrics=metrics,
+                        metrics=finite,
                         state=CheckpointState.COMPLETED,
                     )
                 )
