@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import statistics
 import subprocess
 import tempfile
 import time
@@ -172,7 +173,7 @@ def compute_to_target(db_url: str, target: float) -> Reach:
         trials_started=len(trials),
         hit_trial=None if hit is None else int(hit[1]),
         hit_epoch=None if hit is None else float(hit[2] or 0.0),
-        hit_accuracy=None if hit is None else float(hit[3]),
+        hit_accuracy=None if hit is None else float(hit[3] or 0.0),
     )
 
 
@@ -301,10 +302,18 @@ def main() -> None:
         missed = [r.seed for r in runs if not r.reach.reached]
         print(
             f"{arm:8s}: median {fmt(medians[arm][0], 1)} trial-epochs, "
-            f"{fmt(medians[arm][1], 1)} slot-seconds"
+            f"{fmt(medians[arm][1], 1)} slot-seconds; mean "
+            f"{fmt(statistics.fmean(r.reach.epochs for r in runs), 1)} trial-epochs"
             + (f"; seeds that never reached the target: {missed}" if missed else "")
         )
     if set(ARMS) <= set(medians):
+        # A seed whose first random draws reach the target ties (TPE starts with the
+        # same draws), so the per-seed ratios show what the medians can hide.
+        per_seed = ", ".join(
+            f"{ours.seed}: {fmt(ours.reach.epochs / base.reach.epochs, 2)}"
+            for base, ours in zip(results["random"], results["tpe_asha"], strict=True)
+        )
+        print(f"tpe_asha / random trial-epochs per seed: {per_seed}")
         (a, a_s), (b, b_s) = medians["random"], medians["tpe_asha"]
         print(f"slot-seconds: random {fmt(a_s, 1)} tpe_asha {fmt(b_s, 1)} ratio {fmt(b_s / a_s)}")
         print(f"random_compute={fmt(a, 1)} tpe_asha_compute={fmt(b, 1)} ratio={fmt(b / a)}")

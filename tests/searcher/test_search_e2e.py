@@ -57,7 +57,10 @@ def test_small_search_end_to_end(tmp_path: Path, cli_env: dict[str, str]) -> Non
                     )
                 )
             )
-            assert checkpoints and all(Path(c.path).exists() for c in checkpoints)
+            # A pruned trial stops before writing the checkpoint of its last rung.
+            if trial.state == TrialState.COMPLETED:
+                assert checkpoints
+            assert all(Path(c.path).exists() for c in checkpoints)
             # Retention: save_trial_latest 1 and save_trial_best 1 leave at most two.
             assert len(checkpoints) <= 2
         study_name = experiment.study_name
