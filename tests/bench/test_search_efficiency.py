@@ -1,0 +1,91 @@
+"""What the search-efficiency benchmark counts, on a database written by hand."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from search_efficiency import compute_to_target
+from sqlalchemy import update
+
+from storage import (
+    Experiment,
+    ExperimentState,
+    Metric,
+    MetricKind,
+    Trial,
+    TrialState,
+    record_metrics,
+    session_scope,
+)
+
+T0 = dt.datetime(2026, 1, 1)
+
+
+def _at(seconds: float) -> dt.datetime:
+    return T0 + dt.timedelta(seconds=seconds)
+
+
+def _search(url: str) -> None:
+    """Trial 1 (2 slots) validates epochs 1-3 at 10/20/30 s; trial 2 reaches 0.99 at 25 s."""
+    with session_scope(url) as session:
+        experiment = Experiment(
+            name="e",
+            study_name="e",
+            state=ExperimentState.COMPLETED,
+            config={},
+            model_dir="/tmp",
+            max_trials=2,
+        )
+        session.add(experiment)
+        session.flush()
+        for number, (slots, start, end) in enumerate([(2, 0.0, 35.0), (1, 5.0, 40.0)]):
+            session.add(
+                Trial(
+                    experiment_id=experiment.id,
+                    optuna_trial_id=number,
+                    optuna_trial_number=number,
+                    state=TrialState.COMPLETED,
+                    hparams={},
+                    slots_per_trial=slots,
+                    started_at=_at(start),
+                    ended_at=_at(end),
+                )
+            )
+    curves = {1: [(10, 0.5), (20, 0.9), (30, 0.995)], 2: [(15, 0.8), (25, 0.99), (35, 0.5)]}
+    for trial_id, points in curves.items():
+        for epoch, (seconds, accuracy) in enumerate(points, start=1):
+            with session_scope(url) as session:
+                record_metrics(
+                    session,
+                    trial_id,
+                    epoch * 10,
+                    MetricKind.VALIDATION,
+                    {"val_accuracy": accuracy},
+                    epoch=float(epoch),
+                )
+            with session_scope(url) as session:
+                session.execute(
+                    update(Metric)
+                    .where(Metric.trial_id == trial_id, Metric.step == epoch * 10)
+                    .values(recorded_at=_at(seconds))
+                )
+
+
+def test_compute_is_counted_up_to_the_first_hit(db_url: str) -> None:
+    _search(db_url)
+    reach = compute_to_target(db_url, 0.99)
+    assert reach.reached and reach.hit_trial == 2 and reach.hit_epoch == 2.0
+    assert reach.hit_accuracy == pytest.approx(0.99)
+    # By 25 s trial 1 had validated 2 epochs and trial 2 had validated 2.
+    assert reach.epochs == 4.0
+    assert reach.trials_started == 2
+    assert reach.slot_seconds == pytest.approx(2 * 25.0 + 1 * 20.0)
+
+
+def test_a_target_never_reached_counts_everything(db_url: str) -> None:
+    _search(db_url)
+    reach = compute_to_target(db_url, 0.999)
+    assert not reach.reached and reach.hit_trial is None
+    assert reach.epochs == 6.0
+    assert reach.slot_seconds == pytest.approx(2 * 35.0 + 1 * 35.0)
