@@ -9,12 +9,13 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,19 @@ def bench_env(folder: Path, **extra: str) -> dict[str, str]:
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.update(extra)
     return env
+
+
+@contextlib.contextmanager
+def scratch_folder(prefix: str, *, keep: bool) -> Iterator[Path]:
+    """A temporary folder for a benchmark's searches, removed afterwards unless ``keep``."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield root
+    finally:
+        if keep:
+            print(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def write_yaml(path: Path, data: dict[str, Any]) -> Path:

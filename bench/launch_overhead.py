@@ -64,13 +64,12 @@ import resource
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _common import bench_env, epoch_s, fmt, median, run_search, write_yaml
+from _common import bench_env, epoch_s, fmt, median, run_search, scratch_folder, write_yaml
 
 HERE = Path(__file__).resolve().parent
 TRIAL_FILE = HERE / "launch_trial.py"
@@ -306,9 +305,8 @@ def main() -> None:
     if args.k < 1 or args.rounds < 1:
         parser.error("-k and --rounds must be positive integers")
 
-    root = Path(tempfile.mkdtemp(prefix="launch-overhead-"))
     bare, sweep = KindResult(), KindResult()
-    try:
+    with scratch_folder("launch-overhead-", keep=args.keep) as root:
         if not args.no_warmup:
             warm = root / "warmup"
             prepare(warm)
@@ -330,11 +328,6 @@ def main() -> None:
                     f"(took {fmt(time.time() - began, 1)} s)",
                     flush=True,
                 )
-    finally:
-        if args.keep:
-            print(f"kept {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
 
     trials = args.k * args.rounds
     print(f"\n{trials} trials of each kind ({args.rounds} rounds of K={args.k})")

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import gc
 import heapq
+import itertools
 import math
 import random
 import statistics
@@ -206,33 +207,32 @@ def _sweep(pool: ResourcePool, args: argparse.Namespace) -> int:
     """Run many workload shapes; report the best ratio among those where backfill >= 0.95."""
     print("weights            sigma load exp  backfill fifo   ratio  ceiling")
     best: tuple[float, str] | None = None
-    for weights in _SWEEP_WEIGHTS:
-        for sigma in _SWEEP_SIGMAS:
-            for load in _SWEEP_LOADS:
-                for experiment_size in _SWEEP_EXPERIMENT_SIZES:
-                    trials = make_workload(
-                        args.trials,
-                        pool.total_slots,
-                        load=load,
-                        mean_length_s=args.mean_length_min * 60,
-                        seed=args.seed,
-                        experiment_size=experiment_size,
-                        size_weights=weights,
-                        sigma=sigma,
-                    )
-                    ours = simulate(pool, trials, backfill=True).utilization
-                    fifo = simulate(pool, trials, backfill=False).utilization
-                    shape = f"{weights!s:18s} {sigma:5.1f} {load:4.1f} {experiment_size:4d}"
-                    print(
-                        f"{shape}  {ours:.4f}   {fifo:.4f} {ours / fifo:.3f}  {1 / fifo:.3f}",
-                        flush=True,
-                    )
-                    if ours >= 0.95 and (best is None or ours / fifo > best[0]):
-                        best = (ours / fifo, shape)
+    shapes = itertools.product(
+        _SWEEP_WEIGHTS, _SWEEP_SIGMAS, _SWEEP_LOADS, _SWEEP_EXPERIMENT_SIZES
+    )
+    for weights, sigma, load, experiment_size in shapes:
+        trials = make_workload(
+            args.trials,
+            pool.total_slots,
+            load=load,
+            mean_length_s=args.mean_length_min * 60,
+            seed=args.seed,
+            experiment_size=experiment_size,
+            size_weights=weights,
+            sigma=sigma,
+        )
+        ours = simulate(pool, trials, backfill=True).utilization
+        fifo = simulate(pool, trials, backfill=False).utilization
+        shape = f"{weights!s:18s} {sigma:5.1f} {load:4.1f} {experiment_size:4d}"
+        print(f"{shape}  {ours:.4f}   {fifo:.4f} {ours / fifo:.3f}  {1 / fifo:.3f}", flush=True)
+        if ours >= 0.95 and (best is None or ours / fifo > best[0]):
+            best = (ours / fifo, shape)
     if best is None:
         print("no workload shape reached utilization 0.95 with backfilling")
     else:
-        print(f"best ratio with utilization >= 0.95: {best[0]:.3f} ({best[1].split()})")
+        print(
+            f"best ratio with utilization >= 0.95: {best[0]:.3f} (weights sigma load exp: {best[1]})"
+        )
     return 0
 
 

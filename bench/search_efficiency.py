@@ -61,17 +61,21 @@ Last line (machine-readable; compute in trial-epochs):
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import shutil
 import statistics
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
-from _common import bench_env, fmt, median, run_search, slotsweep_argv, write_yaml
+from _common import bench_env, fmt, median, run_search, scratch_folder, slotsweep_argv, write_yaml
+from sqlalchemy import Row, func, select
+from sqlalchemy.orm import Session
+
+from storage import Metric, MetricKind, Trial, session_scope
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "digits"
@@ -131,6 +135,27 @@ class Reach:
     hit_accuracy: float | None
 
 
+_ACCURACY = (Metric.kind == MetricKind.VALIDATION, Metric.name == "val_accuracy")
+
+
+def _first_hit(
+    session: Session, target: float
+) -> Row[dt.datetime, int, float | None, float | None] | None:
+    """(recorded_at, trial_id, epoch, value) of the first validation reaching ``target``."""
+    return session.execute(
+        select(Metric.recorded_at, Metric.trial_id, Metric.epoch, Metric.value)
+        .where(*_ACCURACY, Metric.value >= target - 1e-12)
+        .order_by(Metric.recorded_at, Metric.id)
+        .limit(1)
+    ).first()
+
+
+def reached(db_url: str, target: float) -> bool:
+    """Whether any validation has reached ``target`` yet (one query, for polling)."""
+    with session_scope(db_url) as session:
+        return _first_hit(session, target) is not None
+
+
 def compute_to_target(db_url: str, target: float) -> Reach:
     """Compute spent up to the first validation that reached ``target`` (all of it if none).
 
@@ -139,24 +164,12 @@ def compute_to_target(db_url: str, target: float) -> Reach:
     epochs it had trained, a pruned trial stopping at its rung). Slot-seconds: each
     trial's slots times its time from launch (start-up included) to its end or the hit.
     """
-    import datetime as dt
-
-    from sqlalchemy import func, select
-
-    from storage import Metric, MetricKind, Trial, session_scope
-
-    accuracy = (Metric.kind == MetricKind.VALIDATION) & (Metric.name == "val_accuracy")
     with session_scope(db_url) as session:
-        hit = session.execute(
-            select(Metric.recorded_at, Metric.trial_id, Metric.epoch, Metric.value)
-            .where(accuracy, Metric.value >= target - 1e-12)
-            .order_by(Metric.recorded_at, Metric.id)
-            .limit(1)
-        ).first()
+        hit = _first_hit(session, target)
         moment = hit[0] if hit is not None else dt.datetime.max
         epochs = session.execute(
             select(Metric.trial_id, func.max(Metric.epoch))
-            .where(accuracy, Metric.recorded_at <= moment)
+            .where(*_ACCURACY, Metric.recorded_at <= moment)
             .group_by(Metric.trial_id)
         ).all()
         trials = session.execute(
@@ -218,10 +231,10 @@ def run_one(arm: str, seed: int, *, args: argparse.Namespace, root: Path) -> Sea
             return  # opening it here would create it under the driver's feet
         next_check[0] = time.time() + 2.0
         try:
-            reached = compute_to_target(db_url, args.target).reached
+            hit = reached(db_url, args.target)
         except Exception:  # the schema is not there yet
             return
-        if reached:
+        if hit:
             subprocess.run(
                 [*slotsweep_argv(), "kill", "1", "--db", db_url],
                 cwd=folder,
@@ -261,7 +274,6 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = parser.parse_args()
 
-    root = Path(tempfile.mkdtemp(prefix="search-efficiency-"))
     print(
         f"target val_accuracy >= {args.target}; max_length {args.epochs} epochs; "
         f"max_trials {args.max_trials}; seeds {args.seeds}; 1 slot per trial, 2 at once; "
@@ -269,7 +281,7 @@ def main() -> None:
         flush=True,
     )
     results: dict[str, list[SearchResult]] = {arm: [] for arm in args.arms}
-    try:
+    with scratch_folder("search-efficiency-", keep=args.keep) as root:
         for seed in args.seeds:
             # Alternate which arm goes first, so load from other work on the machine
             # does not fall on one arm only (it affects slot-seconds, not epochs).
@@ -290,11 +302,6 @@ def main() -> None:
                     f"search took {fmt(result.wall_s, 1)} s",
                     flush=True,
                 )
-    finally:
-        if args.keep:
-            print(f"kept {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
 
     print()
     medians: dict[str, tuple[float, float]] = {}

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,3 +51,48 @@ def cli_environment() -> dict[str, str]:
     # The venv's bin holds torchrun and slotsweep; tests may run from another shell.
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return env
+
+
+def add_experiment(
+    url: str,
+    trials: Sequence[Mapping[str, Any]] = ({},),
+    *,
+    name: str = "e",
+    state: Any = None,
+) -> tuple[int, list[int]]:
+    """An experiment row with one trial row per mapping; (experiment id, trial ids).
+
+    Each mapping overrides :class:`storage.Trial` fields; by default a trial is RUNNING
+    on one slot with no hyperparameters, and numbered in order. The experiment is ACTIVE
+    unless ``state`` says otherwise, with a study name unique to this call.
+    """
+    from storage import Experiment, ExperimentState, Trial, TrialState, session_scope
+
+    with session_scope(url) as session:
+        experiment = Experiment(
+            name=name,
+            study_name=f"study-{name}-{uuid.uuid4().hex}",
+            state=state or ExperimentState.ACTIVE,
+            config={},
+            model_dir=".",
+            max_trials=len(trials),
+        )
+        session.add(experiment)
+        session.flush()
+        rows = [
+            Trial(
+                **{
+                    "experiment_id": experiment.id,
+                    "optuna_trial_id": number,
+                    "optuna_trial_number": number,
+                    "state": TrialState.RUNNING,
+                    "hparams": {},
+                    "slots_per_trial": 1,
+                    **fields,
+                }
+            )
+            for number, fields in enumerate(trials)
+        ]
+        session.add_all(rows)
+        session.flush()
+        return experiment.id, [row.id for row in rows]

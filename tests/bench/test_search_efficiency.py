@@ -9,15 +9,14 @@ from search_efficiency import compute_to_target
 from sqlalchemy import update
 
 from storage import (
-    Experiment,
     ExperimentState,
     Metric,
     MetricKind,
-    Trial,
     TrialState,
     record_metrics,
     session_scope,
 )
+from tests.conftest import add_experiment
 
 T0 = dt.datetime(2026, 1, 1)
 
@@ -28,32 +27,21 @@ def _at(seconds: float) -> dt.datetime:
 
 def _search(url: str) -> None:
     """Trial 1 (2 slots) validates epochs 1-3 at 10/20/30 s; trial 2 reaches 0.99 at 25 s."""
-    with session_scope(url) as session:
-        experiment = Experiment(
-            name="e",
-            study_name="e",
-            state=ExperimentState.COMPLETED,
-            config={},
-            model_dir="/tmp",
-            max_trials=2,
-        )
-        session.add(experiment)
-        session.flush()
-        for number, (slots, start, end) in enumerate([(2, 0.0, 35.0), (1, 5.0, 40.0)]):
-            session.add(
-                Trial(
-                    experiment_id=experiment.id,
-                    optuna_trial_id=number,
-                    optuna_trial_number=number,
-                    state=TrialState.COMPLETED,
-                    hparams={},
-                    slots_per_trial=slots,
-                    started_at=_at(start),
-                    ended_at=_at(end),
-                )
-            )
-    curves = {1: [(10, 0.5), (20, 0.9), (30, 0.995)], 2: [(15, 0.8), (25, 0.99), (35, 0.5)]}
-    for trial_id, points in curves.items():
+    _, trial_ids = add_experiment(
+        url,
+        [
+            {
+                "state": TrialState.COMPLETED,
+                "slots_per_trial": slots,
+                "started_at": _at(start),
+                "ended_at": _at(end),
+            }
+            for slots, start, end in [(2, 0.0, 35.0), (1, 5.0, 40.0)]
+        ],
+        state=ExperimentState.COMPLETED,
+    )
+    curves = [[(10, 0.5), (20, 0.9), (30, 0.995)], [(15, 0.8), (25, 0.99), (35, 0.5)]]
+    for trial_id, points in zip(trial_ids, curves, strict=True):
         for epoch, (seconds, accuracy) in enumerate(points, start=1):
             with session_scope(url) as session:
                 record_metrics(
@@ -64,7 +52,7 @@ def _search(url: str) -> None:
                     {"val_accuracy": accuracy},
                     epoch=float(epoch),
                 )
-            with session_scope(url) as session:
+                # Recorded when the search would have recorded it.
                 session.execute(
                     update(Metric)
                     .where(Metric.trial_id == trial_id, Metric.step == epoch * 10)

@@ -13,12 +13,9 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import func, inspect, select, text
 
 from storage import (
-    Experiment,
-    ExperimentState,
     Metric,
     MetricKind,
     Trial,
-    TrialState,
     absolute_db_url,
     get_engine,
     optuna_storage,
@@ -29,31 +26,7 @@ from storage import (
 )
 from storage._migrate import VERSION_TABLE, current_revision, head_revision
 from storage._models import Base
-
-
-def _seed_trial(url: str) -> int:
-    with session_scope(url) as session:
-        experiment = Experiment(
-            name="e",
-            study_name=f"e-{id(session)}",
-            state=ExperimentState.ACTIVE,
-            config={},
-            model_dir="/tmp",
-            max_trials=1,
-        )
-        session.add(experiment)
-        session.flush()
-        trial = Trial(
-            experiment_id=experiment.id,
-            optuna_trial_id=0,
-            optuna_trial_number=0,
-            state=TrialState.RUNNING,
-            hparams={"lr": 0.1},
-            slots_per_trial=1,
-        )
-        session.add(trial)
-        session.flush()
-        return trial.id
+from tests.conftest import add_experiment
 
 
 def _check_database(url: str) -> None:
@@ -67,7 +40,7 @@ def _check_database(url: str) -> None:
     study.tell(study.ask(), 1.0)
     assert optuna.load_study(study_name="shared", storage=url).best_value == 1.0
 
-    trial_id = _seed_trial(url)
+    (trial_id,) = add_experiment(url, [{"hparams": {"lr": 0.1}}])[1]
     with session_scope(url) as session:
         record_metrics(session, trial_id, 10, MetricKind.TRAINING, {"loss": 1.0, "acc": 0.5})
     with session_scope(url) as session:
@@ -132,7 +105,7 @@ def _hammer(url: str, trial_id: int, worker: int, steps: int) -> None:
 
 @pytest.mark.slow
 def test_concurrent_sqlite_writers_never_see_database_locked(db_url: str) -> None:
-    trial_id = _seed_trial(db_url)
+    (trial_id,) = add_experiment(db_url, [{"hparams": {"lr": 0.1}}])[1]
     context = multiprocessing.get_context("spawn")
     workers = [
         context.Process(target=_hammer, args=(db_url, trial_id, worker, 60)) for worker in range(4)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import multiprocessing
-import uuid
 from typing import Any
 
 import pytest
@@ -12,14 +11,12 @@ from sqlalchemy import func, select
 
 from storage import (
     Allocation,
-    Experiment,
-    ExperimentState,
-    Trial,
     TrialState,
     session_scope,
     upgrade_schema,
     utcnow,
 )
+from tests.conftest import add_experiment
 from tests.storage.conftest import postgres_url  # noqa: F401  (a real server for the race)
 from trials import allocations
 from trials.scheduler import Agent, AgentSlots, Cluster, Placement, ResourcePool
@@ -37,32 +34,8 @@ def placement(request_id: int, *parts: tuple[Agent, tuple[int, ...]]) -> Placeme
 
 
 def make_trials(db_url: str, count: int, name: str = "exp") -> tuple[int, list[int]]:
-    """An experiment with ``count`` trials; their ids."""
-    with session_scope(db_url) as session:
-        experiment = Experiment(
-            name=name,
-            study_name=f"study-{name}-{uuid.uuid4().hex}",
-            state=ExperimentState.ACTIVE,
-            config={},
-            model_dir=".",
-            max_trials=count,
-        )
-        session.add(experiment)
-        session.flush()
-        trials = [
-            Trial(
-                experiment_id=experiment.id,
-                optuna_trial_id=n,
-                optuna_trial_number=n,
-                state=TrialState.QUEUED,
-                hparams={},
-                slots_per_trial=1,
-            )
-            for n in range(count)
-        ]
-        session.add_all(trials)
-        session.flush()
-        return experiment.id, [trial.id for trial in trials]
+    """An experiment with ``count`` queued trials; its id and theirs."""
+    return add_experiment(db_url, [{"state": TrialState.QUEUED}] * count, name=name)
 
 
 def allocation_count(db_url: str) -> int:

@@ -8,7 +8,8 @@ import pynvml
 import pytest
 import sqlalchemy as sa
 
-from storage import Experiment, ExperimentState, SystemMetric, Trial, TrialState, session_scope
+from storage import SystemMetric, session_scope
+from tests.conftest import add_experiment
 from trials._system_metrics import (
     GPU_METRICS,
     HOST_METRICS,
@@ -169,31 +170,8 @@ def test_sampler_records_host_metrics(db_url: str) -> None:
     assert len(_rows(db_url)) == count
 
 
-def _make_trial(db_url: str) -> int:
-    with session_scope(db_url) as session:
-        experiment = Experiment(
-            name="e",
-            study_name="e-study",
-            state=ExperimentState.ACTIVE,
-            config={},
-            model_dir=".",
-            max_trials=1,
-        )
-        trial = Trial(
-            experiment=experiment,
-            optuna_trial_id=0,
-            optuna_trial_number=0,
-            state=TrialState.RUNNING,
-            hparams={},
-            slots_per_trial=1,
-        )
-        session.add_all([experiment, trial])
-        session.flush()
-        return trial.id
-
-
 def test_sampler_as_context_manager_records_for_a_trial(db_url: str) -> None:
-    trial_id = _make_trial(db_url)
+    (trial_id,) = add_experiment(db_url)[1]
     with SystemMetricsSampler(db_url, trial_id=trial_id, agent="agent-a", interval_s=0.05):
         rows = _wait_for_samples(db_url, samples=2)
     _check_host_rows(rows, trial_id=trial_id)

@@ -8,6 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 from storage import MetricKind, get_engine, record_metrics, session_scope
+from tests.conftest import add_experiment
 from tests.ui._real_search import RealSearch
 from ui import _queries
 from ui._demo_data import DemoSearch
@@ -49,7 +50,7 @@ def test_list_trials_pages(engine: sa.Engine, synthetic_search: DemoSearch) -> N
 
 
 def test_metric_curves_are_downsampled_in_sql(db_url: str) -> None:
-    trial_id = _make_bare_trial(db_url)
+    (trial_id,) = add_experiment(db_url, name="bare")[1]
     with session_scope(db_url) as session:
         for step in range(1, 1001):
             record_metrics(session, trial_id, step, MetricKind.TRAINING, {"loss": float(step)})
@@ -69,7 +70,7 @@ def test_metric_curves_are_downsampled_in_sql(db_url: str) -> None:
 def test_timing_breakdown_weights_windows_by_batch_count(db_url: str) -> None:
     from storage import Timing
 
-    trial_id = _make_bare_trial(db_url)
+    (trial_id,) = add_experiment(db_url, name="bare")[1]
     with session_scope(db_url) as session:
         for start, count, mean in ((0, 10, 1.0), (10, 30, 3.0)):
             session.add(
@@ -157,30 +158,3 @@ def test_lean_study_snapshot_of_the_real_search(real_search: RealSearch) -> None
     # The study the driver created and the runtime's rank 0 reported into.
     _assert_snapshot_equals_optunas_read(real_search.url, real_search.study_name)
     _assert_snapshot_equals_optunas_read(real_search.running_url, real_search.study_name)
-
-
-def _make_bare_trial(url: str) -> int:
-    from storage import Experiment, ExperimentState, Trial, TrialState
-
-    with session_scope(url) as session:
-        experiment = Experiment(
-            name="bare",
-            study_name="bare",
-            state=ExperimentState.ACTIVE,
-            config={},
-            model_dir=".",
-            max_trials=1,
-        )
-        session.add(experiment)
-        session.flush()
-        trial = Trial(
-            experiment_id=experiment.id,
-            optuna_trial_id=0,
-            optuna_trial_number=0,
-            state=TrialState.RUNNING,
-            hparams={},
-            slots_per_trial=1,
-        )
-        session.add(trial)
-        session.flush()
-        return trial.id
