@@ -139,7 +139,9 @@ def raw_loop(steps: int, warmup: int, samples: int, device: torch.device) -> Ste
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     loss_fn = nn.CrossEntropyLoss()
     dataset = make_dataset(samples)
-    sampler = DistributedSampler(dataset, shuffle=True) if distributed else None
+    sampler: DistributedSampler[Any] | None = (
+        DistributedSampler(dataset, shuffle=True) if distributed else None
+    )
     loader = DataLoader(
         dataset,
         batch_size=PER_SLOT_BATCH,

@@ -27,10 +27,14 @@ space to reach it within 27 epochs, so a searcher that learns where the good reg
 has room to do better. An easier target (0.97, 0.98) is reached by random search within
 a few trials, before TPE's start-up phase ends, and then only measures ASHA.
 
-The figure is a median over seeds (``--seeds``, default 0 to 8). Both searchers draw
+The figure is a median over seeds (``--seeds``, default 0 to 17). Both searchers draw
 the same first trials for a seed (TPE starts with random sampling), so a seed whose
 first draws reach the target ties at a ratio near 1, while the others show the
-searchers' difference; with three seeds two such ties decide the median, hence nine.
+searchers' difference. Compute to the target is heavy-tailed (a random search may need
+3 or 100 trials), so the median of a few seeds moves a lot with the seeds chosen: the
+summary prints a 90% bootstrap interval of the ratio over the seeds run. On the 9 seeds
+we first used it spanned 0.21 to 0.64, too wide to say which side of 1/3 the
+searchers are on; hence 18 seeds.
 
 Compute to first reach the target, measured at the moment the first validation that
 reached it was recorded (``slotsweep_metrics.recorded_at``): trial-epochs are, for every
@@ -48,12 +52,16 @@ them than of epochs.
 
 To keep the run short, a search is stopped (``slotsweep kill``) as soon as a validation
 has reached the target: nothing after it can change the figure. ``--full`` runs every
-search to ``max_trials`` instead. A default run takes about 40 minutes on this 2-core
-machine (random search needs up to tens of 27-epoch trials per seed).
+search to ``max_trials`` instead. A default run takes about 80 minutes on this 2-core
+machine (random search needs up to tens of 27-epoch trials per seed). It can be run in
+parts with ``--keep`` and summarised once with ``--from``, which recounts every kept
+``<arm>-seed<N>/search.db`` and runs nothing.
 
 Run:
-    .venv/bin/python bench/search_efficiency.py                 # seeds 0-8, target 0.985
+    .venv/bin/python bench/search_efficiency.py                 # seeds 0-17, target 0.985
     .venv/bin/python bench/search_efficiency.py --seeds 0 1 2 3 4 --target 0.98
+    .venv/bin/python bench/search_efficiency.py --seeds 0 1 2 --keep   # prints "kept DIR"
+    .venv/bin/python bench/search_efficiency.py --from DIR1 DIR2        # summary of both
 Last line (machine-readable; compute in trial-epochs):
     random_compute=<a> tpe_asha_compute=<b> ratio=<b/a>
 """
@@ -62,10 +70,13 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import random
+import re
 import shutil
 import statistics
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -199,7 +210,62 @@ class SearchResult:
     arm: str
     seed: int
     reach: Reach
-    wall_s: float
+    wall_s: float | None  # None when read back from a kept folder (--from)
+
+
+_SEARCH_FOLDER = re.compile(r"^(?P<arm>[a-z_]+)-seed(?P<seed>\d+)$")
+
+
+def bootstrap_interval(
+    pairs: Sequence[tuple[float, float]],
+    *,
+    level: float = 0.9,
+    resamples: int = 10_000,
+    rng_seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile interval of ``median(b) / median(a)`` over seeds drawn with replacement.
+
+    ``pairs`` holds one ``(a, b)`` per seed (random's and TPE+ASHA's compute); a seed is
+    resampled as a pair, since both arms share its first random draws. The spread says
+    how much the median ratio of this many seeds moves with the seeds chosen, which is
+    what decides whether a run says anything about a threshold such as 1/3.
+
+    Example:
+        >>> lo, hi = bootstrap_interval([(100.0, 30.0)] * 5)
+        >>> (lo, hi)
+        (0.3, 0.3)
+    """
+    rng = random.Random(rng_seed)
+    ratios = []
+    for _ in range(resamples):
+        sample = rng.choices(pairs, k=len(pairs))
+        ratios.append(median([b for _, b in sample]) / median([a for a, _ in sample]))
+    ratios.sort()
+    tail = (1.0 - level) / 2.0
+    low = ratios[round(tail * (resamples - 1))]
+    high = ratios[round((1.0 - tail) * (resamples - 1))]
+    return low, high
+
+
+def load_results(folders: Sequence[Path], target: float) -> dict[str, list[SearchResult]]:
+    """Results of searches kept by earlier runs (``--keep``), recounted from their databases.
+
+    Each ``<arm>-seed<N>/search.db`` below the given folders is one search, so a long
+    benchmark can be run in parts and summarised once. A seed measured twice for an arm
+    is an error rather than a silent choice.
+    """
+    results: dict[str, dict[int, SearchResult]] = {arm: {} for arm in ARMS}
+    for folder in folders:
+        for db in sorted(folder.glob("*/search.db")):
+            match = _SEARCH_FOLDER.match(db.parent.name)
+            if match is None or match["arm"] not in ARMS:
+                continue
+            arm, seed = match["arm"], int(match["seed"])
+            if seed in results[arm]:
+                raise SystemExit(f"--from: {arm} seed {seed} appears twice ({db.parent})")
+            reach = compute_to_target(f"sqlite:///{db.resolve()}", target)
+            results[arm][seed] = SearchResult(arm, seed, reach, None)
+    return {arm: [runs[s] for s in sorted(runs)] for arm, runs in results.items() if runs}
 
 
 def run_one(arm: str, seed: int, *, args: argparse.Namespace, root: Path) -> SearchResult:
@@ -257,9 +323,81 @@ def run_one(arm: str, seed: int, *, args: argparse.Namespace, root: Path) -> Sea
     return SearchResult(arm, seed, compute_to_target(search.db_url, args.target), search.wall_s)
 
 
+def run_all(args: argparse.Namespace) -> dict[str, list[SearchResult]]:
+    """Run every (seed, arm) search, printing a line per search as it ends."""
+    results: dict[str, list[SearchResult]] = {arm: [] for arm in args.arms}
+    with scratch_folder("search-efficiency-", keep=args.keep) as root:
+        for seed in args.seeds:
+            # Alternate which arm goes first, so load from other work on the machine
+            # does not fall on one arm only (it affects slot-seconds, not epochs).
+            order = args.arms if seed % 2 == 0 else list(reversed(args.arms))
+            for arm in order:
+                result = run_one(arm, seed, args=args, root=root)
+                results[arm].append(result)
+                print(_search_line(result), flush=True)
+    return results
+
+
+def _search_line(result: SearchResult) -> str:
+    reach = result.reach
+    status = (
+        f"reached {fmt(reach.hit_accuracy or 0.0, 4)} in trial {reach.hit_trial} "
+        f"at epoch {fmt(reach.hit_epoch or 0.0, 0)}"
+        if reach.reached
+        else "NOT reached (all compute counted)"
+    )
+    took = "" if result.wall_s is None else f"; search took {fmt(result.wall_s, 1)} s"
+    return (
+        f"seed {result.seed} {result.arm:8s}: {status}; {reach.trials_started} trials started, "
+        f"{fmt(reach.epochs, 1)} trial-epochs, {fmt(reach.slot_seconds, 1)} slot-s{took}"
+    )
+
+
+def print_summary(results: dict[str, list[SearchResult]]) -> None:
+    """Medians and means per arm, per-seed ratios, the bootstrap interval, the last line."""
+    print()
+    medians: dict[str, tuple[float, float]] = {}
+    for arm, runs in results.items():
+        medians[arm] = (
+            median([r.reach.epochs for r in runs]),
+            median([r.reach.slot_seconds for r in runs]),
+        )
+        missed = [r.seed for r in runs if not r.reach.reached]
+        print(
+            f"{arm:8s}: median {fmt(medians[arm][0], 1)} trial-epochs, "
+            f"{fmt(medians[arm][1], 1)} slot-seconds; mean "
+            f"{fmt(statistics.fmean(r.reach.epochs for r in runs), 1)} trial-epochs "
+            f"over {len(runs)} seeds"
+            + (f"; seeds that never reached the target: {missed}" if missed else "")
+        )
+    if not set(ARMS) <= set(medians):
+        return
+    pairs = [
+        (base, ours)
+        for base, ours in zip(results["random"], results["tpe_asha"], strict=True)
+        if base.seed == ours.seed
+    ]
+    if len(pairs) != len(results["random"]):
+        raise SystemExit("the two arms were not run on the same seeds")
+    # A seed whose first random draws reach the target ties (TPE starts with the same
+    # draws), so the per-seed ratios show what the medians can hide.
+    per_seed = ", ".join(
+        f"{ours.seed}: {fmt(ours.reach.epochs / base.reach.epochs, 2)}" for base, ours in pairs
+    )
+    print(f"tpe_asha / random trial-epochs per seed: {per_seed}")
+    low, high = bootstrap_interval([(b.reach.epochs, o.reach.epochs) for b, o in pairs])
+    print(
+        f"ratio of medians, 90% bootstrap interval over these {len(pairs)} seeds: "
+        f"{fmt(low)} to {fmt(high)}"
+    )
+    (a, a_s), (b, b_s) = medians["random"], medians["tpe_asha"]
+    print(f"slot-seconds: random {fmt(a_s, 1)} tpe_asha {fmt(b_s, 1)} ratio {fmt(b_s / a_s)}")
+    print(f"random_compute={fmt(a, 1)} tpe_asha_compute={fmt(b, 1)} ratio={fmt(b / a)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(9)))
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(18)))
     parser.add_argument("--target", type=float, default=0.985, help="val_accuracy to reach")
     parser.add_argument("--max-trials", type=int, default=150)
     parser.add_argument("--epochs", type=int, default=27, help="searcher.max_length in epochs")
@@ -272,62 +410,35 @@ def main() -> None:
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--full", action="store_true", help="run every search to max_trials")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    parser.add_argument(
+        "--from",
+        dest="from_folders",
+        type=Path,
+        nargs="+",
+        metavar="FOLDER",
+        help="run nothing: summarise the searches kept (--keep) in these folders",
+    )
     args = parser.parse_args()
 
-    print(
-        f"target val_accuracy >= {args.target}; max_length {args.epochs} epochs; "
-        f"max_trials {args.max_trials}; seeds {args.seeds}; 1 slot per trial, 2 at once; "
-        f"TPE n_startup_trials {args.n_startup_trials or 'default (10)'}",
-        flush=True,
-    )
-    results: dict[str, list[SearchResult]] = {arm: [] for arm in args.arms}
-    with scratch_folder("search-efficiency-", keep=args.keep) as root:
-        for seed in args.seeds:
-            # Alternate which arm goes first, so load from other work on the machine
-            # does not fall on one arm only (it affects slot-seconds, not epochs).
-            order = args.arms if seed % 2 == 0 else list(reversed(args.arms))
-            for arm in order:
-                result = run_one(arm, seed, args=args, root=root)
-                results[arm].append(result)
-                reach = result.reach
-                status = (
-                    f"reached {fmt(reach.hit_accuracy or 0.0, 4)} in trial {reach.hit_trial} "
-                    f"at epoch {fmt(reach.hit_epoch or 0.0, 0)}"
-                    if reach.reached
-                    else "NOT reached (all compute counted)"
-                )
-                print(
-                    f"seed {seed} {arm:8s}: {status}; {reach.trials_started} trials started, "
-                    f"{fmt(reach.epochs, 1)} trial-epochs, {fmt(reach.slot_seconds, 1)} slot-s; "
-                    f"search took {fmt(result.wall_s, 1)} s",
-                    flush=True,
-                )
-
-    print()
-    medians: dict[str, tuple[float, float]] = {}
-    for arm, runs in results.items():
-        medians[arm] = (
-            median([r.reach.epochs for r in runs]),
-            median([r.reach.slot_seconds for r in runs]),
-        )
-        missed = [r.seed for r in runs if not r.reach.reached]
+    if args.from_folders:
+        for folder in args.from_folders:
+            if not folder.is_dir():
+                parser.error(f"--from: {folder} is not a folder")
+        results = load_results(args.from_folders, args.target)
+        if not results:
+            parser.error("--from: no <arm>-seed<N>/search.db below these folders")
+        for runs in results.values():
+            for result in runs:
+                print(_search_line(result))
+    else:
         print(
-            f"{arm:8s}: median {fmt(medians[arm][0], 1)} trial-epochs, "
-            f"{fmt(medians[arm][1], 1)} slot-seconds; mean "
-            f"{fmt(statistics.fmean(r.reach.epochs for r in runs), 1)} trial-epochs"
-            + (f"; seeds that never reached the target: {missed}" if missed else "")
+            f"target val_accuracy >= {args.target}; max_length {args.epochs} epochs; "
+            f"max_trials {args.max_trials}; seeds {args.seeds}; 1 slot per trial, 2 at once; "
+            f"TPE n_startup_trials {args.n_startup_trials or 'default (10)'}",
+            flush=True,
         )
-    if set(ARMS) <= set(medians):
-        # A seed whose first random draws reach the target ties (TPE starts with the
-        # same draws), so the per-seed ratios show what the medians can hide.
-        per_seed = ", ".join(
-            f"{ours.seed}: {fmt(ours.reach.epochs / base.reach.epochs, 2)}"
-            for base, ours in zip(results["random"], results["tpe_asha"], strict=True)
-        )
-        print(f"tpe_asha / random trial-epochs per seed: {per_seed}")
-        (a, a_s), (b, b_s) = medians["random"], medians["tpe_asha"]
-        print(f"slot-seconds: random {fmt(a_s, 1)} tpe_asha {fmt(b_s, 1)} ratio {fmt(b_s / a_s)}")
-        print(f"random_compute={fmt(a, 1)} tpe_asha_compute={fmt(b, 1)} ratio={fmt(b / a)}")
+        results = run_all(args)
+    print_summary(results)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 
 import pytest
-from search_efficiency import compute_to_target
+from search_efficiency import bootstrap_interval, compute_to_target, load_results
 from sqlalchemy import update
 
 from storage import (
@@ -15,6 +16,7 @@ from storage import (
     TrialState,
     record_metrics,
     session_scope,
+    upgrade_schema,
 )
 from tests.conftest import add_experiment
 
@@ -77,3 +79,40 @@ def test_a_target_never_reached_counts_everything(db_url: str) -> None:
     assert not reach.reached and reach.hit_trial is None
     assert reach.epochs == 6.0
     assert reach.slot_seconds == pytest.approx(2 * 35.0 + 1 * 35.0)
+
+
+def test_kept_searches_are_summarised_from_their_databases(tmp_path: Path) -> None:
+    for part, arm in [("part1", "random"), ("part2", "tpe_asha")]:
+        folder = tmp_path / part / f"{arm}-seed3"
+        folder.mkdir(parents=True)
+        url = f"sqlite:///{folder / 'search.db'}"
+        upgrade_schema(url)
+        _search(url)
+    (tmp_path / "part1" / "not-a-search").mkdir()
+
+    results = load_results([tmp_path / "part1", tmp_path / "part2"], 0.99)
+
+    assert sorted(results) == ["random", "tpe_asha"]
+    for arm, runs in results.items():
+        assert [(r.arm, r.seed, r.wall_s) for r in runs] == [(arm, 3, None)]
+        assert runs[0].reach.epochs == 4.0
+
+
+def test_a_seed_kept_twice_is_refused(tmp_path: Path) -> None:
+    for part in ("part1", "part2"):
+        folder = tmp_path / part / "random-seed0"
+        folder.mkdir(parents=True)
+        upgrade_schema(f"sqlite:///{folder / 'search.db'}")
+    with pytest.raises(SystemExit, match="random seed 0 appears twice"):
+        load_results([tmp_path / "part1", tmp_path / "part2"], 0.99)
+
+
+def test_bootstrap_interval_brackets_the_ratio_of_medians() -> None:
+    pairs = [(400.0, 100.0), (600.0, 150.0), (50.0, 48.0), (900.0, 200.0), (300.0, 330.0)]
+    low, high = bootstrap_interval(pairs)
+    ratio = 150.0 / 400.0  # median of b over median of a
+    assert low <= ratio <= high
+    assert 48.0 / 900.0 <= low < high <= 330.0 / 50.0
+    # Seeded: the same seeds give the same interval.
+    assert bootstrap_interval(pairs) == (low, high)
+    assert bootstrap_interval([(100.0, 30.0)] * 4) == pytest.approx((0.3, 0.3))
