@@ -5,13 +5,16 @@ running trial, the UI) write to one file at once. Two things keep that free of
 "database is locked": WAL mode (readers never block the writer) with a busy timeout,
 and ``BEGIN IMMEDIATE`` for every transaction, so a transaction takes the write lock
 up front instead of failing when it upgrades a stale read snapshot (SQLite does not
-call the busy handler in that case).
+call the busy handler in that case). Switching a new file to WAL is the one upgrade
+left outside a transaction; it is retried (:func:`_switch_to_wal`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import sqlite3
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,7 +36,7 @@ def _make_sqlite_shareable(engine: Engine, read_only: bool = False) -> None:
         cursor = dbapi_connection.cursor()
         cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
         if not read_only:
-            cursor.execute("PRAGMA journal_mode = WAL")
+            _switch_to_wal(cursor)
         cursor.execute("PRAGMA synchronous = NORMAL")
         cursor.execute("PRAGMA foreign_keys = ON")
         cursor.close()
@@ -41,6 +44,29 @@ def _make_sqlite_shareable(engine: Engine, read_only: bool = False) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
         connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+
+def _switch_to_wal(cursor: Any) -> None:
+    """``PRAGMA journal_mode = WAL``, retried while another connection holds the file.
+
+    On a brand-new file (still in rollback mode) two processes connecting at once each
+    take a read lock and then want the write lock to convert it. SQLite fails one of
+    them at once with "database is locked" rather than calling its busy handler (both
+    waiting would deadlock), so the busy timeout does not cover this: two drivers
+    started together on a new database would see one of them refuse to open it. Once
+    the file is in WAL mode (a persistent property), the statement needs no lock.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    delay_s = 0.005
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(delay_s)
+        delay_s = min(2 * delay_s, 0.2)
 
 
 def prepare_engine(engine: Engine, read_only: bool = False) -> Engine:

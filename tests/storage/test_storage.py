@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -118,6 +119,36 @@ def test_concurrent_sqlite_writers_never_see_database_locked(db_url: str) -> Non
     with session_scope(db_url) as session:
         count = session.scalar(select(func.count()).where(Metric.trial_id == trial_id))
     assert count == 4 * 60
+
+
+def _first_connect(url: str, barrier: Any, failures: Any) -> None:
+    barrier.wait()
+    try:
+        with get_engine(url).connect():
+            pass
+    except Exception as exc:  # reported to the parent, which asserts on it
+        failures.put(f"{type(exc).__name__}: {exc}".splitlines()[0])
+
+
+@pytest.mark.slow
+def test_processes_opening_a_new_sqlite_file_at_once_all_connect(tmp_path: Path) -> None:
+    # Each connection switches the file to WAL; on a brand-new file two of them can each
+    # hold a read lock and want the write lock, and SQLite fails one at once instead of
+    # waiting. Forked workers released by a barrier hit that window often.
+    context = multiprocessing.get_context("fork")
+    failures = context.Queue()
+    for round_ in range(40):
+        url = f"sqlite:///{tmp_path / f'new-{round_}.db'}"
+        barrier = context.Barrier(6)
+        workers = [
+            context.Process(target=_first_connect, args=(url, barrier, failures)) for _ in range(6)
+        ]
+        for process in workers:
+            process.start()
+        for process in workers:
+            process.join(timeout=120)
+        assert [p.exitcode for p in workers] == [0] * 6
+    assert failures.empty(), failures.get()
 
 
 def test_urls_are_made_absolute_and_passwords_hidden(tmp_path: Path) -> None:
