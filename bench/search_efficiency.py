@@ -372,13 +372,10 @@ def print_summary(results: dict[str, list[SearchResult]]) -> None:
         )
     if not set(ARMS) <= set(medians):
         return
-    pairs = [
-        (base, ours)
-        for base, ours in zip(results["random"], results["tpe_asha"], strict=True)
-        if base.seed == ours.seed
-    ]
-    if len(pairs) != len(results["random"]):
+    # Both lists are in seed order (run order, or sorted by --from).
+    if [r.seed for r in results["random"]] != [r.seed for r in results["tpe_asha"]]:
         raise SystemExit("the two arms were not run on the same seeds")
+    pairs = list(zip(results["random"], results["tpe_asha"], strict=True))
     # A seed whose first random draws reach the target ties (TPE starts with the same
     # draws), so the per-seed ratios show what the medians can hide.
     per_seed = ", ".join(
