@@ -6,7 +6,14 @@ import datetime as dt
 from pathlib import Path
 
 import pytest
-from search_efficiency import bootstrap_interval, compute_to_target, load_results
+import yaml
+from search_efficiency import (
+    EXAMPLE,
+    bootstrap_interval,
+    compute_to_target,
+    load_results,
+    search_config,
+)
 from sqlalchemy import update
 
 from storage import (
@@ -116,3 +123,23 @@ def test_bootstrap_interval_brackets_the_ratio_of_medians() -> None:
     # Seeded: the same seeds give the same interval.
     assert bootstrap_interval(pairs) == (low, high)
     assert bootstrap_interval([(100.0, 30.0)] * 4) == pytest.approx((0.3, 0.3))
+
+
+def test_the_arms_differ_only_in_searcher_and_pruner(tmp_path: Path) -> None:
+    example = yaml.safe_load((EXAMPLE / "experiment.yaml").read_text())
+    arms = {
+        arm: search_config(arm, 4, max_trials=150, epochs=27, folder=tmp_path)
+        for arm in ("random", "tpe_asha")
+    }
+    for config in arms.values():
+        assert config["hyperparameters"] == example["hyperparameters"]
+        # Both searchers optimise the quantity the target is about.
+        assert config["searcher"]["metric"] == "val_accuracy"
+        assert config["searcher"]["smaller_is_better"] is False
+    random_arm, tpe_arm = (dict(arms[arm]["searcher"]) for arm in ("random", "tpe_asha"))
+    assert (random_arm.pop("name"), random_arm.pop("pruner")) == ("random", {"name": "none"})
+    assert (tpe_arm.pop("name"), tpe_arm.pop("pruner")["name"]) == ("tpe", "asha")
+    assert random_arm == tpe_arm
+    assert {k: v for k, v in arms["random"].items() if k not in ("name", "searcher")} == {
+        k: v for k, v in arms["tpe_asha"].items() if k not in ("name", "searcher")
+    }
