@@ -23,9 +23,10 @@ every epoch, and the example's checkpoint period, optimizations and
 The default target, ``val_accuracy >= 0.985`` (``--target``), is near the top of what
 this MLP reaches on the 359 validation digits (354 right; the best trials reach 0.989
 to 0.992): over the 36 default seeds random search needed 1 to 81 trials (median 25) of
-the example's space to reach it within 27 epochs, so a searcher that learns where the good region is
-has room to do better. An easier target (0.97, 0.98) is reached by random search within
-a few trials, before TPE's start-up phase ends, and then only measures ASHA.
+the example's space to reach it within 27 epochs, so a searcher that learns where the
+good region is has room to do better. An easier target (0.97, 0.98) is reached by random
+search within a few trials, before TPE's start-up phase ends, and then only measures
+ASHA.
 
 Searching on the example's own metric, ``val_loss``, was tried (on 359 digits accuracy
 moves in steps of 0.28% and the trials left at ASHA's later rungs crowd into a few of
@@ -65,9 +66,9 @@ them than of epochs.
 To keep the run short, a search is stopped (``slotsweep kill``) as soon as a validation
 has reached the target: nothing after it can change the figure. ``--full`` runs every
 search to ``max_trials`` instead. A default run takes about 2 hours 40 minutes on this
-2-core machine (random search needs up to tens of 27-epoch trials per seed). It can be run in
-parts with ``--keep`` and summarised once with ``--from``, which recounts every kept
-``<arm>-seed<N>/search.db`` and runs nothing.
+2-core machine (random search needs up to tens of 27-epoch trials per seed). It can be
+run in parts with ``--keep`` and summarised once with ``--from``, which recounts every
+kept ``<arm>-seed<N>/search.db`` and runs nothing.
 
 Run:
     .venv/bin/python bench/search_efficiency.py                 # seeds 0-35, target 0.985
