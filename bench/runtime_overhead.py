@@ -292,8 +292,10 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
+        from trials.worker import exit_without_teardown
+
         worker(args)
-        return
+        exit_without_teardown(0)  # as the product's worker ends a rank
     nproc = args.nproc or (1 if torch.cuda.is_available() else 2)
     with tempfile.TemporaryDirectory(prefix="slotsweep-bench-") as tmp_name:
         tmp = Path(tmp_name)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from typing import NoReturn
 
 _CHUNK = 65536
 
@@ -189,12 +190,16 @@ def main() -> int:
         stop_prefixing(*prefixer)
 
 
-if __name__ == "__main__":
-    code = main()
-    # By now the trial's records are committed, the process group is left and the
-    # output is drained. Skipping the interpreter's teardown (torch's modules mostly)
-    # saves about a second per rank, on every trial of a search.
-    # User code's atexit handlers still run; only module teardown is skipped.
+def exit_without_teardown(code: int) -> NoReturn:
+    """Exit with ``code`` after the atexit handlers, skipping the interpreter's teardown.
+
+    Call it once the process group is left and the records are committed. Tearing down
+    torch's modules costs about a second per rank, on every trial of a search, and can
+    abort a finished rank: gloo's worker threads outlive ``destroy_process_group`` and
+    finalization sometimes ends them with ``terminate called without an active
+    exception`` (SIGABRT), which torchrun reports as a failed job. User code's atexit
+    handlers still run; only module teardown is skipped.
+    """
     import atexit
 
     atexit._run_exitfuncs()
@@ -202,3 +207,7 @@ if __name__ == "__main__":
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(code)
+
+
+if __name__ == "__main__":
+    exit_without_teardown(main())

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -81,3 +83,19 @@ def test_a_bad_spec_is_one_line_per_problem_and_exit_code_2(
     lines = err.splitlines()
     assert lines and all(line.startswith("slotsweep: SLOTSWEEP_TRIAL_SPEC") for line in lines)
     assert any(line.startswith(expected.format(path=path)) for line in lines)
+
+
+def test_exit_without_teardown_runs_atexit_handlers_and_keeps_the_code() -> None:
+    # User code's atexit handlers (and anything still buffered) must survive the fast exit.
+    program = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('handler ran'))\n"
+        "from trials.worker import exit_without_teardown\n"
+        "sys.stdout.write('buffered, no newline')\n"
+        "exit_without_teardown(3)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 3, result.stderr
+    assert result.stdout == "buffered, no newlinehandler ran\n"
