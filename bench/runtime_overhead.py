@@ -170,10 +170,13 @@ def raw_loop(steps: int, warmup: int, samples: int, device: torch.device) -> Ste
 
 def worker(args: argparse.Namespace) -> None:
     """One rank: alternate the two loops, write rank 0's figures as JSON."""
-    import torch.distributed as dist
-
     from trials import RuntimeSpec
-    from trials.runtime._distributed import DistributedInfo, init_process_group, select_device
+    from trials.runtime._distributed import (
+        DistributedInfo,
+        destroy_process_group,
+        init_process_group,
+        select_device,
+    )
     from trials.runtime._runner import run_trial
 
     info = DistributedInfo.from_env()
@@ -208,8 +211,7 @@ def worker(args: argparse.Namespace) -> None:
     if info.is_chief:
         report = {"results": results, "cpu_ms_per_step": cpu, "device": str(device)}
         Path(os.environ["BENCH_OUT"]).write_text(json.dumps(report))
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    destroy_process_group()
 
 
 def write_spec(tmp: Path, args: argparse.Namespace, nproc: int) -> Path:

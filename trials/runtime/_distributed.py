@@ -89,7 +89,11 @@ def init_process_group(info: DistributedInfo, device: torch.device) -> bool:
 
 
 def destroy_process_group() -> None:
-    """Leave the job cleanly; without it gloo's teardown can abort a finished rank."""
+    """Leave the job cleanly, so no peer is left waiting on this rank.
+
+    gloo's threads outlive this call: end the process with
+    :func:`trials.worker.exit_without_teardown`, not the interpreter's teardown.
+    """
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
