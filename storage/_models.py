@@ -153,8 +153,53 @@ class TrialRun(Base):
     # One entry per agent of the launch: agent, host, slots, torchrun pid, spec path.
     agents: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
     reason: Mapped[str | None] = mapped_column(Text)
+    # Written by rank 0 with every record it commits; the driver ends a run whose
+    # progress stops for longer than the experiment's ``hang_timeout_s``.
+    progress_at: Mapped[_dt.datetime | None] = mapped_column(DateTime)
 
     trial: Mapped[Trial] = relationship(back_populates="runs")
+    processes: Mapped[list[TrialProcess]] = relationship(
+        back_populates="run", order_by="TrialProcess.id"
+    )
+
+
+class ProcessRole(str, enum.Enum):
+    TORCHRUN = "torchrun"
+    RANK = "rank"
+
+
+class TrialProcess(Base):
+    """One operating-system process of a trial run: a ``torchrun`` or one of its ranks.
+
+    ``pid`` with ``create_time`` (the kernel's start time, as psutil reports it) names a
+    process uniquely even after the pid is reused, so a later driver can tell whether a
+    process of a dead driver's trial still runs. ``ended_at`` is when the process was
+    last seen gone (its own exit, or a driver that confirmed it dead); an unset
+    ``ended_at`` means "maybe still running".
+    """
+
+    __tablename__ = "slotsweep_trial_processes"
+    __table_args__ = (Index("ix_trial_process_trial", "trial_id", "attempt"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(
+        ForeignKey("slotsweep_trial_runs.id", ondelete="CASCADE"), index=True
+    )
+    trial_id: Mapped[int] = mapped_column(ForeignKey("slotsweep_trials.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    role: Mapped[ProcessRole] = mapped_column(_enum(ProcessRole))
+    agent: Mapped[str] = mapped_column(String(255))
+    host: Mapped[str] = mapped_column(String(255))
+    # The slot ids the process uses: all of the agent's for torchrun, one for a rank.
+    slots: Mapped[list[int]] = mapped_column(JSON, default=list)
+    rank: Mapped[int | None] = mapped_column(Integer)
+    local_rank: Mapped[int | None] = mapped_column(Integer)
+    pid: Mapped[int] = mapped_column(Integer)
+    create_time: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+    ended_at: Mapped[_dt.datetime | None] = mapped_column(DateTime)
+
+    run: Mapped[TrialRun] = relationship(back_populates="processes")
 
 
 class Metric(Base):
