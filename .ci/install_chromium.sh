@@ -17,5 +17,7 @@ else
 fi
 
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update
-$SUDO apt-get install -y chromium chromium-driver
+quiet="$(dirname "$0")/quiet"
+# Only the two packages and what they need: no recommended extras (fonts, themes, docs).
+sh "$quiet" $SUDO apt-get update -q
+sh "$quiet" $SUDO apt-get install -y -q --no-install-recommends chromium chromium-driver

@@ -2,6 +2,7 @@
 # A throw-away PostgreSQL server for the tests, on 127.0.0.1 only.
 #   bash .ci/postgres.sh start DIR PORT   -> initdb in DIR, start, create database "slotsweep"
 #   bash .ci/postgres.sh stop DIR         -> stop the server by the PID in DIR/data/postmaster.pid
+#   bash .ci/postgres.sh restart DIR      -> start a stopped server again with its last options
 # Installs Debian's postgresql when the server binaries are missing. The server runs
 # as the unprivileged "postgres" user (PostgreSQL refuses to run as root).
 set -euo pipefail
@@ -39,8 +40,11 @@ case "$action" in
       for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     fi
     ;;
+  restart)
+    as_postgres "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 restart >/dev/null
+    ;;
   *)
-    echo "usage: postgres.sh start DIR PORT | stop DIR" >&2
+    echo "usage: postgres.sh start DIR PORT | stop DIR | restart DIR" >&2
     exit 2
     ;;
 esac

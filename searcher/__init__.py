@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from searcher.config import ConfigError, ExperimentConfig, load_config, parse_config
+    from searcher.consistency import ConsistencyReport, check_consistency
     from searcher.driver import SearchDriver
     from searcher.experiments import UsageError, create_experiment, find_experiment
     from searcher.samplers import build_pruner, build_sampler, pruner_spec, study_directions
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     )
 
 _EXPORTS = {
+    "ConsistencyReport": "searcher.consistency",
+    "check_consistency": "searcher.consistency",
     "ConfigError": "searcher.config",
     "ExperimentConfig": "searcher.config",
     "load_config": "searcher.config",
@@ -48,11 +51,13 @@ _EXPORTS = {
 
 __all__ = [
     "ConfigError",
+    "ConsistencyReport",
     "ExperimentConfig",
     "SearchDriver",
     "UsageError",
     "build_pruner",
     "build_sampler",
+    "check_consistency",
     "create_experiment",
     "distributions",
     "find_experiment",

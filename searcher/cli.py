@@ -6,12 +6,14 @@ exits with code 2 and writes nothing.
 Example:
     $ slotsweep run examples/digits/experiment.yaml
     $ slotsweep list
-    $ slotsweep describe digits-large-batch
+    $ slotsweep describe 3 --json
+    $ slotsweep continue 3 --more-trials 8
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -19,9 +21,12 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from rich.console import Console
-from rich.table import Table
 
 EXIT_USAGE = 2
+# A file of 100,000 unknown keys must not print 100,000 lines: the first problems suffice.
+MAX_PROBLEMS_SHOWN = 50
+# TCP's port range.
+_MAX_PORT = 65535
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,25 +54,54 @@ def _add_cluster(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--slots",
-        type=_positive_int("--slots"),
+        type=_int_in("--slots", 1, _max_slots_per_agent),
         default=None,
         help="slots of the local agent (default: GPUs, or CPU cores without GPUs)",
     )
 
 
-def _positive_int(name: str) -> Callable[[str], int]:
+def _max_slots_per_agent() -> int:
+    # Imported when --slots is given, not whenever the parser is built (pydantic is slow).
+    from trials.scheduler._cluster_file import MAX_SLOTS_PER_AGENT
+
+    return MAX_SLOTS_PER_AGENT
+
+
+def _int_in(name: str, low: int, high: int | Callable[[], int]) -> Callable[[str], int]:
+    """An argparse ``type`` for an integer in ``[low, high]`` (``high`` may be computed)."""
+
     def parse(text: str) -> int:
+        top = high() if callable(high) else high
         try:
             value = int(text)
         except ValueError:
+            value = None
+        if value is None or not low <= value <= top:
             raise argparse.ArgumentTypeError(
-                f"{name} must be a positive integer, got {text!r}"
-            ) from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be a positive integer, got {text!r}")
+                f"{name} must be an integer from {low} to {top}, got {text!r}"
+            )
         return value
 
     return parse
+
+
+def _max_trials_limit() -> int:
+    # Imported when the option is given, not whenever the parser is built (pydantic is slow).
+    from searcher.config import MAX_TRIALS
+
+    return MAX_TRIALS
+
+
+def _add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--json", action="store_true", help="print JSON (full precision) instead of a table"
+    )
+
+
+def _add_experiment(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "experiment", metavar="EXPERIMENT", help="experiment id, or a name only one experiment has"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,8 +116,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_db(run)
     _add_cluster(run)
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
-    run.add_argument(
+    mode = run.add_mutually_exclusive_group()
+    mode.add_argument(
         "--detach", action="store_true", help="create the experiment and exit without running it"
+    )
+    mode.add_argument(
+        "--test",
+        action="store_true",
+        help="run one trial briefly (a few batches, a validation, a checkpoint save and "
+        "restore) and record nothing",
     )
 
     for name, text in (
@@ -91,28 +132,51 @@ def build_parser() -> argparse.ArgumentParser:
         ("activate", "alias of resume"),
     ):
         resume = commands.add_parser(name, help=text)
-        resume.add_argument("experiment", metavar="EXPERIMENT", help="experiment id or name")
+        _add_experiment(resume)
         _add_db(resume)
         _add_cluster(resume)
         resume.add_argument("--no-progress", action="store_true", help="no progress bar")
 
+    extend = commands.add_parser(
+        "continue", help="give a COMPLETED or PAUSED search more trials in the same study"
+    )
+    _add_experiment(extend)
+    budget = extend.add_mutually_exclusive_group(required=True)
+    budget.add_argument(
+        "--max-trials",
+        metavar="N",
+        type=_int_in("--max-trials", 1, _max_trials_limit),
+        help="the new total number of trials",
+    )
+    budget.add_argument(
+        "--more-trials",
+        metavar="K",
+        type=_int_in("--more-trials", 1, _max_trials_limit),
+        help="trials to add to the budget",
+    )
+    _add_db(extend)
+    _add_cluster(extend)
+    extend.add_argument("--no-progress", action="store_true", help="no progress bar")
+
     listing = commands.add_parser("list", help="experiments with state, trial counts, best value")
     _add_db(listing)
+    _add_json(listing)
 
     describe = commands.add_parser("describe", help="an experiment's trials")
-    describe.add_argument("experiment", metavar="EXPERIMENT", help="experiment id or name")
+    _add_experiment(describe)
     _add_db(describe)
+    _add_json(describe)
 
     for name, text in (
         ("pause", "ask a running experiment to checkpoint its trials and pause"),
         ("kill", "stop an experiment now and cancel it"),
     ):
         control = commands.add_parser(name, help=text)
-        control.add_argument("experiment", metavar="EXPERIMENT", help="experiment id or name")
+        _add_experiment(control)
         _add_db(control)
 
     enqueue = commands.add_parser("enqueue", help="add a trial with given hyperparameters")
-    enqueue.add_argument("experiment", metavar="EXPERIMENT", help="experiment id or name")
+    _add_experiment(enqueue)
     enqueue.add_argument("params", metavar="KEY=VALUE", nargs="+", help="hyperparameter values")
     _add_db(enqueue)
 
@@ -124,15 +188,17 @@ def build_parser() -> argparse.ArgumentParser:
     task_list = task_commands.add_parser("list", help="every slot and the trial holding it")
     _add_db(task_list)
     _add_cluster(task_list)
+    _add_json(task_list)
 
     agents = commands.add_parser("agents", help="agents and resource pools")
+    _add_db(agents)
     _add_cluster(agents)
 
     ui = commands.add_parser("ui", help="start the web UI")
     _add_db(ui)
     ui.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     ui.add_argument(
-        "--port", type=_positive_int("--port"), default=8501, help="port (default 8501)"
+        "--port", type=_int_in("--port", 1, _MAX_PORT), default=8501, help="port (default 8501)"
     )
     return parser
 
@@ -158,42 +224,64 @@ def _usage_message(exc: Exception) -> str | None:
     """The one-line (or one line per problem) text of a user mistake, else None."""
     from searcher.config import ConfigError
     from searcher.experiments import UsageError
+    from storage import DatabaseUrlError
     from trials.scheduler import ClusterConfigError, UnknownPool, Unschedulable
 
     if isinstance(exc, (ConfigError, ClusterConfigError)):
-        return "\n".join(exc.problems)
-    if isinstance(exc, (UsageError, Unschedulable, UnknownPool)):
-        return str(exc).strip("'\"")
+        return "\n".join(_capped(exc.problems))
+    if isinstance(exc, DatabaseUrlError):
+        return str(exc)  # It may end in a quote (the pip command); nothing to strip.
+    if isinstance(exc, UnknownPool):
+        # A KeyError: str() would wrap the message in quotes; its argument is the text.
+        return str(exc.args[0]) if exc.args else str(exc)
+    if isinstance(exc, (UsageError, Unschedulable)):
+        return str(exc)
     return None
 
 
-def _db_url(args: argparse.Namespace) -> str:
-    """The database URL, checked for shape and reachability before any use."""
-    import sqlalchemy
-    from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
+def _capped(problems: list[str]) -> list[str]:
+    """The first :data:`MAX_PROBLEMS_SHOWN` problems, then how many more there are."""
+    if len(problems) <= MAX_PROBLEMS_SHOWN:
+        return problems
+    more = len(problems) - MAX_PROBLEMS_SHOWN
+    return [*problems[:MAX_PROBLEMS_SHOWN], f"and {more} more problem{'s' if more > 1 else ''}"]
+
+
+def _db_url(args: argparse.Namespace, *, need_schema: bool = False) -> str:
+    """The database URL, checked for shape and reachability before any use.
+
+    ``need_schema``: the command reads or controls existing experiments, so a database
+    without slotsweep's tables is refused and nothing is created (no file, no tables);
+    one that has them is brought to the newest schema (a search recorded by an older
+    version resumes).
+    """
+    from sqlalchemy.exc import DBAPIError
 
     from searcher.experiments import UsageError
-    from storage import absolute_db_url, get_engine, redact_url, resolve_db_url
+    from storage import (
+        absolute_db_url,
+        check_database_url,
+        get_engine,
+        redact_secrets,
+        redact_url,
+        resolve_db_url,
+        upgrade_schema,
+    )
 
     url = resolve_db_url(args.db)
     source = "--db" if args.db else ("SLOTSWEEP_DB" if os.environ.get("SLOTSWEEP_DB") else "--db")
+    check_database_url(url, source=source, need_schema=need_schema)
+    url = absolute_db_url(url)
     try:
-        parsed = sqlalchemy.engine.make_url(url)
-        url = absolute_db_url(url)
-        if parsed.get_backend_name() == "sqlite" and parsed.database:
-            folder = Path(parsed.database).expanduser().resolve().parent
-            if not folder.is_dir():
-                raise UsageError(f"{source}: folder {folder} does not exist")
         with get_engine(url).connect():
             pass
-    except (ArgumentError, NoSuchModuleError, ValueError):
+    except DBAPIError as exc:
+        reason = str(exc.orig).splitlines()[0] if str(exc.orig).strip() else "connection failed"
         raise UsageError(
-            f"{source}: not a database URL; use e.g. sqlite:///slotsweep.db or "
-            "postgresql://user@host/db"
+            f"{source}: cannot open {redact_url(url)}: {redact_secrets(reason, url)}"
         ) from None
-    except OperationalError as exc:
-        reason = str(exc.orig).splitlines()[0] if exc.orig else "connection failed"
-        raise UsageError(f"{source}: cannot open {redact_url(url)}: {reason}") from None
+    if need_schema:
+        upgrade_schema(url)
     return url
 
 
@@ -203,19 +291,45 @@ def _cluster(args: argparse.Namespace) -> Any:
     return load_cluster(args.cluster, slots=args.slots)
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
-    from searcher import samplers
-    from searcher.config import load_config
-    from searcher.driver import SearchDriver
-    from searcher.experiments import create_experiment
+def _check_fits(cluster: Any, config: Any) -> None:
+    """Refuse a search whose trials can never be placed on ``cluster`` (before any write)."""
     from trials.scheduler import check_schedulable
 
-    config_path = Path(args.config)
-    config = load_config(config_path)
-    cluster = _cluster(args)
     pool = cluster.pool(config.resources.resource_pool)
     for slots in config.possible_slots_per_trial():
         check_schedulable(pool, slots)
+
+
+def _console() -> Console:
+    # Rich takes the terminal's width (COLUMNS, else 80 when not a terminal).
+    return Console()
+
+
+def _print_json(data: object) -> None:
+    # Floats keep every digit; datetimes and other non-JSON values as text.
+    print(json.dumps(data, indent=2, default=str))
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from searcher import samplers
+    from searcher.config import load_config
+    from searcher.experiments import create_experiment
+    from searcher.preflight import check_entrypoint
+
+    config_path = Path(args.config)
+    if args.test:
+        from searcher.trial_test import run_trial_test
+
+        return run_trial_test(config_path, cluster=args.cluster, slots=args.slots)
+    config = load_config(config_path)
+    cluster = _cluster(args)
+    _check_fits(cluster, config)
+    # Before the database is opened (SQLite creates its file then): a typo in the
+    # entrypoint costs a second here instead of every trial's restarts.
+    problems = check_entrypoint(config, config_path.resolve().parent)
+    if problems:
+        print("\n".join(_capped(problems)), file=sys.stderr)
+        return EXIT_USAGE
     db_url = _db_url(args)
     experiment_id = create_experiment(
         config,
@@ -223,40 +337,56 @@ def _cmd_run(args: argparse.Namespace) -> int:
         db_url=db_url,
         directions=samplers.study_directions(config),
     )
-    console = Console(stderr=True)
-    console.print(f"experiment {experiment_id} ({config.name}) created")
+    Console(stderr=True).print(f"experiment {experiment_id} ({config.name}) created")
     if args.detach:
         return 0
+    return _drive(args, db_url, experiment_id, cluster)
+
+
+def _cmd_resume(args: argparse.Namespace) -> int:
+    from searcher.experiments import find_experiment
+    from storage import session_scope
+
+    db_url = _db_url(args, need_schema=True)
+    with session_scope(db_url) as session:
+        experiment_id = find_experiment(session, args.experiment).id
+    return _drive(args, db_url, experiment_id, _cluster(args))
+
+
+def _cmd_continue(args: argparse.Namespace) -> int:
+    from searcher.config import ExperimentConfig
+    from searcher.experiments import extend_experiment, find_experiment
+    from storage import session_scope
+
+    db_url = _db_url(args, need_schema=True)
+    cluster = _cluster(args)
+    with session_scope(db_url) as session:
+        experiment = find_experiment(session, args.experiment)
+        _check_fits(cluster, ExperimentConfig.model_validate(experiment.config))
+    experiment_id, budget = extend_experiment(
+        db_url, args.experiment, max_trials=args.max_trials, more_trials=args.more_trials
+    )
+    Console(stderr=True).print(f"experiment {experiment_id}: budget raised to {budget} trials")
+    return _drive(args, db_url, experiment_id, cluster)
+
+
+def _drive(args: argparse.Namespace, db_url: str, experiment_id: int, cluster: Any) -> int:
+    """Run the experiment's driver to its end; exit code 1 when it ends ERROR, else 0."""
+    from searcher.driver import SearchDriver
+    from storage import ExperimentState
+
     driver = SearchDriver(
         experiment_id, db_url=db_url, cluster=cluster, show_progress=not args.no_progress
     )
     state = driver.run()
     _print_summary(db_url, experiment_id, state.value)
-    return 0
-
-
-def _cmd_resume(args: argparse.Namespace) -> int:
-    from searcher.driver import SearchDriver
-    from searcher.experiments import find_experiment
-    from storage import session_scope
-
-    db_url = _db_url(args)
-    with session_scope(db_url) as session:
-        experiment_id = find_experiment(session, args.experiment).id
-    driver = SearchDriver(
-        experiment_id,
-        db_url=db_url,
-        cluster=_cluster(args),
-        show_progress=not args.no_progress,
-    )
-    state = driver.run()
-    _print_summary(db_url, experiment_id, state.value)
-    return 0
+    return 1 if state == ExperimentState.ERROR else 0
 
 
 def _print_summary(db_url: str, experiment_id: int, state: str) -> None:
+    """The final line (state and counts), a warning when some trials failed, the best trials."""
     from searcher.experiments import best_trials, trial_counts
-    from searcher.progress import best_trials_table
+    from searcher.tables import best_trials_table
     from storage import Experiment, session_scope
 
     with session_scope(db_url) as session:
@@ -265,120 +395,67 @@ def _print_summary(db_url: str, experiment_id: int, state: str) -> None:
         counts = trial_counts(session, experiment_id)
         best = best_trials(session, experiment)
         metric = experiment.config["searcher"]["metric"]
-        console = Console()
+        console = _console()
         console.print(
             f"experiment {experiment_id} {state}: {counts.completed} completed, "
-            f"{counts.pruned} pruned, {counts.errored} failed, {counts.queued} queued"
+            f"{counts.pruned} pruned, {counts.errored} failed, {counts.queued} queued",
+            highlight=False,
         )
+        if counts.errored and (counts.completed or counts.pruned):
+            Console(stderr=True).print(
+                f"warning: {counts.errored} of {counts.total} trials failed; "
+                f"`slotsweep describe {experiment_id}` shows why",
+                highlight=False,
+            )
         if best:
             console.print(best_trials_table(best, metric))
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from sqlalchemy import select
+    from searcher.tables import experiment_rows, experiments_table
+    from storage import session_scope, upgrade_schema
 
-    from searcher.experiments import best_trials, trial_counts
-    from storage import Experiment, session_scope, upgrade_schema
-
-    db_url = _db_url(args)
+    db_url = _db_url(args, need_schema=True)
     upgrade_schema(db_url)
-    table = Table(title="Experiments")
-    for column in (
-        "id",
-        "name",
-        "state",
-        "trials",
-        "running",
-        "completed",
-        "pruned",
-        "failed",
-        "best",
-    ):
-        table.add_column(column)
     with session_scope(db_url) as session:
-        for experiment in session.scalars(select(Experiment).order_by(Experiment.id)):
-            counts = trial_counts(session, experiment.id)
-            best = best_trials(session, experiment, limit=1)
-            best_text = f"{best[0].searcher_metric_value:.6g}" if best else "-"
-            table.add_row(
-                str(experiment.id),
-                experiment.name,
-                experiment.state.value,
-                f"{counts.total}/{experiment.max_trials}",
-                str(counts.running),
-                str(counts.completed),
-                str(counts.pruned),
-                str(counts.errored),
-                best_text,
-            )
-    Console(width=200).print(table)
+        rows = experiment_rows(session)
+    if args.json:
+        _print_json(rows)
+    else:
+        _console().print(experiments_table(rows))
     return 0
 
 
 def _cmd_describe(args: argparse.Namespace) -> int:
-    from sqlalchemy import func, select
-
     from searcher.experiments import find_experiment
-    from storage import Checkpoint, CheckpointState, Trial, session_scope, upgrade_schema
+    from searcher.tables import describe_rows, failure_lines, trials_table
+    from storage import session_scope, upgrade_schema
 
-    db_url = _db_url(args)
+    db_url = _db_url(args, need_schema=True)
     upgrade_schema(db_url)
     with session_scope(db_url) as session:
-        experiment = find_experiment(session, args.experiment)
-        metric = experiment.config["searcher"]["metric"]
-        table = Table(
-            title=f"Experiment {experiment.id}: {experiment.name} ({experiment.state.value})"
-        )
-        for column in (
-            "trial",
-            "state",
-            metric,
-            "batches",
-            "restarts",
-            "checkpoint",
-            "hyperparameters",
-        ):
-            table.add_column(column)
-        latest = (
-            select(Checkpoint.trial_id, func.max(Checkpoint.step).label("step"))
-            .where(Checkpoint.state == CheckpointState.COMPLETED)
-            .group_by(Checkpoint.trial_id)
-            .subquery()
-        )
-        rows = session.execute(
-            select(Trial, latest.c.step)
-            .outerjoin(latest, latest.c.trial_id == Trial.id)
-            .where(Trial.experiment_id == experiment.id)
-            .order_by(Trial.id)
-        ).all()
-        for trial, checkpoint_step in rows:
-            value = trial.searcher_metric_value
-            table.add_row(
-                str(trial.id),
-                trial.state.value,
-                "-" if value is None else f"{value:.6g}",
-                str(trial.total_batches),
-                str(trial.restarts),
-                "-" if checkpoint_step is None else f"step {checkpoint_step}",
-                ", ".join(f"{k}={v}" for k, v in sorted(trial.hparams.items())),
-            )
-    Console(width=220).print(table)
+        described = describe_rows(session, find_experiment(session, args.experiment))
+    if args.json:
+        _print_json(described)
+        return 0
+    console = _console()
+    console.print(trials_table(described))
+    for line in failure_lines(described):
+        console.print(line, highlight=False, markup=False)
     return 0
 
 
 def _cmd_pause(args: argparse.Namespace) -> int:
     from searcher.experiments import request_action
 
-    experiment = request_action(_db_url(args), args.experiment, "pause")
-    print(f"experiment {experiment.id}: pause requested")
+    print(request_action(_db_url(args, need_schema=True), args.experiment, "pause"))
     return 0
 
 
 def _cmd_kill(args: argparse.Namespace) -> int:
     from searcher.experiments import request_action
 
-    experiment = request_action(_db_url(args), args.experiment, "kill")
-    print(f"experiment {experiment.id}: kill requested")
+    print(request_action(_db_url(args, need_schema=True), args.experiment, "kill"))
     return 0
 
 
@@ -390,7 +467,7 @@ def _cmd_enqueue(args: argparse.Namespace) -> int:
     from searcher.experiments import UsageError, find_experiment
     from storage import Experiment, ExperimentState, optuna_storage, session_scope
 
-    db_url = _db_url(args)
+    db_url = _db_url(args, need_schema=True)
     with session_scope(db_url) as session:
         experiment = find_experiment(session, args.experiment)
         config = ExperimentConfig.model_validate(experiment.config)
@@ -415,58 +492,62 @@ def _cmd_enqueue(args: argparse.Namespace) -> int:
 
 
 def _cmd_task(args: argparse.Namespace) -> int:
+    from searcher.tables import task_rows, tasks_table
     from storage import session_scope, upgrade_schema
     from trials import allocations
 
-    db_url = _db_url(args)
+    db_url = _db_url(args, need_schema=True)
     upgrade_schema(db_url)
     cluster = _cluster(args)
-    table = Table(title="Tasks")
-    for column in ("pool", "agent", "host", "slot", "experiment", "trial"):
-        table.add_column(column)
     with session_scope(db_url) as session:
-        for row in allocations.holders(session, cluster):
-            table.add_row(
-                row.pool,
-                row.agent,
-                row.host,
-                str(row.slot),
-                "-" if row.experiment_id is None else str(row.experiment_id),
-                "-" if row.trial_id is None else str(row.trial_id),
-            )
-    Console(width=200).print(table)
+        rows = task_rows(allocations.holders(session, cluster))
+    if args.json:
+        _print_json(rows)
+    else:
+        _console().print(tasks_table(rows))
     return 0
 
 
 def _cmd_agents(args: argparse.Namespace) -> int:
+    """Agents by pool; with a database, how many slots of each are held right now."""
+    from collections import Counter
+
+    from searcher.experiments import UsageError
+    from searcher.tables import agents_table
+    from storage import DB_ENV_VAR, DatabaseUrlError, session_scope
+    from trials import allocations
+
     cluster = _cluster(args)
-    table = Table(title="Agents")
-    for column in ("pool", "agent", "host", "slots", "heterogeneous fits", "fitting policy"):
-        table.add_column(column)
-    for pool in cluster.pools:
-        for agent in pool.agents:
-            table.add_row(
-                pool.name,
-                agent.name,
-                agent.host,
-                ",".join(str(s) for s in agent.slots),
-                str(pool.allowing_heterogeneous_fits).lower(),
-                pool.fitting_policy,
+    busy: Counter[tuple[str, str]] | None = None
+    try:
+        db_url = _db_url(args, need_schema=True)
+    except (UsageError, DatabaseUrlError):
+        # The default database may not exist yet: agents need none. A database the
+        # user named must open, though.
+        if args.db or os.environ.get(DB_ENV_VAR):
+            raise
+    else:
+        with session_scope(db_url) as session:
+            busy = Counter(
+                (h.pool, h.agent)
+                for h in allocations.holders(session)
+                if h.trial_id is not None and not h.stale
             )
-    Console(width=200).print(table)
+    _console().print(agents_table(cluster, busy))
     return 0
 
 
 def _cmd_ui(args: argparse.Namespace) -> int:
     import ui
 
-    return ui.launch(_db_url(args), host=args.host, port=args.port)
+    return ui.launch(_db_url(args, need_schema=True), host=args.host, port=args.port)
 
 
 _HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": _cmd_run,
     "resume": _cmd_resume,
     "activate": _cmd_resume,
+    "continue": _cmd_continue,
     "list": _cmd_list,
     "describe": _cmd_describe,
     "pause": _cmd_pause,

@@ -17,11 +17,11 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -33,11 +33,30 @@ from pydantic import (
 )
 
 from trials import CheckpointStorageConfig, Length, OptimizationsConfig, ProfilingConfig
-from trials._validation import VALUE_ERROR_PREFIX, allowed_fields, field_path, format_error
+from trials._validation import (
+    INT32_MAX,
+    VALUE_ERROR_PREFIX,
+    allowed_fields,
+    field_path,
+    format_error,
+)
+from trials._yaml import YamlError, read_yaml
 
 SEARCHER_NAMES = ("random", "grid", "tpe", "cmaes", "gp", "nsga2")
 PRUNER_NAMES = ("asha", "hyperband", "median", "none")
 COST_OBJECTIVES = ("slot_seconds", "wall_seconds")
+
+# Upper bounds: every number must fit its database column and its use, so a value that
+# passes validation cannot fail later, after the experiment was written.
+MAX_TRIALS = 1_000_000
+# Optuna stores parameter values as 64-bit floats, exact for integers up to 2**53.
+MAX_INT_HP = 2**53
+# Points of one axis (``count``) and of a whole grid: Optuna's GridSampler lists them all.
+MAX_COUNT = 10_000
+MAX_GRID_POINTS = 1_000_000
+MAX_RESTARTS = 10_000
+# One week: longer than any step of a trial that still makes progress.
+MAX_HANG_TIMEOUT_S = 604_800.0
 
 
 class ConfigError(Exception):
@@ -49,7 +68,8 @@ class ConfigError(Exception):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Infinities and NaN pass ``gt``/``le`` checks oddly and overflow later (Optuna, SQL).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def _json_problem(value: Any) -> str | None:
@@ -62,6 +82,9 @@ def _json_problem(value: Any) -> str | None:
     path: set[int] = set()  # Containers on the current path: a repeat is a cycle.
 
     def check(node: Any) -> str | None:
+        if isinstance(node, float) and not math.isfinite(node):
+            # JSON has no infinities or NaN; PostgreSQL's JSON columns refuse them.
+            return f"numbers must be finite (got {node})"
         if node is None or isinstance(node, (bool, int, float, str)):
             return None
         if not isinstance(node, (list, dict)):
@@ -109,9 +132,9 @@ class ConstHP(_Strict):
 
 class IntHP(_Strict):
     type: Literal["int"]
-    minval: int
-    maxval: int
-    count: int | None = Field(default=None, ge=1)
+    minval: int = Field(ge=-MAX_INT_HP, le=MAX_INT_HP)
+    maxval: int = Field(ge=-MAX_INT_HP, le=MAX_INT_HP)
+    count: int | None = Field(default=None, ge=1, le=MAX_COUNT)
 
     @model_validator(mode="after")
     def _ordered(self) -> IntHP:
@@ -149,12 +172,18 @@ class DoubleHP(_Strict):
     type: Literal["double"]
     minval: float
     maxval: float
-    count: int | None = Field(default=None, ge=1)
+    count: int | None = Field(default=None, ge=1, le=MAX_COUNT)
 
     @model_validator(mode="after")
     def _ordered(self) -> DoubleHP:
         if not self.minval < self.maxval:
             raise ValueError(f"minval ({self.minval}) must be less than maxval ({self.maxval})")
+        if not math.isfinite(self.maxval - self.minval):
+            # Samplers draw minval + u * (maxval - minval), which would be infinite.
+            raise ValueError(
+                f"the range [{self.minval}, {self.maxval}] is too wide: maxval - minval "
+                "must be a finite float"
+            )
         return self
 
 
@@ -164,7 +193,7 @@ class LogHP(_Strict):
     type: Literal["log"]
     minval: float = Field(gt=0)
     maxval: float = Field(gt=0)
-    count: int | None = Field(default=None, ge=1)
+    count: int | None = Field(default=None, ge=1, le=MAX_COUNT)
 
     @model_validator(mode="after")
     def _ordered(self) -> LogHP:
@@ -203,11 +232,11 @@ class PrunerConfig(_Strict):
     """Early stopping; the resource unit follows ``searcher.max_length``."""
 
     name: Literal["asha", "hyperband", "median", "none"] = "none"
-    min_resource: int = Field(default=1, ge=1)
-    reduction_factor: int = Field(default=3, ge=2)
-    min_early_stopping_rate: int = Field(default=0, ge=0)
-    n_startup_trials: int = Field(default=5, ge=0)
-    n_warmup_steps: int = Field(default=0, ge=0)
+    min_resource: int = Field(default=1, ge=1, le=INT32_MAX)
+    reduction_factor: int = Field(default=3, ge=2, le=1000)
+    min_early_stopping_rate: int = Field(default=0, ge=0, le=100)
+    n_startup_trials: int = Field(default=5, ge=0, le=MAX_TRIALS)
+    n_warmup_steps: int = Field(default=0, ge=0, le=INT32_MAX)
 
 
 class ObjectiveConfig(_Strict):
@@ -219,14 +248,14 @@ class ObjectiveConfig(_Strict):
 
 class SearcherConfig(_Strict):
     name: Literal["random", "grid", "tpe", "cmaes", "gp", "nsga2"] = "tpe"
-    metric: str = Field(min_length=1)
+    metric: str = Field(min_length=1, max_length=200)
     smaller_is_better: bool = True
-    max_trials: int = Field(ge=1)
+    max_trials: int = Field(ge=1, le=MAX_TRIALS)
     max_length: Length
-    max_concurrent_trials: int = Field(default=1, ge=1)
+    max_concurrent_trials: int = Field(default=1, ge=1, le=MAX_TRIALS)
     # NumPy's seed range, which every Optuna sampler uses.
     seed: int | None = Field(default=None, ge=0, le=2**32 - 1)
-    n_startup_trials: int = Field(default=10, ge=0)
+    n_startup_trials: int = Field(default=10, ge=0, le=MAX_TRIALS)
     pruner: PrunerConfig = Field(default_factory=PrunerConfig)
     objectives: list[ObjectiveConfig] = Field(default_factory=list)
 
@@ -265,8 +294,8 @@ class SearcherConfig(_Strict):
 
 
 class ResourcesConfig(_Strict):
-    slots_per_trial: int = Field(default=1, ge=1)
-    resource_pool: str = Field(default="default", min_length=1)
+    slots_per_trial: int = Field(default=1, ge=1, le=INT32_MAX)
+    resource_pool: str = Field(default="default", min_length=1, max_length=200)
     # Determined's convention: a lower number runs first (1..99, default 42).
     priority: int = Field(default=42, ge=1, le=99)
 
@@ -275,8 +304,8 @@ class ExperimentConfig(_Strict):
     """A whole experiment; see the README's configuration reference."""
 
     name: str = Field(min_length=1, max_length=200)
-    description: str = ""
-    entrypoint: str
+    description: str = Field(default="", max_length=10_000)
+    entrypoint: str = Field(max_length=500)
     hyperparameters: dict[str, Hyperparameter]
     searcher: SearcherConfig
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
@@ -285,7 +314,14 @@ class ExperimentConfig(_Strict):
     min_checkpoint_period: Length | None = Field(default_factory=lambda: Length(epochs=1))
     checkpoint_storage: CheckpointStorageConfig = Field(default_factory=CheckpointStorageConfig)
     profiling: ProfilingConfig = Field(default_factory=ProfilingConfig)
-    max_restarts: int = Field(default=5, ge=0)
+    max_restarts: int = Field(default=5, ge=0, le=MAX_RESTARTS)
+    hang_timeout_s: float | None = Field(default=600.0, gt=0, le=MAX_HANG_TIMEOUT_S)
+    """Seconds, or null to disable: a trial whose rank 0 records no progress (metrics,
+    checkpoint) for this long is ended and restarted (it counts as a failure for
+    max_restarts)."""
+    fail_fast_trials: int = Field(default=3, ge=0, le=MAX_TRIALS)
+    """Stop the experiment with state ERROR when its first N trials all failed with the
+    same error and none succeeded (a bug, not bad luck); 0 turns this off."""
     data: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("entrypoint")
@@ -302,6 +338,13 @@ class ExperimentConfig(_Strict):
         # Determined allows a bare value for a constant: `lr_scaling: linear`.
         if not isinstance(value, dict):
             return value
+        bad = [key for key in value if isinstance(key, str) and not key.isidentifier()]
+        if bad:
+            # Names become keyword-like keys in code (hparams["lr"]), Optuna and the UI.
+            raise ValueError(
+                f"{', '.join(repr(key) for key in bad)}: a hyperparameter name must be an "
+                "identifier (letters, digits and _, not starting with a digit)"
+            )
         return {
             key: hp if isinstance(hp, dict) else {"type": "const", "val": hp}
             for key, hp in value.items()
@@ -342,6 +385,16 @@ class ExperimentConfig(_Strict):
             problems = grid_count_problems(self.hyperparameters)
             if problems:
                 raise ValueError("\n".join(problems))
+            points = math.prod(
+                _grid_axis_size(hp)
+                for hp in self.hyperparameters.values()
+                if not isinstance(hp, ConstHP)
+            )
+            if points > MAX_GRID_POINTS:
+                raise ValueError(
+                    f"hyperparameters: the grid has {points} points; the grid searcher "
+                    f"takes at most {MAX_GRID_POINTS} (lower some counts)"
+                )
         return self
 
     @model_validator(mode="after")
@@ -355,6 +408,10 @@ class ExperimentConfig(_Strict):
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(
                     f"hyperparameters.global_batch_size: must be an integer, got {value!r}"
+                )
+            if value > INT32_MAX:
+                raise ValueError(
+                    f"hyperparameters.global_batch_size: must be at most {INT32_MAX}, got {value}"
                 )
             for slots in self.possible_slots_per_trial():
                 if value < slots:
@@ -393,6 +450,15 @@ def grid_count_problems(hyperparameters: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def _grid_axis_size(hp: IntHP | DoubleHP | LogHP | CategoricalHP) -> int:
+    """An upper bound on one grid axis's points (close floats may merge into fewer)."""
+    if isinstance(hp, IntHP):
+        return len(hp.points() or range(hp.minval, hp.maxval + 1))
+    if isinstance(hp, CategoricalHP):
+        return len(hp.vals)
+    return hp.count or 1
+
+
 def _possible_values(hp: Any) -> list[Any]:
     """The values to check a hyperparameter against (for ranges, the two ends)."""
     if isinstance(hp, ConstHP):
@@ -416,7 +482,7 @@ def _format_error(error: Any) -> str:
         return f"{path}: unknown field{hint}"
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         return f"{path}.type: must be one of {', '.join(HP_TYPES)}"
-    if msg.startswith("hyperparameters."):
+    if msg.startswith(("hyperparameters.", "hyperparameters:")):
         return msg  # Whole-config checks already name their field.
     if kind == "model_type":
         # pydantic names our class ("instance of Length"); users wrote a YAML value.
@@ -450,24 +516,10 @@ def parse_config(raw: Any, config_dir: Path | None = None) -> ExperimentConfig:
 
 
 def load_config(path: str | Path) -> ExperimentConfig:
-    """Read and validate an experiment YAML file."""
+    """Read and validate an experiment YAML file (through the bounded YAML reader)."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError([f"config: cannot read {path}: {exc.strerror}"]) from None
-    except UnicodeDecodeError:
-        raise ConfigError([f"config: {path} is not UTF-8 text"]) from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError([f"config: not valid YAML{where}"]) from None
-    except ValueError as exc:
-        # PyYAML's constructors raise plain errors for malformed scalars (`2024-13-45`).
-        raise ConfigError([f"config: not valid YAML ({exc})"]) from None
-    except Exception:
-        # Others (`!!timestamp x`, RecursionError from very deep nesting) say nothing useful.
-        raise ConfigError(["config: not valid YAML"]) from None
+        raw = read_yaml(path, source="config")
+    except YamlError as exc:
+        raise ConfigError(exc.problems) from None
     return parse_config(raw, config_dir=path.resolve().parent)

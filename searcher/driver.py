@@ -15,12 +15,14 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
 import socket
 import tempfile
 import time
+import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +34,13 @@ from sqlalchemy import select
 from searcher import samplers, space
 from searcher.config import ExperimentConfig
 from searcher.experiments import UsageError, driver_alive, trial_counts
+from searcher.failures import (
+    FailureRecord,
+    RunVerdict,
+    TrialOutcome,
+    fail_fast_reason,
+    judge_run,
+)
 from searcher.progress import SearchProgress
 from storage import (
     Checkpoint,
@@ -41,22 +50,29 @@ from storage import (
     Metric,
     MetricKind,
     Trial,
+    TrialFailure,
     TrialRun,
     TrialState,
     absolute_db_url,
+    is_transient_error,
     optuna_storage,
+    retry_transient,
     session_scope,
     utcnow,
 )
+from storage._engine import TRANSIENT_DEADLINE_S, DatabaseUnavailableError
 from trials import RuntimeSpec, per_slot_batch_size
 from trials import allocations as slot_ledger
 from trials._system_metrics import detect_gpus
+from trials.attempts import end_run, open_runs, record_launch, trial_processes_gone
+from trials.labels import trial_label, trial_log_name
 from trials.launcher import (
+    DB_URL_ENV_VAR,
     TrialProcesses,
     free_port,
-    kill_leftover,
     start_trial,
     torchrun_commands,
+    write_log_line,
 )
 from trials.retention import collect_garbage
 from trials.scheduler import Cluster, Placement, SlotRequest, check_schedulable, schedule
@@ -70,6 +86,10 @@ HEARTBEAT_EVERY_S = 2.0
 LEASE_S = 30.0
 # A preempted trial gets this long to checkpoint and exit before it is killed.
 PREEMPT_GRACE_S = 120.0
+# Before its first record a run gets at least this long (see _end_hung_trials).
+STARTUP_ALLOWANCE_S = 120.0
+# A killed trial gets this long after SIGTERM (rank 0 commits what it queued).
+KILL_GRACE_S = 10.0
 
 
 @dataclass
@@ -83,6 +103,8 @@ class _Running:
     run_id: int
     preempt_path: Path
     preempted_at: float | None = None
+    # Set when the driver ended the run for making no progress (hang_timeout_s).
+    hang_reason: str | None = None
 
 
 @dataclass
@@ -98,7 +120,7 @@ class _Control:
     """What Ctrl-C and ``slotsweep pause|kill`` asked for."""
 
     interrupts: int = 0
-    action: str | None = None  # "pause" or "kill"
+    action: str | None = None  # "pause", "kill", or "error" (the experiment must stop)
     handlers: dict[int, Any] = field(default_factory=dict)
 
 
@@ -132,6 +154,7 @@ class SearchDriver:
         self._running: dict[int, _Running] = {}
         self._pending: list[_Pending] = []
         self._control = _Control()
+        self._stop_reason = ""
         self._run_dir = self._logs_root() / f"experiment-{self.experiment_id}"
         # Slots are GPU indices exactly when this machine has GPUs (NVML finds them).
         self._use_gpus = bool(detect_gpus())
@@ -171,6 +194,11 @@ class SearchDriver:
                 raise UsageError(
                     f"experiment: '{experiment.name}' (id {experiment.id}) is "
                     f"{experiment.state.value}; it cannot run again"
+                    + (
+                        f" (`slotsweep continue {experiment.id} --more-trials K` extends it)"
+                        if experiment.state == ExperimentState.COMPLETED
+                        else ""
+                    )
                 )
             if driver_alive(experiment) and experiment.driver_pid != os.getpid():
                 raise UsageError(
@@ -198,10 +226,9 @@ class SearchDriver:
             )
             known_numbers = {t.optuna_trial_number for t in trials}
             for trial in trials:
-                if trial.state == TrialState.RUNNING:
-                    self._end_leftover_run(session, trial)
+                self._end_leftovers(session, trial)
         # Trials asked from Optuna whose row was never written (driver died in between)
-        # are adopted rather than lost.
+        # are adopted rather than lost, if they had all their values by then.
         for frozen in self._study.get_trials(
             deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)
         ):
@@ -254,23 +281,55 @@ class SearchDriver:
         else:
             self._tell(trial, state=optuna.trial.TrialState.FAIL)
 
-    def _end_leftover_run(self, session: Any, trial: Trial) -> None:
-        run = session.scalars(
-            select(TrialRun).where(TrialRun.trial_id == trial.id).order_by(TrialRun.attempt.desc())
-        ).first()
-        if run is not None:
-            for node in run.agents or []:
-                kill_leftover(int(node.get("pid", 0)), str(node.get("spec", "")))
-            if run.ended_at is None:
-                run.ended_at = utcnow()
-                run.reason = "driver stopped; trial continues from its latest checkpoint"
+    def _end_leftovers(self, session: Any, trial: Trial) -> None:
+        """End every process a dead driver left running for ``trial``, then free its slots.
+
+        The leftover attempt is over before anything else happens to the trial: its
+        next attempt never overlaps it, and its slots are released only once it is gone.
+        """
+        for run in open_runs(session, trial.id):
+            gone = end_run(
+                session,
+                run,
+                reason="driver stopped; trial continues from its latest checkpoint",
+                grace_s=KILL_GRACE_S,
+            )
+            if not gone:
+                hosts = sorted({node.get("host", "?") for node in run.agents or []})
+                raise UsageError(
+                    f"trial {self._label(trial.optuna_trial_number)}: attempt {run.attempt} "
+                    "still has processes on "
+                    f"{', '.join(hosts)} that this machine cannot end; end them, then resume"
+                )
         slot_ledger.release(session, trial.id)
 
+    def _label(self, number: int) -> str:
+        return trial_label(self.experiment_id, number)
+
+    def _missing_hparams(self, hparams: dict[str, Any]) -> list[str]:
+        return sorted(set(self.config.hyperparameters) - set(hparams))
+
     def _adopt(self, frozen: optuna.trial.FrozenTrial) -> None:
+        import optuna
+
+        assert self._study is not None
         hparams = dict(frozen.params)
         for name, hp in self.config.hyperparameters.items():
             if getattr(hp, "type", None) == "const":
                 hparams.setdefault(name, hp.val)  # type: ignore[union-attr]
+        missing = self._missing_hparams(hparams)
+        if missing:
+            # Asked but never given all its values (a crash between ask and the
+            # suggestions): running it would train with settings nobody chose.
+            _log.warning(
+                "trial %s has no value for %s; it is failed and replaced",
+                self._label(frozen.number),
+                ", ".join(missing),
+            )
+            self._study.tell(
+                frozen.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True
+            )
+            return
         with session_scope(self.db_url) as session:
             session.add(self._new_trial_row(frozen.number, frozen._trial_id, hparams))
 
@@ -285,7 +344,15 @@ class SearchDriver:
             slots_per_trial=slots,
         )
 
+    def _write_trial_row(self, number: int, optuna_id: int, hparams: dict[str, Any]) -> Trial:
+        with session_scope(self.db_url) as session:
+            trial = self._new_trial_row(number, optuna_id, hparams)
+            session.add(trial)
+        return trial
+
     def _queue(self, trial: Trial) -> None:
+        if any(p.trial_id == trial.id for p in self._pending):
+            return  # queued by a tick whose transaction was retried
         self._pending.append(
             _Pending(
                 trial_id=trial.id,
@@ -309,34 +376,32 @@ class SearchDriver:
             metric=self.config.searcher.metric,
         )
         self._install_signal_handlers()
-        final = ExperimentState.ACTIVE
-        last_heartbeat = 0.0
+        final: ExperimentState | None = None
+        self._last_heartbeat = 0.0
+        outage_since: float | None = None
         try:
             with progress:
-                while True:
-                    now = time.monotonic()
-                    if now - last_heartbeat >= HEARTBEAT_EVERY_S:
-                        self._heartbeat()
-                        last_heartbeat = now
-                    self._reap()
-                    self._flush_tells()
-                    if self._control.action == "kill":
-                        self._kill_running()
-                        final = ExperimentState.CANCELED
-                        break
-                    if self._control.action == "pause":
-                        self._preempt_running()
-                        if not self._running:
-                            final = ExperimentState.PAUSED
-                            break
-                    else:
-                        self._fill_queue()
-                        self._place()
-                        self._flush_tells()
-                        if not self._running and not self._pending and self._search_done():
-                            final = ExperimentState.COMPLETED
-                            break
-                    self._refresh_progress(progress)
+                while final is None:
+                    try:
+                        final = self._tick(progress)
+                        outage_since = None
+                    except Exception as exc:
+                        # A database restart (PostgreSQL) or a writer holding SQLite past
+                        # the busy timeout: keep the trials running and try again; every
+                        # tick's writes are whole transactions, so a failed one left
+                        # nothing half-done.
+                        if not is_transient_error(exc):
+                            raise
+                        now = time.monotonic()
+                        if outage_since is None:
+                            outage_since = now
+                            _log.warning("the database is unreachable; retrying: %s", exc)
+                        elif now - outage_since > TRANSIENT_DEADLINE_S:
+                            raise DatabaseUnavailableError(
+                                f"the database was unreachable for {TRANSIENT_DEADLINE_S:g} s"
+                            ) from exc
+                        time.sleep(1.0)
+                        continue
                     time.sleep(self.poll_interval_s)
                 self._refresh_progress(progress)
         except BaseException:
@@ -347,6 +412,35 @@ class SearchDriver:
             self._restore_signal_handlers()
         self._finish(final)
         return final
+
+    def _tick(self, progress: SearchProgress) -> ExperimentState | None:
+        """One round of the loop; the experiment's final state once it ends, else None."""
+        now = time.monotonic()
+        if now - self._last_heartbeat >= HEARTBEAT_EVERY_S:
+            self._heartbeat()
+            self._end_hung_trials()
+            self._last_heartbeat = now
+        self._reap()
+        self._flush_tells()
+        if self._control.action in ("kill", "error"):
+            self._kill_running()
+            return (
+                ExperimentState.CANCELED
+                if self._control.action == "kill"
+                else ExperimentState.ERROR
+            )
+        if self._control.action == "pause":
+            self._preempt_running()
+            if not self._running:
+                return ExperimentState.PAUSED
+        else:
+            self._fill_queue()
+            self._place()
+            self._flush_tells()
+            if not self._running and not self._pending and self._search_done():
+                return self._completion_state()
+        self._refresh_progress(progress)
+        return None
 
     def _search_done(self) -> bool:
         return self._trials_left() <= 0
@@ -371,19 +465,37 @@ class SearchDriver:
             if self._trials_left() <= 0:
                 return
             optuna_trial = self._study.ask()
-            hparams = space.suggest_hparams(optuna_trial, self.config.hyperparameters)
-            with session_scope(self.db_url) as session:
-                trial = self._new_trial_row(optuna_trial.number, optuna_trial._trial_id, hparams)
-                session.add(trial)
-                session.flush()
-                self._queue(trial)
+            try:
+                hparams = space.suggest_hparams(optuna_trial, self.config.hyperparameters)
+            except BaseException:
+                # Never leave a trial without its values where resume would adopt it.
+                import optuna
+
+                self._study.tell(optuna_trial, state=optuna.trial.TrialState.FAIL)
+                raise
+
+            # Asked from Optuna: its row must be written, or only a resume would find it.
+            self._queue(
+                retry_transient(
+                    functools.partial(
+                        self._write_trial_row,
+                        optuna_trial.number,
+                        optuna_trial._trial_id,
+                        hparams,
+                    )
+                )
+            )
 
     def _place(self) -> None:
         if not self._pending:
             return
         with session_scope(self.db_url) as session:
-            slot_ledger.reclaim_stale(session, utcnow())
-            free = slot_ledger.free_slots(session, self.pool, utcnow())
+            slot_ledger.reclaim_stale(
+                session,
+                utcnow(),
+                processes_gone=lambda trial_id: trial_processes_gone(session, trial_id),
+            )
+            free = slot_ledger.free_slots(session, self.pool)
         queue = [
             SlotRequest(request_id=p.trial_id, slots=p.slots, priority=p.priority, order=p.order)
             for p in self._pending
@@ -404,6 +516,11 @@ class SearchDriver:
             try:
                 self._launch(pending.trial_id, placement)
             except Exception as exc:
+                if is_transient_error(exc):
+                    # Nothing was started (the run's row comes first); the next tick
+                    # claims the slots again.
+                    self._pending.append(pending)
+                    raise
                 with session_scope(self.db_url) as session:
                     slot_ledger.release(session, pending.trial_id)
                     trial = session.get(Trial, pending.trial_id)
@@ -412,47 +529,36 @@ class SearchDriver:
                     self._fail(session, trial)
 
     def _launch(self, trial_id: int, placement: Placement) -> None:
+        """Start the trial's next attempt on ``placement`` (its slots are claimed)."""
         with session_scope(self.db_url) as session:
             trial = session.get(Trial, trial_id)
             assert trial is not None
+            missing = self._missing_hparams(trial.hparams)
+            if missing:
+                raise RuntimeError(
+                    f"the trial has no value for hyperparameter(s) {', '.join(missing)}"
+                )
+            # Two attempts never overlap: whatever is left of an earlier one ends first.
+            for earlier in open_runs(session, trial_id):
+                if not end_run(session, earlier, reason="ended", grace_s=KILL_GRACE_S):
+                    raise RuntimeError(
+                        f"attempt {earlier.attempt} still has processes that could not be ended"
+                    )
             attempt = len(trial.runs)
             checkpoint = self._latest_checkpoint(session, trial_id)
-            spec_path = self._run_dir / f"trial-{trial_id}.attempt-{attempt}.spec.json"
-            preempt_path = self._run_dir / f"trial-{trial_id}.preempt"
-            log_path = Path(trial.log_path or self._run_dir / f"trial-{trial_id}.log")
-            spec = self._runtime_spec(trial, attempt, checkpoint, preempt_path)
-            self._run_dir.mkdir(parents=True, exist_ok=True)
-            spec_path.write_text(spec.model_dump_json(indent=2))
-            with contextlib.suppress(FileNotFoundError):
-                preempt_path.unlink()
-            _, dropped = per_slot_batch_size(
-                int(trial.hparams["global_batch_size"]), trial.slots_per_trial
+            log_path = Path(
+                trial.log_path or self._run_dir / trial_log_name(trial.optuna_trial_number)
             )
-            if dropped and attempt == 0:
-                warnings.warn(
-                    f"trial {trial_id}: global_batch_size {trial.hparams['global_batch_size']} "
-                    f"is not divisible by slots_per_trial {trial.slots_per_trial}; "
-                    f"{dropped} samples per batch are dropped",
-                    stacklevel=1,
-                )
-            rdzv_port = (
-                free_port(placement.agents[0].agent.host) if len(placement.agents) > 1 else None
-            )
-            commands = torchrun_commands(
-                placement,
-                spec_path=str(spec_path),
-                rdzv_id=f"slotsweep-{trial_id}-{attempt}",
-                rdzv_port=rdzv_port,
-                use_gpus=self._use_gpus,
-            )
-            processes = start_trial(commands, log_path=log_path, cwd=self.model_dir)
-            nodes = processes.describe()
-            for node in nodes:
-                node["spec"] = str(spec_path)
+            # Written before any process starts: a driver that dies from here on leaves
+            # a run whose launch token finds every process it started.
             run = TrialRun(
                 trial_id=trial_id,
                 attempt=attempt,
-                agents=nodes,
+                agents=[
+                    {"agent": part.agent.name, "host": part.agent.host, "slots": list(part.slots)}
+                    for part in placement.agents
+                ],
+                launch_token=uuid.uuid4().hex,
                 restored_from_checkpoint=checkpoint.uuid if checkpoint else None,
                 restored_from_step=checkpoint.step if checkpoint else None,
                 reason=None if attempt == 0 else "continued",
@@ -462,16 +568,85 @@ class SearchDriver:
             trial.log_path = str(log_path)
             trial.started_at = trial.started_at or utcnow()
             session.flush()
-            self._running[trial_id] = _Running(
-                trial_id=trial_id,
-                optuna_number=trial.optuna_trial_number,
-                attempt=attempt,
-                slots=trial.slots_per_trial,
-                processes=processes,
-                started=time.monotonic(),
-                run_id=run.id,
-                preempt_path=preempt_path,
+            run_id, token = run.id, run.launch_token
+            assert token is not None
+            stem = Path(trial_log_name(trial.optuna_trial_number)).stem
+            spec_path = self._run_dir / f"{stem}.attempt-{attempt}.spec.json"
+            preempt_path = self._run_dir / f"{stem}.preempt"
+            spec = self._runtime_spec(trial, attempt, checkpoint, preempt_path)
+            optuna_number, slots = trial.optuna_trial_number, trial.slots_per_trial
+            restored_step = checkpoint.step if checkpoint else None
+            _, dropped = per_slot_batch_size(int(trial.hparams["global_batch_size"]), slots)
+            if dropped and attempt == 0:
+                warnings.warn(
+                    f"trial {self._label(trial.optuna_trial_number)}: global_batch_size "
+                    f"{trial.hparams['global_batch_size']} "
+                    f"is not divisible by slots_per_trial {slots}; "
+                    f"{dropped} samples per batch are dropped",
+                    stacklevel=1,
+                )
+        self._run_dir.mkdir(parents=True, exist_ok=True)
+        where = ", ".join(
+            f"{part.agent.name} slots {','.join(str(slot) for slot in part.slots)}"
+            for part in placement.agents
+        )
+        write_log_line(
+            log_path,
+            f"trial {self._label(optuna_number)} attempt {attempt} on {where}"
+            + (f", restoring the checkpoint of step {restored_step}" if restored_step else ""),
+        )
+        _write_private(spec_path, spec.model_dump_json(indent=2, exclude={"db_url"}))
+        with contextlib.suppress(FileNotFoundError):
+            preempt_path.unlink()
+        rdzv_port = (
+            free_port(placement.agents[0].agent.host) if len(placement.agents) > 1 else None
+        )
+        commands = torchrun_commands(
+            placement,
+            spec_path=str(spec_path),
+            rdzv_id=f"slotsweep-{trial_id}-{attempt}",
+            rdzv_port=rdzv_port,
+            use_gpus=self._use_gpus,
+        )
+        try:
+            processes = start_trial(
+                commands,
+                log_path=log_path,
+                cwd=self.model_dir,
+                token=token,
+                extra_env={DB_URL_ENV_VAR: self.db_url},
             )
+        except BaseException:
+            with session_scope(self.db_url) as session:
+                failed = session.get(TrialRun, run_id)
+                assert failed is not None
+                end_run(session, failed, reason="launch failed")
+            raise
+
+        def record() -> None:
+            with session_scope(self.db_url) as session:
+                started = session.get(TrialRun, run_id)
+                assert started is not None
+                started.agents = processes.describe()
+                record_launch(session, started, processes)
+
+        try:
+            # The processes run: their pids must reach the database (the launch token
+            # finds them after a crash, but not while this driver still owns them).
+            retry_transient(record)
+        except BaseException:
+            processes.end(grace_s=0.0)
+            raise
+        self._running[trial_id] = _Running(
+            trial_id=trial_id,
+            optuna_number=optuna_number,
+            attempt=attempt,
+            slots=slots,
+            processes=processes,
+            started=time.monotonic(),
+            run_id=run_id,
+            preempt_path=preempt_path,
+        )
 
     def _runtime_spec(
         self, trial: Trial, attempt: int, checkpoint: Checkpoint | None, preempt_path: Path
@@ -535,26 +710,76 @@ class SearchDriver:
                     running.preempted_at is not None
                     and time.monotonic() - running.preempted_at > PREEMPT_GRACE_S
                 ):
-                    running.processes.terminate(signal.SIGKILL)
+                    running.processes.end(grace_s=0.0)
                 continue
+            self._record_exit(running, exit_code)
+            # Forgotten only once the outcome is committed: a tick that failed on the
+            # database finds the exited run again and records it then.
             del self._running[trial_id]
-            elapsed = time.monotonic() - running.started
-            with session_scope(self.db_url) as session:
-                trial = session.get(Trial, trial_id)
-                run = session.get(TrialRun, running.run_id)
-                assert trial is not None and run is not None
-                trial.slot_seconds = (trial.slot_seconds or 0.0) + elapsed * running.slots
-                run.ended_at = utcnow()
-                run.exit_code = exit_code
-                trial.exit_code = exit_code
-                slot_ledger.release(session, trial_id)
-                if running.preempted_at is not None and not (trial.finished_at or trial.pruned_at):
-                    run.reason = "paused"
-                    trial.state = TrialState.QUEUED
-                    continue
-                self._finalize_outcome(session, trial, exit_code=exit_code)
 
-    def _finalize_outcome(self, session: Any, trial: Trial, exit_code: int | None) -> None:
+    def _record_exit(self, running: _Running, exit_code: int) -> None:
+        elapsed = time.monotonic() - running.started
+        with session_scope(self.db_url) as session:
+            trial = session.get(Trial, running.trial_id)
+            run = session.get(TrialRun, running.run_id)
+            assert trial is not None and run is not None
+            trial.slot_seconds = (trial.slot_seconds or 0.0) + elapsed * running.slots
+            run.exit_code = exit_code
+            trial.exit_code = exit_code
+            if running.hang_reason:
+                run.reason = running.hang_reason
+            # torchrun has exited; confirm that none of its ranks outlived it before
+            # the slots go back to the ledger.
+            if end_run(session, run, grace_s=0.0):
+                slot_ledger.release(session, running.trial_id)
+            if running.preempted_at is not None and not (trial.finished_at or trial.pruned_at):
+                run.reason = "paused"
+                trial.state = TrialState.QUEUED
+                return
+            self._finalize_outcome(session, trial, exit_code=exit_code, cause=running.hang_reason)
+
+    def _end_hung_trials(self) -> None:
+        """End runs whose rank 0 recorded no progress for ``hang_timeout_s``.
+
+        A rank stuck in a collective, a dead NFS mount or a deadlocked data loader
+        holds its slots forever otherwise; the run is ended and the trial restarted
+        from its latest checkpoint like any other failure.
+        """
+        timeout_s = self.config.hang_timeout_s
+        if timeout_s is None or not self._running:
+            return
+        # Until rank 0 first records anything (it does once the process group has
+        # formed), start-up is measured: imports, rendezvous and DDP set-up take
+        # seconds, minutes on a loaded machine, and are no hang.
+        startup_s = max(timeout_s, STARTUP_ALLOWANCE_S)
+        by_run = {running.run_id: running for running in self._running.values()}
+        with session_scope(self.db_url) as session:
+            rows = session.execute(
+                select(TrialRun.id, TrialRun.started_at, TrialRun.progress_at).where(
+                    TrialRun.id.in_(list(by_run))
+                )
+            ).all()
+        now = utcnow()
+        for run_id, started_at, progress_at in rows:
+            running = by_run[run_id]
+            if progress_at is None:
+                idle_s = (now - started_at).total_seconds()
+                hung = idle_s > startup_s
+                what = f"did not start within {idle_s:.0f} s"
+            else:
+                idle_s = (now - max(started_at, progress_at)).total_seconds()
+                hung = idle_s > timeout_s
+                what = f"no progress for {idle_s:.0f} s"
+            if running.hang_reason is None and hung:
+                running.hang_reason = f"{what} (hang_timeout_s {timeout_s:g}); ended"
+                _log.warning(
+                    "trial %s: %s", self._label(running.optuna_number), running.hang_reason
+                )
+                running.processes.end(grace_s=0.0)
+
+    def _finalize_outcome(
+        self, session: Any, trial: Trial, exit_code: int | None, cause: str | None = None
+    ) -> None:
         """Decide COMPLETED / PRUNED / restart / FAIL from what the trial recorded.
 
         torchrun can exit non-zero after a finished run (gloo teardown), so the record,
@@ -578,19 +803,107 @@ class SearchDriver:
             )
             self._fail(session, trial)
             return
+        else:
+            self._record_failure(session, trial, cause or f"exit code {exit_code}")
+            return
+        trial.ended_at = utcnow()
+
+    def _record_failure(self, session: Any, trial: Trial, fallback_reason: str) -> None:
+        """Restart the trial, or fail it, and say why in one line.
+
+        The reason is the exception the first failing rank recorded, else
+        ``fallback_reason`` (an exit code, a hang). A run that failed the same way on
+        every rank before its first step is a bug: it is failed without restarts.
+        """
+        verdict = self._run_verdict(session, trial)
+        reason = verdict.reason if verdict is not None else fallback_reason
+        label = f"trial {self._label(trial.optuna_trial_number)}"
+        notify = functools.partial(self._notify_failure, trial, label)
+        if verdict is not None and verdict.deterministic:
+            trial.error = (
+                f"{reason}; every rank failed this way before its first step, "
+                "so it is not restarted"
+            )
+            notify()
+            self._fail(session, trial)
+            self._check_fail_fast(session)
         elif trial.restarts < self.config.max_restarts:
             trial.restarts += 1
             trial.state = TrialState.QUEUED
-            trial.error = (
-                f"exit code {exit_code}; restart {trial.restarts} of {self.config.max_restarts}"
-            )
+            trial.error = f"{reason}; restart {trial.restarts} of {self.config.max_restarts}"
+            notify()
             self._queue(trial)
-            return
         else:
-            trial.error = trial.error or f"exit code {exit_code} after {trial.restarts} restarts"
+            trial.error = f"{reason}; failed after {trial.restarts} restarts"
+            notify()
             self._fail(session, trial)
+            self._check_fail_fast(session)
+
+    @staticmethod
+    def _notify_failure(trial: Trial, label: str) -> None:
+        """One line on the driver's terminal and in the trial's log."""
+        _log.warning("%s failed: %s", label, trial.error)
+        if trial.log_path:
+            with contextlib.suppress(OSError):
+                write_log_line(Path(trial.log_path), f"{label} failed: {trial.error}")
+
+    @staticmethod
+    def _failures_of_latest_run(session: Any, trial_id: int) -> list[FailureRecord]:
+        run_id = session.scalar(
+            select(TrialRun.id)
+            .where(TrialRun.trial_id == trial_id)
+            .order_by(TrialRun.attempt.desc())
+            .limit(1)
+        )
+        if run_id is None:
+            return []
+        rows = session.scalars(
+            select(TrialFailure)
+            .where(TrialFailure.run_id == run_id)
+            .order_by(TrialFailure.recorded_at, TrialFailure.id)
+        )
+        return [
+            FailureRecord(row.rank, row.exception_type, row.message, row.steps_completed)
+            for row in rows
+        ]
+
+    def _run_verdict(self, session: Any, trial: Trial) -> RunVerdict | None:
+        return judge_run(
+            self._failures_of_latest_run(session, trial.id), world_size=trial.slots_per_trial
+        )
+
+    def _check_fail_fast(self, session: Any) -> None:
+        """Stop the experiment (ERROR) when its first trials all failed the same way."""
+        limit = self.config.fail_fast_trials
+        if limit <= 0 or self._control.action is not None:
             return
-        trial.ended_at = utcnow()
+        session.flush()
+        outcomes = []
+        for trial in session.scalars(
+            select(Trial).where(Trial.experiment_id == self.experiment_id)
+        ):
+            succeeded: bool | None = None
+            signature: tuple[str, str] | str | None = None
+            if trial.state in (TrialState.COMPLETED, TrialState.PRUNED):
+                succeeded = True
+            elif trial.state == TrialState.ERROR:
+                succeeded = False
+                verdict = self._run_verdict(session, trial)
+                signature = verdict.signature if verdict is not None else trial.error
+            outcomes.append(TrialOutcome(trial.optuna_trial_number, succeeded, signature))
+        reason = fail_fast_reason(outcomes, limit)
+        if reason is not None:
+            _log.warning("stopping the experiment: %s (fail_fast_trials: %d)", reason, limit)
+            self._control.action = "error"
+            self._stop_reason = reason
+
+    def _completion_state(self) -> ExperimentState:
+        """COMPLETED, or ERROR when trials ran and none of them succeeded."""
+        with session_scope(self.db_url) as session:
+            counts = trial_counts(session, self.experiment_id)
+        if counts.total and not (counts.completed or counts.pruned):
+            return ExperimentState.ERROR
+        return ExperimentState.COMPLETED
 
     def _objective_values(self, trial: Trial) -> list[float]:
         assert trial.searcher_metric_value is not None
@@ -627,9 +940,10 @@ class SearchDriver:
     def _flush_tells(self) -> None:
         assert self._study is not None
         while self._tells:
-            number, values, state = self._tells.pop(0)
+            number, values, state = self._tells[0]
             # skip_if_finished: a tell that landed before a crash is not repeated.
             self._study.tell(number, values, state=state, skip_if_finished=True)
+            self._tells.pop(0)
 
     # ----------------------------------------------------------------- control
     def _heartbeat(self) -> None:
@@ -649,22 +963,22 @@ class SearchDriver:
                 running.preempt_path.touch()
 
     def _kill_running(self) -> None:
+        """End every running trial's processes; requeue them, or fail them on kill."""
         for running in self._running.values():
-            running.processes.terminate(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for running in self._running.values():
-            running.processes.wait(timeout=max(0.1, deadline - time.monotonic()))
-            running.processes.terminate(signal.SIGKILL)
+            running.processes.end(grace_s=KILL_GRACE_S)
         with session_scope(self.db_url) as session:
             for running in self._running.values():
                 run = session.get(TrialRun, running.run_id)
                 trial = session.get(Trial, running.trial_id)
                 assert run is not None and trial is not None
-                run.ended_at = utcnow()
-                run.reason = "killed"
-                slot_ledger.release(session, running.trial_id)
+                run.reason = run.reason or "killed"
+                if end_run(session, run):
+                    slot_ledger.release(session, running.trial_id)
                 if self._control.action == "kill":
                     trial.error = "killed by user"
+                    self._fail(session, trial)
+                elif self._control.action == "error":
+                    trial.error = f"experiment stopped: {self._stop_reason}"
                     self._fail(session, trial)
                 else:
                     trial.state = TrialState.QUEUED
@@ -683,14 +997,18 @@ class SearchDriver:
                 )
             experiment = session.get(Experiment, self.experiment_id)
             assert experiment is not None
-            if state == ExperimentState.CANCELED:
+            if state in (ExperimentState.CANCELED, ExperimentState.ERROR):
                 for trial in session.scalars(
                     select(Trial).where(
                         Trial.experiment_id == self.experiment_id,
                         Trial.state == TrialState.QUEUED,
                     )
                 ):
-                    trial.error = "experiment killed before the trial ran"
+                    trial.error = (
+                        "experiment killed before the trial ran"
+                        if state == ExperimentState.CANCELED
+                        else f"experiment stopped before the trial ran: {self._stop_reason}"
+                    )
                     self._fail(session, trial)
             experiment.state = state
             experiment.requested_action = None
@@ -738,6 +1056,14 @@ class SearchDriver:
                 .limit(1)
             ).scalar()
         progress.update(counts, best)
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only (0600, also when it exists)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 def _last_validation_is_nan(session: Any, trial_id: int, metric: str) -> bool:

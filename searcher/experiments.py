@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +22,21 @@ from storage import (
     upgrade_schema,
     utcnow,
 )
+from trials import control
+from trials.control import DRIVER_STALE_AFTER_S, driver_alive
 
-# A driver that has not written its heartbeat for this long is taken as dead.
-DRIVER_STALE_AFTER_S = 20.0
+__all__ = [
+    "DRIVER_STALE_AFTER_S",
+    "TrialCounts",
+    "UsageError",
+    "best_trials",
+    "create_experiment",
+    "driver_alive",
+    "extend_experiment",
+    "find_experiment",
+    "request_action",
+    "trial_counts",
+]
 
 
 class UsageError(Exception):
@@ -75,33 +86,29 @@ def create_experiment(
 
 
 def find_experiment(session: Session, ref: str) -> Experiment:
-    """An experiment by id or by name (the newest of that name)."""
+    """An experiment by id, or by a name that exactly one experiment has.
+
+    Names may repeat (every run of a config takes its name), so a name several
+    experiments share is refused with their ids rather than silently picking one.
+    """
     if ref.isdigit():
         experiment = session.get(Experiment, int(ref))
     else:
-        experiment = session.scalars(
-            select(Experiment).where(Experiment.name == ref).order_by(Experiment.id.desc())
-        ).first()
+        matches = list(
+            session.scalars(
+                select(Experiment).where(Experiment.name == ref).order_by(Experiment.id)
+            )
+        )
+        if len(matches) > 1:
+            ids = ", ".join(str(m.id) for m in matches)
+            raise UsageError(
+                f"experiment: {len(matches)} experiments are named '{ref}' (ids {ids}); "
+                "give one of the ids"
+            )
+        experiment = matches[0] if matches else None
     if experiment is None:
         raise UsageError(f"experiment: no experiment with id or name '{ref}'")
     return experiment
-
-
-def driver_alive(experiment: Experiment) -> bool:
-    """Whether a driver still owns ``experiment`` (fresh heartbeat, live pid if local)."""
-    if experiment.driver_heartbeat_at is None:
-        return False
-    age = (utcnow() - experiment.driver_heartbeat_at).total_seconds()
-    if age > DRIVER_STALE_AFTER_S:
-        return False
-    if experiment.driver_host == socket.gethostname() and experiment.driver_pid:
-        try:
-            os.kill(experiment.driver_pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-    return True
 
 
 @dataclass(frozen=True)
@@ -153,23 +160,78 @@ def best_trials(session: Session, experiment: Experiment, limit: int = 5) -> lis
     )
 
 
-def request_action(db_url: str, ref: str, action: str) -> Experiment:
-    """Ask the driver of an experiment to ``pause`` or ``kill`` it (from any terminal).
+def request_action(db_url: str, ref: str, action: str) -> str:
+    """``pause``, ``activate`` or ``kill`` the experiment ``ref`` (id or name), from any terminal.
 
-    An experiment without a live driver is changed directly.
+    Resolves ``ref`` as every command does, then takes the one path the UI also takes
+    (:func:`trials.control.request_action`); returns what happened, in words.
     """
     with session_scope(db_url) as session:
+        experiment_id = find_experiment(session, ref).id
+    try:
+        return control.request_action(db_url, experiment_id, action)
+    except control.ActionRefused as exc:
+        raise UsageError(f"experiment: {exc}") from None
+
+
+def extend_experiment(
+    db_url: str, ref: str, *, max_trials: int | None = None, more_trials: int | None = None
+) -> tuple[int, int]:
+    """Raise a COMPLETED or PAUSED experiment's trial budget and leave it PAUSED to resume.
+
+    Exactly one of ``max_trials`` (the new total) and ``more_trials`` (added to the
+    larger of the old budget and the trials it already has) is given. The experiment
+    keeps its Optuna study, so the samplers see every earlier trial and new trials
+    number on from the old ones; earlier trials, their metrics and checkpoints are not
+    touched. It is left PAUSED, not ACTIVE, because the driver resumes a paused
+    experiment as it is and refuses an ended one. Returns the experiment id and its
+    new budget.
+    """
+    from pydantic import ValidationError
+
+    from searcher import space
+
+    with session_scope(db_url) as session:
         experiment = find_experiment(session, ref)
-        if experiment.state.is_terminal:
-            raise UsageError(
-                f"experiment: '{experiment.name}' (id {experiment.id}) is already "
-                f"{experiment.state.value}"
+        if experiment.state not in (ExperimentState.COMPLETED, ExperimentState.PAUSED):
+            hint = (
+                f"`slotsweep resume {experiment.id}` continues it"
+                if experiment.state == ExperimentState.ACTIVE
+                else "start a new experiment instead"
             )
-        if driver_alive(experiment):
-            experiment.requested_action = action
-        elif action == "pause":
-            experiment.state = ExperimentState.PAUSED
+            raise UsageError(
+                f"experiment: '{experiment.name}' (id {experiment.id}) is "
+                f"{experiment.state.value}; continue extends COMPLETED or PAUSED experiments "
+                f"({hint})"
+            )
+        so_far = trial_counts(session, experiment.id).total
+        if max_trials is None:
+            assert more_trials is not None
+            max_trials = max(experiment.max_trials, so_far) + more_trials
+            source = "--more-trials"
         else:
-            experiment.state = ExperimentState.CANCELED
-            experiment.ended_at = utcnow()
-        return experiment
+            source = "--max-trials"
+        if max_trials <= so_far:
+            raise UsageError(
+                f"{source}: experiment {experiment.id} already has {so_far} trials; the new "
+                f"budget must be more than that, got {max_trials}"
+            )
+        config = dict(experiment.config)
+        config["searcher"] = {**config["searcher"], "max_trials": max_trials}
+        try:
+            parsed = ExperimentConfig.model_validate(config)
+        except ValidationError as exc:
+            reason = exc.errors()[0]["msg"]
+            raise UsageError(f"{source}: {reason}, got {max_trials}") from None
+        if parsed.searcher.name == "grid" and space.grid_size(parsed.hyperparameters) <= so_far:
+            raise UsageError(
+                f"{source}: all {so_far} points of experiment {experiment.id}'s grid have "
+                "run; a grid search cannot be extended"
+            )
+        # A new dict (not an in-place change) so SQLAlchemy sees the JSON column change.
+        experiment.config = config
+        experiment.max_trials = max_trials
+        experiment.state = ExperimentState.PAUSED
+        experiment.ended_at = None
+        experiment.requested_action = None
+        return experiment.id, max_trials

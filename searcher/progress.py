@@ -1,4 +1,9 @@
-"""The driver's terminal output: a live progress bar and the table of best trials."""
+"""The driver's live progress bar: trials finished of max_trials, and the best value so far.
+
+At 80 columns it stays readable: the count and the elapsed time come right after a
+short bar and never shrink, and the per-state counts fold onto a second line instead
+of being cut to "…".
+"""
 
 from __future__ import annotations
 
@@ -7,27 +12,39 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.table import Column
+
+from searcher.tables import format_value
 
 if TYPE_CHECKING:
     from searcher.experiments import TrialCounts
-    from storage import Trial
+
+# Short enough that the bar, the count and the time leave room for the states at 80 columns.
+_BAR_WIDTH = 20
 
 
 class SearchProgress:
     """trials done/running/pruned/failed of max_trials, and the best value so far."""
 
-    def __init__(self, total: int, *, metric: str, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        total: int,
+        *,
+        metric: str,
+        enabled: bool = True,
+        console: Console | None = None,
+    ) -> None:
         self.total = total
         self.metric = metric
         self._last: tuple[object, ...] | None = None
+        fixed = Column(no_wrap=True)
         self._progress = Progress(
-            TextColumn("[bold]trials"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.description}"),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
+            TextColumn("[bold]trials", table_column=fixed),
+            BarColumn(bar_width=_BAR_WIDTH, table_column=Column(no_wrap=True)),
+            MofNCompleteColumn(table_column=Column(no_wrap=True)),
+            TimeElapsedColumn(table_column=Column(no_wrap=True)),
+            TextColumn("{task.description}", table_column=Column(ratio=1, overflow="fold")),
+            console=console or Console(stderr=True),
             disable=not enabled,
             transient=False,
         )
@@ -50,36 +67,13 @@ class SearchProgress:
         if state == self._last:
             return
         self._last = state
-        best_text = "-" if best is None else f"{best:.6g}"
         self._progress.update(
             self._task,
             completed=counts.finished,
             total=max(self.total, counts.total),
             description=(
-                f"running {counts.running}  completed {counts.completed}  "
-                f"pruned {counts.pruned}  failed {counts.errored}  "
-                f"best {self.metric} {best_text}"
+                f"running {counts.running}, completed {counts.completed}, "
+                f"pruned {counts.pruned}, failed {counts.errored}; "
+                f"best {self.metric} {format_value(best)}"
             ),
         )
-
-
-def best_trials_table(trials: list[Trial], metric: str, title: str = "Best trials") -> Table:
-    """A rich table of trials with their hyperparameters and searcher metric."""
-    table = Table(title=title)
-    table.add_column("trial", justify="right")
-    table.add_column(metric, justify="right")
-    table.add_column("slots", justify="right")
-    table.add_column("hyperparameters")
-    for trial in trials:
-        value = trial.searcher_metric_value
-        table.add_row(
-            str(trial.id),
-            "-" if value is None else f"{value:.6g}",
-            str(trial.slots_per_trial),
-            ", ".join(f"{k}={_short(v)}" for k, v in sorted(trial.hparams.items())),
-        )
-    return table
-
-
-def _short(value: object) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)

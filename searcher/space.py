@@ -48,8 +48,6 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from searcher.config import (
     CategoricalHP,
     ConfigError,
@@ -59,6 +57,7 @@ from searcher.config import (
     LogHP,
     grid_count_problems,
 )
+from trials._yaml import YamlError, parse_yaml
 
 if TYPE_CHECKING:
     import optuna
@@ -339,8 +338,9 @@ def _read(text: str) -> Any:
         except ValueError:
             pass
     try:
-        return yaml.safe_load(text)
-    except Exception:  # Anything YAML cannot read is compared as the text itself.
+        # The bounded reader: a few hundred bytes of aliases must not expand to gigabytes.
+        return parse_yaml(text, source="value")
+    except YamlError:  # Anything it refuses is compared as the text itself.
         return text
 
 

@@ -8,7 +8,15 @@ Example:
     >>> upgrade_schema("sqlite:///example.db")  # doctest: +SKIP
 """
 
-from storage._engine import get_engine, prepare_engine, session_scope
+from storage._engine import (
+    DatabaseUnavailableError,
+    get_engine,
+    is_transient_error,
+    prepare_engine,
+    retry_transient,
+    session_scope,
+)
+from storage._fence import AttemptSupersededError, claim_attempt
 from storage._migrate import upgrade_schema
 from storage._models import (
     Allocation,
@@ -23,28 +31,35 @@ from storage._models import (
     SystemMetric,
     Timing,
     Trial,
+    TrialFailure,
     TrialProcess,
     TrialRun,
     TrialState,
     utcnow,
 )
+from storage._open import DatabaseUrlError, check_database_url
 from storage._optuna import optuna_storage
 from storage._records import record_metrics
 from storage._url import (
     DB_ENV_VAR,
     DEFAULT_DB_URL,
     absolute_db_url,
+    redact_secrets,
     redact_url,
     resolve_db_url,
+    url_secrets,
 )
 
 __all__ = [
     "DB_ENV_VAR",
     "DEFAULT_DB_URL",
     "Allocation",
+    "AttemptSupersededError",
     "Base",
     "Checkpoint",
     "CheckpointState",
+    "DatabaseUnavailableError",
+    "DatabaseUrlError",
     "Experiment",
     "ExperimentState",
     "Metric",
@@ -53,17 +68,24 @@ __all__ = [
     "SystemMetric",
     "Timing",
     "Trial",
+    "TrialFailure",
     "TrialProcess",
     "TrialRun",
     "TrialState",
     "absolute_db_url",
+    "check_database_url",
+    "claim_attempt",
     "get_engine",
+    "is_transient_error",
     "optuna_storage",
     "prepare_engine",
     "record_metrics",
+    "redact_secrets",
     "redact_url",
     "resolve_db_url",
+    "retry_transient",
     "session_scope",
     "upgrade_schema",
+    "url_secrets",
     "utcnow",
 ]

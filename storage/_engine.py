@@ -7,16 +7,22 @@ and ``BEGIN IMMEDIATE`` for every transaction, so a transaction takes the write 
 up front instead of failing when it upgrades a stale read snapshot (SQLite does not
 call the busy handler in that case). Switching a new file to WAL is the one upgrade
 left outside a transaction; it is retried (:func:`_switch_to_wal`).
+
+A database that goes away for a while (a PostgreSQL restart, a SQLite file held locked
+past the busy timeout) must not take a running trial down: :func:`retry_transient`
+re-runs a whole transaction while :func:`is_transient_error` says the failure was the
+connection's, not the statement's, up to a bounded total wait.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import sqlite3
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import sqlalchemy
 from sqlalchemy import event
@@ -26,6 +32,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from storage._url import resolve_db_url
 
 SQLITE_BUSY_TIMEOUT_S = 60.0
+# How long a writer keeps re-running a transaction while the database is unreachable.
+TRANSIENT_DEADLINE_S = 120.0
+
+_log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def _make_sqlite_shareable(engine: Engine, read_only: bool = False) -> None:
@@ -133,3 +144,121 @@ def session_scope(url_or_engine: str | Engine | None = None) -> Iterator[Session
         raise
     finally:
         session.close()
+
+
+# SQLSTATE classes and codes that mean the connection, not the statement, failed:
+# class 08 (connection exception), 57P01-57P03 (admin or crash shutdown, starting up).
+_TRANSIENT_SQLSTATE_PREFIXES = ("08", "57P01", "57P02", "57P03")
+# Messages of the same failures where the driver gives no SQLSTATE (refused at connect,
+# SQLite's busy timeout running out).
+_TRANSIENT_MESSAGES = (
+    "database is locked",
+    "connection refused",
+    "could not connect",
+    "connection failed",
+    "server closed the connection",
+    "terminating connection",
+    "connection reset",
+    "connection timed out",
+    "connection is closed",
+    "connection is lost",
+    "the database system is",
+    "consuming input failed",
+    "ssl syscall error",
+    "broken pipe",
+)
+
+
+class DatabaseUnavailableError(RuntimeError):
+    """The database stayed unreachable for longer than the caller was willing to wait."""
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    # Optuna wraps SQLAlchemy's errors (StorageInternalError from OperationalError), and
+    # SQLAlchemy wraps the DBAPI's: the cause can sit a few links down.
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def is_transient_error(exc: BaseException) -> bool:
+    """Whether ``exc`` means "the connection was lost, refused or locked" (worth a retry).
+
+    A constraint violation, a syntax error or a missing table is not transient: running
+    the same transaction again would fail the same way.
+
+    Example:
+        >>> is_transient_error(sqlite3.OperationalError("database is locked"))
+        True
+        >>> is_transient_error(sqlite3.OperationalError("no such table: x"))
+        False
+    """
+    for link in _chain(exc):
+        if isinstance(link, sqlalchemy.exc.DisconnectionError):
+            return True
+        if isinstance(link, sqlalchemy.exc.DBAPIError) and link.connection_invalidated:
+            return True
+        if isinstance(link, sqlalchemy.exc.StatementError) and not isinstance(
+            link, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)
+        ):
+            continue  # e.g. IntegrityError: look no further than what it wraps
+        sqlstate = getattr(link, "sqlstate", None) or getattr(link, "pgcode", None)
+        if isinstance(sqlstate, str) and sqlstate.startswith(_TRANSIENT_SQLSTATE_PREFIXES):
+            return True
+        if type(link).__name__ in ("OperationalError", "InterfaceError"):
+            message = str(link).lower()
+            if any(marker in message for marker in _TRANSIENT_MESSAGES):
+                return True
+    return False
+
+
+def _first_line(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def retry_transient(fn: Callable[[], T], *, deadline_s: float = TRANSIENT_DEADLINE_S) -> T:
+    """``fn()``, re-run with backoff while it fails transiently, for at most ``deadline_s``.
+
+    ``fn`` must be a whole transaction (it opens and commits its own session) and
+    idempotent: a commit whose acknowledgement was lost is run again. Errors that are
+    not transient propagate at once; past the deadline a
+    :class:`DatabaseUnavailableError` names how long it waited and the last error.
+
+    Example:
+        >>> def write() -> int:
+        ...     with session_scope("sqlite://") as session:
+        ...         return session.execute(sqlalchemy.text("select 1")).scalar_one()
+        >>> retry_transient(write, deadline_s=10.0)
+        1
+    """
+    deadline = time.monotonic() + deadline_s
+    delay_s = 0.1
+    warned = False
+    while True:
+        try:
+            result = fn()
+        except Exception as exc:
+            if not is_transient_error(exc):
+                raise
+            if time.monotonic() + delay_s > deadline:
+                raise DatabaseUnavailableError(
+                    f"the database was unreachable for {deadline_s:g} s: {_first_line(exc)}"
+                ) from exc
+            if not warned:
+                _log.warning(
+                    "database unreachable (%s); retrying for up to %g s",
+                    _first_line(exc),
+                    deadline_s,
+                )
+                warned = True
+        else:
+            if warned:
+                _log.warning("database reachable again")
+            return result
+        time.sleep(delay_s)
+        delay_s = min(2 * delay_s, 2.0)

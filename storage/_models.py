@@ -156,11 +156,44 @@ class TrialRun(Base):
     # Written by rank 0 with every record it commits; the driver ends a run whose
     # progress stops for longer than the experiment's ``hang_timeout_s``.
     progress_at: Mapped[_dt.datetime | None] = mapped_column(DateTime)
+    # In the environment of every process of the run, so that a later driver finds
+    # them even when it never learnt their pids (a crash right after the launch).
+    launch_token: Mapped[str | None] = mapped_column(String(64))
 
     trial: Mapped[Trial] = relationship(back_populates="runs")
     processes: Mapped[list[TrialProcess]] = relationship(
         back_populates="run", order_by="TrialProcess.id"
     )
+
+
+class TrialFailure(Base):
+    """How one rank of a run failed: the exception, where, and how far the run had got.
+
+    Written by each failing rank itself (before it exits), so the reason reaches the
+    driver, ``slotsweep describe`` and the UI instead of staying in a log under
+    torchrun's tracebacks. The driver reads them to tell a deterministic failure (the
+    same error on every rank before any step completed: a bug, not bad luck) from one
+    worth a restart.
+    """
+
+    __tablename__ = "slotsweep_trial_failures"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(
+        ForeignKey("slotsweep_trial_runs.id", ondelete="CASCADE"), index=True
+    )
+    trial_id: Mapped[int] = mapped_column(
+        ForeignKey("slotsweep_trials.id", ondelete="CASCADE"), index=True
+    )
+    rank: Mapped[int] = mapped_column(Integer)
+    # The exception's class name and first line, e.g. "ValueError", "bad shape".
+    exception_type: Mapped[str] = mapped_column(String(255))
+    message: Mapped[str] = mapped_column(Text)
+    # The last frames of the traceback, as Python prints them.
+    traceback: Mapped[str] = mapped_column(Text)
+    # Optimizer steps this run had completed when the rank failed (0: failed at start).
+    steps_completed: Mapped[int] = mapped_column(Integer, default=0)
+    recorded_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
 
 
 class ProcessRole(str, enum.Enum):

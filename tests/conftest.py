@@ -7,7 +7,11 @@ Slow tests (real torchrun jobs, servers, browsers) carry ``@pytest.mark.slow``;
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -17,6 +21,14 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES_DIR = REPO_ROOT / "examples"
+POSTGRES_SCRIPT = REPO_ROOT / ".ci" / "postgres.sh"
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 @pytest.fixture
@@ -96,3 +108,47 @@ def add_experiment(
         session.add_all(rows)
         session.flush()
         return experiment.id, [row.id for row in rows]
+
+
+class PostgresServer:
+    """A throw-away PostgreSQL server that a test can stop and start again."""
+
+    def __init__(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="slotsweep-pg-"))
+        self.port = free_port()
+        self.url = f"postgresql://slotsweep@127.0.0.1:{self.port}/slotsweep"
+
+    def _script(self, *args: str) -> None:
+        done = subprocess.run(
+            ["bash", str(POSTGRES_SCRIPT), *args], capture_output=True, text=True, timeout=300
+        )
+        if done.returncode != 0:
+            pytest.fail(f"postgres.sh {args[0]} failed: {done.stderr[-2000:]}")
+
+    def start(self) -> None:
+        self._script("start", str(self.folder), str(self.port))
+
+    def stop(self) -> None:
+        """Fast shutdown: open connections are terminated, new ones refused."""
+        self._script("stop", str(self.folder))
+
+    def restart(self) -> None:
+        """Start the stopped server again with the options it last ran with."""
+        self._script("restart", str(self.folder))
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres() -> Iterator[PostgresServer]:
+    """A server of this test's own, to stop and restart (the shared one must not be)."""
+    if os.geteuid() != 0:
+        pytest.skip("restarting PostgreSQL as its own user needs root")
+    server = PostgresServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.remove()

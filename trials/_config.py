@@ -11,6 +11,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from trials._validation import INT32_MAX
+
+# A ``tensor_fusion_threshold`` (DDP's bucket size in MiB) above 1 TiB means a typo.
+_MAX_BUCKET_MB = 1024.0 * 1024.0
+# A day between system-metric samples is already longer than any useful profile.
+_MAX_SAMPLE_INTERVAL_S = 86_400.0
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -24,8 +31,9 @@ class Length(_Strict):
         ('epochs', 50)
     """
 
-    epochs: int | None = Field(default=None, ge=1)
-    batches: int | None = Field(default=None, ge=1)
+    # Steps are stored in Integer columns; a million epochs is already beyond any run.
+    epochs: int | None = Field(default=None, ge=1, le=1_000_000)
+    batches: int | None = Field(default=None, ge=1, le=INT32_MAX)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Length:
@@ -49,32 +57,36 @@ class Length(_Strict):
 class OptimizationsConfig(_Strict):
     """Determined's ``optimizations`` section, applied by the managed loop."""
 
-    aggregation_frequency: int = Field(default=1, ge=1)
+    aggregation_frequency: int = Field(default=1, ge=1, le=INT32_MAX)
     average_aggregated_gradients: bool = True
     average_training_metrics: bool = True
     gradient_compression: Literal["none", "fp16", "bf16", "powersgd"] = "none"
-    powersgd_rank: int = Field(default=1, ge=1)
+    powersgd_rank: int = Field(default=1, ge=1, le=1024)
     mixed_precision: Literal["none", "fp16", "bf16"] = "none"
-    tensor_fusion_threshold: float = Field(default=64.0, gt=0)
+    tensor_fusion_threshold: float = Field(
+        default=64.0, gt=0, le=_MAX_BUCKET_MB, allow_inf_nan=False
+    )
 
 
 class CheckpointStorageConfig(_Strict):
     """Where checkpoints go and how many survive garbage collection."""
 
-    path: str = "./checkpoints"
-    save_trial_latest: int = Field(default=1, ge=0)
-    save_trial_best: int = Field(default=1, ge=0)
-    save_experiment_best: int = Field(default=0, ge=0)
+    path: str = Field(default="./checkpoints", min_length=1, max_length=4096)
+    save_trial_latest: int = Field(default=1, ge=0, le=INT32_MAX)
+    save_trial_best: int = Field(default=1, ge=0, le=INT32_MAX)
+    save_experiment_best: int = Field(default=0, ge=0, le=INT32_MAX)
 
 
 class ProfilingConfig(_Strict):
     """Timings of the loop's phases, aggregated per window of batches."""
 
     enabled: bool = True
-    window_batches: int = Field(default=50, ge=1)
+    window_batches: int = Field(default=50, ge=1, le=INT32_MAX)
     # Only every n-th batch synchronises CUDA, so timing does not slow training.
-    sync_every: int = Field(default=10, ge=1)
-    system_metrics_interval_s: float = Field(default=5.0, gt=0)
+    sync_every: int = Field(default=10, ge=1, le=INT32_MAX)
+    system_metrics_interval_s: float = Field(
+        default=5.0, gt=0, le=_MAX_SAMPLE_INTERVAL_S, allow_inf_nan=False
+    )
 
 
 class PrunerSpec(_Strict):

@@ -237,25 +237,39 @@ class SystemMetricsSampler:
     their ``gpu_index``), all with the same ``recorded_at``. ``stop()`` takes a last
     sample covering the time since the previous one, so short trials get one too.
     A failed database write is logged and the sampler carries on: system metrics must
-    never take a trial down.
+    never take a trial down. While the database is unreachable, samples are kept (up to
+    :attr:`MAX_PENDING_SAMPLES`) and written once it is back. With an ``attempt``, each
+    write is fenced like rank 0's records: once that attempt of the trial has been
+    superseded, the sampler records nothing more.
 
     Example:
         >>> with SystemMetricsSampler("sqlite:///slotsweep.db", trial_id=7, agent="local"):
         ...     train()  # doctest: +SKIP
     """
 
+    MAX_PENDING_SAMPLES = 1000
+
     def __init__(
-        self, db_url: str, trial_id: int | None, agent: str, interval_s: float = 5.0
+        self,
+        db_url: str,
+        trial_id: int | None,
+        agent: str,
+        interval_s: float = 5.0,
+        attempt: int | None = None,
     ) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0; got {interval_s!r}")
         self._db_url = db_url
         self._trial_id = trial_id
+        self._attempt = attempt
         self._agent = agent
         self._interval_s = interval_s
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing = False
+        self._superseded = False
+        # Samples not yet written: (recorded_at, [(gpu_index, name, value), ...]).
+        self._pending: list[tuple[Any, list[tuple[int | None, str, float]]]] = []
 
     def start(self) -> None:
         """Start sampling in a daemon thread (it never keeps the process alive)."""
@@ -313,11 +327,56 @@ class SystemMetricsSampler:
 
     def _write(self, rows: list[tuple[int | None, str, float]]) -> None:
         # Lazy: SQLAlchemy stays off the import path of ranks that never sample.
-        from storage import SystemMetric, session_scope, utcnow
+        from storage import (
+            AttemptSupersededError,
+            DatabaseUnavailableError,
+            retry_transient,
+            utcnow,
+        )
 
-        recorded_at = utcnow()
+        if self._superseded:
+            return
+        self._pending.append((utcnow(), rows))
+        del self._pending[: -self.MAX_PENDING_SAMPLES]
         try:
-            with session_scope(self._db_url) as session:
+            # Waiting longer than an interval would only delay the next sample.
+            retry_transient(self._write_pending, deadline_s=self._interval_s)
+        except AttemptSupersededError as err:
+            _log.warning("%s; system metrics are no longer recorded", err)
+            self._superseded = True
+            self._pending.clear()
+        except Exception as err:
+            if not isinstance(err, DatabaseUnavailableError):
+                self._pending.clear()  # the same rows would fail the same way again
+            # Warn once per run of failures, not every interval.
+            if not self._failing:
+                _log.warning("could not record system metrics (will retry): %s", err)
+            self._failing = True
+        else:
+            if self._failing:
+                _log.info("recording system metrics again")
+            self._failing = False
+
+    def _write_pending(self) -> None:
+        """One transaction writing every pending sample; safe to re-run after a lost commit."""
+        from sqlalchemy import delete
+
+        from storage import SystemMetric, claim_attempt, session_scope
+
+        with session_scope(self._db_url) as session:
+            if self._trial_id is not None and self._attempt is not None:
+                claim_attempt(session, self._trial_id, self._attempt, progress=False)
+            for recorded_at, rows in self._pending:
+                # A sample is (trial, agent, time): one written before is replaced.
+                session.execute(
+                    delete(SystemMetric).where(
+                        SystemMetric.trial_id.is_(None)
+                        if self._trial_id is None
+                        else SystemMetric.trial_id == self._trial_id,
+                        SystemMetric.agent == self._agent,
+                        SystemMetric.recorded_at == recorded_at,
+                    )
+                )
                 session.add_all(
                     SystemMetric(
                         trial_id=self._trial_id,
@@ -329,12 +388,4 @@ class SystemMetricsSampler:
                     )
                     for gpu_index, name, value in rows
                 )
-        except Exception as err:
-            # Warn once per run of failures, not every interval.
-            if not self._failing:
-                _log.warning("could not record system metrics (will retry): %s", err)
-            self._failing = True
-        else:
-            if self._failing:
-                _log.info("recording system metrics again")
-            self._failing = False
+        self._pending.clear()

@@ -23,6 +23,9 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 VALUE_ERROR_PREFIX = "Value error, "
+# The largest value of an SQL ``Integer`` column (PostgreSQL's is 32-bit): counts that are
+# stored, or multiply into stored counts, are bounded by it.
+INT32_MAX = 2**31 - 1
 
 
 def validation_problems(exc: ValidationError, root: type[BaseModel]) -> list[str]:

@@ -6,13 +6,16 @@ runs every transaction as ``BEGIN IMMEDIATE``), is what stops two drivers sharin
 the second claimer sees the first's rows or hits the constraint, and writes nothing.
 
 A driver renews its leases while it runs (:func:`renew_leases`). One that dies leaves
-rows whose lease runs out; any other driver then treats those slots as free
-(:func:`free_slots`), takes them over when it claims them, and :func:`reclaim_stale`
-deletes them and names the trials that lost their slots.
+rows whose lease runs out. An expired lease alone does not free a slot: the dead
+driver's trial may still be training on it (its processes outlive the driver). So
+:func:`reclaim_stale` deletes an expired row only once the caller has confirmed that
+the processes of its trial are gone; until then the slot stays held, and
+:func:`claim` never takes over a row, expired or not.
 
 Example:
     >>> with session_scope(url) as session:  # doctest: +SKIP
-    ...     free = free_slots(session, pool, utcnow())
+    ...     reclaim_stale(session, utcnow(), processes_gone=lambda trial_id: True)
+    ...     free = free_slots(session, pool)
     ...     won = claim(session, placement, trial_id=7, experiment_id=1, lease_s=30.0)
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import delete, select, update
@@ -45,18 +49,19 @@ class SlotHolder:
     allocated_at: _dt.datetime | None = None
     lease_expires_at: _dt.datetime | None = None
     stale: bool = False
-    """The holder's lease ran out: its driver stopped renewing; the slot is free to take."""
+    """The holder's lease ran out (its driver stopped renewing); the slot is freed once
+    the trial's processes are confirmed gone."""
 
 
-def free_slots(
-    session: Session, pool: ResourcePool, now: _dt.datetime
-) -> dict[str, frozenset[int]]:
-    """Each agent's slot ids that no live lease holds (expired leases count as free)."""
+def free_slots(session: Session, pool: ResourcePool) -> dict[str, frozenset[int]]:
+    """Each agent's slot ids that no allocation row holds.
+
+    Run :func:`reclaim_stale` first: a row whose lease expired still holds its slot
+    until it is reclaimed.
+    """
     held: dict[str, set[int]] = defaultdict(set)
     rows = session.execute(
-        select(Allocation.agent, Allocation.slot).where(
-            Allocation.resource_pool == pool.name, Allocation.lease_expires_at > now
-        )
+        select(Allocation.agent, Allocation.slot).where(Allocation.resource_pool == pool.name)
     )
     for agent, slot in rows:
         held[agent].add(slot)
@@ -68,10 +73,10 @@ def claim(
 ) -> bool:
     """Hold every slot of ``placement`` for ``trial_id``, or none of them.
 
-    Returns False, having written nothing, when any of the slots is held under a live
-    lease, including by another driver that claimed it a moment earlier. Slots whose
-    lease expired are taken over. Runs in a savepoint of the caller's transaction; the
-    caller commits (``session_scope`` does).
+    Returns False, having written nothing, when any of the slots is held, including
+    by another driver that claimed it a moment earlier or under an expired lease that
+    :func:`reclaim_stale` has not released. Runs in a savepoint of the caller's
+    transaction; the caller commits (``session_scope`` does).
     """
     now = utcnow()
     wanted = {(part.agent.name, slot) for part in placement.agents for slot in part.slots}
@@ -87,9 +92,10 @@ def claim(
             )
             if (row.agent, row.slot) in wanted
         ]
-        if any(row.lease_expires_at > now for row in existing):
+        if any(row.trial_id != trial_id for row in existing):
             savepoint.rollback()
             return False
+        # The trial's own rows (a claim whose commit was retried) are replaced.
         for row in existing:
             session.delete(row)
         # Deletes must reach the database before the inserts that reuse their keys
@@ -134,13 +140,21 @@ def renew_leases(session: Session, experiment_id: int, lease_s: float) -> None:
     )
 
 
-def reclaim_stale(session: Session, now: _dt.datetime) -> list[int]:
-    """Delete the allocations whose lease expired by ``now``; the ids of their trials."""
+def reclaim_stale(
+    session: Session, now: _dt.datetime, processes_gone: Callable[[int], bool]
+) -> list[int]:
+    """Release expired allocations whose trial's processes are gone; those trials' ids.
+
+    ``processes_gone(trial_id)`` is asked once per trial with an expired lease; a trial
+    whose processes still run (or cannot be checked) keeps its slots, so no second
+    trial is ever placed on a slot that is busy.
+    """
     expired = Allocation.lease_expires_at <= now
-    trial_ids = sorted(set(session.scalars(select(Allocation.trial_id).where(expired))))
-    if trial_ids:
-        session.execute(delete(Allocation).where(expired))
-    return trial_ids
+    candidates = sorted(set(session.scalars(select(Allocation.trial_id).where(expired))))
+    reclaimed = [trial_id for trial_id in candidates if processes_gone(trial_id)]
+    if reclaimed:
+        session.execute(delete(Allocation).where(Allocation.trial_id.in_(reclaimed)))
+    return reclaimed
 
 
 def holders(

@@ -8,14 +8,23 @@ ignores ``--node_rank``), which is why ranks prefix their own log lines.
 
 Every agent of one placement must be reachable from this machine's process table:
 the local executor starts processes on this machine only, so agents on other hosts
-are refused with a clear error (multi-machine execution is Ray's job).
+are refused with a clear error.
+
+The processes of one attempt are one unit (:mod:`trials.processes`): each carries the
+attempt's launch token, stopping the attempt ends ``torchrun`` and every rank under it,
+and the ranks themselves die with their ``torchrun`` (see :mod:`trials.worker`).
+The database URL reaches the ranks through the environment
+(:data:`DB_URL_ENV_VAR`), never through a file or a command line.
+
+``torchrun`` runs under :mod:`trials._torchrun`, which calls its ``main`` in-process
+(so the process recorded as ``torchrun`` is torchrun) and prefixes torchrun's own log
+lines with ``[torchrun] ``, as the ranks prefix theirs with ``[rank N] ``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -27,13 +36,17 @@ from typing import TYPE_CHECKING, Any, TextIO
 if TYPE_CHECKING:
     from trials.scheduler import Placement
 
+from trials.processes import (
+    LAUNCH_TOKEN_ENV_VAR,
+    ProcessRef,
+    end_processes,
+    is_local_host,
+)
+
 SPEC_ENV_VAR = "SLOTSWEEP_TRIAL_SPEC"
-_LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
-
-
-def is_local_host(host: str) -> bool:
-    """Whether ``host`` names this machine."""
-    return host in _LOCAL_HOSTS or host in {socket.gethostname(), socket.getfqdn()}
+DB_URL_ENV_VAR = "SLOTSWEEP_DB_URL"
+SLOTS_ENV_VAR = "SLOTSWEEP_SLOTS"
+AGENT_ENV_VAR = "SLOTSWEEP_AGENT"
 
 
 @dataclass(frozen=True)
@@ -61,12 +74,13 @@ def torchrun_commands(
     Example:
         >>> cmds = torchrun_commands(placement, spec_path="/tmp/s.json", rdzv_id="t1")  # doctest: +SKIP
         >>> cmds[0].argv[:4]  # doctest: +SKIP
-        ('/usr/bin/python3', '-m', 'torch.distributed.run', '--standalone')
+        ('/usr/bin/python3', '-m', 'trials._torchrun', '--standalone')
     """
     nodes = placement.agents
     if not nodes:
         raise ValueError("a placement needs at least one agent")
-    base = (python, "-m", "torch.distributed.run")
+    # torchrun itself, run by a wrapper that prefixes its own lines with ``[torchrun]``.
+    base = (python, "-m", "trials._torchrun")
     if len(nodes) == 1:
         rendezvous: tuple[str, ...] = ("--standalone", "--nnodes=1")
     else:
@@ -80,7 +94,11 @@ def torchrun_commands(
         )
     commands = []
     for node in nodes:
-        env = {SPEC_ENV_VAR: spec_path, "SLOTSWEEP_AGENT": node.agent.name}
+        env = {
+            SPEC_ENV_VAR: spec_path,
+            AGENT_ENV_VAR: node.agent.name,
+            SLOTS_ENV_VAR: ",".join(str(s) for s in node.slots),
+        }
         if use_gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s) for s in node.slots)
         argv = (
@@ -108,10 +126,12 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 @dataclass
 class TrialProcesses:
-    """The running ``torchrun`` processes of one trial attempt."""
+    """The running ``torchrun`` processes of one trial attempt (this driver's children)."""
 
     commands: Sequence[NodeCommand]
     processes: list[subprocess.Popen[bytes]]
+    refs: list[ProcessRef]
+    token: str
 
     @property
     def pids(self) -> list[int]:
@@ -123,25 +143,24 @@ class TrialProcesses:
         if any(code is None for code in codes):
             # One failed agent dooms the gang: the others would wait for it forever.
             if any(code not in (None, 0) for code in codes):
-                self.terminate()
+                self.end(grace_s=0.0)
             return None
         return next((code for code in codes if code != 0), 0)
 
-    def terminate(self, sig: int = signal.SIGTERM) -> None:
-        """Signal every process group of the trial (torchrun and its ranks)."""
-        for process in self.processes:
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(process.pid, sig)
+    def end(self, *, grace_s: float = 10.0) -> list[Any]:
+        """End every process of the attempt (ranks included); those that outlived it.
 
-    def wait(self, timeout: float | None = None) -> int | None:
+        Blocks until they are gone (up to ``grace_s`` for SIGTERM plus a bounded wait
+        after SIGKILL), and reaps the ``torchrun`` children.
+        """
+        survivors = end_processes(self.refs, token=self.token, grace_s=grace_s)
         for process in self.processes:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=timeout)
-        return self.poll()
+                process.wait(timeout=1.0)
+        return survivors
 
     def describe(self) -> list[dict[str, Any]]:
-        """What the database keeps to find these processes again after a driver crash."""
+        """Where each agent's ``torchrun`` runs, for the trial run's record."""
         return [
             {"agent": c.agent, "host": c.host, "slots": list(c.slots), "pid": p.pid}
             for c, p in zip(self.commands, self.processes, strict=True)
@@ -153,13 +172,16 @@ def start_trial(
     *,
     log_path: Path,
     cwd: Path,
+    token: str,
     extra_env: Mapping[str, str] | None = None,
 ) -> TrialProcesses:
     """Start every agent's ``torchrun`` with output appended to the trial's log file.
 
-    Each process leads its own session so a whole trial (torchrun and its ranks) can be
-    signalled at once, and so Ctrl-C in the driver's terminal does not reach it: the
-    driver decides how trials stop.
+    Each process leads its own session so that Ctrl-C in the driver's terminal does not
+    reach it (the driver decides how trials stop), and carries launch ``token`` in its
+    environment so that every process of the attempt can be found again, even by a
+    later driver that never learnt the pids. ``extra_env`` is where secrets go (the
+    database URL): the environment is readable by the process's owner only.
     """
     for command in commands:
         if not is_local_host(command.host):
@@ -168,7 +190,8 @@ def start_trial(
                 "starts processes on this machine only"
             )
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    processes = []
+    processes: list[subprocess.Popen[bytes]] = []
+    refs: list[ProcessRef] = []
     base_env = dict(os.environ)
     # In-place torchrun restarts are off, but sharing the rendezvous store still
     # made gloo's connectFullMesh flaky on loopback.
@@ -177,41 +200,43 @@ def start_trial(
     # torchrun sets this for multi-process nodes anyway, with a banner in every log.
     base_env.setdefault("OMP_NUM_THREADS", "1")
     base_env.update(extra_env or {})
+    base_env[LAUNCH_TOKEN_ENV_VAR] = token
     try:
         for command in commands:
             log: TextIO
             with open(log_path, "a", buffering=1) as log:
-                processes.append(
-                    subprocess.Popen(
-                        list(command.argv),
-                        cwd=cwd,
-                        env={**base_env, **command.env},
-                        stdin=subprocess.DEVNULL,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
+                process = subprocess.Popen(
+                    list(command.argv),
+                    cwd=cwd,
+                    env={**base_env, **command.env},
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
                 )
+            processes.append(process)
+            # Not yet reaped, so even a process that exited at once still has its entry.
+            refs.append(ProcessRef.of(process.pid, host=command.host))
     except BaseException:
-        TrialProcesses(commands, processes).terminate(signal.SIGKILL)
+        TrialProcesses(commands, processes, refs, token).end(grace_s=0.0)
         raise
-    return TrialProcesses(commands, processes)
+    return TrialProcesses(commands, processes, refs, token)
 
 
-def kill_leftover(pid: int, marker: str) -> bool:
-    """End a process group left by a dead driver, if ``pid`` still runs ``marker``.
+DRIVER_LOG_PREFIX = "[slotsweep] "
 
-    The command-line check guards against a recycled pid belonging to someone else.
+
+def write_log_line(log_path: Path, message: str) -> None:
+    """Append ``message`` to a trial's log as the driver's line (``[slotsweep] ...``).
+
+    Every line of a trial log says who wrote it: ranks prefix theirs with ``[rank N]``,
+    torchrun's come with ``[torchrun]``. One ``write`` per call, in append mode, so a
+    line never splits another process's line in two.
     """
+    text = "".join(f"{DRIVER_LOG_PREFIX}{line}\n" for line in message.splitlines() or [""])
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        import psutil
-
-        cmdline = " ".join(psutil.Process(pid).cmdline())
-        environ = psutil.Process(pid).environ()
-    except Exception:
-        return False
-    if "torch.distributed.run" not in cmdline or environ.get(SPEC_ENV_VAR, "") != marker:
-        return False
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-    return True
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)

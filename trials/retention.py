@@ -3,14 +3,20 @@
 A checkpoint is kept when it is among its trial's ``save_trial_latest`` newest, its
 trial's ``save_trial_best`` best, or the experiment's ``save_experiment_best`` best
 (by the searcher metric recorded with it); everything else of the trial is deleted.
-While the trial still runs, its newest checkpoint is always kept as well, because a
-restart needs it. Pure functions: the runtime and the driver share them.
+
+Whatever the policy says, two kinds of checkpoint are never deleted: the trial's
+newest (a restart or a resume continues from it, and it is the trial's final state),
+and any checkpoint that a run of the trial which has not ended is restoring from
+(deleting it under a starting attempt fails that attempt). Retention run by an
+attempt that has been superseded never gets this far: the runtime's fenced
+transaction refuses it first. The rules are pure functions the runtime and the
+driver share; :func:`collect_garbage` applies them to the database and the disk.
 """
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -49,22 +55,26 @@ def checkpoints_to_keep(
     save_trial_best: int,
     save_experiment_best: int,
     smaller_is_better: bool,
-    trial_running: bool,
+    pinned: Collection[str] = (),
 ) -> set[str]:
     """The uuids of ``trial_checkpoints`` that retention keeps.
 
+    ``trial_checkpoints`` are one trial's live checkpoints in the order they were
+    recorded; the newest (highest step, the later record on a tie) is always kept, as
+    is every uuid in ``pinned`` (checkpoints that unfinished runs restore from).
+
     Example:
         >>> ckpts = [CheckpointRecord(f"c{i}", 1, i, m) for i, m in enumerate([0.5, 0.2, 0.9])]
-        >>> sorted(checkpoints_to_keep(ckpts, ckpts, save_trial_latest=1, save_trial_best=1,
-        ...        save_experiment_best=0, smaller_is_better=True, trial_running=False))
-        ['c1', 'c2']
+        >>> sorted(checkpoints_to_keep(ckpts, ckpts, save_trial_latest=0, save_trial_best=1,
+        ...        save_experiment_best=0, smaller_is_better=True, pinned={"c0"}))
+        ['c0', 'c1', 'c2']
     """
-    newest_first = sorted(trial_checkpoints, key=lambda r: r.step, reverse=True)
-    keep = {r.uuid for r in newest_first[: max(save_trial_latest, 0)]}
-    if trial_running and newest_first:
-        keep.add(newest_first[0].uuid)
+    # A stable sort: of two checkpoints at one step, the later record counts as newer.
+    newest_first = sorted(trial_checkpoints, key=lambda r: r.step)[::-1]
+    keep = {r.uuid for r in newest_first[: max(save_trial_latest, 1)]}
     keep |= {r.uuid for r in _best(trial_checkpoints, save_trial_best, smaller_is_better)}
     mine = {r.uuid for r in trial_checkpoints}
+    keep |= mine & set(pinned)
     keep |= {
         r.uuid
         for r in _best(experiment_checkpoints, save_experiment_best, smaller_is_better)
@@ -81,7 +91,7 @@ def checkpoints_to_delete(
     save_trial_best: int,
     save_experiment_best: int,
     smaller_is_better: bool,
-    trial_running: bool,
+    pinned: Collection[str] = (),
 ) -> list[CheckpointRecord]:
     """The checkpoints of the trial that retention removes (oldest first)."""
     keep = checkpoints_to_keep(
@@ -91,7 +101,7 @@ def checkpoints_to_delete(
         save_trial_best=save_trial_best,
         save_experiment_best=save_experiment_best,
         smaller_is_better=smaller_is_better,
-        trial_running=trial_running,
+        pinned=pinned,
     )
     return sorted((r for r in trial_checkpoints if r.uuid not in keep), key=lambda r: r.step)
 
@@ -104,7 +114,6 @@ def collect_garbage(
     metric: str,
     smaller_is_better: bool,
     trial_id: int | None = None,
-    trial_running: bool = False,
 ) -> list[str]:
     """Apply retention in the database and on disk; the uuids deleted.
 
@@ -114,16 +123,27 @@ def collect_garbage(
     """
     from sqlalchemy import select
 
-    from storage import Checkpoint, CheckpointState, Trial
+    from storage import Checkpoint, CheckpointState, Trial, TrialRun
 
     query = select(Checkpoint).where(Checkpoint.state == CheckpointState.COMPLETED)
+    restoring = select(TrialRun.restored_from_checkpoint).where(
+        TrialRun.ended_at.is_(None), TrialRun.restored_from_checkpoint.is_not(None)
+    )
     if trial_id is None or policy.save_experiment_best > 0:
         query = query.join(Trial, Trial.id == Checkpoint.trial_id).where(
             Trial.experiment_id == experiment_id
         )
     else:
         query = query.where(Checkpoint.trial_id == trial_id)
-    rows = list(session.scalars(query))
+    if trial_id is None:
+        restoring = restoring.join(Trial, Trial.id == TrialRun.trial_id).where(
+            Trial.experiment_id == experiment_id
+        )
+    else:
+        restoring = restoring.where(TrialRun.trial_id == trial_id)
+    # In id order: of two checkpoints at one step, the later record is the newer.
+    rows = list(session.scalars(query.order_by(Checkpoint.id)))
+    pinned = {uuid for uuid in session.scalars(restoring) if uuid is not None}
     records = [
         CheckpointRecord(row.uuid, row.trial_id, row.step, (row.metrics or {}).get(metric))
         for row in rows
@@ -142,7 +162,7 @@ def collect_garbage(
             save_trial_best=policy.save_trial_best,
             save_experiment_best=policy.save_experiment_best,
             smaller_is_better=smaller_is_better,
-            trial_running=trial_running,
+            pinned=pinned,
         )
     }
     for row in rows:

@@ -1,18 +1,28 @@
 """The program every rank of a trial runs: ``torchrun ... -m trials.worker``.
 
 The driver passes the trial's :class:`~trials.RuntimeSpec` as a JSON file named by
-``SLOTSWEEP_TRIAL_SPEC`` and points torchrun's output at the trial's log file.
+``SLOTSWEEP_TRIAL_SPEC`` (written 0600, without the database URL, which comes in
+``SLOTSWEEP_DB_URL``: files and command lines are where passwords leak) and points
+torchrun's output at the trial's log file.
+
+A rank never outlives its ``torchrun``: the first thing it does is ask the kernel for
+SIGKILL when its parent dies (``PR_SET_PDEATHSIG``). torch's elastic agent starts each
+rank in a session of its own, so without this a killed ``torchrun`` left its ranks
+training beside the trial's next attempt.
 
 The first thing a rank does, before importing torch, is to route its stdout and stderr
 (file descriptors 1 and 2, so C-level output too) through a small child process that
-prefixes every line with ``[rank N] ``: the log of a multi-rank trial can then be
-filtered per rank. The prefixer is a separate process reading a pipe, not a thread, so
-whatever the rank wrote before a SIGKILL still reaches the log (the kernel closes the
-pipe, the prefixer drains it and exits).
+prefixes every line with ``[rank N] `` (:mod:`trials._prefix`): the log of a multi-rank
+trial can then be filtered per rank. It writes to the trial's log itself (named by
+``SLOTSWEEP_LOG_TARGET``), not to the output it inherited: that is the ``torchrun``
+wrapper's own ``[torchrun]`` prefixer (:mod:`trials._torchrun`).
 
 Exit codes: 0 when the rank's part ended as planned (finished, pruned or preempted; the
 outcome itself is in the database), 2 for a trial that cannot run as configured (one
-line saying why), 1 with a traceback for a crash.
+line saying why), 3 when this attempt was superseded by a newer one (a driver ended it
+and restarted the trial: it stops without recording anything), 1 with one line and no
+traceback when the database stayed unreachable or ``checkpoint_storage.path`` refused a
+checkpoint, and 1 with a traceback for any other crash.
 """
 
 from __future__ import annotations
@@ -22,99 +32,37 @@ import os
 import sys
 from typing import NoReturn
 
-_CHUNK = 65536
+from trials._prefix import (  # noqa: F401  (_pump: tested through this module)
+    _pump,
+    prefix_output,
+    stop_prefixing,
+    write_to_log_target,
+)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            written = os.write(fd, view)
-        except InterruptedError:
-            continue
-        except OSError:
-            return  # the log is gone; nothing sensible is left to do with the line
-        view = view[written:]
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this process when its parent (``torchrun``) dies.
 
-
-def _pump(sources: dict[int, int], prefix: bytes) -> None:
-    """Copy each source pipe to its target fd, one prefixed line per ``os.write``."""
-    import select
-
-    pending = {fd: b"" for fd in sources}
-    while pending:
-        try:
-            readable, _, _ = select.select(list(pending), [], [])
-        except InterruptedError:
-            continue
-        for fd in readable:
-            try:
-                chunk = os.read(fd, _CHUNK)
-            except InterruptedError:
-                continue
-            if not chunk:
-                if pending[fd]:
-                    _write_all(sources[fd], prefix + pending[fd] + b"\n")
-                del pending[fd]
-                os.close(fd)
-                continue
-            *lines, rest = (pending[fd] + chunk).split(b"\n")
-            pending[fd] = rest
-            if lines:
-                _write_all(sources[fd], b"".join(prefix + line + b"\n" for line in lines))
-
-
-def prefix_output(prefix: str) -> tuple[int, int, int]:
-    """Route fds 1 and 2 through a prefixing child; ``(child pid, saved stdout, saved stderr)``."""
+    Linux only (elsewhere the driver's leftover search still finds the rank). If the
+    parent died before the request took effect, exit now: nobody would kill us later.
+    The wrapper names its pid (``SLOTSWEEP_TORCHRUN_PID``): a rank that only read its
+    parent's pid here could already see init's, when torchrun died while it started.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
     import signal
 
-    sys.stdout.flush()
-    sys.stderr.flush()
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the prefixer: drains until every writer has closed its end
-        try:
-            os.close(out_w)
-            os.close(err_w)
-            # torchrun signals the whole group on shutdown; the prefixer must outlive
-            # the rank long enough to write its last lines.
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            _pump({out_r: 1, err_r: 2}, prefix.encode())
-        finally:
-            os._exit(0)
-    os.close(out_r)
-    os.close(err_r)
-    saved_out, saved_err = os.dup(1), os.dup(2)
-    os.dup2(out_w, 1)
-    os.dup2(err_w, 2)
-    os.close(out_w)
-    os.close(err_w)
-    # Line-buffer Python's own streams: a line printed is a line in the pipe, even
-    # if the process is killed right after.
-    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
-    sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
-    return pid, saved_out, saved_err
+    from trials._torchrun import PID_ENV_VAR
 
-
-def stop_prefixing(pid: int, saved_out: int, saved_err: int, timeout_s: float = 10.0) -> None:
-    """Close the pipes and wait (bounded) until the prefixer has written everything."""
-    import time
-
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
-    os.dup2(saved_out, 1)
-    os.dup2(saved_err, 2)
-    os.close(saved_out)
-    os.close(saved_err)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return
-        time.sleep(0.01)
+    expected = os.environ.get(PID_ENV_VAR, "")
+    parent = int(expected) if expected.isdigit() else os.getppid()
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0) != 0:
+        return
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _fail(message: str) -> int:
@@ -140,8 +88,18 @@ def _run() -> int:
             text = f.read()
     except OSError as error:
         return _fail(f"SLOTSWEEP_TRIAL_SPEC: cannot read {spec_path}: {error.strerror}")
+    import json
+
+    from trials.launcher import DB_URL_ENV_VAR
+
     try:
-        spec = RuntimeSpec.model_validate_json(text)
+        fields = json.loads(text)
+    except ValueError as error:
+        return _fail(f"SLOTSWEEP_TRIAL_SPEC {spec_path}: not JSON: {error}")
+    if os.environ.get(DB_URL_ENV_VAR) and isinstance(fields, dict):
+        fields["db_url"] = os.environ[DB_URL_ENV_VAR]
+    try:
+        spec = RuntimeSpec.model_validate(fields)
     except ValidationError as error:
         for problem in validation_problems(error, RuntimeSpec):
             _fail(f"SLOTSWEEP_TRIAL_SPEC {spec_path}: {problem}")
@@ -175,6 +133,10 @@ def _run() -> int:
 
 
 def main() -> int:
+    die_with_parent()
+    # Back onto the trial's log itself: the output inherited from torchrun is its
+    # wrapper's ``[torchrun]`` prefixer.
+    write_to_log_target()
     prefixer = prefix_output(f"[rank {os.environ.get('RANK', '0')}] ")
     try:
         return _run()

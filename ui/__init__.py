@@ -1,7 +1,8 @@
 """slotsweep's web UI: a Streamlit app that shows what a search recorded.
 
-Pages: Experiments, Experiment (Optuna's plots of the study), Trial (metrics,
-checkpoints, restarts, log, profile, system metrics) and Cluster (slots and who holds
+Pages: Experiments, Experiment (learning curves of every trial, Optuna's plots of the
+study), Trial (metrics, checkpoints, restarts, log, profile, system metrics), Compare
+(2-5 trials or experiments side by side) and Cluster (a grid of slots and who holds
 them). The app only reads the database, through a read-only engine; the one write
 it can make is an explicitly confirmed pause or kill request.
 

@@ -1,36 +1,66 @@
-"""The UI's only writes: a confirmed request to pause or kill an experiment.
+"""The UI's only writes: a confirmed pause, activate or kill of an experiment, and who may.
 
-The request is the same one ``slotsweep pause|kill`` makes from a terminal: it sets
-``Experiment.requested_action`` and the experiment's driver, which polls that
-column, carries it out. One short transaction through the normal (writing) engine.
+The request takes the one path ``slotsweep pause|kill`` also takes
+(:func:`trials.control.request_action`): a running experiment's driver is asked
+through ``Experiment.requested_action``; one with no driver is changed directly.
+
+The UI has no login. Served on a loopback address only this machine's users reach
+it, so anyone who sees the page may act. Served on any other address, ``slotsweep
+ui`` makes a random token, hands it to the server in :data:`TOKEN_ENV_VAR` (never on
+the command line, which ``ps`` shows to every user) and prints the address to open
+with ``?token=...``; the controls appear only on pages opened with that token.
 """
 
 from __future__ import annotations
 
-from storage import Experiment, session_scope
+import secrets
+
+from trials import control
 
 ACTIONS = {
     "pause": "Pause: start no new trials; running trials stop at their next checkpoint.",
     "kill": "Kill: stop every running trial now and end the experiment.",
+    "activate": "Activate: withdraw a pending pause, or say how to run a paused experiment.",
 }
+TOKEN_ENV_VAR = "SLOTSWEEP_UI_TOKEN"
+TOKEN_QUERY_PARAM = "token"
+
+
+def new_token() -> str:
+    """A fresh random token for the control actions (192 bits, URL-safe)."""
+    return secrets.token_urlsafe(24)
+
+
+def token_accepted(expected: str | None, given: str | None) -> bool:
+    """Whether a page that presents ``given`` may pause or kill, when ``expected`` is set.
+
+    No expected token (a loopback server) lets everyone act; otherwise the two must
+    match, compared in constant time so response timing does not reveal a prefix.
+
+    Example:
+        >>> token_accepted(None, None), token_accepted("abc", "abc"), token_accepted("abc", "ab")
+        (True, True, False)
+    """
+    if not expected:
+        return True
+    if given is None:
+        return False
+    return secrets.compare_digest(given.encode("utf-8"), expected.encode("utf-8"))
 
 
 def request_action(url: str, experiment_id: int, action: str) -> str:
-    """Ask the experiment's driver to ``pause`` or ``kill``; returns what happened, in words.
+    """Pause, activate or kill an experiment; returns what happened, in words.
+
+    The same path ``slotsweep pause|kill`` takes (:func:`trials.control.request_action`),
+    so a request is honoured in every state (a running experiment's driver is asked;
+    one with no driver is changed directly); a refusal (an ended experiment) is shown
+    as its reason.
 
     Example:
         >>> request_action("sqlite:///slotsweep.db", 3, "pause")  # doctest: +SKIP
-        'Requested pause of experiment 3; its driver acts on it at its next poll.'
+        'Requested pause of experiment 3; its driver (pid 4242 on gpu-1) acts on it ...'
     """
-    if action not in ACTIONS:
-        raise ValueError(f"action: must be one of {', '.join(ACTIONS)}, got {action!r}")
-    with session_scope(url) as session:
-        experiment = session.get(Experiment, experiment_id)
-        if experiment is None:
-            return f"Experiment {experiment_id} does not exist."
-        if experiment.state.is_terminal:
-            return (
-                f"Experiment {experiment_id} is already {experiment.state.value}; nothing to do."
-            )
-        experiment.requested_action = action
-    return f"Requested {action} of experiment {experiment_id}; its driver acts on it at its next poll."
+    try:
+        return control.request_action(url, experiment_id, action)
+    except control.ActionRefused as exc:
+        return str(exc)

@@ -25,17 +25,193 @@ def line_spec(
     y_title: str,
     color: str | None = None,
     x_type: FieldType = "quantitative",
+    y_format: str | None = None,
 ) -> dict[str, Any]:
-    """A line chart of ``y`` over ``x``, one line per ``color`` value when given."""
+    """A line chart of ``y`` over ``x``, one line per ``color`` value when given.
+
+    A temporal ``x`` reads as UTC clock times (``14:02:10``), never as Vega's default
+    sub-second labels (``.900``); ``y_format`` is a d3 format for the y axis.
+    """
+    x_enc: dict[str, Any] = {"field": x, "type": x_type, "title": x_title}
+    x_tip: dict[str, Any] = {"field": x, "type": x_type, "title": x_title}
+    if x_type == "temporal":
+        x_enc["scale"] = {"type": "utc"}
+        # Ticks at least a second apart, so labels never fall back to milliseconds.
+        x_enc["axis"] = {"format": "%H:%M:%S", "tickMinStep": 1000, "labelOverlap": True}
+        x_tip.update(format="%Y-%m-%d %H:%M:%S", scale={"type": "utc"})
+    y_enc: dict[str, Any] = {
+        "field": y,
+        "type": "quantitative",
+        "title": y_title,
+        "scale": {"zero": False},
+    }
+    if y_format is not None:
+        y_enc["axis"] = {"format": y_format}
     encoding: dict[str, Any] = {
-        "x": {"field": x, "type": x_type, "title": x_title},
-        "y": {"field": y, "type": "quantitative", "title": y_title, "scale": {"zero": False}},
+        "x": x_enc,
+        "y": y_enc,
         "tooltip": [
-            {"field": x, "type": x_type, "title": x_title},
-            {"field": y, "type": "quantitative", "title": y_title, "format": ".6g"},
+            x_tip,
+            {"field": y, "type": "quantitative", "title": y_title, "format": y_format or ".6g"},
         ],
     }
     if color is not None:
         encoding["color"] = {"field": color, "type": "nominal", "title": None}
         encoding["tooltip"].insert(0, {"field": color, "type": "nominal"})
     return {"mark": {"type": "line", "point": False, "tooltip": True}, "encoding": encoding}
+
+
+# Categorical colours of trial states (Tableau 10, readable on white and by most
+# colour-blind users); the best trial is drawn black on top of them.
+STATE_COLORS = {
+    "COMPLETED": "#4c78a8",
+    "PRUNED": "#f58518",
+    "ERROR": "#e45756",
+    "RUNNING": "#54a24b",
+    "QUEUED": "#79706e",
+}
+PICK = "pick"
+
+
+def learning_curve_spec(
+    *, x: str, x_title: str, y_title: str, rungs: list[float], selectable: bool = True
+) -> dict[str, Any]:
+    """Every trial's curve in one chart (Determined's learning-curve view).
+
+    Expects rows with ``number``, ``state``, ``value``, ``best``, ``stopped`` and the
+    ``x`` field. Lines are coloured by trial state; the best trial is thick and black;
+    a pruned trial's last point is a cross where ASHA stopped it; ``rungs`` are dashed
+    vertical rules. With ``selectable``, clicking curves (shift for more) selects trials
+    through the :data:`PICK` selection.
+    """
+    states = list(STATE_COLORS)
+    tooltip = [
+        {"field": "number", "type": "ordinal", "title": "trial"},
+        {"field": "state", "type": "nominal"},
+        {"field": x, "type": "quantitative", "title": x_title, "format": ".4g"},
+        {"field": "value", "type": "quantitative", "title": y_title, "format": ".4g"},
+    ]
+    x_enc = {"field": x, "type": "quantitative", "title": x_title}
+    y_enc = {"field": "value", "type": "quantitative", "title": y_title, "scale": {"zero": False}}
+    lines: dict[str, Any] = {
+        "mark": {"type": "line", "strokeWidth": 1.5, "point": {"size": 18}},
+        "encoding": {
+            "x": x_enc,
+            "y": y_enc,
+            "detail": {"field": "number", "type": "nominal"},
+            "color": {
+                "field": "state",
+                "type": "nominal",
+                "title": "trial state",
+                "scale": {"domain": states, "range": [STATE_COLORS[s] for s in states]},
+            },
+            "opacity": {"value": 0.55},
+            "tooltip": tooltip,
+        },
+    }
+    if selectable:
+        lines["params"] = [
+            {"name": PICK, "select": {"type": "point", "fields": ["number"], "on": "click"}}
+        ]
+        lines["encoding"]["opacity"] = {
+            "condition": {"param": PICK, "empty": False, "value": 1.0},
+            "value": 0.55,
+        }
+        lines["encoding"]["strokeWidth"] = {
+            "condition": {"param": PICK, "empty": False, "value": 3.5},
+            "value": 1.5,
+        }
+    best = {
+        "transform": [{"filter": "datum.best"}],
+        "mark": {"type": "line", "color": "#111111", "strokeWidth": 3.5, "point": True},
+        "encoding": {"x": x_enc, "y": y_enc, "tooltip": tooltip},
+    }
+    stopped = {
+        "transform": [{"filter": "datum.stopped"}],
+        "mark": {
+            "type": "point",
+            "shape": "cross",
+            "size": 140,
+            "filled": True,
+            "color": "#b03a00",
+        },
+        "encoding": {"x": x_enc, "y": y_enc, "tooltip": tooltip},
+    }
+    layers: list[dict[str, Any]] = [lines, best, stopped]
+    if rungs:
+        layers.insert(
+            0,
+            {
+                "data": {"values": [{"rung": r} for r in rungs]},
+                "mark": {"type": "rule", "strokeDash": [6, 4], "color": "#555555"},
+                "encoding": {
+                    "x": {"field": "rung", "type": "quantitative"},
+                    "tooltip": [{"field": "rung", "title": f"ASHA rung ({x_title})"}],
+                },
+            },
+        )
+    return {"layer": layers}
+
+
+# Holders of slots take these in turn; a free slot is light grey with a dark label.
+_HOLDER_PALETTE = [
+    "#4c78a8",
+    "#f58518",
+    "#54a24b",
+    "#b279a2",
+    "#e45756",
+    "#72b7b2",
+    "#9d755d",
+    "#eeca3b",
+    "#ff9da6",
+    "#bab0ac",
+]
+FREE = "free"
+
+
+def slot_grid_spec(holders: list[str], n_agents: int) -> dict[str, Any]:
+    """Agents as rows of slot cells, each coloured by the trial holding it (or free).
+
+    Expects rows with ``agent``, ``slot``, ``holder`` (a trial label or :data:`FREE`)
+    and ``label`` (the text inside the cell).
+    """
+    domain = [FREE, *holders]
+    colors = ["#e6e6e6", *(_HOLDER_PALETTE[i % len(_HOLDER_PALETTE)] for i in range(len(holders)))]
+    axis = {"labelAngle": 0, "title": None}
+    encoding = {
+        "x": {"field": "slot", "type": "ordinal", "title": "slot", "axis": axis},
+        "y": {"field": "agent", "type": "nominal", "axis": axis},
+    }
+    return {
+        "height": max(40, 34 * n_agents),
+        "layer": [
+            {
+                "mark": {"type": "rect", "stroke": "white", "strokeWidth": 2},
+                "encoding": {
+                    **encoding,
+                    "color": {
+                        "field": "holder",
+                        "type": "nominal",
+                        "title": "held by",
+                        "scale": {"domain": domain, "range": colors},
+                    },
+                    "tooltip": [
+                        {"field": "agent"},
+                        {"field": "slot"},
+                        {"field": "holder", "title": "held by"},
+                    ],
+                },
+            },
+            {
+                "mark": {"type": "text", "fontSize": 11},
+                "encoding": {
+                    **encoding,
+                    "text": {"field": "label"},
+                    "color": {
+                        "condition": {"test": f"datum.holder === '{FREE}'", "value": "#333333"},
+                        "value": "white",
+                    },
+                },
+            },
+        ],
+    }

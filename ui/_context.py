@@ -1,17 +1,17 @@
-"""What every page shares: the database, the refresh interval, links and paging.
+"""What every page shares: the database, the refresh interval, links, paging, controls.
 
-The app learns its database from its own command line (``streamlit run app.py --
---db URL``, which is what :func:`ui.launch` runs) and falls back to
-``$SLOTSWEEP_DB``, then to the default SQLite file. All reads go through a read-only
-engine: deferred transactions that never take SQLite's write lock, so the UI cannot
-make the driver or a trial fail with "database is locked".
+The app learns its database from ``$SLOTSWEEP_DB`` (which is how :func:`ui.launch`
+passes it: a command line is visible to every user through ``ps``), else it uses the
+default SQLite file. All reads go through a read-only engine: deferred transactions
+that never take SQLite's write lock, so the UI cannot make the driver or a trial fail
+with "database is locked". Whether this browser session may pause or kill is decided
+here too (:func:`controls_allowed`; see :mod:`ui._actions` for the token scheme).
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
-import sys
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,11 +20,16 @@ import streamlit as st
 from sqlalchemy.engine import Engine, make_url
 
 from storage import get_engine, redact_url, resolve_db_url
+from storage._url import redact_secrets
+from ui._actions import TOKEN_ENV_VAR, TOKEN_QUERY_PARAM, token_accepted
 
-EXPERIMENTS_PAGE = "pages/experiments.py"
-EXPERIMENT_PAGE = "pages/experiment.py"
-TRIAL_PAGE = "pages/trial.py"
-CLUSTER_PAGE = "pages/cluster.py"
+EXPERIMENTS_PAGE = "views/experiments.py"
+EXPERIMENT_PAGE = "views/experiment.py"
+TRIAL_PAGE = "views/trial.py"
+CLUSTER_PAGE = "views/cluster.py"
+COMPARE_PAGE = "views/compare.py"
+# The Compare page overlays 2 to this many trials or experiments; more is unreadable.
+MAX_COMPARED = 5
 
 REFRESH_CHOICES: dict[str, float | None] = {
     "off": None,
@@ -37,12 +42,14 @@ DEFAULT_REFRESH = "5 s"
 PAGE_SIZE = 50
 
 
-def db_url(argv: list[str] | None = None) -> str:
-    """The database URL from ``--db`` on the app's command line, else the environment."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument("--db", default=None)
-    known, _ = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
-    return resolve_db_url(known.db)
+# Where a session that presented the right token keeps it: page switches drop the
+# query string, and links opened in a new tab must carry the token on.
+_TOKEN_STATE_KEY = "_slotsweep_control_token"
+
+
+def db_url() -> str:
+    """The database URL from ``$SLOTSWEEP_DB``, else the default SQLite file."""
+    return resolve_db_url()
 
 
 def _missing_sqlite_file(url: str) -> Path | None:
@@ -90,11 +97,38 @@ def require_database() -> Engine:
 
 
 def _safe_reason(exc: sqlalchemy.exc.SQLAlchemyError, url: str) -> str:
-    """The driver's first line of complaint, with the URL's password masked if it is echoed."""
+    """The driver's first line of complaint, with the URL's secrets masked if it echoes them."""
     original = getattr(exc, "orig", None) or exc
     reason = (str(original).strip().splitlines() or [type(original).__name__])[0]
-    password = make_url(url).password
-    return reason.replace(str(password), "***") if password else reason
+    return redact_secrets(reason, url)
+
+
+def controls_allowed() -> bool:
+    """Whether this browser session may pause or kill experiments.
+
+    Without a configured token (a loopback server) it may. Otherwise the page must
+    have been opened with ``?token=`` matching :data:`ui._actions.TOKEN_ENV_VAR`; a
+    match is remembered for the session, since switching pages drops the query string.
+    """
+    expected = os.environ.get(TOKEN_ENV_VAR) or None
+    if expected is None:
+        return True
+    remembered = st.session_state.get(_TOKEN_STATE_KEY)
+    if token_accepted(expected, remembered):
+        return True
+    given = st.query_params.get(TOKEN_QUERY_PARAM)
+    if not token_accepted(expected, given):
+        return False
+    st.session_state[_TOKEN_STATE_KEY] = given
+    return True
+
+
+def _carried_token() -> str | None:
+    """The token to put in links this session makes, if a token is configured and known."""
+    if not os.environ.get(TOKEN_ENV_VAR) or not controls_allowed():
+        return None
+    token = st.session_state.get(_TOKEN_STATE_KEY)
+    return str(token) if token else None
 
 
 def refresh_seconds() -> float | None:
@@ -113,9 +147,15 @@ def live(body: Callable[[], None]) -> None:
 
 
 def sidebar() -> None:
-    """The database (password masked) and the refresh interval, on every page."""
+    """The database (secrets masked), the refresh interval and the control access."""
     with st.sidebar:
         st.caption(f"Database: `{redact_url(db_url())}`")
+        # Checked on every page, so the token of the first page opened is remembered.
+        if not controls_allowed():
+            st.caption(
+                "Read-only: pause and kill need the address `slotsweep ui` printed "
+                f"(it ends in `?{TOKEN_QUERY_PARAM}=…`)."
+            )
         st.selectbox(
             "Auto-refresh",
             list(REFRESH_CHOICES),
@@ -135,8 +175,15 @@ def query_int(name: str) -> int | None:
 
 
 def link(page_url_path: str, **params: int) -> str:
-    """A relative link to another page, for link columns in tables."""
-    query = "&".join(f"{key}={value}" for key, value in params.items())
+    """A relative link to another page, for link columns in tables.
+
+    Such links open a new browser session, so they carry this session's control token.
+    """
+    pairs = [f"{key}={value}" for key, value in params.items()]
+    token = _carried_token()
+    if token is not None:
+        pairs.append(f"{TOKEN_QUERY_PARAM}={token}")
+    query = "&".join(pairs)
     return f"{page_url_path}?{query}" if query else page_url_path
 
 
@@ -175,6 +222,7 @@ def age(moment: _dt.datetime | None) -> str:
 
 
 def fmt_value(value: float | None) -> str:
+    """A headline number in 4 significant digits, so ``st.metric`` never cuts it short."""
     if value is None:
         return "—"
-    return f"{value:.6g}"
+    return f"{value:.4g}"

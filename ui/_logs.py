@@ -51,3 +51,14 @@ def filter_rank(lines: list[str], rank: int | None) -> list[str]:
 def ranks_in(lines: list[str]) -> list[int]:
     """The ranks that appear in ``lines``, sorted."""
     return sorted({rank for line in lines if (rank := parse_rank(line)) is not None})
+
+
+_EXCEPTION_LINE = re.compile(r"\b\w+(Error|Exception|Interrupt|Exit): ")
+
+
+def last_exception_line(lines: list[str]) -> str | None:
+    """The last ``SomethingError: message`` line of a log, as Python prints it last."""
+    for line in reversed(lines):
+        if _EXCEPTION_LINE.search(line):
+            return line.strip()
+    return None

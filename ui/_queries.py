@@ -201,7 +201,7 @@ def list_experiments(
             {
                 "id": exp.id,
                 "name": exp.name,
-                "state": _enum_value(exp.state),
+                "state": shown_state(_enum_value(exp.state), count),
                 "progress": finished / exp.max_trials if exp.max_trials else 0.0,
                 "done": f"{finished}/{exp.max_trials}",
                 "completed": count["COMPLETED"],
@@ -236,6 +236,18 @@ def list_experiments(
         "requested_action",
     ]
     return Page(pd.DataFrame(rows, columns=columns), int(total), offset, limit)
+
+
+def shown_state(state: str, counts: dict[str, int]) -> str:
+    """The state to show: ERROR for a finished experiment whose every trial failed.
+
+    Drivers before ERROR existed wrote COMPLETED when the trials ran out, failed or not;
+    such a search did not succeed, and must not look as if it had.
+    """
+    failed, completed = counts.get("ERROR", 0), counts.get("COMPLETED", 0)
+    if state == "COMPLETED" and failed > 0 and completed == 0:
+        return "ERROR"
+    return state
 
 
 def experiment_choices(engine: Engine, limit: int = 500) -> list[tuple[int, str]]:
@@ -772,6 +784,8 @@ class StudySignature:
     study_id: int | None
     everything: tuple[Any, ...] = ()
     completed: tuple[Any, ...] = ()
+    trials: int = 0
+    objectives: int = 1
 
     @property
     def exists(self) -> bool:
@@ -803,12 +817,282 @@ def optuna_study_signature(engine: Engine, study_name: str) -> StudySignature:
             ),
             {"sid": study_id},
         ).scalar_one()
+        objectives = conn.execute(
+            sa.text("SELECT COUNT(*) FROM study_directions WHERE study_id = :sid"),
+            {"sid": study_id},
+        ).scalar_one()
     return StudySignature(
         study_id=int(study_id),
         everything=(*tuple(trials[:4]), reports),
         completed=tuple(trials[4:]),
+        trials=int(trials[0]),
+        objectives=max(1, int(objectives)),
     )
 
 
 def _enum_value(value: Any) -> Any:
     return getattr(value, "value", value)
+
+
+# --- Analysis: learning curves, failures, comparisons ------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LearningCurves:
+    """The searcher metric of (a sample of) an experiment's trials against their step.
+
+    ``points`` has one row per trial and step bucket: ``trial_id``, ``number``,
+    ``state``, ``step``, ``epoch``, ``value``, ``best`` (the best completed trial),
+    ``stopped`` (the last point of a pruned trial: where ASHA stopped it).
+    """
+
+    points: pd.DataFrame
+    kind: str | None
+    trials_total: int
+    trials_shown: int
+    stride: int
+    best_number: int | None
+
+
+_CURVE_COLUMNS = ["trial_id", "number", "state", "step", "epoch", "value", "best", "stopped"]
+
+
+def learning_curves(
+    engine: Engine,
+    experiment_id: int,
+    metric: str,
+    *,
+    smaller_is_better: bool,
+    max_trials: int = 200,
+    max_points: int = 60,
+    include: Sequence[int] = (),
+) -> LearningCurves:
+    """Every trial's ``metric`` by step, or every n-th trial's when there are more than
+    ``max_trials`` (the best trial and the trial numbers in ``include`` always).
+
+    Only trial rows come into Python; the metric rows are downsampled in SQL to about
+    ``max_points`` buckets of steps per trial. The metric is read from the validation
+    rows when the trials validate it (the searcher metric usually is), else training.
+    """
+    with engine.connect() as conn:
+        trials = conn.execute(
+            sa.select(
+                _T.c.id, _T.c.optuna_trial_number, _T.c.state, _T.c.searcher_metric_value
+            ).where(_T.c.experiment_id == experiment_id)
+        ).all()
+        finished = [
+            t
+            for t in trials
+            if _enum_value(t.state) == TrialState.COMPLETED.value
+            and t.searcher_metric_value is not None
+        ]
+        best = (
+            (min if smaller_is_better else max)(finished, key=lambda t: t.searcher_metric_value)
+            if finished
+            else None
+        )
+        stride = max(1, math.ceil(len(trials) / max(1, max_trials)))
+        keep = set(include) | ({best.optuna_trial_number} if best is not None else set())
+        shown = {
+            t.id: t
+            for t in trials
+            if t.optuna_trial_number % stride == 0 or t.optuna_trial_number in keep
+        }
+        empty = LearningCurves(
+            pd.DataFrame(columns=_CURVE_COLUMNS), None, len(trials), 0, stride, None
+        )
+        if not shown:
+            return empty
+        ids = list(shown)
+        kinds = {
+            _enum_value(k)
+            for (k,) in conn.execute(
+                sa.select(_M.c.kind).where(_M.c.trial_id.in_(ids), _M.c.name == metric).distinct()
+            )
+        }
+        if not kinds:
+            return empty
+        kind = (
+            MetricKind.VALIDATION if MetricKind.VALIDATION.value in kinds else MetricKind.TRAINING
+        )
+        where = [_M.c.trial_id.in_(ids), _M.c.kind == kind, _M.c.name == metric]
+        low, high = conn.execute(
+            sa.select(sa.func.min(_M.c.step), sa.func.max(_M.c.step)).where(*where)
+        ).one()
+        width = max(1, math.ceil((high - low + 1) / max(1, max_points)))
+        bucket = ((_M.c.step - low) // width) if width > 1 else _M.c.step
+        frame = _frame(
+            conn.execute(
+                sa.select(
+                    _M.c.trial_id,
+                    sa.func.max(_M.c.step).label("step"),
+                    sa.func.max(_M.c.epoch).label("epoch"),
+                    sa.func.avg(_M.c.value).label("value"),
+                )
+                .where(*where)
+                .group_by(_M.c.trial_id, bucket)
+                .order_by(_M.c.trial_id, sa.func.max(_M.c.step))
+            )
+        )
+    frame["number"] = [shown[i].optuna_trial_number for i in frame["trial_id"]]
+    frame["state"] = [_enum_value(shown[i].state) for i in frame["trial_id"]]
+    frame["best"] = best is not None and frame["number"] == best.optuna_trial_number
+    last = ~frame["trial_id"].duplicated(keep="last")
+    frame["stopped"] = last & (frame["state"] == TrialState.PRUNED.value)
+    return LearningCurves(
+        points=frame[_CURVE_COLUMNS],
+        kind=kind.value,
+        trials_total=len(trials),
+        trials_shown=int(frame["trial_id"].nunique()),
+        stride=stride,
+        best_number=None if best is None else int(best.optuna_trial_number),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class FailureSummary:
+    """How an experiment's trials failed: how many, and the commonest recorded reason."""
+
+    failed: int
+    completed: int
+    reason: str | None
+    reason_count: int
+
+    @property
+    def all_failed(self) -> bool:
+        return self.failed > 0 and self.completed == 0
+
+
+def failure_summary(engine: Engine, experiment_id: int) -> FailureSummary:
+    """Failed trials of an experiment and their commonest error, grouped in SQL."""
+    failed = _T.c.state == TrialState.ERROR
+    with engine.connect() as conn:
+        counts = conn.execute(
+            sa.select(
+                sa.func.sum(sa.case((failed, 1), else_=0)),
+                sa.func.sum(sa.case((_T.c.state == TrialState.COMPLETED, 1), else_=0)),
+            ).where(_T.c.experiment_id == experiment_id)
+        ).one()
+        commonest = conn.execute(
+            sa.select(_T.c.error, sa.func.count().label("n"))
+            .where(_T.c.experiment_id == experiment_id, failed, _T.c.error.is_not(None))
+            .group_by(_T.c.error)
+            .order_by(sa.func.count().desc(), _T.c.error)
+            .limit(1)
+        ).first()
+    return FailureSummary(
+        failed=int(counts[0] or 0),
+        completed=int(counts[1] or 0),
+        reason=None if commonest is None else str(commonest.error),
+        reason_count=0 if commonest is None else int(commonest.n),
+    )
+
+
+def trials_by_ids(engine: Engine, trial_ids: Sequence[int]) -> pd.DataFrame:
+    """The trials with the given ids (any experiment), with their experiment's name."""
+    if not trial_ids:
+        return _trial_rows([]).assign(experiment=[])
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(*_TRIAL_LIST_COLUMNS, _T.c.experiment_id, _E.c.name.label("experiment"))
+            .join(_E, _E.c.id == _T.c.experiment_id)
+            .where(_T.c.id.in_(list(trial_ids)))
+            .order_by(_T.c.experiment_id, _T.c.optuna_trial_number)
+        ).all()
+    frame = _trial_rows(rows)
+    frame["experiment_id"] = [row.experiment_id for row in rows]
+    frame["experiment"] = [row.experiment for row in rows]
+    return frame
+
+
+def trials_metric_curves(
+    engine: Engine,
+    trial_ids: Sequence[int],
+    kind: MetricKind | str,
+    *,
+    max_points: int = 200,
+) -> pd.DataFrame:
+    """Every metric of ``kind`` for several trials, each curve downsampled in SQL.
+
+    Columns: trial_id, name, step, value. For overlaying trials on the Compare page.
+    """
+    frames = [
+        metric_curves(
+            engine,
+            trial_id,
+            kind,
+            list(names["name"][names["kind"] == MetricKind(kind).value]),
+            max_points=max_points,
+        ).assign(trial_id=trial_id)
+        for trial_id in trial_ids
+        for names in [metric_names(engine, trial_id)]
+    ]
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return pd.DataFrame(columns=["trial_id", "name", "step", "epoch", "value"])
+    return pd.concat(frames, ignore_index=True)
+
+
+def best_so_far(engine: Engine, experiment_id: int, *, smaller_is_better: bool) -> pd.DataFrame:
+    """The experiment's best searcher metric after each trial that improved it.
+
+    Trials in the order they ended; ``trials`` counts every ended trial so far and
+    ``slot_seconds`` the compute they used, so two searches can be compared by how
+    many trials and how much compute each needed to reach a value. A window
+    function keeps only the improving rows, so a long search stays a short result.
+    """
+    ended = (
+        sa.select(
+            _T.c.optuna_trial_number.label("number"),
+            _T.c.ended_at,
+            sa.case((_T.c.state == TrialState.COMPLETED, _T.c.searcher_metric_value)).label(
+                "value"
+            ),
+            sa.func.row_number().over(order_by=(_T.c.ended_at, _T.c.id)).label("trials"),
+            sa.func.sum(_T.c.slot_seconds)
+            .over(order_by=(_T.c.ended_at, _T.c.id))
+            .label("slot_seconds"),
+        )
+        .where(_T.c.experiment_id == experiment_id, _T.c.ended_at.is_not(None))
+        .subquery()
+    )
+    running = (sa.func.min if smaller_is_better else sa.func.max)(ended.c.value).over(
+        order_by=ended.c.trials
+    )
+    with_best = sa.select(ended, running.label("best")).subquery()
+    previous = sa.func.lag(with_best.c.best).over(order_by=with_best.c.trials)
+    flagged = sa.select(with_best, previous.label("previous")).subquery()
+    with engine.connect() as conn:
+        return _frame(
+            conn.execute(
+                sa.select(
+                    flagged.c.number,
+                    flagged.c.trials,
+                    flagged.c.slot_seconds,
+                    flagged.c.best,
+                    flagged.c.ended_at,
+                )
+                .where(
+                    flagged.c.best.is_not(None),
+                    sa.or_(flagged.c.previous.is_(None), flagged.c.best != flagged.c.previous),
+                )
+                .order_by(flagged.c.trials)
+            )
+        )
+
+
+def failed_trial_log(engine: Engine, experiment_id: int, error: str) -> str | None:
+    """The log path of the newest failed trial that recorded ``error``, if it has one."""
+    with engine.connect() as conn:
+        path = conn.execute(
+            sa.select(_T.c.log_path)
+            .where(
+                _T.c.experiment_id == experiment_id,
+                _T.c.state == TrialState.ERROR,
+                _T.c.error == error,
+                _T.c.log_path.is_not(None),
+            )
+            .order_by(_T.c.id.desc())
+            .limit(1)
+        ).scalar()
+    return None if path is None else str(path)

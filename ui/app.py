@@ -1,4 +1,8 @@
-"""The Streamlit entry point: ``streamlit run ui/app.py -- --db URL`` (see ``ui.launch``)."""
+"""The Streamlit entry point: ``SLOTSWEEP_DB=URL streamlit run ui/app.py`` (see ``ui.launch``).
+
+The URL comes through the environment, never the command line, which ``ps`` shows to
+every user of the machine.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ navigation = st.navigation(
         ),
         st.Page(_context.EXPERIMENT_PAGE, title="Experiment", url_path="experiment"),
         st.Page(_context.TRIAL_PAGE, title="Trial", url_path="trial"),
+        st.Page(_context.COMPARE_PAGE, title="Compare", url_path="compare"),
         st.Page(_context.CLUSTER_PAGE, title="Cluster", url_path="cluster"),
     ]
 )

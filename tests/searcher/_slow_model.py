@@ -3,7 +3,9 @@
 ``data.batch_delay_s`` sleeps in every training batch; ``data.fsync_delay_s`` slows
 ``os.fsync`` in the trial's processes, which holds a checkpoint mid-write long enough
 for a test to crash the machine at that moment (fault injection, test code only).
-``DivergingDigitsTrial`` reports the infinite and NaN losses of a diverged run.
+``DivergingDigitsTrial`` reports the infinite and NaN losses of a diverged run;
+``HangingDigitsTrial`` hangs one rank of a trial's first attempt (a stuck data loader or
+a deadlock), which only the driver's ``hang_timeout_s`` can end.
 """
 
 from __future__ import annotations
@@ -46,3 +48,25 @@ class DivergingDigitsTrial(DigitsTrial):
     def evaluate_batch(self, batch: Any, batch_idx: int) -> dict[str, Any]:
         metrics = super().evaluate_batch(batch, batch_idx)
         return {**metrics, "val_loss": metrics["val_loss"] * float("nan")}
+
+
+class HangingDigitsTrial(SlowDigitsTrial):
+    """Rank ``data.hang_rank`` (default 1) of attempt 0 sleeps forever at training batch
+    ``data.hang_at_batch`` (default 5) of its process; every later attempt trains normally.
+
+    The other ranks then wait in the next all-reduce, so rank 0 records nothing more and
+    the run makes no progress, exactly as a real hang looks to the driver.
+    """
+
+    def __init__(self, context: PyTorchTrialContext) -> None:
+        super().__init__(context)
+        hangs = context.attempt == 0 and context.rank == int(context.data.get("hang_rank", 1))
+        self._hang_at = int(context.data.get("hang_at_batch", 5)) if hangs else None
+        self._batches = 0
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
+        if self._batches == self._hang_at:
+            while True:
+                time.sleep(3600)
+        self._batches += 1
+        return super().train_batch(batch, epoch_idx, batch_idx)

@@ -1,17 +1,43 @@
-"""Fixtures for driver and CLI tests: a small copy of the digits example."""
+"""Fixtures for driver and CLI tests: a small copy of the digits example, and the helpers
+of the tests that crash searches on purpose (start a driver, wait for a moment in the
+database, cut the power, find a trial's processes, judge the database afterwards).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
 
+from storage import (
+    Checkpoint,
+    CheckpointState,
+    Experiment,
+    ExperimentState,
+    ProcessRole,
+    Trial,
+    TrialProcess,
+    TrialRun,
+    session_scope,
+)
 from tests.conftest import EXAMPLES_DIR
+from trials.processes import ProcessRef, is_alive
+
+# Where trials run. Every fault-injection test runs once per executor, so an executor
+# added later (Slurm, Ray) must keep the same promises as the local one.
+EXECUTORS = ("local",)
 
 
 def write_experiment(folder: Path, **overrides: Any) -> Path:
@@ -53,3 +79,123 @@ def run_cli(
 @pytest.fixture
 def experiment_yaml(tmp_path: Path) -> Path:
     return write_experiment(tmp_path / "exp")
+
+
+@pytest.fixture(params=EXECUTORS)
+def executor(request: pytest.FixtureRequest) -> str:
+    """The executor the test's searches run their trials on."""
+    return str(request.param)
+
+
+def executor_args(executor: str) -> list[str]:
+    """The ``slotsweep run|resume`` arguments that select ``executor``.
+
+    The local executor is the default and needs none; each executor added later maps
+    to its own arguments here.
+    """
+    arguments = {"local": []}
+    return list(arguments[executor])
+
+
+def start_cli(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:
+    """``slotsweep ARGS --no-progress`` in the background (output captured)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "searcher.cli", *args, "--no-progress"],
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 180, what: str = "") -> None:
+    """Poll ``predicate`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        # The database may not exist yet while the driver starts.
+        with contextlib.suppress(OperationalError):
+            if predicate():
+                return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def open_runs(db: str, after_id: int = 0) -> list[TrialRun]:
+    """Runs not yet ended, newer than run ``after_id``."""
+    with session_scope(db) as session:
+        return list(
+            session.scalars(
+                select(TrialRun).where(TrialRun.ended_at.is_(None), TrialRun.id > after_id)
+            )
+        )
+
+
+def last_run_id(db: str) -> int:
+    with session_scope(db) as session:
+        return int(session.scalar(select(func.max(TrialRun.id))) or 0)
+
+
+def torchrun_pids(db: str, after_id: int = 0) -> list[int]:
+    """The torchrun pids of the open runs newer than ``after_id``, as the driver noted them."""
+    return [int(node["pid"]) for run in open_runs(db, after_id) for node in run.agents]
+
+
+def completed_checkpoints(db: str) -> int:
+    with session_scope(db) as session:
+        return int(
+            session.scalar(
+                select(func.count()).where(Checkpoint.state == CheckpointState.COMPLETED)
+            )
+            or 0
+        )
+
+
+def power_loss(driver: subprocess.Popen[str], db: str, after_id: int = 0) -> None:
+    """SIGKILL the driver and every process of the trials it started at once.
+
+    Runs left open by an earlier crash are skipped: their pids may belong to others now.
+    """
+    pids = torchrun_pids(db, after_id)
+    driver.kill()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    driver.communicate(timeout=30)
+
+
+def trial_processes(
+    db: str, role: ProcessRole, *, trial_id: int | None = None, attempt: int | None = None
+) -> list[TrialProcess]:
+    """The recorded processes of one role, optionally of one trial and attempt."""
+    query = select(TrialProcess).where(TrialProcess.role == role).order_by(TrialProcess.id)
+    if trial_id is not None:
+        query = query.where(TrialProcess.trial_id == trial_id)
+    if attempt is not None:
+        query = query.where(TrialProcess.attempt == attempt)
+    with session_scope(db) as session:
+        return list(session.scalars(query))
+
+
+def process_alive(row: TrialProcess) -> bool:
+    """Whether the recorded process still runs (a reused pid does not count)."""
+    return bool(is_alive(ProcessRef(row.host, row.pid, row.create_time)))
+
+
+def assert_search_consistent(db: str) -> None:
+    """The end of every fault-injection test: the whole database consistent, every trial
+    terminal, every experiment COMPLETED."""
+    from searcher import check_consistency
+
+    report = check_consistency(db)
+    assert report.consistent, "\n".join(report.problems)
+    assert report.overlaps == 0
+    with session_scope(db) as session:
+        states = {e.id: e.state for e in session.scalars(select(Experiment))}
+        assert states and set(states.values()) == {ExperimentState.COMPLETED}, states
+        unfinished = [
+            (t.id, t.state.value)
+            for t in session.scalars(select(Trial))
+            if not t.state.is_terminal
+        ]
+        assert not unfinished, unfinished

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from searcher.config import ConfigError, ExperimentConfig, load_config
+from searcher.config import ConfigError, ExperimentConfig, load_config, parse_config
 from searcher.samplers import build_pruner, build_sampler, study_directions
 from searcher.space import grid_size, suggest_hparams
 from tests.conftest import EXAMPLES_DIR
@@ -292,30 +293,58 @@ def test_several_problems_are_all_listed(tmp_path: Path) -> None:
 def test_values_that_cannot_be_stored_as_json_are_refused(tmp_path: Path) -> None:
     text = yaml.safe_dump(_BASE) + "data:\n  since: 2024-01-31\n"
     assert _problems(tmp_path, text) == [
-        "data: must be JSON data (null, booleans, numbers, strings, lists, "
-        "mappings): date values cannot be stored"
+        "data.since: 2024-01-31 reads as a YAML date; quote it ('2024-01-31') to use it as text"
     ]
     hp = yaml.safe_dump(_BASE).replace("lr_scaling: linear", "lr_scaling: &a [*a]")
     assert _problems(tmp_path, hp) == [
-        "hyperparameters.lr_scaling.val: must be JSON data (null, booleans, "
-        "numbers, strings, lists, mappings): a value may not contain itself"
+        "hyperparameters.lr_scaling.0: a value may not contain itself (alias *a)"
+    ]
+    # Built in Python rather than read from YAML, the same values are refused as well.
+    with pytest.raises(ConfigError) as info:
+        parse_config({**_BASE, "data": {"x": [1.0, float("inf")]}})
+    assert info.value.problems == [
+        "data: must be JSON data (null, booleans, numbers, strings, lists, mappings): "
+        "numbers must be finite (got inf)"
     ]
 
 
 @pytest.mark.parametrize(
     ("text", "problem"),
     [
-        ("name: [unclosed\n", "config: not valid YAML at line 2, column 1"),
-        ("name: a\n\tentrypoint: b\n", "config: not valid YAML at line 2, column 1"),
-        ("when: 2024-13-45\n", "config: not valid YAML (month must be in 1..12)"),
-        ("n: !!int x\n", "config: not valid YAML (invalid literal for int() with base 10: 'x')"),
-        ("n: !!python/object:os.system {}\n", "config: not valid YAML at line 1, column 4"),
+        ("name: [unclosed\n", "{file} is not valid YAML at line 2, column 1 (did not find "),
+        (
+            "name: a\n\tentrypoint: b\n",
+            "{file} is not valid YAML at line 2, column 1 (found a tab",
+        ),
+        ("when: 2024-13-45\n", "when: 2024-13-45 reads as a YAML date; quote it"),
+        ("n: !!int x\n", "n: 'x' is not a valid int"),
+        ("n: !!python/object:os.system {}\n", "n: the YAML tag !!python/object:os.system is not"),
+        ("a: 1\n---\nb: 2\n", "{file} holds more than one YAML document"),
+        ("a: {b: 1, b: 2}\n", "a.b: key given twice (first at line 1); each key may appear once"),
+        ("on: 1\n", "<top level>: the key 'on' is not text (YAML reads it as bool); quote it"),
+        ("a: \x07\n", "{file} is not valid YAML (a control character or binary data at"),
+        ("a: !!binary aGk=\n", "a: the YAML tag !!binary is not supported"),
+        ("a: *nowhere\n", "a: alias *nowhere refers to no anchor &nowhere before it"),
+        ("a: " + "[" * 70 + "]" * 70 + "\n", "nested more than 64 levels deep"),
         ("", "<top level>: must be a mapping of fields (name, entrypoint, ...)"),
         ("- name: a\n", "<top level>: must be a mapping of fields (name, entrypoint, ...)"),
     ],
 )
 def test_bad_yaml_is_one_line(tmp_path: Path, text: str, problem: str) -> None:
-    assert _problems(tmp_path, text) == [problem]
+    problems = _problems(tmp_path, text)
+    assert len(problems) == 1, problems
+    assert problem.format(file=f"config: {tmp_path / 'experiment.yaml'}") in problems[0]
+
+
+def test_yaml_merge_keys_and_aliases_are_expanded_into_copies(tmp_path: Path) -> None:
+    text = yaml.safe_dump(_BASE) + (
+        "data:\n  base: &b {layers: [64, 32], dropout: 0.1}\n"
+        "  wide: {<<: *b, dropout: 0.2}\n  same: *b\n"
+    )
+    config = load_config(_write(tmp_path, text))
+    assert config.data["wide"] == {"layers": [64, 32], "dropout": 0.2}
+    assert config.data["same"] == config.data["base"]
+    assert config.data["same"] is not config.data["base"]
 
 
 def test_unreadable_files(tmp_path: Path) -> None:
@@ -620,3 +649,133 @@ def test_any_searcher_setup_is_usable_or_explained(
     config = _load_or_config_error(document)
     if config is not None:
         _assert_usable(config)
+
+
+# Values that used to pass validation and fail later, after the database was written.
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (
+            {"hyperparameters.lr.maxval": float("inf")},
+            "hyperparameters.lr.maxval: Input should be a finite number",
+        ),
+        (
+            {"hyperparameters.lr.minval": float("nan")},
+            "hyperparameters.lr.minval: Input should be a finite number",
+        ),
+        ({"searcher.max_trials": 1e100}, "searcher.max_trials: "),
+        (
+            {"searcher.max_trials": 10**30},
+            "searcher.max_trials: Input should be less than or equal to 1000000",
+        ),
+        (
+            {"profiling": {"system_metrics_interval_s": float("inf")}},
+            "profiling.system_metrics_interval_s: Input should be a finite number",
+        ),
+        (
+            {"optimizations": {"tensor_fusion_threshold": float("inf")}},
+            "optimizations.tensor_fusion_threshold: Input should be a finite number",
+        ),
+        (
+            {"hyperparameters.global_batch_size": 10**30},
+            "hyperparameters.global_batch_size: must be at most 2147483647, got 10000000000",
+        ),
+        (
+            {"hyperparameters.warmup.maxval": 2**60},
+            "hyperparameters.warmup.maxval: Input should be less than or equal to 9007199254740992",
+        ),
+        (
+            {"hyperparameters.warmup.count": 10**9},
+            "hyperparameters.warmup.count: Input should be less than or equal to 10000",
+        ),
+        (
+            {"hyperparameters.d": {"type": "double", "minval": -1e308, "maxval": 1e308}},
+            "hyperparameters.d: the range [-1e+308, 1e+308] is too wide",
+        ),
+        (
+            {"hyperparameters.c": {"type": "categorical", "vals": [1.0, float("inf")]}},
+            "hyperparameters.c.vals: must be JSON data (null, booleans, numbers, strings, lists, mappings): numbers must be finite (got inf)",
+        ),
+        (
+            {"searcher.max_length": {"epochs": 10**12}},
+            "searcher.max_length.epochs: Input should be less than or equal to 1000000",
+        ),
+        ({"max_restarts": 10**9}, "max_restarts: Input should be less than or equal to 10000"),
+        (
+            {"hyperparameters.my-lr": 0.1},
+            "hyperparameters: 'my-lr': a hyperparameter name must be an identifier",
+        ),
+        (
+            {"hyperparameters.": 0.1},
+            "hyperparameters: '': a hyperparameter name must be an identifier",
+        ),
+        (
+            {"hyperparameters.1st": 0.1},
+            "hyperparameters: '1st': a hyperparameter name must be an identifier",
+        ),
+    ],
+)
+def test_numbers_and_names_beyond_what_they_are_used_for_are_refused(
+    tmp_path: Path, change: dict[str, Any], problem: str
+) -> None:
+    problems = _problems(tmp_path, _with(change))
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(problem), problems
+
+
+def test_a_grid_too_large_to_list_is_refused(tmp_path: Path) -> None:
+    change = {
+        "searcher.name": "grid",
+        "hyperparameters.a": {"type": "int", "minval": 0, "maxval": 9999, "count": 10000},
+        "hyperparameters.b": {"type": "double", "minval": 0, "maxval": 1, "count": 10000},
+    }
+    assert _problems(tmp_path, _with(change)) == [
+        "hyperparameters: the grid has 1800000000 points; the grid searcher takes at most "
+        "1000000 (lower some counts)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("section", "field"),
+    [
+        ("data:\n  bomb:\n", "data.bomb."),
+        (
+            "hyperparameters:\n  opt:\n    type: categorical\n    vals:\n",
+            "hyperparameters.opt.vals.",
+        ),
+    ],
+)
+def test_an_alias_bomb_in_data_or_vals_is_refused_quickly(
+    tmp_path: Path, section: str, field: str
+) -> None:
+    # Billion laughs: nine levels, each listing the one before ten times (10**9 values).
+    levels = ["&l0 [x, x, x, x, x, x, x, x, x, x]"]
+    levels += [f"&l{n} [{', '.join([f'*l{n - 1}'] * 10)}]" for n in range(1, 9)]
+    bomb = section + "".join(f"      - {level}\n" for level in levels)
+    config = _with({"hyperparameters.opt": None} if "vals" in field else {})
+    if "vals" in field:
+        hps = yaml.safe_dump({"hyperparameters": config.pop("hyperparameters")})
+        text = yaml.safe_dump(config) + hps + bomb.removeprefix("hyperparameters:\n")
+    else:
+        text = yaml.safe_dump(config) + bomb
+    started = time.monotonic()
+    problems = _problems(tmp_path, text)
+    assert time.monotonic() - started < 10
+    assert len(problems) == 1 and problems[0].startswith(field), problems
+    assert "expands to more than 250000 values" in problems[0]
+
+
+def test_hang_timeout_defaults_to_ten_minutes_and_may_be_disabled(tmp_path: Path) -> None:
+    assert load_config(_write(tmp_path, _BASE)).hang_timeout_s == 600.0
+    assert load_config(_write(tmp_path, _with({"hang_timeout_s": 30}))).hang_timeout_s == 30.0
+    text = yaml.safe_dump(_BASE) + "hang_timeout_s: null\n"
+    assert load_config(_write(tmp_path, text)).hang_timeout_s is None
+    for bad, problem in [
+        (0, "hang_timeout_s: Input should be greater than 0 (got 0)"),
+        (10**6, "hang_timeout_s: Input should be less than or equal to 604800 (got 1000000)"),
+        (float("inf"), "hang_timeout_s: Input should be a finite number (got inf)"),
+        ("soon", "hang_timeout_s: Input should be a valid number"),
+    ]:
+        assert _problems(tmp_path, _with({"hang_timeout_s": bad}))[0].startswith(problem)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -11,23 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.conftest import POSTGRES_SCRIPT, free_port
 
 
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """``postgresql://`` URL of a fresh server on 127.0.0.1, stopped by PID afterwards."""
     folder = Path(tempfile.mkdtemp(prefix="slotsweep-pg-"))
-    port = _free_port()
-    script = REPO_ROOT / ".ci" / "postgres.sh"
+    port = free_port()
     started = subprocess.run(
-        ["bash", str(script), "start", str(folder), str(port)],
+        ["bash", str(POSTGRES_SCRIPT), "start", str(folder), str(port)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -37,5 +29,7 @@ def postgres_url() -> Iterator[str]:
     try:
         yield f"postgresql://slotsweep@127.0.0.1:{port}/slotsweep"
     finally:
-        subprocess.run(["bash", str(script), "stop", str(folder)], check=False, timeout=60)
+        subprocess.run(
+            ["bash", str(POSTGRES_SCRIPT), "stop", str(folder)], check=False, timeout=60
+        )
         shutil.rmtree(folder, ignore_errors=True)

@@ -46,7 +46,7 @@ def allocation_count(db_url: str) -> int:
 def test_claimed_slots_are_no_longer_free(db_url: str) -> None:
     experiment_id, (t1, _) = make_trials(db_url, 2)
     with session_scope(db_url) as session:
-        assert allocations.free_slots(session, POOL, utcnow()) == {
+        assert allocations.free_slots(session, POOL) == {
             "a0": frozenset({0, 1}),
             "a1": frozenset({0, 1}),
         }
@@ -58,7 +58,7 @@ def test_claimed_slots_are_no_longer_free(db_url: str) -> None:
             lease_s=30,
         )
     with session_scope(db_url) as session:
-        assert allocations.free_slots(session, POOL, utcnow()) == {
+        assert allocations.free_slots(session, POOL) == {
             "a0": frozenset({0}),
             "a1": frozenset(),
         }
@@ -115,11 +115,13 @@ def test_release_frees_a_trials_slots(db_url: str) -> None:
     with session_scope(db_url) as session:
         allocations.release(session, t1)
     with session_scope(db_url) as session:
-        assert allocations.free_slots(session, POOL, utcnow())["a0"] == frozenset({0, 1})
+        assert allocations.free_slots(session, POOL)["a0"] == frozenset({0, 1})
         assert [h.trial_id for h in allocations.holders(session)] == [t2]
 
 
-def test_an_expired_lease_is_free_and_reclaimed(db_url: str) -> None:
+def test_an_expired_lease_frees_its_slots_only_once_its_processes_are_gone(
+    db_url: str,
+) -> None:
     experiment_id, (dead, alive, newcomer) = make_trials(db_url, 3)
     with session_scope(db_url) as session:
         # The "dead" driver stopped renewing: its lease has run out.
@@ -138,17 +140,35 @@ def test_an_expired_lease_is_free_and_reclaimed(db_url: str) -> None:
             lease_s=300,
         )
     now = utcnow()
+    asked: list[int] = []
+
+    def still_training(trial_id: int) -> bool:
+        asked.append(trial_id)
+        return False
+
     with session_scope(db_url) as session:
-        assert allocations.free_slots(session, POOL, now) == {
+        stale = {h.trial_id for h in allocations.holders(session, now=now) if h.stale}
+        assert stale == {dead}
+        # Its trial may still train on those slots: they stay held.
+        assert allocations.reclaim_stale(session, now, processes_gone=still_training) == []
+        assert asked == [dead]
+        assert allocations.free_slots(session, POOL) == {"a0": frozenset(), "a1": frozenset({1})}
+        assert not allocations.claim(
+            session,
+            placement(newcomer, (A0, (0, 1))),
+            trial_id=newcomer,
+            experiment_id=experiment_id,
+            lease_s=30,
+        )
+    with session_scope(db_url) as session:
+        gone = allocations.reclaim_stale(session, now, processes_gone=lambda trial_id: True)
+        assert gone == [dead]
+    with session_scope(db_url) as session:
+        assert {h.trial_id for h in allocations.holders(session)} == {alive}
+        assert allocations.free_slots(session, POOL) == {
             "a0": frozenset({0, 1}),
             "a1": frozenset({1}),
         }
-        stale = {h.trial_id for h in allocations.holders(session, now=now) if h.stale}
-        assert stale == {dead}
-        assert allocations.reclaim_stale(session, now) == [dead]
-    with session_scope(db_url) as session:
-        assert {h.trial_id for h in allocations.holders(session)} == {alive}
-        assert allocations.reclaim_stale(session, now) == []
         assert allocations.claim(
             session,
             placement(newcomer, (A0, (0, 1))),
@@ -158,7 +178,7 @@ def test_an_expired_lease_is_free_and_reclaimed(db_url: str) -> None:
         )
 
 
-def test_a_claim_takes_over_slots_whose_lease_expired(db_url: str) -> None:
+def test_a_claim_never_takes_over_a_held_row_even_when_its_lease_expired(db_url: str) -> None:
     experiment_id, (dead, newcomer) = make_trials(db_url, 2)
     with session_scope(db_url) as session:
         allocations.claim(
@@ -169,7 +189,7 @@ def test_a_claim_takes_over_slots_whose_lease_expired(db_url: str) -> None:
             lease_s=-1,
         )
     with session_scope(db_url) as session:
-        assert allocations.claim(
+        assert not allocations.claim(
             session,
             placement(newcomer, (A0, (0, 1))),
             trial_id=newcomer,
@@ -177,7 +197,7 @@ def test_a_claim_takes_over_slots_whose_lease_expired(db_url: str) -> None:
             lease_s=30,
         )
     with session_scope(db_url) as session:
-        assert {h.trial_id for h in allocations.holders(session)} == {newcomer}
+        assert {h.trial_id for h in allocations.holders(session)} == {dead}
 
 
 def test_renewing_keeps_a_lease_alive(db_url: str) -> None:
@@ -198,8 +218,11 @@ def test_renewing_keeps_a_lease_alive(db_url: str) -> None:
     with session_scope(db_url) as session:
         allocations.renew_leases(session, experiment_id, lease_s=600)
     with session_scope(db_url) as session:
-        # Only the renewed experiment still holds its slot a minute from now.
-        assert allocations.free_slots(session, POOL, later) == {
+        # Only the renewed experiment's lease is still live a minute from now.
+        stale = {h.trial_id for h in allocations.holders(session, now=later) if h.stale}
+        assert stale == {t2}
+        assert allocations.reclaim_stale(session, later, lambda trial_id: True) == [t2]
+        assert allocations.free_slots(session, POOL) == {
             "a0": frozenset({1}),
             "a1": frozenset({0, 1}),
         }

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from ui import APP_PATH
 
 PAGES = {
-    "experiments": "pages/experiments.py",
-    "experiment": "pages/experiment.py",
-    "trial": "pages/trial.py",
-    "cluster": "pages/cluster.py",
+    "experiments": "views/experiments.py",
+    "experiment": "views/experiment.py",
+    "trial": "views/trial.py",
+    "compare": "views/compare.py",
+    "cluster": "views/cluster.py",
 }
 # The first render of a page imports plotly/optuna/pandas; CI machines are slow.
 RENDER_TIMEOUT_S = 60.0
@@ -64,3 +67,16 @@ def texts(app: AppTest) -> str:
 
 def assert_no_exception(app: AppTest) -> None:
     assert not app.exception, [e.value for e in app.exception]
+
+
+def vega_charts(app: AppTest) -> list[tuple[dict[str, Any], pd.DataFrame]]:
+    """Every Vega-Lite chart on the page: its spec and the rows it was given."""
+    from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
+
+    charts = []
+    for chart in app.get("vega_lite_chart"):
+        proto: Any = chart.proto
+        data = proto.data.data
+        frame = convert_arrow_bytes_to_pandas_df(data) if data else pd.DataFrame()
+        charts.append((json.loads(proto.spec), frame))
+    return charts

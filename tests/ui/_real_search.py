@@ -173,3 +173,62 @@ def run_real_search(root: Path) -> RealSearch:
         name=str(name),
         study_name=str(study_name),
     )
+
+
+FAILING_EXPERIMENT_NAME = "ui-broken"
+FAILING_TRIALS = 2
+FAILURE_MESSAGE = "the data loader found no shards under /data/missing"
+_BROKEN_MODEL = f'''
+"""A trial that fails as a misconfigured one does: every rank raises before training."""
+
+from model import DigitsTrial
+
+
+class BrokenTrial(DigitsTrial):
+    def __init__(self, context):
+        raise FileNotFoundError("{FAILURE_MESSAGE}")
+'''
+
+
+def run_failing_search(root: Path) -> RealSearch:
+    """A real ``slotsweep run`` whose every trial fails (no restarts); fail if it did not.
+
+    The UI must show such an experiment as failed, with the reason its trials recorded.
+    ``running_url`` and ``running_trial_id`` are the finished database and its first trial.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    config = write_experiment(
+        root / "exp",
+        name=FAILING_EXPERIMENT_NAME,
+        entrypoint="broken:BrokenTrial",
+        searcher={"max_trials": FAILING_TRIALS, "max_concurrent_trials": 1},
+        max_restarts=0,
+    )
+    (root / "exp" / "broken.py").write_text(_BROKEN_MODEL)
+    cluster_file = _write_cluster_file(root / "cluster.yaml")
+    db_path = root / "slotsweep.db"
+    url = f"sqlite:///{db_path}"
+    result = run_cli(
+        ["run", str(config), "--db", url, "--cluster", str(cluster_file), "--no-progress"],
+        cli_environment(),
+        root,
+        timeout=SEARCH_TIMEOUT_S,
+    )
+    with contextlib.closing(sqlite3.connect(db_path)) as conn:
+        experiment_id, name, study_name = conn.execute(
+            "SELECT id, name, study_name FROM slotsweep_experiments"
+        ).fetchone()
+        trials = conn.execute("SELECT id, state FROM slotsweep_trials ORDER BY id").fetchall()
+    assert [state for _, state in trials] == ["ERROR"] * FAILING_TRIALS, (
+        f"slotsweep run exited {result.returncode}; trials {trials}:\n{result.stderr[-4000:]}"
+    )
+    return RealSearch(
+        url=url,
+        running_url=url,
+        running_trial_id=int(trials[0][0]),
+        cluster_file=cluster_file,
+        root=root,
+        experiment_id=int(experiment_id),
+        name=str(name),
+        study_name=str(study_name),
+    )

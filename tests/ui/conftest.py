@@ -27,7 +27,7 @@ import streamlit as st
 
 from storage import get_engine
 from tests.ui._pages import PageRenderer
-from tests.ui._real_search import RealSearch, run_real_search
+from tests.ui._real_search import RealSearch, run_failing_search, run_real_search
 from ui._demo_data import DemoSearch, seed_huge_experiment, seed_small_search, write_cluster_file
 
 
@@ -53,6 +53,12 @@ def real_search(tmp_path_factory: pytest.TempPathFactory) -> RealSearch:
     ``running_trial_id`` held its slots with nothing recorded yet.
     """
     return run_real_search(tmp_path_factory.mktemp("real_search"))
+
+
+@pytest.fixture(scope="session")
+def failed_search(tmp_path_factory: pytest.TempPathFactory) -> RealSearch:
+    """A real ``slotsweep run`` whose every trial raised (see ``run_failing_search``)."""
+    return run_failing_search(tmp_path_factory.mktemp("failed_search"))
 
 
 @pytest.fixture
@@ -108,8 +114,22 @@ def synthetic_search(tmp_path_factory: pytest.TempPathFactory) -> DemoSearch:
 
 @pytest.fixture
 def writable_synthetic(synthetic_search: DemoSearch, tmp_path: Path) -> DemoSearch:
-    """SYNTHETIC: a private copy of ``synthetic_search`` for tests that write (pause/kill)."""
+    """SYNTHETIC: a private copy of ``synthetic_search`` for tests that write (pause/kill).
+
+    Its drivers' heartbeats are renewed: the session's seed may be minutes old on a busy
+    machine, and a driver silent that long counts as dead (requests then act directly).
+    """
+    from storage import utcnow
+
     url = copy_database(synthetic_search.url, tmp_path / "copy.db")
+    with get_engine(url).begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE slotsweep_experiments SET driver_heartbeat_at = :now"
+                " WHERE driver_heartbeat_at IS NOT NULL"
+            ),
+            {"now": utcnow()},
+        )
     return DemoSearch(**{**synthetic_search.__dict__, "url": url})
 
 

@@ -1,9 +1,11 @@
 """The real app (``ui.launch``, as ``slotsweep ui`` runs it) in Debian's headless Chromium.
 
-Each page must show its title and its content, and no Streamlit exception box; a
-screenshot of each lands in ``test-artifacts/ui/<page>.png``. The database is the
-real search of ``real_search`` with the synthetic experiments added beside it (see
-``browsed``).
+Each page must show its title and its content, and no Streamlit exception box, opened
+by its direct URL and by the sidebar's navigation; a screenshot of each lands in the
+session's ``screenshots`` folder under pytest's temporary directory (the path is
+printed), at 1400 px and, for the pages with headline numbers, at 1000 px. The
+database is the real search of ``real_search`` with the synthetic experiments added
+beside it (see ``browsed``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,12 +26,12 @@ import pytest
 import sqlalchemy as sa
 
 from storage import get_engine
+from tests.conftest import free_port
 from tests.ui._real_search import RealSearch
 from tests.ui.conftest import copy_database
 from ui._demo_data import DemoSearch, seed_small_search
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-ARTIFACTS = REPO_ROOT / "test-artifacts" / "ui"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 CHROMIUM_FLAGS = (
@@ -44,6 +45,9 @@ CHROMIUM_FLAGS = (
     "--disable-quic",
     "--window-size=1400,1400",
 )
+WIDE, NARROW = 1400, 1000
+# Every page in the sidebar's order, with the title its h1 shows.
+NAVIGATION = ("Experiments", "Experiment", "Trial", "Compare", "Cluster")
 WAIT_S = 60.0
 
 pytestmark = pytest.mark.slow
@@ -63,12 +67,6 @@ def _ensure_chromium() -> None:
     assert result.returncode == 0, (
         f".ci/install_chromium.sh failed:\n{result.stdout}\n{result.stderr}"
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_healthy(port: int, server: subprocess.Popen[str]) -> None:
@@ -101,7 +99,7 @@ def browsed(real_search: RealSearch, tmp_path: Path) -> DemoSearch:
 @pytest.fixture
 def served(browsed: DemoSearch, cluster_file: Path, tmp_path: Path) -> Iterator[str]:
     """The app started through ``ui.launch`` on 127.0.0.1 and a free port; its base URL."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "SLOTSWEEP_CLUSTER": str(cluster_file), "PYTHONUNBUFFERED": "1"}
     env.pop("SLOTSWEEP_DB", None)
     log = open(tmp_path / "ui.log", "w+")  # noqa: SIM115 - closed in teardown
@@ -136,8 +134,16 @@ def served(browsed: DemoSearch, cluster_file: Path, tmp_path: Path) -> Iterator[
         assert "slotsweep ui: sqlite:///" in output, output
 
 
+@pytest.fixture(scope="session")
+def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the screenshots go (pytest's temporary directory); printed for a human to look."""
+    folder = tmp_path_factory.mktemp("screenshots")
+    print(f"\nUI screenshots: {folder}")
+    return folder
+
+
 @pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Any]:
+def browser(tmp_path: Path, screenshots: Path) -> Iterator[Any]:
     _ensure_chromium()
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -149,6 +155,7 @@ def browser(tmp_path: Path) -> Iterator[Any]:
     options.add_argument(f"--user-data-dir={tempfile.mkdtemp(dir=tmp_path)}")
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
     driver.set_page_load_timeout(WAIT_S)
+    driver.screenshots = screenshots
     try:
         yield driver
     finally:
@@ -169,8 +176,7 @@ def _open(driver: Any, url: str, title: str, ready: Callable[[Any], bool], shot:
         )
         wait.until(ready)
     except TimeoutException:
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        driver.save_screenshot(str(ARTIFACTS / f"{shot}-timeout.png"))
+        driver.save_screenshot(str(driver.screenshots / f"{shot}-timeout.png"))
         pytest.fail(
             f"{url}: the page did not show {title!r} and its content within {WAIT_S:.0f} s"
         )
@@ -188,9 +194,28 @@ def _screenshot(driver: Any, shot: str) -> None:
     width = driver.get_window_size()["width"]
     driver.set_window_size(width, min(int(height) + 120, 9000))
     time.sleep(1.0)  # Charts redraw at the new size.
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    driver.save_screenshot(str(ARTIFACTS / f"{shot}.png"))
+    driver.save_screenshot(str(driver.screenshots / f"{shot}.png"))
     driver.set_window_size(width, 1400)
+
+
+def _truncated_metrics(driver: Any) -> list[str]:
+    """Headline labels and values that do not fit their box (drawn with an ellipsis)."""
+    return list(
+        driver.execute_script(
+            "return [...document.querySelectorAll("
+            '\'[data-testid="stMetricValue"] div, [data-testid="stMetricLabel"] p\')]'
+            ".filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.textContent);"
+        )
+    )
+
+
+def _sidebar(driver: Any) -> tuple[list[str], str]:
+    """The sidebar's page links, in order, and its text."""
+    from selenium.webdriver.common.by import By
+
+    links = driver.find_elements(By.CSS_SELECTOR, '[data-testid="stSidebarNav"] a')
+    sidebar = driver.find_element(By.CSS_SELECTOR, '[data-testid="stSidebar"]')
+    return [a.text.strip() for a in links], str(sidebar.text)
 
 
 def _text(driver: Any) -> str:
@@ -292,7 +317,7 @@ def test_every_page_in_headless_chromium(
             "[rank 0] ",
             "[rank 1] ",
             "train_batch",
-            "cpu_util_percent",
+            "cpu util (%)",  # the system-metric chart's axis, in its unit
         ),
         "trial",
     )
@@ -314,3 +339,83 @@ def test_every_page_in_headless_chromium(
         "cluster",
     )
     assert "9 agent(s), 68 slot(s), 2 held, 66 free." in _text(browser)
+
+
+def test_every_page_by_direct_url_and_by_navigation(
+    served: str, browser: Any, browsed: DemoSearch, real_search: RealSearch
+) -> None:
+    """Direct URLs show the same sidebar as navigating; the new charts are drawn."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    real = real_search
+    with get_engine(browsed.url).connect() as conn:
+        trial_ids = [
+            int(i)
+            for (i,) in conn.execute(
+                sa.text("SELECT id FROM slotsweep_trials WHERE experiment_id = :e ORDER BY id"),
+                {"e": real.experiment_id},
+            )
+        ]
+    chart = '[data-testid="stVegaLiteChart"]'
+
+    def in_grid(driver: Any) -> bool:
+        # The data grid draws cells on a canvas; its accessible mirror holds the text.
+        return real.name in driver.page_source
+
+    direct = {
+        # The default page lives at the root; "/experiments" is not its address.
+        "Experiments": (f"{served}/", in_grid),
+        "Experiment": (
+            f"{served}/experiment?experiment={real.experiment_id}",
+            _has(chart, "Learning curves", "ASHA rungs at 1", "Best: trial"),
+        ),
+        "Trial": (f"{served}/trial?trial={trial_ids[0]}", _has(chart, "System metrics")),
+        "Compare": (
+            f"{served}/compare?trials={','.join(map(str, trial_ids))}",
+            _has(chart, "hyperparameters differ", "Validation curves"),
+        ),
+        "Cluster": (f"{served}/cluster", _has(chart, "Pool default")),
+    }
+    # A fresh server: the first page opened is a direct URL, the case that went wrong.
+    for title, (url, ready) in direct.items():
+        _open(browser, url, title, ready, f"direct-{title.lower()}")
+        links, sidebar = _sidebar(browser)
+        assert links == list(NAVIGATION), (url, links)
+        assert "Auto-refresh" in sidebar and "Database:" in sidebar, (url, sidebar)
+
+    # Navigating: each sidebar link opens its page with the same sidebar.
+    _open(browser, f"{served}/", "Experiments", in_grid, "navigation-start")
+    for title in NAVIGATION:
+        link = next(
+            a
+            for a in browser.find_elements(By.CSS_SELECTOR, '[data-testid="stSidebarNav"] a')
+            if a.text.strip() == title
+        )
+        link.click()
+        WebDriverWait(browser, WAIT_S).until(
+            lambda d, t=title: any(h.text.strip() == t for h in d.find_elements(By.TAG_NAME, "h1"))
+        )
+        assert _sidebar(browser)[0] == list(NAVIGATION)
+        assert "Auto-refresh" in _sidebar(browser)[1]
+        assert not browser.find_elements(By.CSS_SELECTOR, '[data-testid="stException"]')
+
+    # Two experiments overlaid: best so far against trials and against slot-seconds.
+    _open(
+        browser,
+        f"{served}/compare?experiments={real.experiment_id},{browsed.experiment_id}",
+        "Compare",
+        _has(chart, "Best so far vs trials ended", "Best so far vs slot-seconds used"),
+        "compare-experiments",
+    )
+    assert len(browser.find_elements(By.CSS_SELECTOR, chart)) == 2
+
+    # Headline numbers fit at both widths; screenshots of both for a human to look at.
+    for width in (WIDE, NARROW):
+        browser.set_window_size(width, 1400)
+        for page, url, ready in (
+            ("experiment", direct["Experiment"][0], direct["Experiment"][1]),
+            ("trial", direct["Trial"][0], direct["Trial"][1]),
+        ):
+            _open(browser, url, page.capitalize(), ready, f"{page}-{width}px")
+            assert not _truncated_metrics(browser), (width, page, _truncated_metrics(browser))

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import io
-import sys
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from ui import APP_PATH, _checkpoints, _cluster, _logs, _plots, streamlit_command
+from ui import _checkpoints, _cluster, _logs, _plots
 from ui._demo_data import DemoSearch
 
 
@@ -96,42 +95,56 @@ def test_plot_guards_say_why(synthetic_search: DemoSearch) -> None:
     assert figure is None and reason == "The Pareto front needs a multi-objective study."
     study = _plots.snapshot_study(synthetic_search.url, synthetic_search.study_name)
     assert _plots.objective_names(study, "ignored") == ["val_loss"]
+    complete = len(study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)))
+    assert complete < _plots.MIN_TRIALS_FOR_IMPORTANCES
     for kind in _plots.available_plots(1):
         figure, reason = _plots.make_plot(study, kind, ["val_loss"])
-        assert figure is not None, (kind, reason)
+        if kind == _plots.IMPORTANCES:
+            assert figure is None
+            assert reason == (
+                "Parameter importances need at least 5 completed trials to mean anything; "
+                f"this study has {complete}."
+            )
+        else:
+            assert figure is not None, (kind, reason)
     with pytest.raises(ValueError, match="kind: must be one of"):
-        _plots.make_plot(study, "Contour", ["val_loss"])
+        _plots.make_plot(study, "Waterfall", ["val_loss"])
 
 
-def test_streamlit_command_runs_the_app_without_a_shell() -> None:
-    command = streamlit_command("sqlite:////tmp/x.db", host="127.0.0.1", port=8600)
-    assert command == [
-        sys.executable,
-        "-m",
-        "streamlit",
-        "run",
-        str(APP_PATH),
-        "--server.address",
-        "127.0.0.1",
-        "--server.port",
-        "8600",
-        "--server.headless",
-        "true",
-        "--browser.gatherUsageStats",
-        "false",
-        "--",
-        "--db",
-        "sqlite:////tmp/x.db",
-    ]
-    assert APP_PATH.is_file()
+def test_importances_from_five_trials_say_what_they_rest_on() -> None:
+    import optuna
+
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    study.optimize(lambda t: t.suggest_float("x", 0, 1) + t.suggest_int("n", 0, 3), n_trials=5)
+    figure, reason = _plots.make_plot(study, _plots.IMPORTANCES, ["val_loss"])
+    assert figure is not None and reason is None
+    assert _plots.plot_caption(study, _plots.IMPORTANCES).startswith(
+        "Importances (fANOVA) rest on 5 completed trials"
+    )
 
 
-def test_app_reads_the_database_from_its_argv(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ui import _context
+def test_plots_use_colour_scales_readable_on_white() -> None:
+    import optuna
 
-    monkeypatch.setenv("SLOTSWEEP_DB", "sqlite:///from-env.db")
-    assert _context.db_url(["--db", "sqlite:///from-argv.db"]) == "sqlite:///from-argv.db"
-    assert _context.db_url(["--unrelated", "x"]) == "sqlite:///from-env.db"
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    study.optimize(lambda t: t.suggest_float("x", 0, 1) + t.suggest_float("y", 0, 1), n_trials=8)
+    parallel, _ = _plots.make_plot(study, _plots.PARALLEL, ["val_loss"])
+    contour, _ = _plots.make_plot(study, _plots.CONTOUR, ["val_loss"], ["x", "y"])
+    assert parallel is not None and contour is not None
+    from plotly.colors import hex_to_rgb, unlabel_rgb
+
+    scales = [t.colorscale for t in contour.data if t.type == "contour"]
+    scales += [t.marker.colorscale for t in parallel.data if t.marker.colorscale is not None]
+    assert len(scales) == 2 and all(
+        [list(step) for step in scale] == _plots.CONTRAST_SAFE_SCALE for scale in scales
+    )
+    # Every trial's line, the worst included, and every colour of the scale is darker
+    # than mid grey on some channel: none is near-white on the white page.
+    lines = [t.line.color for t in parallel.data if isinstance(t.line.color, str)]
+    assert len(lines) == 8
+    channels = [unlabel_rgb(c) for c in lines]
+    channels += [hex_to_rgb(c) for _, c in _plots.CONTRAST_SAFE_SCALE]
+    assert all(min(rgb) < 128 for rgb in channels), channels
 
 
 def test_actions_refuse_finished_experiments_and_unknown_actions(

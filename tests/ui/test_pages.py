@@ -113,7 +113,9 @@ def test_experiment_header_best_trials_and_history(
 ) -> None:
     app = render("experiment", synthetic_search.url, experiment=synthetic_search.experiment_id)
     assert_no_exception(app)
-    assert app.subheader[0].value == f"regression-demo (#{synthetic_search.experiment_id})"
+    assert app.subheader[0].value == (
+        f"regression-demo (#{synthetic_search.experiment_id}) :blue-badge[ACTIVE]"
+    )
     metrics = {m.label: m.value for m in app.metric}
     assert metrics["Trials done"] == "7/8"
     assert metrics["Running"] == "1"
@@ -121,7 +123,7 @@ def test_experiment_header_best_trials_and_history(
     best = app.dataframe[0].value
     assert list(best["state"].unique()) == ["COMPLETED"]
     assert list(best["metric"]) == sorted(best["metric"])  # smaller is better: best first
-    assert metrics["Best val_loss"] == f"{best['metric'].iloc[0]:.6g}"
+    assert metrics["Best val_loss"] == f"{best['metric'].iloc[0]:.4g}"
     (history,) = _charts(app, "plotly_chart")
     assert "Optimization History" in json.dumps(history["layout"])
 
@@ -129,9 +131,13 @@ def test_experiment_header_best_trials_and_history(
 @pytest.mark.parametrize(
     ("kind", "title"),
     [
-        ("Parameter importances", "Hyperparameter Importances"),
         ("Parallel coordinates", "Parallel Coordinate Plot"),
         ("Intermediate values", "Intermediate Values Plot"),
+        ("Slice", "Slice Plot"),
+        ("Contour", "Contour Plot"),
+        ("Empirical distribution", "Empirical Distribution Function Plot"),
+        ("Rank", "Rank"),
+        ("Timeline", "Timeline Plot"),
     ],
 )
 def test_experiment_optuna_plots(
@@ -204,7 +210,7 @@ def test_experiment_links_to_trials(render: PageRenderer, synthetic_search: Demo
     )
 
 
-def test_parameter_importances_need_two_completed_trials(
+def test_parameter_importances_need_five_completed_trials(
     render: PageRenderer, writable_synthetic: DemoSearch
 ) -> None:
     import optuna
@@ -232,8 +238,9 @@ def test_parameter_importances_need_two_completed_trials(
         "Parameter importances"
     ).run()
     assert_no_exception(app)
-    assert "Parameter importances need at least 2 completed trials; this study has 1." in texts(
-        app
+    assert (
+        "Parameter importances need at least 5 completed trials to mean anything; "
+        "this study has 1." in texts(app)
     )
     assert not app.get("plotly_chart")
 
@@ -303,7 +310,7 @@ def test_completed_trial_shows_everything_it_recorded(
     assert app.subheader[0].value == f"Trial #{row.optuna_trial_number} of regression-demo"
     metrics = {m.label: m.value for m in app.metric}
     assert metrics["State"] == "COMPLETED"
-    assert metrics["val_loss"] == f"{row.searcher_metric_value:.6g}"
+    assert metrics["val_loss"] == f"{row.searcher_metric_value:.4g}"
     assert metrics["Batches"] == str(row.total_batches)
     hparams = dict(
         zip(app.dataframe[0].value["hyperparameter"], app.dataframe[0].value["value"], strict=True)

@@ -9,7 +9,10 @@ like the entrypoint.
 
 A checkpoint is written into a hidden temporary directory beside its final place,
 fsynced, and renamed into place: a reader never sees a half-written checkpoint, and
-a crash leaves only a ``.tmp-*`` directory behind.
+a crash leaves only a ``.tmp-*`` directory behind. A write that fails (the disk is
+full, the folder read-only) removes its temporary directory, leaves the checkpoints
+written before it untouched, and raises :class:`CheckpointStorageError`: one line
+naming the folder and the operating system's reason.
 """
 
 from __future__ import annotations
@@ -27,6 +30,22 @@ import torch
 STATE_FILE = "state.pt"
 METADATA_FILE = "metadata.json"
 FORMAT_VERSION = 1
+
+
+class CheckpointStorageError(Exception):
+    """A checkpoint could not be written to ``checkpoint_storage.path``."""
+
+
+def _os_error(error: BaseException) -> OSError | None:
+    # torch.save reports a failed write as a RuntimeError whose context is the OSError.
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def trial_checkpoint_dir(
@@ -55,7 +74,23 @@ def _fsync_dir(path: Path) -> None:
 def write_checkpoint(
     directory: Path, uuid: str, state: Mapping[str, Any], metadata: Mapping[str, Any]
 ) -> tuple[Path, int]:
-    """Write ``state`` as checkpoint ``uuid`` under ``directory``; ``(path, size_bytes)``."""
+    """Write ``state`` as checkpoint ``uuid`` under ``directory``; ``(path, size_bytes)``.
+
+    Raises :class:`CheckpointStorageError` when the file system refuses the write.
+    """
+    try:
+        return _write(directory, uuid, state, metadata)
+    except (OSError, RuntimeError) as error:
+        cause = _os_error(error)
+        if cause is None:
+            raise
+        reason = cause.strerror or str(cause)
+        raise CheckpointStorageError(f"checkpoint_storage.path {directory}: {reason}") from error
+
+
+def _write(
+    directory: Path, uuid: str, state: Mapping[str, Any], metadata: Mapping[str, Any]
+) -> tuple[Path, int]:
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / uuid
     tmp = directory / f".tmp-{uuid}"

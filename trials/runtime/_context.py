@@ -293,7 +293,6 @@ class TrialContext:
         *,
         steps_completed: int,
         epoch: float | None,
-        trial_running: bool,
     ) -> str:
         """Rank 0 only: write ``state`` atomically, record it, collect garbage; the uuid."""
         if self._recorder is None:
@@ -323,7 +322,6 @@ class TrialContext:
             path=path,
             size_bytes=size,
             metrics=metrics,
-            trial_running=trial_running,
         )
         return uuid
 
@@ -343,9 +341,7 @@ class TrialContext:
                 "steps_completed": steps_completed,
                 "user_state": dict(state),
             }
-            uuid = self._write_checkpoint(
-                payload, steps_completed=steps_completed, epoch=epoch, trial_running=True
-            )
+            uuid = self._write_checkpoint(payload, steps_completed=steps_completed, epoch=epoch)
         return str(broadcast_object(uuid))
 
     def load_latest_checkpoint(self) -> LoadedCheckpoint | None:

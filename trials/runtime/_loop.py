@@ -185,7 +185,7 @@ class ManagedLoop:
             "grad_scaler": ctx.grad_scaler.state_dict() if ctx.grad_scaler is not None else None,
         }
 
-    def _checkpoint(self, *, trial_running: bool) -> None:
+    def _checkpoint(self) -> None:
         # Every rank's RNG goes into the checkpoint, so a restore resumes each rank's stream.
         rng_states = gather_to_chief(capture_rng_state(self.device))
         if self.context.is_chief:
@@ -195,7 +195,6 @@ class ManagedLoop:
                 state,
                 steps_completed=self.step,
                 epoch=self.step / self.schedule.batches_per_epoch,
-                trial_running=trial_running,
             )
         self.last_checkpoint_step = self.step
 
@@ -325,7 +324,7 @@ class ManagedLoop:
         ):
             return "pruned"
         if checkpoint_due or end or preempt:
-            self._checkpoint(trial_running=not end)
+            self._checkpoint()
         if preempt:
             return "preempted"
         return None

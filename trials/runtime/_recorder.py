@@ -7,6 +7,13 @@ order by one thread: a training step never waits for SQLite. Whatever must be du
 before training goes on (a checkpoint's row, the final state of the trial) or whose
 answer the loop needs (should this trial be pruned?) is a synchronous :meth:`call`,
 which also waits for every write queued before it.
+
+Every transaction is fenced (``storage.claim_attempt``): it commits only while this
+rank's attempt is still the trial's current one, and stamps the run's progress for the
+driver's hang detection. A superseded attempt writes nothing more and its rank stops
+(:class:`TrialStopped`). A database that is briefly unreachable (a PostgreSQL restart,
+SQLite locked by another writer) is waited out: each transaction is re-run whole
+(``storage.retry_transient``), so every write here is idempotent.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -28,6 +36,38 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
 T = TypeVar("T")
+
+
+class TrialStopped(RuntimeError):
+    """The rank must stop now, without recording anything more (one line says why).
+
+    Raised in the training thread at the recorder's next use, after its thread found
+    this attempt superseded or the database unreachable past the deadline. It carries
+    no SQLAlchemy type, so ranks that never import SQLAlchemy can catch it.
+    """
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+# Exit codes: 3 for an attempt that lost its trial to a newer one (not a failure of
+# this attempt's own making), 1 for a failure (the database stayed unreachable).
+SUPERSEDED_EXIT_CODE = 3
+FAILURE_EXIT_CODE = 1
+
+
+@dataclass(frozen=True)
+class RankProcess:
+    """One rank's process as rank 0 records it (``storage.TrialProcess``, role RANK)."""
+
+    rank: int
+    local_rank: int
+    host: str
+    agent: str
+    pid: int
+    create_time: float
+    slots: tuple[int, ...]
 
 
 class ChiefRecorder:
@@ -45,6 +85,9 @@ class ChiefRecorder:
             queue.Queue()
         )
         self._error: BaseException | None = None
+        # Set once by the recorder's thread; from then on nothing more is recorded.
+        self._stopped: TrialStopped | None = None
+        self._run_id: int | None = None
         self._optuna_trial: Any = None
         self._pruning_supported = True
         self._thread = threading.Thread(target=self._run, name="slotsweep-recorder", daemon=True)
@@ -60,9 +103,17 @@ class ChiefRecorder:
             if item is None:
                 return
             fn, future, background = item
+            if self._stopped is not None:
+                future.set_exception(self._stopped)
+                continue
             try:
                 future.set_result(fn())
             except BaseException as error:
+                stopped = _as_stop(error)
+                if stopped is not None:
+                    self._stopped = stopped
+                    future.set_exception(stopped)
+                    continue
                 future.set_exception(error)
                 if background and self._error is None:
                     self._error = error
@@ -73,7 +124,13 @@ class ChiefRecorder:
                     )
 
     def submit(self, fn: Callable[[], Any]) -> None:
-        """Queue ``fn`` (fire and forget; its error surfaces at the next :meth:`call`)."""
+        """Queue ``fn`` (fire and forget; its error surfaces at the next :meth:`call`).
+
+        Raises :class:`TrialStopped` once the rank must stop, so that the training
+        thread stops at its next report rather than train on for nothing.
+        """
+        if self._stopped is not None:
+            raise self._stopped
         self._tasks.put((fn, Future(), True))
 
     def call(self, fn: Callable[[], T]) -> T:
@@ -81,6 +138,8 @@ class ChiefRecorder:
         future: Future[T] = Future()
         self._tasks.put((fn, future, False))
         result = future.result()
+        if self._stopped is not None:
+            raise self._stopped
         if self._error is not None:
             error, self._error = self._error, None
             raise RuntimeError(f"an earlier database write failed: {error!r}") from error
@@ -105,10 +164,16 @@ class ChiefRecorder:
         if self.spec.pruning:
             import optuna  # noqa: F401
 
-    def _session(self) -> Any:
-        from storage import session_scope
+    def _transaction(self, body: Callable[[Session], T]) -> T:
+        """``body`` in one fenced transaction, re-run while the database is unreachable."""
+        from storage import claim_attempt, retry_transient, session_scope
 
-        return session_scope(self.spec.db_url)
+        def attempt() -> T:
+            with session_scope(self.spec.db_url) as session:
+                self._run_id = claim_attempt(session, self.spec.trial_id, self.spec.attempt)
+                return body(session)
+
+        return retry_transient(attempt)
 
     def _update_trial(self, session: Session, **fields: Any) -> None:
         from sqlalchemy import update
@@ -125,16 +190,13 @@ class ChiefRecorder:
         """Averaged training metrics at ``step`` (batches trained), and the progress."""
         values = dict(values)
 
-        def write() -> None:
+        def write(session: Session) -> None:
             from storage import MetricKind, record_metrics
 
-            with self._session() as session:
-                record_metrics(
-                    session, self.spec.trial_id, step, MetricKind.TRAINING, values, epoch
-                )
-                self._update_trial(session, total_batches=step)
+            record_metrics(session, self.spec.trial_id, step, MetricKind.TRAINING, values, epoch)
+            self._update_trial(session, total_batches=step)
 
-        self.submit(write)
+        self.submit(lambda: self._transaction(write))
 
     def validation_metrics(
         self, step: int, epoch: float | None, values: Mapping[str, float]
@@ -143,22 +205,19 @@ class ChiefRecorder:
         values = dict(values)
         metric = values.get(self.spec.searcher_metric)
 
-        def write() -> None:
+        def write(session: Session) -> None:
             from storage import MetricKind, record_metrics
 
-            with self._session() as session:
-                record_metrics(
-                    session, self.spec.trial_id, step, MetricKind.VALIDATION, values, epoch
-                )
-                fields: dict[str, Any] = {"total_batches": step}
-                if metric is not None:
-                    # A NaN (diverged) value clears the last finite one: the driver then
-                    # reports the divergence rather than rank an earlier, better value.
-                    value = float(metric)
-                    fields["searcher_metric_value"] = None if math.isnan(value) else value
-                self._update_trial(session, **fields)
+            record_metrics(session, self.spec.trial_id, step, MetricKind.VALIDATION, values, epoch)
+            fields: dict[str, Any] = {"total_batches": step}
+            if metric is not None:
+                # A NaN (diverged) value clears the last finite one: the driver then
+                # reports the divergence rather than rank an earlier, better value.
+                value = float(metric)
+                fields["searcher_metric_value"] = None if math.isnan(value) else value
+            self._update_trial(session, **fields)
 
-        self.submit(write)
+        self.submit(lambda: self._transaction(write))
 
     def rewind(self, step: int) -> None:
         """Forget what an earlier attempt recorded past ``step`` (the restored checkpoint).
@@ -167,48 +226,105 @@ class ChiefRecorder:
         the restored run records its own (metrics by upsert, timings as new windows).
         """
 
-        def write() -> None:
+        def write(session: Session) -> None:
             from sqlalchemy import delete
 
             from storage import Metric, Timing
 
-            with self._session() as session:
-                trial_id = self.spec.trial_id
-                session.execute(
-                    delete(Metric).where(Metric.trial_id == trial_id, Metric.step > step)
-                )
-                session.execute(
-                    delete(Timing).where(Timing.trial_id == trial_id, Timing.end_step > step)
-                )
-                self._update_trial(session, total_batches=step)
+            trial_id = self.spec.trial_id
+            session.execute(delete(Metric).where(Metric.trial_id == trial_id, Metric.step > step))
+            session.execute(
+                delete(Timing).where(Timing.trial_id == trial_id, Timing.end_step > step)
+            )
+            self._update_trial(session, total_batches=step)
 
-        self.submit(write)
+        self.submit(lambda: self._transaction(write))
 
     def timings(self, windows: Sequence[TimingWindow]) -> None:
+        """Profiling windows; a window re-run after a lost commit replaces itself."""
         if not windows:
             return
         rows = list(windows)
 
-        def write() -> None:
+        def write(session: Session) -> None:
+            from sqlalchemy import delete, tuple_
+
             from storage import Timing
 
-            with self._session() as session:
-                session.add_all(
-                    Timing(
-                        trial_id=self.spec.trial_id,
-                        name=w.name,
-                        start_step=w.start_step,
-                        end_step=w.end_step,
-                        count=w.count,
-                        mean_s=w.mean_s,
-                        p50_s=w.p50_s,
-                        p95_s=w.p95_s,
-                        total_s=w.total_s,
-                    )
-                    for w in rows
+            trial_id = self.spec.trial_id
+            session.execute(
+                delete(Timing).where(
+                    Timing.trial_id == trial_id,
+                    tuple_(Timing.name, Timing.start_step, Timing.end_step).in_(
+                        [(w.name, w.start_step, w.end_step) for w in rows]
+                    ),
                 )
+            )
+            session.add_all(
+                Timing(
+                    trial_id=trial_id,
+                    name=w.name,
+                    start_step=w.start_step,
+                    end_step=w.end_step,
+                    count=w.count,
+                    mean_s=w.mean_s,
+                    p50_s=w.p50_s,
+                    p95_s=w.p95_s,
+                    total_s=w.total_s,
+                )
+                for w in rows
+            )
 
-        self.submit(write)
+        self.submit(lambda: self._transaction(write))
+
+    def register(self, processes: Sequence[RankProcess]) -> None:
+        """Record every rank's process under this attempt's run (and its first progress).
+
+        A later driver finds leftover ranks by these rows (pid plus start time), so a
+        restart never runs beside an orphan of this attempt.
+        """
+        ranks = list(processes)
+
+        def write(session: Session) -> None:
+            from sqlalchemy import select
+
+            from storage import ProcessRole, TrialProcess
+
+            if self._run_id is None:
+                print(
+                    f"slotsweep: trial {self.spec.trial_id} has no run for attempt "
+                    f"{self.spec.attempt}; its rank processes are not recorded",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return
+            known = set(
+                session.scalars(
+                    select(TrialProcess.rank).where(
+                        TrialProcess.run_id == self._run_id,
+                        TrialProcess.role == ProcessRole.RANK,
+                    )
+                )
+            )
+            session.add_all(
+                TrialProcess(
+                    run_id=self._run_id,
+                    trial_id=self.spec.trial_id,
+                    attempt=self.spec.attempt,
+                    role=ProcessRole.RANK,
+                    agent=p.agent,
+                    host=p.host,
+                    slots=list(p.slots),
+                    rank=p.rank,
+                    local_rank=p.local_rank,
+                    pid=p.pid,
+                    create_time=p.create_time,
+                )
+                for p in ranks
+                if p.rank not in known
+            )
+
+        self.submit(lambda: self._transaction(write))
 
     def checkpoint(
         self,
@@ -219,7 +335,6 @@ class ChiefRecorder:
         path: Path,
         size_bytes: int,
         metrics: Mapping[str, float],
-        trial_running: bool,
     ) -> list[str]:
         """Record a written checkpoint, then collect garbage; returns the deleted uuids.
 
@@ -228,28 +343,27 @@ class ChiefRecorder:
         # JSON has no NaN or infinity (PostgreSQL refuses them); null ranks as "no value".
         finite = {name: float(v) if math.isfinite(v) else None for name, v in metrics.items()}
 
-        def write() -> list[str]:
+        def write(session: Session) -> None:
+            from sqlalchemy import select
+
             from storage import Checkpoint, CheckpointState
 
-            with self._session() as session:
-                session.add(
-                    Checkpoint(
-                        uuid=uuid,
-                        trial_id=self.spec.trial_id,
-                        step=step,
-                        epoch=epoch,
-                        path=str(path),
-                        size_bytes=size_bytes,
-                        metrics=finite,
-                        state=CheckpointState.COMPLETED,
-                    )
+            if session.scalar(select(Checkpoint.id).where(Checkpoint.uuid == uuid)) is not None:
+                return  # committed by a try whose acknowledgement was lost
+            session.add(
+                Checkpoint(
+                    uuid=uuid,
+                    trial_id=self.spec.trial_id,
+                    step=step,
+                    epoch=epoch,
+                    path=str(path),
+                    size_bytes=size_bytes,
+                    metrics=finite,
+                    state=CheckpointState.COMPLETED,
                 )
-            return self._collect_garbage(trial_running)
+            )
 
-        return self.call(write)
-
-    def _collect_garbage(self, trial_running: bool) -> list[str]:
-        with self._session() as session:
+        def garbage(session: Session) -> list[str]:
             return collect_garbage(
                 session,
                 experiment_id=self.spec.experiment_id,
@@ -257,16 +371,28 @@ class ChiefRecorder:
                 metric=self.spec.searcher_metric,
                 smaller_is_better=self.spec.smaller_is_better,
                 trial_id=self.spec.trial_id,
-                trial_running=trial_running,
             )
+
+        def record() -> list[str]:
+            self._transaction(write)
+            # A transaction of its own: the new checkpoint stays recorded even if
+            # collecting garbage fails.
+            return self._transaction(garbage)
+
+        return self.call(record)
 
     def report_intermediate(self, value: float, step: int) -> None:
         """Report the searcher metric at ``step`` to the Optuna trial (for its pruner and plots)."""
 
         def report() -> None:
-            trial = self._load_optuna_trial()
+            from storage import retry_transient
+
+            # Optuna's write is its own transaction; the fence (and progress) just before
+            # it keeps a superseded attempt from reporting.
+            self._transaction(lambda session: None)
+            trial = retry_transient(self._load_optuna_trial)
             if trial is not None:
-                trial.report(float(value), step)
+                retry_transient(lambda: trial.report(float(value), step))
 
         self.submit(report)
 
@@ -274,8 +400,10 @@ class ChiefRecorder:
         """Ask the study's pruner about the values reported so far."""
 
         def ask() -> bool:
-            trial = self._load_optuna_trial()
-            return trial is not None and bool(trial.should_prune())
+            from storage import retry_transient
+
+            trial = retry_transient(self._load_optuna_trial)
+            return trial is not None and bool(retry_transient(trial.should_prune))
 
         return self.call(ask)
 
@@ -307,21 +435,32 @@ class ChiefRecorder:
     def finished(self, total_batches: int) -> None:
         """The user's training ran to its end: the driver will mark the trial COMPLETED."""
 
-        def write() -> None:
+        def write(session: Session) -> None:
             from storage import utcnow
 
-            with self._session() as session:
-                self._update_trial(session, total_batches=total_batches, finished_at=utcnow())
+            self._update_trial(session, total_batches=total_batches, finished_at=utcnow())
 
-        self.call(write)
+        self.call(lambda: self._transaction(write))
 
     def pruned(self, total_batches: int) -> None:
         """The pruner stopped the trial: the driver will mark it PRUNED."""
 
-        def write() -> None:
+        def write(session: Session) -> None:
             from storage import utcnow
 
-            with self._session() as session:
-                self._update_trial(session, total_batches=total_batches, pruned_at=utcnow())
+            self._update_trial(session, total_batches=total_batches, pruned_at=utcnow())
 
-        self.call(write)
+        self.call(lambda: self._transaction(write))
+
+
+def _as_stop(error: BaseException) -> TrialStopped | None:
+    """The :class:`TrialStopped` that ``error`` calls for, if it is one of those ends."""
+    from storage import AttemptSupersededError, DatabaseUnavailableError
+
+    if isinstance(error, TrialStopped):
+        return error
+    if isinstance(error, AttemptSupersededError):
+        return TrialStopped(str(error), SUPERSEDED_EXIT_CODE)
+    if isinstance(error, DatabaseUnavailableError):
+        return TrialStopped(str(error), FAILURE_EXIT_CODE)
+    return None

@@ -8,10 +8,23 @@ How a trial ended is written by rank 0 into the trial's row, not told to Optuna 
 driver does that): ``finished_at`` only when the training ran to its end, ``pruned_at``
 when the pruner stopped it. A preempted trial (the driver asked it to stop) writes a
 checkpoint and neither.
+
+Right after the process group forms, every rank's process (pid, kernel start time,
+host, agent, slot) is gathered to rank 0, which records them under this attempt's run:
+that is how a later driver finds and ends a rank that outlived its ``torchrun``.
+
+A rank stops with one line and a non-zero exit (no traceback) when its attempt was
+superseded (exit 3), when the database stayed unreachable (1), or when a checkpoint
+could not be written to ``checkpoint_storage.path`` (1).
+
+A rank that fails with an exception (a trial that cannot run as configured, the user's
+code raising, a checkpoint refused) records why under its run before it exits
+(:mod:`trials.runtime._failure`), once it has left the process group.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -20,15 +33,25 @@ from typing import Any
 import torch
 
 from trials._config import RuntimeSpec
+from trials.launcher import AGENT_ENV_VAR, SLOTS_ENV_VAR
+from trials.processes import ProcessRef
+from trials.runtime._checkpoint import CheckpointStorageError
 from trials.runtime._context import InvalidTrialError, PyTorchTrialContext
 from trials.runtime._distributed import (
     DistributedInfo,
     destroy_process_group,
+    gather_to_chief,
     init_process_group,
     select_device,
 )
+from trials.runtime._failure import record_failure
 from trials.runtime._loop import ManagedLoop
-from trials.runtime._recorder import ChiefRecorder
+from trials.runtime._recorder import (
+    FAILURE_EXIT_CODE,
+    ChiefRecorder,
+    RankProcess,
+    TrialStopped,
+)
 from trials.runtime._trial import PyTorchTrial
 
 
@@ -69,31 +92,69 @@ def _start_system_metrics(spec: RuntimeSpec) -> Any:
     sampler = SystemMetricsSampler(
         spec.db_url,
         trial_id=spec.trial_id,
-        agent=os.environ.get("SLOTSWEEP_AGENT", spec.agent),
+        agent=os.environ.get(AGENT_ENV_VAR, spec.agent),
+        attempt=spec.attempt,
         interval_s=spec.profiling.system_metrics_interval_s,
     )
     sampler.start()
     return sampler
 
 
+def this_rank_process(spec: RuntimeSpec, info: DistributedInfo) -> RankProcess:
+    """This rank's process as the database records it.
+
+    Example:
+        >>> this_rank_process(spec, DistributedInfo.from_env()).pid == os.getpid()  # doctest: +SKIP
+        True
+    """
+    me = ProcessRef.of(os.getpid())
+    slots: tuple[int, ...] = ()
+    listed = os.environ.get(SLOTS_ENV_VAR, "").split(",")
+    if info.local_rank < len(listed) and listed[info.local_rank].strip().isdigit():
+        slots = (int(listed[info.local_rank]),)
+    return RankProcess(
+        rank=info.rank,
+        local_rank=info.local_rank,
+        host=me.host,
+        agent=os.environ.get(AGENT_ENV_VAR, spec.agent),
+        pid=me.pid,
+        create_time=me.create_time,
+        slots=slots,
+    )
+
+
 def run_trial(spec: RuntimeSpec, info: DistributedInfo | None = None) -> str:
     """Run this rank's part of the trial; the outcome (finished, pruned or preempted).
 
-    Raises :class:`InvalidTrialError` for a trial that cannot run as configured.
+    Raises :class:`InvalidTrialError` for a trial that cannot run as configured, and
+    ``SystemExit`` (after one line on stderr) for a rank that must stop: see the module.
     """
     info = info or DistributedInfo.from_env()
-    device = select_device(info)
-    joined = init_process_group(info, device)
-    recorder = ChiefRecorder(spec) if info.is_chief else None
+    joined = False
+    recorder: ChiefRecorder | None = None
     system_metrics = None
+    context: PyTorchTrialContext | None = None
+    loop: ManagedLoop | None = None
+    restored_step = 0
+    # The error this rank fails with, recorded once the rank has left the group.
+    failure: BaseException | None = None
     try:
+        device = select_device(info)
+        joined = init_process_group(info, device)
+        recorder = ChiefRecorder(spec) if info.is_chief else None
+        # One collective, cheap next to the group's own start-up.
+        ranks = gather_to_chief(this_rank_process(spec, info))
+        if recorder is not None and ranks is not None:
+            recorder.register(ranks)
         if spec.profiling.enabled and info.is_local_chief:
             system_metrics = _start_system_metrics(spec)
         target = load_entrypoint(spec)
         context = PyTorchTrialContext(spec, info, device, recorder)
         _seed_everything(context.seed + info.rank)
         if isinstance(target, type) and issubclass(target, PyTorchTrial):
-            outcome: str = ManagedLoop(target, context).run()
+            loop = ManagedLoop(target, context)
+            restored_step = loop.step
+            outcome: str = loop.run()
         else:
             target(context)
             outcome = "pruned" if context.pruned else "finished"
@@ -102,6 +163,20 @@ def run_trial(spec: RuntimeSpec, info: DistributedInfo | None = None) -> str:
         elif recorder is not None:
             recorder.flush()
         return outcome
+    except TrialStopped as stop:
+        # Superseded or the database is gone: there is nobody to tell.
+        print(f"slotsweep: {stop}", file=sys.stderr, flush=True)
+        raise SystemExit(stop.exit_code) from None
+    except CheckpointStorageError as error:
+        failure = error
+        _finish_before_terminating()
+        print(f"slotsweep: {error}", file=sys.stderr, flush=True)
+        raise SystemExit(FAILURE_EXIT_CODE) from None
+    except Exception as error:
+        # InvalidTrialError included. Not SystemExit: a signal ended this rank.
+        failure = error
+        _finish_before_terminating()
+        raise
     finally:
         if system_metrics is not None:
             system_metrics.stop()
@@ -109,6 +184,36 @@ def run_trial(spec: RuntimeSpec, info: DistributedInfo | None = None) -> str:
             recorder.close()
         if joined:
             destroy_process_group()
+        if failure is not None:
+            record_failure(
+                spec, info.rank, failure, _steps_completed(loop, context, restored_step)
+            )
+
+
+def _finish_before_terminating() -> None:
+    """Let this failing rank record why before torchrun's SIGTERM ends it.
+
+    The first rank to exit makes torchrun terminate the others, which usually fail the
+    same way a moment later: without this, only the fastest rank's failure would be
+    known. The rank exits on its own right after (every step of its way out is
+    bounded), and torchrun's SIGKILL still ends it if not.
+    """
+    import signal
+
+    with contextlib.suppress(ValueError):  # not the main thread (a test calling run_trial)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _steps_completed(
+    loop: ManagedLoop | None, context: PyTorchTrialContext | None, restored_step: int
+) -> int:
+    """Batches this run trained before it failed (not counting a restored checkpoint's).
+
+    A trial on the core API reports its own steps; those include a restored checkpoint's.
+    """
+    if loop is not None:
+        return loop.step - restored_step
+    return context.steps_reported if context is not None else 0
 
 
 def _seed_everything(seed: int) -> None:

@@ -30,15 +30,17 @@ from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from trials._validation import validation_problems
+from trials._yaml import YamlError, read_yaml
 from trials.scheduler._cluster import Agent, Cluster, ResourcePool
 
 CLUSTER_ENV_VAR = "SLOTSWEEP_CLUSTER"
 DEFAULT_POOL = "default"
 LOCAL_HOST = "127.0.0.1"
+# More slots than any machine has GPUs (or cores to run CPU slots on): a typo, not a cluster.
+MAX_SLOTS_PER_AGENT = 4096
 
 
 class ClusterConfigError(Exception):
@@ -53,13 +55,14 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-SlotId = Annotated[int, Field(ge=0, strict=True)]
+SlotId = Annotated[int, Field(ge=0, lt=MAX_SLOTS_PER_AGENT, strict=True)]
 
 
 class _AgentSpec(_Strict):
-    name: str = Field(min_length=1)
-    host: str = Field(default=LOCAL_HOST, min_length=1)
-    slots: list[SlotId] = Field(min_length=1)
+    name: str = Field(min_length=1, max_length=200)
+    # 253 characters: the longest DNS name.
+    host: str = Field(default=LOCAL_HOST, min_length=1, max_length=253)
+    slots: list[SlotId] = Field(min_length=1, max_length=MAX_SLOTS_PER_AGENT)
 
     @field_validator("slots", mode="before")
     @classmethod
@@ -68,8 +71,7 @@ class _AgentSpec(_Strict):
         if isinstance(value, bool) or not isinstance(value, (int, list)):
             raise ValueError("must be a slot count (e.g. 8) or a list of slot ids (e.g. [0, 1])")
         if isinstance(value, int):
-            if value < 1:
-                raise ValueError("must be at least 1 slot")
+            _check_slot_count(value)
             return list(range(value))
         return value
 
@@ -82,8 +84,18 @@ class _AgentSpec(_Strict):
         return value
 
 
+def _check_slot_count(count: int) -> None:
+    """Refuse a slot count no agent can have; shared by the file and ``--slots``."""
+    if not 1 <= count <= MAX_SLOTS_PER_AGENT:
+        raise ValueError(
+            f"must be a slot count from 1 to {MAX_SLOTS_PER_AGENT} (got {count})"
+            if count >= 1
+            else "must be at least 1 slot"
+        )
+
+
 class _PoolSpec(_Strict):
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, max_length=200)
     allowing_heterogeneous_fits: bool = False
     fitting_policy: Literal["best", "worst"] = "best"
     agents: list[_AgentSpec] = Field(min_length=1)
@@ -149,6 +161,10 @@ def local_cluster(slots: int | None = None) -> Cluster:
     if slots is not None:
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ClusterConfigError([f"slots: must be a positive integer (got {slots!r})"])
+        try:
+            _check_slot_count(slots)
+        except ValueError as exc:
+            raise ClusterConfigError([f"slots: {exc}"]) from None
         if gpus and slots > len(gpus):
             raise ClusterConfigError(
                 [f"slots: {slots} is more than the {len(gpus)} GPUs of this machine"]
@@ -183,15 +199,9 @@ def load_cluster(path: str | Path | None = None, *, slots: int | None = None) ->
         )
     path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ClusterConfigError([f"{source}: cannot read {path}: {exc.strerror}"]) from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ClusterConfigError([f"{source}: {path} is not valid YAML{where}"]) from None
+        raw = read_yaml(path, source=source, field_prefix=f"{source} {path}: ")
+    except YamlError as exc:
+        raise ClusterConfigError(exc.problems) from None
     try:
         return parse_cluster(raw)
     except ClusterConfigError as exc:

@@ -24,6 +24,7 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table("slotsweep_trial_runs") as batch:
         batch.add_column(sa.Column("progress_at", sa.DateTime(), nullable=True))
+        batch.add_column(sa.Column("launch_token", sa.String(length=64), nullable=True))
     op.create_table(
         "slotsweep_trial_processes",
         sa.Column("id", sa.Integer(), nullable=False),
@@ -48,12 +49,8 @@ def upgrade() -> None:
         sa.ForeignKeyConstraint(["trial_id"], ["slotsweep_trials.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id"),
     )
-    op.create_index(
-        "ix_slotsweep_trial_processes_run_id", "slotsweep_trial_processes", ["run_id"]
-    )
-    op.create_index(
-        "ix_trial_process_trial", "slotsweep_trial_processes", ["trial_id", "attempt"]
-    )
+    op.create_index("ix_slotsweep_trial_processes_run_id", "slotsweep_trial_processes", ["run_id"])
+    op.create_index("ix_trial_process_trial", "slotsweep_trial_processes", ["trial_id", "attempt"])
 
 
 def downgrade() -> None:
@@ -61,4 +58,5 @@ def downgrade() -> None:
     op.drop_index("ix_slotsweep_trial_processes_run_id", table_name="slotsweep_trial_processes")
     op.drop_table("slotsweep_trial_processes")
     with op.batch_alter_table("slotsweep_trial_runs") as batch:
+        batch.drop_column("launch_token")
         batch.drop_column("progress_at")

@@ -28,11 +28,46 @@ class TrialHandle:
     db_url: str
 
     def with_changes(self, **changes: Any) -> TrialHandle:
-        """The same trial with spec fields changed (a restart, another attempt)."""
+        """The same trial with spec fields changed (a restart, another attempt).
+
+        A new attempt gets its run row as the driver's restart would: the earlier runs
+        ended, the new one restoring from the checkpoint at ``restore_checkpoint_path``.
+        """
         spec = self.spec.model_copy(update=changes)
         path = self.spec_path.with_name(f"spec-{spec.trial_id}-{spec.attempt}-{id(changes)}.json")
         path.write_text(spec.model_dump_json())
+        if spec.attempt != self.spec.attempt:
+            add_run(self.db_url, spec.trial_id, spec.attempt, spec.restore_checkpoint_path)
         return TrialHandle(spec, path, self.db_url)
+
+
+def add_run(
+    db_url: str, trial_id: int, attempt: int, restore_checkpoint_path: str | None = None
+) -> None:
+    """The driver's launch record of ``attempt``: a TrialRun row, earlier runs ended."""
+    from sqlalchemy import select, update
+
+    from storage import Checkpoint, TrialRun, session_scope, utcnow
+
+    with session_scope(db_url) as session:
+        session.execute(
+            update(TrialRun)
+            .where(TrialRun.trial_id == trial_id, TrialRun.ended_at.is_(None))
+            .values(ended_at=utcnow())
+        )
+        restored = None
+        if restore_checkpoint_path is not None:
+            restored = session.scalar(
+                select(Checkpoint).where(Checkpoint.path == str(restore_checkpoint_path))
+            )
+        session.add(
+            TrialRun(
+                trial_id=trial_id,
+                attempt=attempt,
+                restored_from_checkpoint=restored.uuid if restored else None,
+                restored_from_step=restored.step if restored else None,
+            )
+        )
 
 
 def create_trial(
@@ -83,6 +118,7 @@ def create_trial(
         session.add(trial)
         session.flush()
         experiment_id, trial_id = experiment.id, trial.id
+    add_run(db_url, trial_id, int(spec_fields.get("attempt", 0)))
     fields: dict[str, Any] = {
         "db_url": db_url,
         "experiment_id": experiment_id,

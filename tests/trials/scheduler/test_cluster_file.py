@@ -201,3 +201,49 @@ def test_slots_override_is_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     path.write_text(yaml.safe_dump(two_pools()))
     with pytest.raises(ClusterConfigError, match="slots: cannot be combined with a cluster file"):
         load_cluster(path, slots=2)
+
+
+@pytest.mark.parametrize(
+    ("slots", "problem"),
+    [
+        (10**30, "resource_pools.0.agents.0.slots: must be a slot count from 1 to 4096 (got 10"),
+        (4097, "resource_pools.0.agents.0.slots: must be a slot count from 1 to 4096 (got 4097)"),
+        ([0, 5000], "resource_pools.0.agents.0.slots.1: Input should be less than 4096"),
+    ],
+)
+def test_slot_counts_beyond_any_machine_are_refused(slots: Any, problem: str) -> None:
+    raw = {"resource_pools": [{"name": "p", "agents": [{"name": "a", "slots": slots}]}]}
+    [line] = problems_of(raw)
+    assert line.startswith(problem), line
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"\x89PNG\r\n\x1a\n\x00\x00", "cluster: {path} is not UTF-8 text"),
+        (
+            "resource_pools: [{name: café}]\n".encode("latin-1"),
+            "cluster: {path} is not UTF-8 text",
+        ),
+        (b"built: 2024-01-31\n", "cluster {path}: built: 2024-01-31 reads as a YAML date"),
+        (b"a: " + b"[" * 10_000 + b"]" * 10_000, "nested more than 64 levels deep"),
+        (
+            b"resource_pools: []\nresource_pools: []\n",
+            "cluster {path}: resource_pools: key given twice",
+        ),
+    ],
+)
+def test_hostile_files_get_one_line(tmp_path: Path, content: bytes, problem: str) -> None:
+    path = tmp_path / "cluster.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ClusterConfigError) as info:
+        load_cluster(path)
+    [line] = info.value.problems
+    assert problem.format(path=path) in line, line
+
+
+def test_slots_override_has_an_upper_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(CLUSTER_ENV_VAR, raising=False)
+    with pytest.raises(ClusterConfigError) as info:
+        load_cluster(slots=100_000_000)
+    assert info.value.problems == ["slots: must be a slot count from 1 to 4096 (got 100000000)"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from ui import _cluster, _context, _queries
+from ui import _charts, _cluster, _context, _queries
 
 st.title("Cluster")
 engine = _context.require_database()
@@ -20,6 +20,7 @@ def _layout_section(layout: list[_cluster.AgentLayout]) -> None:
         st.caption(
             f"{len(agents)} agent(s), {total} slot(s), {len(held)} held, {total - len(held)} free."
         )
+        _slot_grid(agents, held)
         st.dataframe(
             pd.DataFrame(
                 [
@@ -60,6 +61,35 @@ def _layout_section(layout: list[_cluster.AgentLayout]) -> None:
             width="stretch",
             column_config={"open": st.column_config.LinkColumn("trial", display_text="open")},
         )
+
+
+def _holder_label(holder: dict[str, object]) -> str:
+    return f"{holder.get('experiment') or 'experiment ?'} · trial {holder['optuna_trial_number']}"
+
+
+def _slot_grid(
+    agents: list[_cluster.AgentLayout], held: dict[tuple[str, int], dict[str, object]]
+) -> None:
+    """Every slot of the pool as a cell, coloured by the trial holding it."""
+    holders = sorted({_holder_label(h) for h in held.values()})
+    cells = pd.DataFrame(
+        [
+            {
+                "agent": agent.name,
+                "slot": slot,
+                "holder": _holder_label(held[(agent.name, slot)])
+                if (agent.name, slot) in held
+                else _charts.FREE,
+                # EXPERIMENT.NUMBER, the trial's user-facing id.
+                "label": "{experiment_id}.{optuna_trial_number}".format(**held[(agent.name, slot)])
+                if (agent.name, slot) in held
+                else "",
+            }
+            for agent in agents
+            for slot in agent.slots
+        ]
+    )
+    st.vega_lite_chart(cells, _charts.slot_grid_spec(holders, len(agents)), width="stretch")
 
 
 @st.cache_resource(ttl=30, show_spinner=False)

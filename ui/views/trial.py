@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from storage import MetricKind
-from ui import _charts, _checkpoints, _context, _logs, _queries
+from ui import _charts, _checkpoints, _context, _logs, _queries, _units
 
 st.title("Trial")
 engine = _context.require_database()
@@ -71,13 +71,16 @@ def _summary() -> None:
         return
     metric = (info["experiment_config"] or {}).get("searcher", {}).get("metric", "metric")
     st.subheader(f"Trial #{info['optuna_trial_number']} of {info['experiment_name']}")
-    cols = st.columns([2, 2, 1, 1, 1, 1])
-    cols[0].metric("State", info["state"])
-    cols[1].metric(metric, _context.fmt_value(info["searcher_metric_value"]))
-    cols[2].metric("Restarts", info["restarts"])
-    cols[3].metric("Batches", info["total_batches"])
-    cols[4].metric("Slots", info["slots_per_trial"])
-    cols[5].metric("Slot·seconds", f"{info['slot_seconds']:.1f}")
+    # The state and the metric in a row of two, the counts in a row of four: at 1000 px
+    # a column of a row of three cut "COMPLETED" short.
+    top = st.columns(2)
+    top[0].metric("State", info["state"])
+    top[1].metric(metric, _context.fmt_value(info["searcher_metric_value"]))
+    bottom = st.columns(4)
+    bottom[0].metric("Slot·seconds", _context.fmt_value(info["slot_seconds"]))
+    bottom[1].metric("Restarts", info["restarts"])
+    bottom[2].metric("Batches", info["total_batches"])
+    bottom[3].metric("Slots", info["slots_per_trial"])
     started = info["started_at"]
     ended = info["ended_at"]
     when = f"started {started:%Y-%m-%d %H:%M:%S} UTC" if started else "not started yet"
@@ -282,15 +285,18 @@ def _profile() -> None:
             "window of batches has finished yet)."
         )
         return
+    # Per-batch phases take milliseconds: shown in ms, totals in seconds.
+    per_batch = ["mean_s", "p50_s", "p95_s"]
+    breakdown[per_batch] = breakdown[per_batch] * 1e3
     st.dataframe(
         breakdown,
         hide_index=True,
         width="stretch",
         column_config={
-            "mean_s": st.column_config.NumberColumn("mean (s)", format="%.5f"),
-            "p50_s": st.column_config.NumberColumn("p50 (s)", format="%.5f"),
-            "p95_s": st.column_config.NumberColumn("p95 (s, worst window)", format="%.5f"),
-            "total_s": st.column_config.NumberColumn("total (s)", format="%.3f"),
+            "mean_s": st.column_config.NumberColumn("mean (ms)", format="%.3f"),
+            "p50_s": st.column_config.NumberColumn("p50 (ms)", format="%.3f"),
+            "p95_s": st.column_config.NumberColumn("p95 (ms, worst window)", format="%.3f"),
+            "total_s": st.column_config.NumberColumn("total (s)", format="%.2f"),
             "share": st.column_config.ProgressColumn(
                 "share of time", min_value=0.0, max_value=1.0, format="percent"
             ),
@@ -298,14 +304,16 @@ def _profile() -> None:
     )
     series = _queries.timing_series(engine, trial_id)
     if not series.empty:
+        series = series.assign(mean_ms=series["mean_s"] * 1e3)
         st.vega_lite_chart(
-            series,
+            series[["name", "end_step", "mean_ms"]],
             _charts.line_spec(
                 x="end_step",
-                y="mean_s",
+                y="mean_ms",
                 color="name",
                 x_title="batch (window end)",
-                y_title="mean seconds per batch",
+                y_title="mean per batch (ms)",
+                y_format=",.3~f",
             ),
             height=300,
             width="stretch",
@@ -321,21 +329,32 @@ def _system() -> None:
             "or NVML/psutil were unavailable)."
         )
         return
+    units = [_units.system_unit(str(name)) for name in summary["name"]]
+    scales = [unit.scale for unit in units]
     summary = summary.assign(
-        gpu=[("host" if pd.isna(g) else f"GPU {int(g)}") for g in summary["gpu_index"]]
+        gpu=[("host" if pd.isna(g) else f"GPU {int(g)}") for g in summary["gpu_index"]],
+        unit=[unit.label for unit in units],
+        mean=summary["mean"] * scales,
+        max=summary["max"] * scales,
     ).drop(columns=["gpu_index"])
     st.dataframe(
         summary,
         hide_index=True,
         width="stretch",
-        column_order=["agent", "gpu", "name", "samples", "mean", "max", "last_recorded"],
-        column_config={"last_recorded": st.column_config.DatetimeColumn("last (UTC)")},
+        column_order=["agent", "gpu", "name", "samples", "mean", "max", "unit", "last_recorded"],
+        column_config={
+            "mean": st.column_config.NumberColumn("mean", format="%.4g"),
+            "max": st.column_config.NumberColumn("max", format="%.4g"),
+            "last_recorded": st.column_config.DatetimeColumn("last (UTC)"),
+        },
     )
     metric = st.selectbox(
         "Plot system metric", sorted(set(summary["name"])), key=f"sysmetric_{trial_id}"
     )
     series = _queries.system_metric_series(engine, trial_id, str(metric))
+    unit = _units.system_unit(str(metric))
     if not series.empty:
+        series["value"] = series["value"] * unit.scale
         series["source"] = [
             f"{a} · {'host' if pd.isna(g) else f'GPU {int(g)}'}"
             for a, g in zip(series["agent"], series["gpu_index"], strict=True)
@@ -347,8 +366,9 @@ def _system() -> None:
                 y="value",
                 color="source",
                 x_title="time (UTC)",
-                y_title=str(metric),
+                y_title=_units.titled(str(metric), unit),
                 x_type="temporal",
+                y_format=unit.axis_format,
             ),
             height=300,
             width="stretch",

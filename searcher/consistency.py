@@ -1,0 +1,437 @@
+"""The whole-database consistency check behind "a crash loses nothing; nothing runs twice".
+
+:func:`check_consistency` reads slotsweep's tables and the Optuna studies beside them
+and lists every way they break that promise:
+
+- a finished trial not kept: a terminal slotsweep trial whose Optuna trial does not say
+  the same (COMPLETED <-> COMPLETE with the same value, PRUNED <-> PRUNED, ERROR <->
+  FAIL), a COMPLETED trial without its completion record or searcher metric, an Optuna
+  trial COMPLETE or PRUNED without its slotsweep trial, or an Optuna COMPLETE trial
+  missing one of the search space's hyperparameters (it ran with part of its settings);
+- a metric key (trial, step, kind, name) recorded twice, a profiling window (trial, name,
+  start and end step) recorded twice, or two checkpoints of one trial at one step (two
+  attempts trained the same steps);
+- a restart from step 0 although the trial had a checkpoint before the restart began;
+- two attempts of one trial overlapping in time (runs, or their processes);
+- one slot used by the ranks of two trials at once;
+- a trial left QUEUED or RUNNING in a COMPLETED or CANCELED experiment.
+
+It only reads (deferred transactions, Optuna's storage opened read-only), so it can run
+beside a live search; a database at rest (no driver running) is what it judges, since a
+running driver has trials between its commit and its tell to Optuna.
+
+Example:
+    >>> report = check_consistency("sqlite:///slotsweep.db")  # doctest: +SKIP
+    >>> report.consistent, report.overlaps  # doctest: +SKIP
+    (True, 0)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import math
+from collections import defaultdict
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+from sqlalchemy.sql.selectable import ScalarSelect
+
+from storage import (
+    Checkpoint,
+    Experiment,
+    ExperimentState,
+    Metric,
+    ProcessRole,
+    Timing,
+    Trial,
+    TrialProcess,
+    TrialRun,
+    TrialState,
+    get_engine,
+    optuna_storage,
+    session_scope,
+    utcnow,
+)
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+
+# The Optuna state each terminal slotsweep state must have (by Optuna's state name).
+_OPTUNA_STATE = {
+    TrialState.COMPLETED: "COMPLETE",
+    TrialState.PRUNED: "PRUNED",
+    TrialState.ERROR: "FAIL",
+}
+# Experiments that will never run a trial again; their trials must all be terminal.
+_CLOSED = (ExperimentState.COMPLETED, ExperimentState.CANCELED)
+
+
+@dataclass
+class ConsistencyReport:
+    """What :func:`check_consistency` found: one line per problem, and what it looked at.
+
+    ``overlaps`` counts both kinds of overlap (two attempts of one trial, two trials on
+    one slot); each is also a line of ``problems``. ``restarts`` counts relaunches of a
+    trial (runs with ``attempt > 0``), whatever ended the run before.
+    """
+
+    problems: list[str] = field(default_factory=list)
+    experiments: int = 0
+    trials: int = 0
+    finished_trials: int = 0
+    runs: int = 0
+    restarts: int = 0
+    processes: int = 0
+    metrics: int = 0
+    checkpoints: int = 0
+    overlaps: int = 0
+
+    @property
+    def consistent(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> str:
+        """One line of counts, e.g. for a benchmark's or a test's output."""
+        return (
+            f"experiments={self.experiments} trials={self.trials} "
+            f"finished={self.finished_trials} runs={self.runs} restarts={self.restarts} "
+            f"processes={self.processes} metrics={self.metrics} "
+            f"checkpoints={self.checkpoints} overlaps={self.overlaps} "
+            f"problems={len(self.problems)}"
+        )
+
+
+def check_consistency(
+    db_url: str, experiment_ids: Collection[int] | None = None
+) -> ConsistencyReport:
+    """Check the experiments ``experiment_ids`` (default: all) of the database at ``db_url``.
+
+    Slot overlaps are looked for across every experiment of the database whatever
+    ``experiment_ids`` says (two searches share a cluster), but only those involving a
+    chosen experiment's trial are reported.
+    """
+    report = ConsistencyReport()
+    with session_scope(get_engine(db_url, read_only=True)) as session:
+        query = select(Experiment).order_by(Experiment.id)
+        if experiment_ids is not None:
+            query = query.where(Experiment.id.in_(list(experiment_ids)))
+        experiments = list(session.scalars(query))
+        chosen = {e.id for e in experiments}
+        trials = list(
+            session.scalars(
+                select(Trial).where(Trial.experiment_id.in_(chosen)).order_by(Trial.id)
+            )
+        )
+        # A subquery rather than a list of ids: a large database has more trials than a
+        # statement may have parameters.
+        trial_ids = select(Trial.id).where(Trial.experiment_id.in_(chosen)).scalar_subquery()
+        runs = list(
+            session.scalars(
+                select(TrialRun)
+                .where(TrialRun.trial_id.in_(trial_ids))
+                .order_by(TrialRun.trial_id, TrialRun.attempt)
+            )
+        )
+        processes = list(
+            session.scalars(
+                select(TrialProcess)
+                .join(Trial, Trial.id == TrialProcess.trial_id)
+                .where(Trial.experiment_id.in_(chosen))
+                .order_by(TrialProcess.id)
+            )
+        )
+        checkpoints = list(
+            session.scalars(
+                select(Checkpoint)
+                .where(Checkpoint.trial_id.in_(trial_ids))
+                .order_by(Checkpoint.trial_id, Checkpoint.step, Checkpoint.id)
+            )
+        )
+        report.experiments = len(experiments)
+        report.trials = len(trials)
+        report.finished_trials = sum(t.state.is_terminal for t in trials)
+        report.runs = len(runs)
+        report.restarts = sum(r.attempt > 0 for r in runs)
+        report.processes = len(processes)
+        report.checkpoints = len(checkpoints)
+        report.metrics = int(
+            session.scalar(
+                select(func.count()).select_from(Metric).where(Metric.trial_id.in_(trial_ids))
+            )
+            or 0
+        )
+
+        for experiment in experiments:
+            own = [t for t in trials if t.experiment_id == experiment.id]
+            report.problems += _optuna_problems(db_url, experiment, own)
+            report.problems += _closed_experiment_problems(experiment, own)
+        report.problems += _completion_problems(trials)
+        report.problems += _duplicate_metric_problems(session, trial_ids)
+        report.problems += _duplicate_timing_problems(session, trial_ids)
+        report.problems += _duplicate_checkpoint_problems(checkpoints)
+        report.problems += _restart_problems(runs, checkpoints)
+        attempt_overlaps = _attempt_overlaps(runs, processes)
+        slot_overlaps = _slot_overlaps(session, {t.id for t in trials})
+        report.overlaps = len(attempt_overlaps) + len(slot_overlaps)
+        report.problems += attempt_overlaps + slot_overlaps
+    return report
+
+
+# ----------------------------------------------------------------- finished trials kept
+def _optuna_problems(db_url: str, experiment: Experiment, trials: Sequence[Trial]) -> list[str]:
+    """Each terminal trial against its Optuna trial, and Optuna's finished trials against ours."""
+    study = _optuna_trials(db_url, experiment.study_name)
+    if study is None:
+        if not trials:
+            # A crash between the experiment row and its study leaves an empty experiment.
+            return []
+        return [
+            f"experiment {experiment.id}: its Optuna study '{experiment.study_name}' is missing"
+        ]
+    by_number = {t.number: t for t in study}
+    problems = []
+    for trial in trials:
+        expected = _OPTUNA_STATE.get(trial.state)
+        if expected is None:
+            continue
+        frozen = by_number.get(trial.optuna_trial_number)
+        if frozen is None:
+            problems.append(
+                f"trial {trial.id}: {trial.state.value} but Optuna has no trial number "
+                f"{trial.optuna_trial_number} in study '{experiment.study_name}'"
+            )
+            continue
+        if frozen.state.name != expected:
+            problems.append(
+                f"trial {trial.id}: {trial.state.value} but Optuna trial "
+                f"{frozen.number} is {frozen.state.name} (expected {expected})"
+            )
+        elif (
+            expected == "COMPLETE"
+            # A missing value is reported by _completion_problems.
+            and trial.searcher_metric_value is not None
+            and not _same_value(
+                frozen.values[0] if frozen.values else None, trial.searcher_metric_value
+            )
+        ):
+            problems.append(
+                f"trial {trial.id}: searcher metric {trial.searcher_metric_value} but Optuna "
+                f"trial {frozen.number} has value {frozen.values}"
+            )
+    ours = {t.optuna_trial_number for t in trials}
+    searched = _searched_hyperparameters(experiment.config)
+    if searched is None:
+        problems.append(f"experiment {experiment.id}: its stored hyperparameters do not parse")
+        searched = set()
+    for frozen in study:
+        if frozen.state.name in ("COMPLETE", "PRUNED") and frozen.number not in ours:
+            problems.append(
+                f"experiment {experiment.id}: Optuna trial {frozen.number} is "
+                f"{frozen.state.name} but has no slotsweep trial"
+            )
+        if frozen.state.name == "COMPLETE":
+            missing = sorted(searched - set(frozen.params))
+            if missing:
+                problems.append(
+                    f"experiment {experiment.id}: Optuna trial {frozen.number} is COMPLETE "
+                    f"without hyperparameters {', '.join(missing)}"
+                )
+    return problems
+
+
+def _optuna_trials(db_url: str, study_name: str) -> list[FrozenTrial] | None:
+    """Every trial of the study, or None when the study (or Optuna's schema) is missing."""
+    from sqlalchemy.exc import OperationalError, ProgrammingError
+
+    try:
+        storage = optuna_storage(db_url, read_only=True)
+        study_id = storage.get_study_id_from_name(study_name)
+    except (KeyError, OperationalError, ProgrammingError):
+        return None
+    return list(storage.get_all_trials(study_id, deepcopy=False))
+
+
+def _searched_hyperparameters(config: dict[str, Any]) -> set[str] | None:
+    """The names Optuna suggests: the stored space's non-constant hyperparameters.
+
+    Parsed with the config's own types and :func:`searcher.space.distributions`, so what
+    counts as searched is decided in one place. None when the stored space does not parse.
+    """
+    from pydantic import TypeAdapter, ValidationError
+
+    from searcher.config import Hyperparameter
+    from searcher.space import distributions
+
+    try:
+        parsed = TypeAdapter(dict[str, Hyperparameter]).validate_python(
+            config.get("hyperparameters") or {}
+        )
+    except ValidationError:
+        return None
+    return set(distributions(parsed))
+
+
+def _same_value(optuna_value: float | None, ours: float) -> bool:
+    if optuna_value is None:
+        return False
+    return math.isclose(optuna_value, ours, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def _completion_problems(trials: Iterable[Trial]) -> list[str]:
+    problems = []
+    for trial in trials:
+        if trial.state != TrialState.COMPLETED:
+            continue
+        if trial.finished_at is None:
+            problems.append(f"trial {trial.id}: COMPLETED without a completion record")
+        if trial.searcher_metric_value is None:
+            problems.append(f"trial {trial.id}: COMPLETED without a searcher metric value")
+    return problems
+
+
+def _closed_experiment_problems(experiment: Experiment, trials: Iterable[Trial]) -> list[str]:
+    if experiment.state not in _CLOSED:
+        return []
+    return [
+        f"trial {t.id}: {t.state.value} in experiment {experiment.id}, which is "
+        f"{experiment.state.value}"
+        for t in trials
+        if not t.state.is_terminal
+    ]
+
+
+# ----------------------------------------------------------------- nothing recorded twice
+def _duplicate_metric_problems(session: Session, trial_ids: ScalarSelect[int]) -> list[str]:
+    rows = session.execute(
+        select(Metric.trial_id, Metric.step, Metric.kind, Metric.name, func.count())
+        .where(Metric.trial_id.in_(trial_ids))
+        .group_by(Metric.trial_id, Metric.step, Metric.kind, Metric.name)
+        .having(func.count() > 1)
+        .order_by(Metric.trial_id, Metric.step, Metric.name)
+    ).all()
+    return [
+        f"trial {trial_id}: metric {kind.value} '{name}' at step {step} recorded {count} times"
+        for trial_id, step, kind, name, count in rows
+    ]
+
+
+def _duplicate_timing_problems(session: Session, trial_ids: ScalarSelect[int]) -> list[str]:
+    key = (Timing.trial_id, Timing.name, Timing.start_step, Timing.end_step)
+    rows = session.execute(
+        select(*key, func.count())
+        .where(Timing.trial_id.in_(trial_ids))
+        .group_by(*key)
+        .having(func.count() > 1)
+        .order_by(*key)
+    ).all()
+    return [
+        f"trial {trial_id}: timing '{name}' of steps {start}-{end} recorded {count} times"
+        for trial_id, name, start, end, count in rows
+    ]
+
+
+def _duplicate_checkpoint_problems(checkpoints: Iterable[Checkpoint]) -> list[str]:
+    counts: dict[tuple[int, int], int] = defaultdict(int)
+    for checkpoint in checkpoints:
+        counts[checkpoint.trial_id, checkpoint.step] += 1
+    return [
+        f"trial {trial_id}: {count} checkpoints at step {step}"
+        for (trial_id, step), count in counts.items()
+        if count > 1
+    ]
+
+
+def _restart_problems(runs: Iterable[TrialRun], checkpoints: Sequence[Checkpoint]) -> list[str]:
+    """Relaunches that started from step 0 although a checkpoint existed before them."""
+    created: dict[int, list[dt.datetime]] = defaultdict(list)
+    for checkpoint in checkpoints:
+        created[checkpoint.trial_id].append(checkpoint.created_at)
+    problems = []
+    for run in runs:
+        if run.attempt == 0 or run.restored_from_checkpoint is not None:
+            continue
+        earlier = [moment for moment in created[run.trial_id] if moment < run.started_at]
+        if earlier:
+            problems.append(
+                f"trial {run.trial_id}: attempt {run.attempt} started from step 0 although "
+                f"{len(earlier)} checkpoint(s) existed before it"
+            )
+    return problems
+
+
+# ----------------------------------------------------------------- nothing runs twice at once
+def _attempt_overlaps(runs: Sequence[TrialRun], processes: Iterable[TrialProcess]) -> list[str]:
+    """Consecutive attempts of a trial where the earlier one had not ended when the next began.
+
+    Both the run rows and the process rows are compared: the earlier attempt's processes
+    must all have ended (an unset ``ended_at`` means "maybe still running") no later than
+    the first process of the next attempt started, or than the next run's start when it
+    recorded no process.
+    """
+    by_attempt: dict[tuple[int, int], list[TrialProcess]] = defaultdict(list)
+    for process in processes:
+        by_attempt[process.trial_id, process.attempt].append(process)
+    by_trial: dict[int, list[TrialRun]] = defaultdict(list)
+    for run in runs:
+        by_trial[run.trial_id].append(run)
+    problems = []
+    for trial_id, attempts in by_trial.items():
+        for earlier, later in itertools.pairwise(attempts):
+            reasons = []
+            if earlier.ended_at is None:
+                reasons.append("its run never ended")
+            elif earlier.ended_at > later.started_at:
+                reasons.append(f"its run ended at {earlier.ended_at}")
+            next_processes = by_attempt[trial_id, later.attempt]
+            next_start = min((p.started_at for p in next_processes), default=later.started_at)
+            for process in by_attempt[trial_id, earlier.attempt]:
+                if process.ended_at is None:
+                    reasons.append(f"{_describe(process)} never ended")
+                elif process.ended_at > next_start:
+                    reasons.append(f"{_describe(process)} ended at {process.ended_at}")
+            if reasons:
+                problems.append(
+                    f"trial {trial_id}: attempt {earlier.attempt} overlaps attempt "
+                    f"{later.attempt} (started {next_start}): {'; '.join(reasons)}"
+                )
+    return problems
+
+
+def _slot_overlaps(session: Session, chosen_trials: set[int]) -> list[str]:
+    """Ranks of two different trials on one (agent, slot) at the same time."""
+    ranks = session.scalars(
+        select(TrialProcess)
+        .where(TrialProcess.role == ProcessRole.RANK)
+        .order_by(TrialProcess.started_at, TrialProcess.id)
+    )
+    now = utcnow()
+    by_slot: dict[tuple[str, int], list[TrialProcess]] = defaultdict(list)
+    for process in ranks:
+        for slot in process.slots:
+            by_slot[process.agent, int(slot)].append(process)
+    problems = []
+    for (agent, slot), users in by_slot.items():
+        for i, first in enumerate(users):
+            first_end = first.ended_at or now
+            # Sorted by start: once a later process starts after ``first`` ended, so do the rest.
+            for second in users[i + 1 :]:
+                if second.started_at >= first_end:
+                    break
+                if second.trial_id == first.trial_id:
+                    continue
+                if not {first.trial_id, second.trial_id} & chosen_trials:
+                    continue
+                problems.append(
+                    f"slot {slot} of agent '{agent}': {_describe(first)} and "
+                    f"{_describe(second)} held it at the same time (from {second.started_at})"
+                )
+    return problems
+
+
+def _describe(process: TrialProcess) -> str:
+    what = process.role.value if process.rank is None else f"rank {process.rank}"
+    return f"{what} (pid {process.pid}) of trial {process.trial_id} attempt {process.attempt}"

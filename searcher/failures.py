@@ -1,0 +1,94 @@
+"""What a failed trial tells the driver: the reason, whether a restart can help, when to stop.
+
+Restarts are for bad luck (a rank killed, a node lost, a transient error after the
+trial made progress). A bug is not bad luck: when every rank of a run failed with the
+same exception before completing a step (the trial's constructor, its data loaders,
+its first batch), running it again fails the same way, so the trial is not restarted.
+When the first ``fail_fast_trials`` trials of an experiment all failed with the same
+error and none has succeeded, the experiment stops with state ERROR instead of spending
+the rest of its budget on the same mistake.
+
+Pure functions over plain records; the driver reads the rows and acts.
+
+Example:
+    >>> f = FailureRecord(rank=0, exception_type="ValueError", message="bad", steps_completed=0)
+    >>> verdict = judge_run([f, FailureRecord(1, "ValueError", "bad", 0)], world_size=2)
+    >>> verdict.deterministic, verdict.reason
+    (True, 'ValueError: bad (rank 0)')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FailureRecord:
+    """How one rank failed (a ``storage.TrialFailure`` row, in the order recorded)."""
+
+    rank: int
+    exception_type: str
+    message: str
+    steps_completed: int
+
+    @property
+    def signature(self) -> tuple[str, str]:
+        return (self.exception_type, self.message)
+
+
+@dataclass(frozen=True)
+class RunVerdict:
+    """The reason to show for a failed run, and whether restarting it is pointless."""
+
+    reason: str
+    deterministic: bool
+    signature: tuple[str, str] | None = None
+
+
+def judge_run(failures: Sequence[FailureRecord], *, world_size: int) -> RunVerdict | None:
+    """The verdict on a run whose ranks recorded ``failures``; None when none recorded one.
+
+    The reason is the first failing rank's exception (the others often only saw it
+    leave). Deterministic means every rank recorded the same exception and none had
+    completed a step.
+    """
+    if not failures:
+        return None
+    first = failures[0]
+    reason = f"{first.exception_type}: {first.message} (rank {first.rank})"
+    ranks = {f.rank for f in failures}
+    deterministic = (
+        len(ranks) >= world_size
+        and all(f.steps_completed == 0 for f in failures)
+        and len({f.signature for f in failures}) == 1
+    )
+    return RunVerdict(reason=reason, deterministic=deterministic, signature=first.signature)
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """One trial of an experiment, in the order the search asked for them."""
+
+    number: int
+    succeeded: bool | None  # None: not finished yet
+    failure_signature: tuple[str, str] | str | None = None
+
+
+def fail_fast_reason(outcomes: Sequence[TrialOutcome], limit: int) -> str | None:
+    """Why the experiment should stop now, or None.
+
+    It stops when no trial has succeeded and the first ``limit`` trials (by number)
+    all failed with the same error. ``limit`` 0 turns this off.
+    """
+    if limit <= 0 or any(o.succeeded for o in outcomes):
+        return None
+    first = sorted(outcomes, key=lambda o: o.number)[:limit]
+    if len(first) < limit or any(o.succeeded is not False for o in first):
+        return None
+    signatures = {o.failure_signature for o in first}
+    if len(signatures) != 1 or None in signatures:
+        return None
+    (signature,) = signatures
+    shown = ": ".join(signature) if isinstance(signature, tuple) else signature
+    return f"the first {limit} trials all failed with the same error and none succeeded: {shown}"

@@ -1,0 +1,247 @@
+"""What ``list``, ``describe``, ``task list`` and ``agents`` show: rows, then tables.
+
+Each command gathers plain rows first (dicts of JSON types, full precision: what
+``--json`` prints) and renders the same rows as a rich table for a terminal, so the
+two outputs never disagree. Tables take the console's width: short columns never
+wrap, hyperparameter lists fold onto more lines, and floats show 4 significant
+digits (the JSON keeps every digit).
+
+Example:
+    >>> format_value(0.03833332156156663), format_value(12), format_value("adamw")
+    ('0.03833', '12', 'adamw')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from rich import box
+from rich.table import Table
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from searcher.experiments import best_trials, trial_counts
+from storage import Checkpoint, CheckpointState, Experiment, Trial
+from trials.labels import trial_label
+
+if TYPE_CHECKING:
+    from trials.allocations import SlotHolder
+    from trials.scheduler import Cluster
+
+# Columns of ids, states and counts: never wrapped, never cut (the text column folds).
+_SHORT: dict[str, Any] = {"no_wrap": True}
+_FOLD: dict[str, Any] = {"overflow": "fold", "ratio": 1}
+
+
+def _table(title: str) -> Table:
+    """A table that leaves its width to the data: a rule under the header, no frame,
+    one space between columns, so 80 columns hold the counts and still fold text."""
+    return Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False)
+
+
+def format_value(value: object) -> str:
+    """A table cell: floats with 4 significant digits, None as ``-``, the rest as is."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def format_hparams(hparams: Mapping[str, Any]) -> str:
+    """``name=value`` pairs sorted by name, floats shortened as in every table cell."""
+    return ", ".join(f"{k}={format_value(v)}" for k, v in sorted(hparams.items()))
+
+
+# ----------------------------------------------------------------------- list
+def experiment_rows(session: Session) -> list[dict[str, Any]]:
+    """One row per experiment: state, trial counts and the best searcher metric value."""
+    rows = []
+    for experiment in session.scalars(select(Experiment).order_by(Experiment.id)):
+        counts = trial_counts(session, experiment.id)
+        best = best_trials(session, experiment, limit=1)
+        rows.append(
+            {
+                "id": experiment.id,
+                "name": experiment.name,
+                "state": experiment.state.value,
+                "trials": counts.total,
+                "max_trials": experiment.max_trials,
+                "running": counts.running,
+                "completed": counts.completed,
+                "pruned": counts.pruned,
+                "failed": counts.errored,
+                "metric": experiment.config["searcher"]["metric"],
+                "best": best[0].searcher_metric_value if best else None,
+            }
+        )
+    return rows
+
+
+def experiments_table(rows: Sequence[Mapping[str, Any]]) -> Table:
+    table = _table("Experiments")
+    table.add_column("id", **_SHORT)
+    table.add_column("name", overflow="fold")
+    for column in ("state", "trials", "running", "completed", "pruned", "failed", "best"):
+        table.add_column(column, **_SHORT)
+    for row in rows:
+        table.add_row(
+            str(row["id"]),
+            row["name"],
+            row["state"],
+            f"{row['trials']}/{row['max_trials']}",
+            str(row["running"]),
+            str(row["completed"]),
+            str(row["pruned"]),
+            str(row["failed"]),
+            format_value(row["best"]),
+        )
+    return table
+
+
+# ------------------------------------------------------------------- describe
+def describe_rows(session: Session, experiment: Experiment) -> dict[str, Any]:
+    """The experiment and each of its trials, numbered as Optuna numbers them."""
+    latest = (
+        select(Checkpoint.trial_id, func.max(Checkpoint.step).label("step"))
+        .where(Checkpoint.state == CheckpointState.COMPLETED)
+        .group_by(Checkpoint.trial_id)
+        .subquery()
+    )
+    found = session.execute(
+        select(Trial, latest.c.step)
+        .outerjoin(latest, latest.c.trial_id == Trial.id)
+        .where(Trial.experiment_id == experiment.id)
+        .order_by(Trial.optuna_trial_number)
+    ).all()
+    metric = experiment.config["searcher"]["metric"]
+    trials = [
+        {
+            "trial": trial_label(experiment.id, trial.optuna_trial_number),
+            "number": trial.optuna_trial_number,
+            "state": trial.state.value,
+            metric: trial.searcher_metric_value,
+            "batches": trial.total_batches,
+            "restarts": trial.restarts,
+            "checkpoint_step": step,
+            "hyperparameters": dict(trial.hparams),
+            "error": trial.error,
+        }
+        for trial, step in found
+    ]
+    return {
+        "id": experiment.id,
+        "name": experiment.name,
+        "state": experiment.state.value,
+        "metric": metric,
+        "max_trials": experiment.max_trials,
+        "trials": trials,
+    }
+
+
+def trials_table(described: Mapping[str, Any]) -> Table:
+    metric = described["metric"]
+    table = _table(f"Experiment {described['id']}: {described['name']} ({described['state']})")
+    table.add_column("trial", **_SHORT)
+    table.add_column("state", **_SHORT)
+    table.add_column(metric, **_SHORT)
+    table.add_column("batches", **_SHORT)
+    table.add_column("restarts", **_SHORT)
+    table.add_column("checkpoint", **_SHORT)
+    table.add_column("hyperparameters", **_FOLD)
+    for row in described["trials"]:
+        step = row["checkpoint_step"]
+        table.add_row(
+            trial_label(None, row["number"]),
+            row["state"],
+            format_value(row[metric]),
+            str(row["batches"]),
+            str(row["restarts"]),
+            "-" if step is None else f"step {step}",
+            format_hparams(row["hyperparameters"]),
+        )
+    return table
+
+
+def failure_lines(described: Mapping[str, Any]) -> list[str]:
+    """``#N: reason`` for each failed trial, printed under the table of ``describe``."""
+    return [
+        f"{trial_label(None, row['number'])}: {row['error']}"
+        for row in described["trials"]
+        if row["state"] == "ERROR" and row["error"]
+    ]
+
+
+def best_trials_table(trials: Sequence[Trial], metric: str, title: str = "Best trials") -> Table:
+    """The best trials of one experiment with their hyperparameters and searcher metric."""
+    table = _table(title)
+    table.add_column("trial", **_SHORT)
+    table.add_column(metric, **_SHORT)
+    table.add_column("slots", **_SHORT)
+    table.add_column("hyperparameters", **_FOLD)
+    for trial in trials:
+        table.add_row(
+            trial_label(None, trial.optuna_trial_number),
+            format_value(trial.searcher_metric_value),
+            str(trial.slots_per_trial),
+            format_hparams(trial.hparams),
+        )
+    return table
+
+
+# ------------------------------------------------------------------ task list
+def task_rows(holders: Sequence[SlotHolder]) -> list[dict[str, Any]]:
+    """One row per slot with the experiment and trial holding it (None when free)."""
+    return [
+        {
+            "pool": h.pool,
+            "agent": h.agent,
+            "host": h.host,
+            "slot": h.slot,
+            "experiment": h.experiment_id,
+            "trial": (
+                None
+                if h.experiment_id is None or h.trial_number is None
+                else trial_label(h.experiment_id, h.trial_number)
+            ),
+        }
+        for h in holders
+    ]
+
+
+def tasks_table(rows: Sequence[Mapping[str, Any]]) -> Table:
+    table = _table("Tasks")
+    for column in ("pool", "agent", "host"):
+        table.add_column(column, overflow="fold")
+    for column in ("slot", "experiment", "trial"):
+        table.add_column(column, **_SHORT)
+    for row in rows:
+        table.add_row(
+            row["pool"],
+            row["agent"],
+            row["host"],
+            str(row["slot"]),
+            format_value(row["experiment"]),
+            format_value(row["trial"]),
+        )
+    return table
+
+
+# --------------------------------------------------------------------- agents
+def agents_table(cluster: Cluster, busy: Mapping[tuple[str, str], int] | None) -> Table:
+    """Agents by pool; ``busy`` (slots held per (pool, agent)) adds a column when known."""
+    table = _table("Agents")
+    for column in ("pool", "agent", "host", "slots"):
+        table.add_column(column, overflow="fold")
+    if busy is not None:
+        table.add_column("in use", **_SHORT)
+    table.add_column("heterogeneous fits", **_SHORT)
+    table.add_column("fitting policy", **_SHORT)
+    for pool, agent in cluster.agents:
+        cells = [pool.name, agent.name, agent.host, ",".join(str(s) for s in agent.slots)]
+        if busy is not None:
+            cells.append(str(busy.get((pool.name, agent.name), 0)))
+        cells += [str(pool.allowing_heterogeneous_fits).lower(), pool.fitting_policy]
+        table.add_row(*cells)
+    return table

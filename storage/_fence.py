@@ -1,0 +1,82 @@
+"""Attempt fencing: only a trial's current attempt may write what the trial recorded.
+
+A driver that restarts a trial (a crash, a hang, a resume after the driver died) adds a
+``TrialRun`` with the next attempt number; one that gives up on a run sets its
+``ended_at``. Processes of the older attempt may still be alive (an orphaned rank), and
+whatever they write would mix into the new attempt's timeline: metrics, timings, a
+result, checkpoints, and worst, retention deleting the checkpoint the new attempt is
+restoring from. So every transaction a rank commits starts with :func:`claim_attempt`,
+which refuses it when the attempt has been superseded and otherwise stamps the run's
+progress (the driver's hang detection reads ``progress_at``).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from storage._models import TrialRun, utcnow
+
+
+class AttemptSupersededError(RuntimeError):
+    """This attempt of the trial is no longer the one that may record anything."""
+
+    def __init__(self, trial_id: int, attempt: int, latest: int, ended: bool) -> None:
+        self.trial_id = trial_id
+        self.attempt = attempt
+        self.latest = latest
+        if ended:
+            message = (
+                f"attempt {attempt} of trial {trial_id} was ended by the driver; "
+                "stopping without recording"
+            )
+        else:
+            message = (
+                f"attempt {attempt} of trial {trial_id} was superseded by attempt {latest}; "
+                "stopping without recording"
+            )
+        super().__init__(message)
+
+
+def claim_attempt(
+    session: Session, trial_id: int, attempt: int, *, progress: bool = True
+) -> int | None:
+    """Check that ``attempt`` still owns ``trial_id`` and record its progress; its run id.
+
+    ``progress=False`` only checks: a writer whose writes do not mean the training
+    advances (the system-metrics sampler) must not hide a hung rank from the driver.
+
+    Call it first in the transaction whose writes it guards: when it raises
+    :class:`AttemptSupersededError` the caller's transaction must roll back. The update
+    comes before the check so that, on PostgreSQL, it waits for a driver ending this
+    run in a concurrent transaction and then sees that run's ``ended_at`` (SQLite's
+    ``BEGIN IMMEDIATE`` serialises the two anyway).
+
+    A trial with no run of ``attempt`` or later (a test or a hand-made spec, never a
+    driver's launch) is not fenced and has no run to stamp: ``None``.
+
+    Example:
+        >>> with session_scope(url) as session:  # doctest: +SKIP
+        ...     claim_attempt(session, trial_id=7, attempt=1)
+        ...     record_metrics(session, 7, 100, MetricKind.TRAINING, {"loss": 0.4})
+    """
+    if progress:
+        session.execute(
+            update(TrialRun)
+            .where(TrialRun.trial_id == trial_id, TrialRun.attempt == attempt)
+            .values(progress_at=utcnow())
+        )
+    # Uses the unique (trial_id, attempt) index; normally one row, this attempt's own.
+    rows = session.execute(
+        select(TrialRun.id, TrialRun.attempt, TrialRun.ended_at)
+        .where(TrialRun.trial_id == trial_id, TrialRun.attempt >= attempt)
+        .order_by(TrialRun.attempt.desc())
+    ).all()
+    if not rows:
+        return None
+    latest = rows[0]
+    if latest.attempt != attempt or latest.ended_at is not None:
+        raise AttemptSupersededError(
+            trial_id, attempt, latest.attempt, ended=latest.attempt == attempt
+        )
+    return int(latest.id)

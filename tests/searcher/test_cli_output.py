@@ -1,0 +1,159 @@
+"""What the CLI prints: 80-column tables and progress bar, JSON in full precision,
+one trial identity (``EXPERIMENT.NUMBER`` / ``#NUMBER``), names that must be unique."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from searcher.experiments import TrialCounts, UsageError, find_experiment
+from searcher.progress import SearchProgress
+from searcher.tables import (
+    describe_rows,
+    experiment_rows,
+    experiments_table,
+    task_rows,
+    tasks_table,
+    trials_table,
+)
+from storage import Experiment, Trial, TrialState, session_scope
+from tests.searcher.conftest import run_cli
+from tests.trials.test_control import make_experiment
+from trials.allocations import SlotHolder
+
+LR = 0.03833332156156663
+
+
+def render(renderable: object, width: int = 80) -> str:
+    console = Console(record=True, width=width, file=io.StringIO())
+    console.print(renderable)
+    return console.export_text()
+
+
+def assert_fits(text: str, width: int = 80) -> None:
+    assert all(len(line) <= width for line in text.splitlines()), text
+    assert "…" not in text, text
+
+
+@pytest.fixture
+def finished(db_url: str, tmp_path: Path) -> int:
+    """A COMPLETED experiment with long hyperparameter lists and an unrounded metric."""
+    experiment_id = make_experiment(db_url, tmp_path / "exp", "COMPLETED")
+    with session_scope(db_url) as session:
+        for trial in session.query(Trial).filter(Trial.experiment_id == experiment_id):
+            trial.hparams = {
+                "lr": LR,
+                "optimizer": "adamw",
+                "weight_decay": 1.2345678e-05,
+                "global_batch_size": 512,
+                "lr_decay": "cosine",
+                "warmup_epochs": 3,
+            }
+            if trial.state == TrialState.COMPLETED:
+                trial.searcher_metric_value = 0.123456789
+            else:
+                trial.state = TrialState.ERROR
+                trial.error = "ValueError: bad shape (rank 1)"
+    return experiment_id
+
+
+def test_list_and_describe_at_80_columns(db_url: str, finished: int) -> None:
+    with session_scope(db_url) as session:
+        listing = render(experiments_table(experiment_rows(session)))
+        described = describe_rows(session, find_experiment(session, str(finished)))
+    assert_fits(listing)
+    assert "0.1235" in listing and "COMPLETED" in listing and "2/2" in listing
+    table = render(trials_table(described))
+    assert_fits(table)
+    assert "lr=0.03833" in table and "0.03833332" not in table
+    assert "0.1235" in table
+    # The trial column shows the experiment's trial numbers; the long lists fold.
+    assert "#0" in table and "#1" in table
+    assert "warmup_epochs=3" in table.replace("\n", "").replace("│", "").replace(" ", "")
+    assert described["trials"][0]["trial"] == f"{finished}.0"
+
+
+def test_progress_bar_keeps_count_and_time_at_80_columns() -> None:
+    console = Console(record=True, width=80, file=io.StringIO())
+    with SearchProgress(total=32, metric="validation_loss", console=console) as progress:
+        progress.update(
+            TrialCounts(total=20, running=4, completed=12, pruned=2, errored=1), 0.0383333
+        )
+    text = console.export_text()
+    assert_fits(text)
+    assert "15/32" in text and "0:00:0" in text
+    assert "failed 1" in text and "0.03833" in text
+
+
+def test_task_list_names_trials_by_experiment_and_number() -> None:
+    holders = [
+        SlotHolder(
+            "default", "local", "127.0.0.1", 0, experiment_id=3, trial_id=35, trial_number=1
+        ),
+        SlotHolder("default", "local", "127.0.0.1", 1),
+    ]
+    rows = task_rows(holders)
+    assert [r["trial"] for r in rows] == ["3.1", None]
+    text = render(tasks_table(rows))
+    assert_fits(text)
+    assert "3.1" in text and "35" not in text
+
+
+def test_a_name_several_experiments_share_is_refused_with_their_ids(
+    db_url: str, tmp_path: Path
+) -> None:
+    first = make_experiment(db_url, tmp_path / "a", "COMPLETED")
+    second = make_experiment(db_url, tmp_path / "b", "COMPLETED")
+    with session_scope(db_url) as session:
+        name = session.get(Experiment, first).name  # type: ignore[union-attr]
+        with pytest.raises(UsageError, match=f"ids {first}, {second}"):
+            find_experiment(session, name)
+        assert find_experiment(session, str(second)).id == second
+
+
+@pytest.mark.slow
+def test_cli_json_quotes_db_and_control(
+    tmp_path: Path, cli_env: dict[str, str], db_url: str, finished: int
+) -> None:
+    env = {**cli_env, "COLUMNS": "80"}
+    db = ["--db", db_url]
+    listed = run_cli(["list", "--json", *db], env, tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout)[0]["best"] == 0.123456789
+    described = run_cli(["describe", str(finished), "--json", *db], env, tmp_path)
+    assert json.loads(described.stdout)["trials"][0]["hyperparameters"]["lr"] == LR
+    table = run_cli(["describe", str(finished), *db], env, tmp_path)
+    assert table.returncode == 0 and max(map(len, table.stdout.splitlines())) <= 80
+    assert "#1: ValueError: bad shape (rank 1)" in table.stdout
+    tasks = run_cli(["task", "list", "--json", "--slots", "2", *db], env, tmp_path)
+    assert [row["trial"] for row in json.loads(tasks.stdout)] == [None, None]
+    agents = run_cli(["agents", "--slots", "2", *db], env, tmp_path)
+    assert agents.returncode == 0 and "in use" in agents.stdout, agents.stderr
+    missing = run_cli(["describe", "digits-small-batch", *db], env, tmp_path)
+    assert missing.returncode == 2
+    assert missing.stderr.strip().endswith("'digits-small-batch'"), missing.stderr
+    # Control from a terminal: a never-started experiment is paused, then killed.
+    fresh = make_experiment(db_url, tmp_path / "fresh", "never-started")
+    paused = run_cli(["pause", str(fresh), *db], env, tmp_path)
+    assert paused.returncode == 0 and f"slotsweep resume {fresh}" in paused.stdout
+    killed = run_cli(["kill", str(fresh), *db], env, tmp_path)
+    assert killed.returncode == 0 and "CANCELED" in killed.stdout
+    again = run_cli(["pause", str(fresh), *db], env, tmp_path)
+    assert again.returncode == 2 and "already CANCELED" in again.stderr
+    assert "Traceback" not in again.stderr
+
+
+def test_summary_counts_failures_and_warns_when_some_succeeded(
+    db_url: str, finished: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from searcher.cli import _print_summary
+
+    _print_summary(db_url, finished, "COMPLETED")
+    out, err = capsys.readouterr()
+    assert f"experiment {finished} COMPLETED: 1 completed, 0 pruned, 1 failed" in out
+    assert f"warning: 1 of 2 trials failed; `slotsweep describe {finished}` shows why" in err
+    assert "#0" in out and "0.1235" in out  # the best trials, by number

@@ -1,0 +1,71 @@
+"""A search that fails tells the user why, at once, and does not retry a bug blindly."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from storage import (
+    Experiment,
+    ExperimentState,
+    Trial,
+    TrialFailure,
+    TrialRun,
+    TrialState,
+    session_scope,
+)
+from tests.searcher.conftest import run_cli, write_experiment
+
+pytestmark = pytest.mark.slow
+
+_BROKEN = textwrap.dedent(
+    """
+    from model import DigitsTrial
+
+
+    class BrokenTrial(DigitsTrial):
+        def __init__(self, context):
+            raise ValueError("the head expects 64 features, got 63")
+    """
+)
+
+
+def test_a_constructor_that_raises_is_not_restarted_and_the_experiment_stops(
+    tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    path = write_experiment(
+        tmp_path / "exp",
+        entrypoint="broken_model:BrokenTrial",
+        searcher={"max_trials": 8, "max_concurrent_trials": 1, "pruner": {"name": "none"}},
+        max_restarts=2,
+        fail_fast_trials=3,
+    )
+    (path.parent / "broken_model.py").write_text(_BROKEN)
+    db = f"sqlite:///{tmp_path / 'sweep.db'}"
+
+    result = run_cli(["run", str(path), "--db", db, "--no-progress"], cli_env, tmp_path)
+
+    assert result.returncode != 0, result.stderr[-3000:]
+    assert "ValueError: the head expects 64 features, got 63" in result.stderr
+    assert "first 3 trials all failed" in result.stderr
+    with session_scope(db) as session:
+        experiment = session.scalars(select(Experiment)).one()
+        assert experiment.state == ExperimentState.ERROR
+        trials = list(session.scalars(select(Trial).order_by(Trial.optuna_trial_number)))
+        first = trials[:3]
+        assert all(t.state == TrialState.ERROR for t in trials)
+        for trial in first:
+            assert "ValueError: the head expects 64 features, got 63" in (trial.error or "")
+            assert "not restarted" in (trial.error or "")
+            assert trial.restarts == 0
+        # One launch each, never a restart; the budget's other trials never ran.
+        runs = session.scalar(select(func.count()).select_from(TrialRun))
+        assert runs == 3
+        failure = session.scalars(select(TrialFailure).order_by(TrialFailure.id)).first()
+        assert failure is not None
+        assert failure.exception_type == "ValueError"
+        assert "__init__" in failure.traceback
+        assert failure.steps_completed == 0

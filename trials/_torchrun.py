@@ -1,0 +1,60 @@
+"""``torchrun`` whose own output lines carry ``[torchrun] ``: ``python -m trials._torchrun ARGS``.
+
+Every line of a trial's log says who wrote it: ranks prefix theirs with ``[rank N] ``
+(:mod:`trials.worker`), the driver its own with ``[slotsweep] ``, and this wrapper
+prefixes torchrun's (its logging, its error summary) with ``[torchrun] ``. The prefixing
+happens in this process, not through a pipe to the driver: the driver may die while
+the trial runs, and a broken pipe would take ``torchrun`` down with it.
+
+The wrapper runs ``torch.distributed.run.main`` in-process, so it *is* the trial's
+``torchrun`` (the driver records its pid as such, stopping it stops the attempt, and
+the ranks, its children, die with it through ``PR_SET_PDEATHSIG``). Its prefixer child
+exits once the wrapper is gone (the pipe's last writer). Ranks write to the log itself,
+not through this prefixer: the wrapper keeps a descriptor of the original output open
+and names it to them in ``SLOTSWEEP_LOG_TARGET`` (torchrun starts ranks with
+``close_fds``, so a path, ``/proc/PID/fd/N``, travels where a descriptor would not).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+from trials._prefix import LOG_TARGET_ENV_VAR, prefix_output, stop_prefixing
+
+PREFIX = "[torchrun] "
+# Ranks check that their parent is still this process once they have asked to die
+# with it (trials.worker.die_with_parent): one that died first is not waited for.
+PID_ENV_VAR = "SLOTSWEEP_TORCHRUN_PID"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run torchrun with ``argv`` (default: this process's arguments); its exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if sys.platform.startswith("linux") and os.path.isdir(f"/proc/{os.getpid()}/fd"):
+        # Kept open (and unused) for the whole run: the ranks reopen it by this path.
+        original = os.dup(1)
+        os.environ[LOG_TARGET_ENV_VAR] = f"/proc/{os.getpid()}/fd/{original}"
+    os.environ[PID_ENV_VAR] = str(os.getpid())
+    prefixer = prefix_output(PREFIX)
+    try:
+        from torch.distributed.run import main as torchrun_main
+
+        torchrun_main(args)
+        return 0
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else 1
+    except BaseException:
+        # torchrun's own failure (a rank failed: its error summary), printed prefixed,
+        # as ``python -m torch.distributed.run`` would print it.
+        import traceback
+
+        traceback.print_exc()
+        return 1
+    finally:
+        stop_prefixing(*prefixer)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""The database side of a trial attempt's processes: record them, end them, confirm them gone.
+
+Every process of an attempt has a ``storage.TrialProcess`` row: the driver writes the
+``torchrun`` rows at launch, rank 0 writes one row per rank once the process group
+has formed. A row's ``ended_at`` is set only when a process is confirmed gone, and a
+run's ``ended_at`` only when all of its processes are. These facts are what let any
+later driver act safely after a crash:
+
+- :func:`end_run` ends every leftover process of a run (recorded pids, checked
+  against their kernel start time, plus anything carrying the run's launch token)
+  before the trial's next attempt starts, so two attempts never overlap;
+- :func:`trial_processes_gone` tells the slot ledger whether an expired lease may be
+  released, so a slot is never given to a second trial while the first still runs
+  on it.
+
+Example:
+    >>> with session_scope(url) as session:  # doctest: +SKIP
+    ...     gone = end_run(session, run, reason="driver stopped")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from sqlalchemy import select
+
+from storage import ProcessRole, TrialProcess, TrialRun, utcnow
+from trials.processes import (
+    ProcessRef,
+    end_processes,
+    is_alive,
+    is_local_host,
+    processes_with_token,
+)
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from trials.launcher import TrialProcesses
+
+
+def record_launch(session: Session, run: TrialRun, processes: TrialProcesses) -> None:
+    """Add a TORCHRUN row for each agent's ``torchrun`` of ``run``."""
+    for command, ref in zip(processes.commands, processes.refs, strict=True):
+        session.add(
+            TrialProcess(
+                run_id=run.id,
+                trial_id=run.trial_id,
+                attempt=run.attempt,
+                role=ProcessRole.TORCHRUN,
+                agent=command.agent,
+                host=command.host,
+                slots=list(command.slots),
+                pid=ref.pid,
+                create_time=ref.create_time,
+            )
+        )
+
+
+def _open_rows(session: Session, run_ids: Sequence[int]) -> list[TrialProcess]:
+    if not run_ids:
+        return []
+    return list(
+        session.scalars(
+            select(TrialProcess).where(
+                TrialProcess.run_id.in_(run_ids), TrialProcess.ended_at.is_(None)
+            )
+        )
+    )
+
+
+def _ref(row: TrialProcess) -> ProcessRef:
+    return ProcessRef(row.host, row.pid, row.create_time)
+
+
+def end_run(
+    session: Session, run: TrialRun, *, reason: str | None = None, grace_s: float = 0.0
+) -> bool:
+    """End every process of ``run`` still alive on this machine; whether all are gone.
+
+    Marks the confirmed-gone process rows and, when none is left, the run itself
+    (``ended_at``, and ``reason`` if the run had none). A process on another host
+    cannot be ended here: the run stays open and False is returned.
+    """
+    rows = _open_rows(session, [run.id])
+    remote = [row for row in rows if not is_local_host(row.host)]
+    survivors = end_processes(
+        [_ref(row) for row in rows if is_local_host(row.host)],
+        token=run.launch_token,
+        grace_s=grace_s,
+    )
+    now = utcnow()
+    still = {p.pid for p in survivors}
+    for row in rows:
+        if is_local_host(row.host) and row.pid not in still:
+            row.ended_at = now
+    if survivors or remote:
+        return False
+    if run.ended_at is None:
+        run.ended_at = now
+        if reason and not run.reason:
+            run.reason = reason
+    return True
+
+
+def trial_processes_gone(session: Session, trial_id: int) -> bool:
+    """Whether no process of any attempt of ``trial_id`` runs (confirmed, not assumed).
+
+    Process rows found dead are marked ended. A process on another host counts as
+    running: this machine cannot see it.
+    """
+    runs = list(session.scalars(select(TrialRun).where(TrialRun.trial_id == trial_id)))
+    rows = _open_rows(session, [run.id for run in runs])
+    now = utcnow()
+    gone = True
+    for row in rows:
+        alive = is_alive(_ref(row))
+        if alive is False:
+            row.ended_at = now
+        else:
+            gone = False
+    if gone:
+        for run in runs:
+            if (
+                run.ended_at is None
+                and run.launch_token
+                and processes_with_token(run.launch_token)
+            ):
+                gone = False
+    return gone
+
+
+def open_runs(session: Session, trial_id: int) -> list[TrialRun]:
+    """The runs of ``trial_id`` not yet confirmed ended, oldest first."""
+    return list(
+        session.scalars(
+            select(TrialRun)
+            .where(TrialRun.trial_id == trial_id, TrialRun.ended_at.is_(None))
+            .order_by(TrialRun.attempt)
+        )
+    )

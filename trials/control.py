@@ -1,0 +1,184 @@
+"""Pause, activate and kill an experiment: the one path the CLI and the UI both take.
+
+A running experiment has a driver that polls ``Experiment.requested_action``; a
+request is written there and the driver carries it out (pause: running trials
+checkpoint and stop; kill: they stop now and the experiment is CANCELED). An
+experiment with no live driver (created with ``--detach`` and never started, or
+paused, or whose driver died) is changed here directly, so that a request is never
+silently lost: a paused experiment stays paused until ``slotsweep resume``, and a
+killed one is CANCELED with its unfinished trials failed, in this database and in
+its Optuna study alike.
+
+Example:
+    >>> request_action("sqlite:///slotsweep.db", 3, "pause")  # doctest: +SKIP
+    'Experiment 3 paused (no driver was running); `slotsweep resume 3` continues it.'
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from storage import (
+    Experiment,
+    ExperimentState,
+    Trial,
+    TrialState,
+    optuna_storage,
+    session_scope,
+    utcnow,
+)
+from trials import allocations
+from trials.attempts import end_run, open_runs
+
+ACTIONS = ("pause", "kill", "activate")
+# A driver that has not written its heartbeat for this long is taken as dead.
+DRIVER_STALE_AFTER_S = 20.0
+# Seconds a leftover rank of a dead driver gets to exit after SIGTERM before SIGKILL.
+_KILL_GRACE_S = 5.0
+
+
+class ActionRefused(Exception):
+    """The action cannot apply to the experiment in its state; the message says why."""
+
+
+def driver_alive(experiment: Experiment) -> bool:
+    """Whether a driver still owns ``experiment`` (fresh heartbeat, live pid if local)."""
+    if experiment.driver_heartbeat_at is None:
+        return False
+    age = (utcnow() - experiment.driver_heartbeat_at).total_seconds()
+    if age > DRIVER_STALE_AFTER_S:
+        return False
+    if experiment.driver_host == socket.gethostname() and experiment.driver_pid:
+        try:
+            os.kill(experiment.driver_pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+    return True
+
+
+def request_action(db_url: str, experiment_id: int, action: str) -> str:
+    """Carry out ``action`` (pause, activate or kill) on an experiment; what happened, in words.
+
+    Raises:
+        ValueError: ``action`` is not one of :data:`ACTIONS`.
+        ActionRefused: no such experiment, or it has ended (the message names its state).
+    """
+    if action not in ACTIONS:
+        raise ValueError(f"action: must be one of {', '.join(ACTIONS)}, got {action!r}")
+    study_name: str | None = None
+    with session_scope(db_url) as session:
+        experiment = session.get(Experiment, experiment_id)
+        if experiment is None:
+            raise ActionRefused(f"Experiment {experiment_id} does not exist.")
+        if experiment.state.is_terminal:
+            raise ActionRefused(_terminal_message(experiment, action))
+        if driver_alive(experiment):
+            message = _ask_driver(experiment, action)
+        elif action == "kill":
+            _cancel(session, experiment)
+            study_name = experiment.study_name
+            message = (
+                f"Experiment {experiment_id} killed: it is CANCELED and its unfinished "
+                "trials are failed (no driver was running)."
+            )
+        elif action == "pause":
+            message = _pause_without_driver(experiment)
+        else:
+            message = (
+                f"Experiment {experiment_id} is {experiment.state.value} with no driver; "
+                f"`slotsweep resume {experiment_id}` runs it (its trials continue from "
+                "their latest checkpoints)."
+            )
+    if study_name is not None:
+        # Optuna uses its own connection: after our commit, never inside our transaction.
+        _fail_open_optuna_trials(db_url, study_name)
+    return message
+
+
+def _terminal_message(experiment: Experiment, action: str) -> str:
+    text = f"Experiment {experiment.id} is already {experiment.state.value}; nothing to do."
+    if action == "activate" and experiment.state == ExperimentState.COMPLETED:
+        text += (
+            f" `slotsweep continue {experiment.id} --more-trials K` extends it with K more trials."
+        )
+    return text
+
+
+def _ask_driver(experiment: Experiment, action: str) -> str:
+    driver = f"its driver (pid {experiment.driver_pid} on {experiment.driver_host})"
+    if action == "activate":
+        if experiment.requested_action == "pause":
+            # Withdrawn in time only if the driver has not read it yet; say so.
+            experiment.requested_action = None
+            return (
+                f"Experiment {experiment.id}: pause request withdrawn; if {driver} had "
+                f"already begun pausing, `slotsweep resume {experiment.id}` continues it "
+                "once it is PAUSED."
+            )
+        return f"Experiment {experiment.id} is already running under {driver}; nothing to do."
+    if experiment.requested_action == "kill" and action == "pause":
+        return f"Experiment {experiment.id}: a kill is already requested; it outranks a pause."
+    experiment.requested_action = action
+    then = (
+        "running trials checkpoint and stop, then it is PAUSED"
+        if action == "pause"
+        else "running trials stop now, then it is CANCELED"
+    )
+    return f"Requested {action} of experiment {experiment.id}; {driver} acts on it at its next poll ({then})."
+
+
+def _pause_without_driver(experiment: Experiment) -> str:
+    if experiment.state == ExperimentState.PAUSED:
+        return (
+            f"Experiment {experiment.id} is already PAUSED; "
+            f"`slotsweep resume {experiment.id}` continues it."
+        )
+    experiment.state = ExperimentState.PAUSED
+    experiment.requested_action = None
+    return (
+        f"Experiment {experiment.id} paused (no driver was running); "
+        f"`slotsweep resume {experiment.id}` continues it."
+    )
+
+
+def _cancel(session: Session, experiment: Experiment) -> None:
+    """CANCEL a driverless experiment: end leftovers, free slots, fail unfinished trials."""
+    now = utcnow()
+    for trial in session.scalars(
+        select(Trial).where(
+            Trial.experiment_id == experiment.id,
+            Trial.state.in_([TrialState.QUEUED, TrialState.RUNNING]),
+        )
+    ):
+        # A dead driver may have left ranks running; they would hold their slots.
+        for run in open_runs(session, trial.id):
+            end_run(session, run, reason="experiment killed", grace_s=_KILL_GRACE_S)
+        allocations.release(session, trial.id)
+        trial.error = (
+            "experiment killed before the trial ran"
+            if trial.state == TrialState.QUEUED and trial.started_at is None
+            else "killed by user"
+        )
+        trial.state = TrialState.ERROR
+        trial.ended_at = now
+    experiment.state = ExperimentState.CANCELED
+    experiment.requested_action = None
+    experiment.ended_at = now
+
+
+def _fail_open_optuna_trials(db_url: str, study_name: str) -> None:
+    """Tell Optuna FAIL for the study's trials still RUNNING or WAITING (enqueued)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = optuna_storage(db_url)
+    study_id = storage.get_study_id_from_name(study_name)
+    open_states = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
+    for frozen in storage.get_all_trials(study_id, deepcopy=False, states=open_states):
+        storage.set_trial_state_values(frozen._trial_id, state=optuna.trial.TrialState.FAIL)

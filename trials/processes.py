@@ -1,0 +1,166 @@
+"""The operating-system processes of a trial: who they are, whether they live, ending them.
+
+A trial attempt is a handful of processes: one ``torchrun`` per agent, and under each
+of them one process per rank, which torch's elastic agent starts in a session of its
+own (so signalling ``torchrun``'s process group misses them), each with a line
+prefixer and perhaps DataLoader workers of its own. They are one unit: ending a trial
+ends every one of them, and a slot is free only once all of them are gone.
+
+A process is named by :class:`ProcessRef`: host, pid and the kernel's start time.
+Comparing the start time is what makes a pid safe to act on after a driver crash:
+the pid of a long-dead rank may belong to someone else's process by then. Every
+process of an attempt also carries the attempt's launch token in its environment
+(:data:`LAUNCH_TOKEN_ENV_VAR`), which finds processes whose pid was never recorded
+(a driver killed between starting ``torchrun`` and writing its pid).
+
+Only processes on this machine can be checked or signalled here; for a process on
+another host :func:`is_alive` answers ``None`` (unknown), and its executor decides.
+
+Example:
+    >>> me = ProcessRef.of(os.getpid())
+    >>> is_alive(me)
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import psutil
+
+LAUNCH_TOKEN_ENV_VAR = "SLOTSWEEP_LAUNCH_TOKEN"
+_LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+# psutil derives start times from boot time and clock ticks; a clock adjustment can
+# shift them a little, while a reused pid starts at least this much later.
+_START_TIME_TOLERANCE_S = 1.0
+
+
+def is_local_host(host: str) -> bool:
+    """Whether ``host`` names this machine."""
+    return host in _LOCAL_HOSTS or host in {socket.gethostname(), socket.getfqdn()}
+
+
+@dataclass(frozen=True)
+class ProcessRef:
+    """One process, named so that a reused pid is never mistaken for it."""
+
+    host: str
+    pid: int
+    create_time: float
+
+    @classmethod
+    def of(cls, pid: int, host: str | None = None) -> ProcessRef:
+        """The reference of the live local process ``pid`` (raises if it is gone)."""
+        return cls(host or socket.gethostname(), pid, psutil.Process(pid).create_time())
+
+    def local_process(self) -> psutil.Process | None:
+        """The live process this names on this machine, or None (gone or elsewhere)."""
+        if not is_local_host(self.host):
+            return None
+        try:
+            process = psutil.Process(self.pid)
+            if abs(process.create_time() - self.create_time) > _START_TIME_TOLERANCE_S:
+                return None  # the pid was reused
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return None
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return None
+        return process
+
+
+def is_alive(ref: ProcessRef) -> bool | None:
+    """True while ``ref`` runs; False once it is gone; None for another host's process."""
+    if not is_local_host(ref.host):
+        return None
+    return ref.local_process() is not None
+
+
+def processes_with_token(token: str) -> list[psutil.Process]:
+    """Live local processes whose environment carries launch token ``token``."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if (
+                process.environ().get(LAUNCH_TOKEN_ENV_VAR) == token
+                and process.status() != psutil.STATUS_ZOMBIE
+            ):
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def _with_descendants(processes: Iterable[psutil.Process]) -> list[psutil.Process]:
+    seen: dict[int, psutil.Process] = {}
+    for process in processes:
+        seen.setdefault(process.pid, process)
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            for child in process.children(recursive=True):
+                seen.setdefault(child.pid, child)
+    return list(seen.values())
+
+
+def _signal(process: psutil.Process, sig: int) -> None:
+    with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+        # A session or group leader takes its whole group with it (the rank's line
+        # prefixer, DataLoader workers), including members already reparented.
+        if os.getpgid(process.pid) == process.pid:
+            os.killpg(process.pid, sig)
+        process.send_signal(sig)
+
+
+def _living(processes: Iterable[psutil.Process]) -> list[psutil.Process]:
+    living = []
+    for process in processes:
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                living.append(process)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        except psutil.AccessDenied:
+            living.append(process)
+    return living
+
+
+def end_processes(
+    refs: Iterable[ProcessRef],
+    *,
+    token: str | None = None,
+    grace_s: float = 10.0,
+    kill_wait_s: float = 10.0,
+) -> list[psutil.Process]:
+    """End ``refs``, every process of launch ``token`` and all their descendants.
+
+    SIGTERM first (rank 0 commits what it queued, ``torchrun`` passes it on), SIGKILL
+    for whatever is left after ``grace_s`` (0 kills at once). Returns the local
+    processes still alive ``kill_wait_s`` after SIGKILL (normally none: a process
+    in uninterruptible sleep can outlast it); the caller must not free their slots.
+    """
+    roots = [p for p in (ref.local_process() for ref in refs) if p is not None]
+    if token is not None:
+        roots.extend(processes_with_token(token))
+    targets = _living(_with_descendants(roots))
+    if not targets:
+        return []
+    if grace_s > 0:
+        for process in targets:
+            _signal(process, signal.SIGTERM)
+        targets = _wait_gone(_with_descendants(targets), grace_s)
+    for process in targets:
+        _signal(process, signal.SIGKILL)
+    return _wait_gone(targets, kill_wait_s)
+
+
+def _wait_gone(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout_s
+    living = _living(processes)
+    while living and time.monotonic() < deadline:
+        time.sleep(0.05)
+        living = _living(living)
+    return living

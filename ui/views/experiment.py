@@ -1,0 +1,441 @@
+"""Experiment: progress, failures, learning curves, best trials, Optuna's plots, trials table."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+from storage import TrialState, redact_url
+from ui import _actions, _charts, _context, _curves, _logs, _plots, _queries
+
+st.title("Experiment")
+engine = _context.require_database()
+url = _context.db_url()
+
+choices = _queries.experiment_choices(engine)
+if not choices:
+    st.info("No experiments yet. Start one with `slotsweep run CONFIG`.")
+    st.stop()
+requested = _context.query_int("experiment")
+ids = [exp_id for exp_id, _ in choices]
+if requested is not None and requested not in ids:
+    summary_for_choice = _queries.experiment_summary(engine, requested)
+    if summary_for_choice is None:
+        st.warning(f"Experiment {requested} does not exist; showing the newest one.")
+        requested = None
+    else:
+        choices.insert(0, (requested, summary_for_choice.name))
+        ids.insert(0, requested)
+labels = {exp_id: f"{name} (#{exp_id})" for exp_id, name in choices}
+experiment_id = st.selectbox(
+    "Experiment",
+    ids,
+    index=ids.index(requested) if requested is not None else 0,
+    format_func=labels.__getitem__,
+)
+if experiment_id != requested:
+    st.query_params["experiment"] = str(experiment_id)
+
+
+@st.cache_resource(show_spinner=False)
+def _preload_importances() -> threading.Thread:
+    # Once per server process, off the page's thread (see preload_importance_backend).
+    thread = threading.Thread(
+        target=_plots.preload_importance_backend, name="slotsweep-preload", daemon=True
+    )
+    thread.start()
+    return thread
+
+
+_preload_importances()
+
+
+@st.cache_resource(ttl=3600, max_entries=4, show_spinner="Reading the Optuna study…")
+def _study(db: str, study_name: str, signature: _queries.StudySignature) -> Any:
+    # ``signature`` is in the key only: a study that changed gets a fresh copy.
+    return _plots.snapshot_study(db, study_name)
+
+
+@st.cache_resource(ttl=3600, max_entries=32, show_spinner=False)
+def _plot(
+    db: str,
+    study_name: str,
+    changes: tuple[Any, ...],
+    kind: str,
+    names: tuple[str, ...],
+    params: tuple[str, ...] | None,
+    _signature: _queries.StudySignature,
+) -> tuple[Any, str | None, str | None]:
+    # Keyed on what this plot depends on (``changes``), so e.g. parameter importances
+    # are not recomputed each time a running trial reports; ``_signature`` (not hashed)
+    # picks the study copy to draw from.
+    study = _study(db, study_name, _signature)
+    figure, reason = _plots.make_plot(study, kind, names, params)
+    return figure, reason, _plots.plot_caption(study, kind) if figure is not None else None
+
+
+# Up to this many trials the Experiment page draws Optuna's history straight away.
+_EAGER_PLOT_TRIALS = 2000
+_STATE_BADGE = {"COMPLETED": "green", "ACTIVE": "blue", "PAUSED": "orange", "ERROR": "red"}
+
+
+def _failures(summary: _queries.ExperimentSummary, failures: _queries.FailureSummary) -> None:
+    if failures.failed == 0:
+        return
+    total = summary.finished
+    headline = (
+        f"All {failures.failed} finished trials failed."
+        if failures.all_failed
+        else f"{failures.failed} of {total} finished trials failed."
+    )
+    if failures.reason is None:
+        st.error(headline + " They recorded no reason.")
+        return
+    log_path = _queries.failed_trial_log(engine, experiment_id, failures.reason)
+    detail = (
+        _logs.last_exception_line(_logs.tail_lines(log_path, 400))
+        if log_path is not None and Path(log_path).is_file()
+        else None
+    )
+    message = (
+        f"{headline} Commonest reason ({failures.reason_count} of {failures.failed}): "
+        f"**{failures.reason}**" + (f"\n\nFrom the trial's log: `{detail}`" if detail else "")
+    )
+    (st.error if failures.all_failed else st.warning)(message)
+
+
+def _header() -> None:
+    summary = _queries.experiment_summary(engine, experiment_id)
+    if summary is None:
+        st.warning(f"Experiment {experiment_id} no longer exists.")
+        return
+    failures = _queries.failure_summary(engine, experiment_id)
+    state = _queries.shown_state(summary.state, summary.counts)
+    st.subheader(
+        f"{summary.name} (#{summary.id}) :{_STATE_BADGE.get(state, 'gray')}-badge[{state}]"
+    )
+    _failures(summary, failures)
+    # Pairs, then the counts: at 1000 px a column of a row of four cut "COMPLETED"
+    # short, and "9000/10000" needs a column of a row of two.
+    first = st.columns(2)
+    first[0].metric("State", state)
+    first[1].metric(f"Best {summary.metric}", _context.fmt_value(summary.best_value))
+    second = st.columns(2)
+    second[0].metric("Trials done", f"{summary.finished}/{summary.max_trials}")
+    second[1].metric("Slots in use", summary.slots_in_use)
+    counts = st.columns(4)
+    counts[0].metric("Running", summary.counts[TrialState.RUNNING.value])
+    counts[1].metric("Queued", summary.counts[TrialState.QUEUED.value])
+    counts[2].metric("Pruned", summary.counts[TrialState.PRUNED.value])
+    counts[3].metric("Failed", summary.counts[TrialState.ERROR.value])
+    driver = (
+        f"driver {summary.driver_host}:{summary.driver_pid}, heartbeat "
+        f"{_context.age(summary.driver_heartbeat_at)}"
+        if summary.driver_pid is not None
+        else "no driver recorded"
+    )
+    direction = "smaller is better" if summary.smaller_is_better else "larger is better"
+    st.caption(
+        f"Study `{summary.study_name}` · searcher metric `{summary.metric}` ({direction}) · "
+        f"started {summary.created_at:%Y-%m-%d %H:%M:%S} UTC · {driver}"
+        + (
+            f" · requested action: **{summary.requested_action}**"
+            if summary.requested_action
+            else ""
+        )
+    )
+
+    signature = _queries.optuna_study_signature(engine, summary.study_name)
+    multi = signature.objectives > 1
+    # Reading a study into Optuna costs about 0.2 s per 1,000 trials: a large study is
+    # read only once a plot is asked for (or its Pareto front is needed).
+    eager = signature.exists and (multi or signature.trials <= _EAGER_PLOT_TRIALS)
+    study = _study(url, summary.study_name, signature) if eager else None
+
+    if study is not None and multi:
+        # Several objectives: the best trials are Optuna's Pareto-optimal ones.
+        st.markdown("#### Best trials (Pareto front)")
+        numbers = [t.number for t in study.best_trials]
+        best = _queries.trials_by_numbers(engine, experiment_id, numbers)
+    else:
+        st.markdown("#### Best trials")
+        best = _queries.best_trials(
+            engine, experiment_id, smaller_is_better=summary.smaller_is_better, limit=10
+        )
+    if best.empty:
+        st.info(
+            f"No trial completed: all {failures.failed} failed."
+            if failures.all_failed
+            else "No trial has completed with a searcher metric yet."
+        )
+    else:
+        _trials_table(best, key="best_trials")
+
+    _learning_curves(summary, failures)
+
+    st.markdown("#### Optuna plots")
+    if not signature.exists:
+        st.info(f"The Optuna study `{summary.study_name}` is not in this database yet.")
+        return
+    default = _plots.PARETO if multi else _plots.HISTORY if eager else None
+    kind = st.segmented_control(
+        "Plot",
+        _plots.available_plots(signature.objectives),
+        default=default,
+        key=f"plot_kind_{experiment_id}",
+    )
+    kind = kind or default
+    if kind is None:
+        st.info(
+            f"This study has {signature.trials:,} trials: pick a plot above. Reading them "
+            "into Optuna takes a few seconds at this size, so it waits until asked."
+        )
+        return
+    study = study if study is not None else _study(url, summary.study_name, signature)
+    objectives = [
+        o.get("name", "") for o in summary.config.get("searcher", {}).get("objectives", [])
+    ]
+    names = tuple(_plots.objective_names(study, summary.metric, objectives))
+    params: tuple[str, ...] | None = None
+    if kind in (_plots.CONTOUR, _plots.RANK, _plots.SLICE):
+        searched = _plots.searched_params(study)
+        # Contour and rank draw every pair: a few parameters keep the grid readable.
+        params = tuple(
+            st.multiselect(
+                "Parameters",
+                searched,
+                default=searched[: 2 if kind != _plots.SLICE else 4],
+                key=f"plot_params_{experiment_id}_{kind}",
+            )
+        )
+    changes = signature.completed if kind in _plots.COMPLETED_ONLY_PLOTS else signature.everything
+    figure, reason, caption = _plot(
+        url, summary.study_name, changes, kind, names, params, signature
+    )
+    if figure is None:
+        st.info(reason)
+    else:
+        st.plotly_chart(figure, width="stretch", key=f"plot_{kind}")
+        if caption:
+            st.caption(caption)
+
+
+def _learning_curves(
+    summary: _queries.ExperimentSummary, failures: _queries.FailureSummary
+) -> None:
+    st.markdown("#### Learning curves")
+    curves = _queries.learning_curves(
+        engine, experiment_id, summary.metric, smaller_is_better=summary.smaller_is_better
+    )
+    if curves.points.empty:
+        st.info(
+            f"No trial recorded `{summary.metric}`: all {failures.failed} failed."
+            if failures.all_failed
+            else f"No trial has recorded `{summary.metric}` yet."
+        )
+        return
+    axis = _curves.curve_axis(summary.config)
+    if axis == "epoch" and curves.points["epoch"].isna().any():
+        axis = "step"  # Epochs were not recorded for every point: batches always are.
+    rungs = _curves.asha_rungs(summary.config) if axis == "epoch" or axis == "step" else []
+    x_title = "epoch" if axis == "epoch" else "batch"
+    event = st.vega_lite_chart(
+        curves.points,
+        _charts.learning_curve_spec(x=axis, x_title=x_title, y_title=summary.metric, rungs=rungs),
+        height=380,
+        width="stretch",
+        on_select="rerun",
+        selection_mode=_charts.PICK,
+        key=f"learning_curves_{experiment_id}",
+    )
+    sample = (
+        f"one trial in {curves.stride} by number (plus the best): "
+        f"{curves.trials_shown} of {curves.trials_total}"
+        if curves.stride > 1
+        else f"all {curves.trials_shown} trials that recorded it"
+    )
+    best = f"trial {curves.best_number} (black)" if curves.best_number is not None else "none yet"
+    st.caption(
+        f"`{summary.metric}` ({curves.kind} metric) against the {x_title} for {sample}. "
+        f"Best: {best}. Crosses: where pruned trials stopped"
+        + (
+            f"; dashed lines: ASHA rungs at {', '.join(f'{r:g}' for r in rungs)}."
+            if rungs
+            else "."
+        )
+        + " Click curves (shift-click for more) to compare them."
+    )
+    picked = _picked_numbers(event)
+    if picked:
+        _compare_link(picked)
+
+
+def _picked_numbers(event: Any) -> list[int]:
+    selection = getattr(event, "selection", None) or {}
+    return sorted({int(p["number"]) for p in selection.get(_charts.PICK, []) if "number" in p})
+
+
+def _compare_link(numbers: list[int]) -> None:
+    """A link to the Compare page for 2-5 picked trial numbers, or why there is none."""
+    if not 2 <= len(numbers) <= _context.MAX_COMPARED:
+        st.caption(
+            f"Picked trial(s) {', '.join(map(str, numbers))}: pick 2 to "
+            f"{_context.MAX_COMPARED} to compare."
+        )
+        return
+    picked = _queries.trials_by_numbers(engine, experiment_id, numbers)
+    st.page_link(
+        _context.COMPARE_PAGE,
+        label=f"Compare trials {', '.join(map(str, numbers))}",
+        query_params={"trials": ",".join(str(int(i)) for i in picked["id"])},
+    )
+
+
+def _trials_table(rows: Any, key: str) -> None:
+    rows = rows.assign(open=[_context.link("trial", trial=int(i)) for i in rows["id"]])
+    hparams = [c for c in rows.columns if c.startswith("hp.")]
+    columns = ["open", "number", "state", "metric", *hparams]
+    columns += ["restarts", "batches", "slot_seconds", "slots", "started", "duration_s", "id"]
+    config: dict[str, Any] = {
+        # Pinned, so the trial stays in view while the hyperparameters scroll past.
+        "open": st.column_config.LinkColumn("open", display_text="open", pinned=True),
+        "number": st.column_config.NumberColumn("trial #", pinned=True),
+        "metric": st.column_config.NumberColumn("metric", format="%.6g"),
+        "slot_seconds": st.column_config.NumberColumn("slot·s", format="%.1f"),
+        "duration_s": st.column_config.NumberColumn("duration (s)", format="%.1f"),
+        "started": st.column_config.DatetimeColumn("started (UTC)"),
+        "id": st.column_config.NumberColumn("trial id"),
+    }
+    # Named without the "hp." prefix, so headers stay short; wide tables scroll sideways
+    # with the trial pinned on the left.
+    config.update({c: st.column_config.Column(c.removeprefix("hp.")) for c in hparams})
+    event = st.dataframe(
+        rows,
+        hide_index=True,
+        width="stretch",
+        on_select="rerun",
+        selection_mode="multi-row",
+        key=key,
+        column_order=columns,
+        column_config=config,
+    )
+    selected = event.selection.rows if event is not None else []
+    numbers = sorted(int(rows.iloc[i]["number"]) for i in selected)
+    if len(numbers) == 1:
+        st.page_link(
+            _context.TRIAL_PAGE,
+            label=f"Open trial {numbers[0]}",
+            query_params={"trial": str(int(rows.iloc[selected[0]]["id"]))},
+        )
+    elif numbers:
+        _compare_link(numbers)
+
+
+def _trials() -> None:
+    st.markdown("#### Trials")
+    controls = st.columns([3, 2, 1])
+    states = controls[0].multiselect(
+        "State", [s.value for s in TrialState], key=f"trial_states_{experiment_id}"
+    )
+    sort_by = controls[1].selectbox(
+        "Sort by", list(_queries.TRIAL_SORT_COLUMNS), key=f"trial_sort_{experiment_id}"
+    )
+    descending = controls[2].toggle("Descending", key=f"trial_desc_{experiment_id}")
+    total = _queries.list_trials(engine, experiment_id, states=states, limit=1).total
+    offset = _context.pager(total, key=f"trials_page_{experiment_id}")
+    page = _queries.list_trials(
+        engine,
+        experiment_id,
+        states=states,
+        sort_by=sort_by,
+        descending=descending,
+        limit=_context.PAGE_SIZE,
+        offset=offset,
+    )
+    if page.rows.empty:
+        st.info("No trials yet." if not states else "No trial is in the selected states.")
+        return
+    _trials_table(page.rows, key=f"trials_table_{experiment_id}")
+    st.caption(
+        _context.rows_caption(page.offset, len(page.rows), page.total)
+        + " Follow 'open' to see a trial; select 2 to 5 rows to compare them."
+    )
+
+    bounds = _queries.trial_number_range(engine, experiment_id)
+    if bounds is not None:
+        number = st.number_input(
+            "Open trial number",
+            min_value=bounds[0],
+            max_value=bounds[1],
+            value=bounds[0],
+            step=1,
+            key=f"open_trial_{experiment_id}",
+        )
+        picked = _queries.trials_by_numbers(engine, experiment_id, [int(number)])
+        if not picked.empty:
+            st.page_link(
+                _context.TRIAL_PAGE,
+                label=f"Open trial #{int(number)}",
+                query_params={"trial": str(int(picked["id"].iloc[0]))},
+            )
+
+
+def _send_request(action_key: str, confirm_key: str, result_key: str) -> None:
+    # A callback, so the confirmation can be consumed: each request needs its own tick.
+    st.session_state[confirm_key] = False
+    if not _context.controls_allowed():  # Checked again: the panel is not the only gate.
+        st.session_state[result_key] = "Not sent: this page was not opened with the UI's token."
+        return
+    action = str(st.session_state[action_key])
+    st.session_state[result_key] = _actions.request_action(url, experiment_id, action)
+
+
+def _actions_panel() -> None:
+    summary = _queries.experiment_summary(engine, experiment_id)
+    if summary is None or summary.state in ("COMPLETED", "CANCELED", "ERROR"):
+        return
+    if not _context.controls_allowed():
+        st.caption(
+            "Pause and kill are hidden: this server is reachable from other machines, "
+            "and only pages opened with the address `slotsweep ui` printed (with its "
+            "token) may use them. `slotsweep pause|kill` work from a terminal."
+        )
+        return
+    action_key, confirm_key = f"action_{experiment_id}", f"action_confirmed_{experiment_id}"
+    result_key = f"action_result_{experiment_id}"
+    with st.expander("Actions (pause or kill this experiment)"):
+        action = st.radio(
+            "Action",
+            list(_actions.ACTIONS),
+            format_func=_actions.ACTIONS.__getitem__,
+            key=action_key,
+        )
+        confirmed = st.checkbox(
+            f"Yes, {action} experiment {summary.name} (#{summary.id})", key=confirm_key
+        )
+        st.button(
+            "Send request",
+            disabled=not confirmed,
+            type="primary",
+            on_click=_send_request,
+            args=(action_key, confirm_key, result_key),
+        )
+        if result_key in st.session_state:
+            st.success(st.session_state.pop(result_key))
+
+
+def _config() -> None:
+    summary = _queries.experiment_summary(engine, experiment_id)
+    if summary is not None:
+        with st.expander("Configuration"):
+            st.caption(f"Database: `{redact_url(url)}`")
+            st.json(summary.config, expanded=False)
+
+
+_context.live(_header)
+_context.live(_trials)
+_actions_panel()
+_config()
