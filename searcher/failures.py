@@ -4,6 +4,10 @@ Restarts are for bad luck (a rank killed, a node lost, a transient error after t
 trial made progress). A bug is not bad luck: when every rank of a run failed with the
 same exception before completing a step (the trial's constructor, its data loaders,
 its first batch), running it again fails the same way, so the trial is not restarted.
+``torchrun`` ends a rank's siblings as soon as it fails, so a sibling still starting
+may never get to record the same error; then the trial's previous attempt decides:
+two attempts in a row that failed the same way before their first step are a bug too
+(one confirming restart at most).
 When the first ``fail_fast_trials`` trials of an experiment all failed with the same
 error and none has succeeded, the experiment stops with state ERROR instead of spending
 the rest of its budget on the same mistake.
@@ -46,23 +50,29 @@ class RunVerdict:
     signature: tuple[str, str] | None = None
 
 
-def judge_run(failures: Sequence[FailureRecord], *, world_size: int) -> RunVerdict | None:
+def judge_run(
+    failures: Sequence[FailureRecord],
+    *,
+    world_size: int,
+    previous: Sequence[FailureRecord] = (),
+) -> RunVerdict | None:
     """The verdict on a run whose ranks recorded ``failures``; None when none recorded one.
 
     The reason is the first failing rank's exception (the others often only saw it
-    leave). Deterministic means every rank recorded the same exception and none had
-    completed a step.
+    leave). Deterministic means no step completed and the same exception was recorded
+    by every rank, or by this run and the trial's ``previous`` attempt alike.
     """
     if not failures:
         return None
     first = failures[0]
     reason = f"{first.exception_type}: {first.message} (rank {first.rank})"
-    ranks = {f.rank for f in failures}
-    deterministic = (
-        len(ranks) >= world_size
-        and all(f.steps_completed == 0 for f in failures)
-        and len({f.signature for f in failures}) == 1
+    before_any_step = all(f.steps_completed == 0 for f in failures)
+    one_error = len({f.signature for f in failures}) == 1
+    every_rank = len({f.rank for f in failures}) >= world_size
+    again = bool(previous) and all(
+        f.steps_completed == 0 and f.signature == first.signature for f in previous
     )
+    deterministic = before_any_step and one_error and (every_rank or again)
     return RunVerdict(reason=reason, deterministic=deterministic, signature=first.signature)
 
 

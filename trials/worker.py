@@ -90,6 +90,7 @@ def _run() -> int:
         return _fail(f"SLOTSWEEP_TRIAL_SPEC: cannot read {spec_path}: {error.strerror}")
     import json
 
+    from trials.labels import trial_label
     from trials.launcher import DB_URL_ENV_VAR
 
     try:
@@ -112,7 +113,8 @@ def _run() -> int:
     signal.signal(signal.SIGTERM, _terminate)
     # c10d assigns ranks in arrival order; say which one this process got.
     print(
-        f"slotsweep: trial {spec.trial_id} attempt {spec.attempt}: rank "
+        f"slotsweep: trial {trial_label(spec.experiment_id, spec.optuna_trial_number)} "
+        f"attempt {spec.attempt}: rank "
         f"{os.environ.get('RANK', '0')} of world_size {os.environ.get('WORLD_SIZE', '1')} "
         f"(local rank {os.environ.get('LOCAL_RANK', '0')}) on agent "
         f"{os.environ.get('SLOTSWEEP_AGENT', spec.agent)}",
@@ -128,7 +130,11 @@ def _run() -> int:
         outcome = record(run_trial)(spec)
     except InvalidTrialError as error:
         return _fail(str(error))
-    print(f"slotsweep: trial {spec.trial_id} attempt {spec.attempt}: {outcome}", flush=True)
+    print(
+        f"slotsweep: trial {trial_label(spec.experiment_id, spec.optuna_trial_number)} "
+        f"attempt {spec.attempt}: {outcome}",
+        flush=True,
+    )
     return 0
 
 

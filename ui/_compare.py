@@ -3,7 +3,7 @@
 Example:
     >>> import pandas as pd
     >>> rows = pd.DataFrame({"number": [3, 5], "hp.lr": [0.1, 0.01], "hp.opt": ["sgd", "sgd"]})
-    >>> hparam_diff(rows)[["hyperparameter", "differs", "trial 3", "trial 5"]].values.tolist()
+    >>> hparam_diff(rows)[["hyperparameter", "differs", "#3", "#5"]].values.tolist()
     [['lr', True, '0.1', '0.01'], ['opt', False, 'sgd', 'sgd']]
 """
 
@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import pandas as pd
 
+from trials import labels
+
 
 def trial_label(number: int) -> str:
-    """How a trial is named in compared charts and tables: its Optuna trial number."""
-    return f"trial {number}"
+    """How a trial is named in compared charts and tables: ``#NUMBER``, as everywhere."""
+    return labels.trial_label(None, number)
 
 
 def _shown(value: object) -> str:

@@ -302,8 +302,8 @@ def plot_caption(study: optuna.Study, kind: str) -> str | None:
     if kind in (PARALLEL, INTERMEDIATE) and len(study.trials) > LINE_TRIALS:
         stride = _stride(len(study.trials))
         return (
-            f"One line per trial for one trial in {stride} by number (plus the best), "
-            f"{LINE_TRIALS:,} at most of {len(study.trials):,}: more lines cover each other."
+            f"Lines of one trial in {stride} by number (plus the best) of "
+            f"{len(study.trials):,}: more lines would only cover each other."
         )
     if kind in (SLICE, CONTOUR, RANK, EDF, PARALLEL, HISTORY):
         return f"Drawn from the {complete} completed trials."

@@ -34,6 +34,7 @@ from storage import (
     SystemMetric,
     Timing,
     Trial,
+    TrialFailure,
     TrialRun,
     TrialState,
 )
@@ -46,6 +47,7 @@ _C = Checkpoint.__table__
 _A = Allocation.__table__
 _TI = Timing.__table__
 _S = SystemMetric.__table__
+_F = TrialFailure.__table__
 
 # Columns a user may sort the trials table by; anything else is refused, never
 # interpolated into SQL.
@@ -1096,3 +1098,20 @@ def failed_trial_log(engine: Engine, experiment_id: int, error: str) -> str | No
             .limit(1)
         ).scalar()
     return None if path is None else str(path)
+
+
+def failure_traceback(engine: Engine, experiment_id: int, error: str) -> str | None:
+    """The traceback a rank recorded for the newest failed trial that recorded ``error``."""
+    with engine.connect() as conn:
+        text = conn.execute(
+            sa.select(_F.c.traceback)
+            .join(_T, _T.c.id == _F.c.trial_id)
+            .where(
+                _T.c.experiment_id == experiment_id,
+                _T.c.state == TrialState.ERROR,
+                _T.c.error == error,
+            )
+            .order_by(_F.c.trial_id.desc(), _F.c.rank)
+            .limit(1)
+        ).scalar()
+    return None if not text else str(text)

@@ -27,6 +27,16 @@ def test_failures_worth_a_restart() -> None:
     assert judge_run([], world_size=2) is None
 
 
+def test_the_same_early_error_in_two_attempts_in_a_row_is_deterministic() -> None:
+    # torchrun ended rank 1 before it recorded anything, twice.
+    previous = [_failure(0)]
+    assert judge_run([_failure(0)], world_size=2, previous=previous).deterministic  # type: ignore[union-attr]
+    other = [FailureRecord(0, "OSError", "disk", 0)]
+    assert not judge_run([_failure(0)], world_size=2, previous=other).deterministic  # type: ignore[union-attr]
+    progressed = [_failure(0, steps=5)]
+    assert not judge_run([_failure(0)], world_size=2, previous=progressed).deterministic  # type: ignore[union-attr]
+
+
 def test_the_experiment_stops_when_its_first_trials_fail_alike() -> None:
     same = ("ValueError", "bad shape")
     failed = [TrialOutcome(n, False, same) for n in range(3)]

@@ -88,7 +88,8 @@ def test_diverged_trial_is_recorded_and_ends_without_restarts(
     optuna_state: str,
 ) -> None:
     """NaN losses are stored (as NULL); ASHA prunes the trial, without a pruner it fails
-    with a message naming the divergence; either way it is not restarted."""
+    with a message naming the divergence; either way it is not restarted. A search whose
+    only trial failed ends ERROR and ``run`` exits 1."""
     path = write_experiment(
         tmp_path / "exp",
         entrypoint="slow_model:DivergingDigitsTrial",
@@ -97,9 +98,12 @@ def test_diverged_trial_is_recorded_and_ends_without_restarts(
     )
     db = f"sqlite:///{tmp_path / 'sweep.db'}"
     result = run_cli(["run", str(path), "--db", db, "--no-progress"], cli_env, tmp_path)
-    assert result.returncode == 0, result.stderr[-4000:]
+    failed = state == TrialState.ERROR
+    assert result.returncode == (1 if failed else 0), result.stderr[-4000:]
 
     with session_scope(db) as session:
+        experiment = session.scalars(select(Experiment)).one()
+        assert experiment.state == (ExperimentState.ERROR if failed else ExperimentState.COMPLETED)
         trial = session.scalars(select(Trial)).one()
         assert trial.state == state, trial.error
         assert trial.restarts == 0

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,8 +64,22 @@ def failed_search(tmp_path_factory: pytest.TempPathFactory) -> RealSearch:
 
 @pytest.fixture
 def writable_running_search(real_search: RealSearch, tmp_path: Path) -> RealSearch:
-    """A private copy of the real search caught mid-run, for tests that write."""
+    """A private copy of the real search caught mid-run, for tests that write.
+
+    Its driver has exited since; this test process stands in for it (a live pid on this
+    host, a fresh heartbeat), so requests take the path they take with a running driver.
+    """
+    from storage import utcnow
+
     url = copy_database(real_search.running_url, tmp_path / "running-copy.db")
+    with get_engine(url).begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE slotsweep_experiments"
+                " SET driver_pid = :pid, driver_host = :host, driver_heartbeat_at = :now"
+            ),
+            {"pid": os.getpid(), "host": socket.gethostname(), "now": utcnow()},
+        )
     return RealSearch(**{**real_search.__dict__, "running_url": url})
 
 

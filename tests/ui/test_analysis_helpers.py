@@ -82,7 +82,7 @@ def test_hparam_diff_puts_differing_values_first() -> None:
         }
     )
     diff = _compare.hparam_diff(trials)
-    assert list(diff.columns) == ["hyperparameter", "differs", "trial 4", "trial 1", "trial 7"]
+    assert list(diff.columns) == ["hyperparameter", "differs", "#4", "#1", "#7"]
     assert diff.values.tolist() == [
         ["lr", True, "0.1", "0.01", "0.1"],
         ["optimizer", True, "sgd", "sgd", "—"],
@@ -125,3 +125,35 @@ def test_learning_curves_of_the_synthetic_search(synthetic_search: DemoSearch) -
     last = pruned.groupby("number")["step"].max()
     assert all(last[row.number] == row.step for row in crosses.itertuples())
     assert points.loc[points["best"], "number"].nunique() == 1
+
+
+def test_plots_of_a_line_per_trial_sample_large_studies() -> None:
+    import optuna
+    from optuna.distributions import FloatDistribution
+
+    from ui import _plots
+
+    study = optuna.create_study()
+    n = 2 * _plots.LINE_TRIALS + 500
+    study.add_trials(
+        [
+            optuna.trial.create_trial(
+                params={"x": i / n},
+                distributions={"x": FloatDistribution(0, 1)},
+                value=abs(i - 1234) / n,  # trial 1234 is the best
+                intermediate_values={1: 1.0, 2: 0.5},
+            )
+            for i in range(n)
+        ]
+    )
+    figure, _ = _plots.make_plot(study, _plots.INTERMEDIATE, ["val_loss"])
+    assert figure is not None
+    names = [trace.name for trace in figure.data]
+    # One trial in 3 (2,500 / 1,000 rounded up), plus the best, under their own numbers.
+    assert names == [f"Trial{i}" for i in sorted({*range(0, n, 3), 1234})]
+    assert _plots.plot_caption(study, _plots.INTERMEDIATE) == (
+        "Lines of one trial in 3 by number (plus the best) of 2,500: more lines would "
+        "only cover each other."
+    )
+    parallel, _ = _plots.make_plot(study, _plots.PARALLEL, ["val_loss"])
+    assert parallel is not None and len(parallel.data) <= _plots.LINE_TRIALS + 2

@@ -146,8 +146,10 @@ def test_all_failed_experiment_is_shown_failed_with_its_reason(
         f"All {FAILING_TRIALS} finished trials failed. Commonest reason "
         f"({FAILING_TRIALS} of {FAILING_TRIALS}): **{reason}**"
     )
-    # The exception the trial raised, from its log, since the recorded reason is terse.
-    assert f"FileNotFoundError: {FAILURE_MESSAGE}" in message
+    # The exception the trials raised: in the recorded reason, or else from the traceback
+    # a rank recorded or the trial's log.
+    shown = "\n".join([message, *(str(c.value) for c in app.code)])
+    assert f"FileNotFoundError: {FAILURE_MESSAGE}" in shown
     assert f"No trial completed: all {FAILING_TRIALS} failed." in texts(app)
     assert "No trial has completed" not in texts(app)
     assert (
@@ -178,13 +180,13 @@ def test_compare_trials_puts_differing_hyperparameters_first(
     assert list(diff["hyperparameter"]) == differing + same
     assert list(diff["differs"]) == [True] * len(differing) + [False] * len(same)
     for trial, params in zip(trials, hparams, strict=True):
-        column = diff[f"trial {trial.optuna_trial_number}"]
+        column = diff[f"#{trial.optuna_trial_number}"]
         assert list(column) == [str(params[k]) for k in differing + same]
     assert f"{len(differing)} of {len(hparams[0])} hyperparameters differ" in texts(app)
     # Training and validation curves overlaid: one line per trial in each chart.
     charts = {spec["encoding"]["y"]["title"]: data for spec, data in vega_charts(app)}
     assert {"loss", "lr", "val_loss", "val_accuracy"} <= set(charts)
-    labels = {f"trial {t.optuna_trial_number}" for t in trials}
+    labels = {f"#{t.optuna_trial_number}" for t in trials}
     assert set(charts["val_loss"]["trial"]) == labels
     assert set(charts["loss"]["trial"]) == labels
 
@@ -259,7 +261,10 @@ def test_system_metrics_and_timings_read_in_human_units(
 
 
 def test_cluster_grid_colours_each_slot_by_its_trial(
-    render: PageRenderer, real_search: RealSearch, monkeypatch: pytest.MonkeyPatch
+    render: PageRenderer,
+    real_search: RealSearch,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("SLOTSWEEP_CLUSTER", str(real_search.cluster_file))
     app = render("cluster", real_search.running_url)
@@ -273,11 +278,21 @@ def test_cluster_grid_colours_each_slot_by_its_trial(
     assert len(cells) == AGENT_SLOTS and set(cells["agent"]) == {AGENT}
     by_slot = cells.set_index("slot")
     for row in held:
-        assert (
-            by_slot.loc[row.slot, "holder"]
-            == f"{real_search.name} · trial {row.optuna_trial_number}"
-        )
-        assert by_slot.loc[row.slot, "label"] == f"{row.experiment_id}.{row.optuna_trial_number}"
+        label = f"{row.experiment_id}.{row.optuna_trial_number}"
+        assert by_slot.loc[row.slot, "holder"] == f"{real_search.name} · trial {label}"
+        assert by_slot.loc[row.slot, "label"] == label
+    # The CLI names each slot's trial exactly as the page does.
+    from searcher.cli import main
+
+    capsys.readouterr()
+    argv = ["task", "list", "--json", "--db", real_search.running_url]
+    assert main([*argv, "--cluster", str(real_search.cluster_file)]) == 0
+    cli_labels = {
+        row["slot"]: row["trial"] for row in json.loads(capsys.readouterr().out) if row["trial"]
+    }
+    assert cli_labels == {
+        slot: by_slot.loc[slot, "label"] for slot in by_slot.index if by_slot.loc[slot, "label"]
+    }
     free = set(range(AGENT_SLOTS)) - {row.slot for row in held}
     assert held and free and all(by_slot.loc[s, "holder"] == "free" for s in free)
     colour = spec["layer"][0]["encoding"]["color"]["scale"]

@@ -267,7 +267,9 @@ def test_trial_shows_everything_the_runtime_recorded(
     # The log as torchrun's ranks wrote it.
     lines = app.code[0].value.splitlines()
     assert lines == Path(best.log_path).read_text().splitlines()
-    assert {line[: len("[rank 0] ")] for line in lines} == {"[rank 0] ", "[rank 1] "}
+    # Every line is a rank's, but the launcher's own "[slotsweep] trial 1.1 attempt 0 ...".
+    ranks = [line for line in lines if not line.startswith("[slotsweep] ")]
+    assert {line[: len("[rank 0] ")] for line in ranks} == {"[rank 0] ", "[rank 1] "}
 
     # Profiling windows and psutil samples of this trial.
     timings = _rows(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from trials.labels import trial_label
 from ui import _charts, _cluster, _context, _queries
 
 st.title("Cluster")
@@ -63,8 +64,12 @@ def _layout_section(layout: list[_cluster.AgentLayout]) -> None:
         )
 
 
+def _trial(holder: dict[str, object]) -> str:
+    return trial_label(int(holder["experiment_id"]), int(holder["optuna_trial_number"]))  # type: ignore[call-overload]
+
+
 def _holder_label(holder: dict[str, object]) -> str:
-    return f"{holder.get('experiment') or 'experiment ?'} · trial {holder['optuna_trial_number']}"
+    return f"{holder.get('experiment') or 'experiment ?'} · trial {_trial(holder)}"
 
 
 def _slot_grid(
@@ -81,9 +86,7 @@ def _slot_grid(
                 if (agent.name, slot) in held
                 else _charts.FREE,
                 # EXPERIMENT.NUMBER, the trial's user-facing id.
-                "label": "{experiment_id}.{optuna_trial_number}".format(**held[(agent.name, slot)])
-                if (agent.name, slot) in held
-                else "",
+                "label": _trial(held[(agent.name, slot)]) if (agent.name, slot) in held else "",
             }
             for agent in agents
             for slot in agent.slots

@@ -94,17 +94,23 @@ def _failures(summary: _queries.ExperimentSummary, failures: _queries.FailureSum
     if failures.reason is None:
         st.error(headline + " They recorded no reason.")
         return
+    traceback = _queries.failure_traceback(engine, experiment_id, failures.reason)
     log_path = _queries.failed_trial_log(engine, experiment_id, failures.reason)
     detail = (
         _logs.last_exception_line(_logs.tail_lines(log_path, 400))
-        if log_path is not None and Path(log_path).is_file()
+        if traceback is None and log_path is not None and Path(log_path).is_file()
         else None
     )
+    if detail is not None and detail in failures.reason:
+        detail = None  # The recorded reason says it already.
     message = (
         f"{headline} Commonest reason ({failures.reason_count} of {failures.failed}): "
         f"**{failures.reason}**" + (f"\n\nFrom the trial's log: `{detail}`" if detail else "")
     )
     (st.error if failures.all_failed else st.warning)(message)
+    if traceback is not None:
+        with st.expander("Traceback of the latest trial that failed this way"):
+            st.code(traceback, language=None)
 
 
 def _header() -> None:
