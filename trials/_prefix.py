@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Callable
 
 _CHUNK = 65536
 
@@ -135,3 +136,23 @@ def write_to_log_target() -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+
+
+def run_prefixed(prefix: str, body: Callable[[], int]) -> int:
+    """``body()`` with this process's output prefixed by ``prefix``; its exit code.
+
+    A ``SystemExit`` keeps its code; any other exception is printed (prefixed, while
+    the prefixer still runs) and gives 1, as an uncaught exception would.
+    """
+    prefixer = prefix_output(prefix)
+    try:
+        return body()
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        return 1
+    finally:
+        stop_prefixing(*prefixer)

@@ -21,7 +21,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from trials._prefix import LOG_TARGET_ENV_VAR, prefix_output, stop_prefixing
+from trials._prefix import LOG_TARGET_ENV_VAR, run_prefixed
 
 PREFIX = "[torchrun] "
 # Ranks check that their parent is still this process once they have asked to die
@@ -37,23 +37,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         original = os.dup(1)
         os.environ[LOG_TARGET_ENV_VAR] = f"/proc/{os.getpid()}/fd/{original}"
     os.environ[PID_ENV_VAR] = str(os.getpid())
-    prefixer = prefix_output(PREFIX)
-    try:
+
+    def torchrun() -> int:
         from torch.distributed.run import main as torchrun_main
 
+        # A failure (a rank failed: torchrun's error summary) is printed prefixed, as
+        # ``python -m torch.distributed.run`` would print it.
         torchrun_main(args)
         return 0
-    except SystemExit as exit_:
-        return exit_.code if isinstance(exit_.code, int) else 1
-    except BaseException:
-        # torchrun's own failure (a rank failed: its error summary), printed prefixed,
-        # as ``python -m torch.distributed.run`` would print it.
-        import traceback
 
-        traceback.print_exc()
-        return 1
-    finally:
-        stop_prefixing(*prefixer)
+    return run_prefixed(PREFIX, torchrun)
 
 
 if __name__ == "__main__":

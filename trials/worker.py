@@ -32,12 +32,7 @@ import os
 import sys
 from typing import NoReturn
 
-from trials._prefix import (  # noqa: F401  (_pump: tested through this module)
-    _pump,
-    prefix_output,
-    stop_prefixing,
-    write_to_log_target,
-)
+from trials._prefix import run_prefixed, write_to_log_target
 
 
 def die_with_parent() -> None:
@@ -143,19 +138,7 @@ def main() -> int:
     # Back onto the trial's log itself: the output inherited from torchrun is its
     # wrapper's ``[torchrun]`` prefixer.
     write_to_log_target()
-    prefixer = prefix_output(f"[rank {os.environ.get('RANK', '0')}] ")
-    try:
-        return _run()
-    except SystemExit as exit_:
-        return exit_.code if isinstance(exit_.code, int) else 1
-    except BaseException:
-        # Printed here, while the output is still prefixed with the rank.
-        import traceback
-
-        traceback.print_exc()
-        return 1
-    finally:
-        stop_prefixing(*prefixer)
+    return run_prefixed(f"[rank {os.environ.get('RANK', '0')}] ", _run)
 
 
 def exit_without_teardown(code: int) -> NoReturn:

@@ -19,6 +19,7 @@ import datetime as dt
 import os
 import random
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,20 @@ def _single_trial(folder: Path, **overrides: Any) -> Path:
 
 def _ranks_recorded(db: str, attempt: int, count: int = 2) -> bool:
     return len(trial_processes(db, ProcessRole.RANK, attempt=attempt)) >= count
+
+
+def _start_single_trial(
+    tmp_path: Path, cli_env: dict[str, str], executor: str
+) -> tuple[subprocess.Popen[str], str]:
+    """A driver running :func:`_single_trial`, once its first checkpoint and ranks exist."""
+    path = _single_trial(tmp_path / "exp")
+    db = f"sqlite:///{tmp_path / 'sweep.db'}"
+    driver = start_cli(["run", str(path), "--db", db, *executor_args(executor)], cli_env, tmp_path)
+    wait_for(
+        lambda: completed_checkpoints(db) >= 1 and _ranks_recorded(db, attempt=0),
+        what="a first checkpoint",
+    )
+    return driver, db
 
 
 def _only_trial(db: str) -> tuple[Trial, list[TrialRun]]:
@@ -162,13 +177,7 @@ def test_driver_killed_at_random_moments_and_resumed(
 def test_killed_torchrun_takes_its_ranks_and_the_trial_restarts(
     tmp_path: Path, cli_env: dict[str, str], executor: str
 ) -> None:
-    path = _single_trial(tmp_path / "exp")
-    db = f"sqlite:///{tmp_path / 'sweep.db'}"
-    driver = start_cli(["run", str(path), "--db", db, *executor_args(executor)], cli_env, tmp_path)
-    wait_for(
-        lambda: completed_checkpoints(db) >= 1 and _ranks_recorded(db, attempt=0),
-        what="a first checkpoint",
-    )
+    driver, db = _start_single_trial(tmp_path, cli_env, executor)
     (torchrun,) = trial_processes(db, ProcessRole.TORCHRUN, attempt=0)
     ranks = trial_processes(db, ProcessRole.RANK, attempt=0)
     assert len(ranks) == 2 and all(process_alive(r) for r in ranks)
@@ -190,13 +199,7 @@ def test_killed_torchrun_takes_its_ranks_and_the_trial_restarts(
 def test_killed_rank_restarts_the_trial(
     tmp_path: Path, cli_env: dict[str, str], executor: str
 ) -> None:
-    path = _single_trial(tmp_path / "exp")
-    db = f"sqlite:///{tmp_path / 'sweep.db'}"
-    driver = start_cli(["run", str(path), "--db", db, *executor_args(executor)], cli_env, tmp_path)
-    wait_for(
-        lambda: completed_checkpoints(db) >= 1 and _ranks_recorded(db, attempt=0),
-        what="a first checkpoint",
-    )
+    driver, db = _start_single_trial(tmp_path, cli_env, executor)
     victim = next(r for r in trial_processes(db, ProcessRole.RANK, attempt=0) if r.rank == 1)
     assert process_alive(victim)
     os.kill(victim.pid, signal.SIGKILL)

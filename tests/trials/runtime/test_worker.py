@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from trials.worker import _pump, _run
+from trials._prefix import _pump
+from trials.worker import _run
 
 
 def read_all(fd: int) -> bytes:
