@@ -821,8 +821,7 @@ class SearchDriver:
         notify = functools.partial(self._notify_failure, trial, label)
         if verdict is not None and verdict.deterministic:
             trial.error = (
-                f"{reason}; it failed this way before its first step "
-                f"({'again' if trial.restarts else 'on every rank'}), so it is not restarted"
+                f"{reason}; it failed this way before its first step, so it is not restarted"
             )
             notify()
             self._fail(session, trial)
@@ -848,37 +847,30 @@ class SearchDriver:
                 write_log_line(Path(trial.log_path), f"{label} failed: {trial.error}")
 
     @staticmethod
-    def _failures_of_latest_runs(
-        session: Any, trial_id: int
-    ) -> tuple[list[FailureRecord], list[FailureRecord]]:
-        """What the ranks of the trial's latest run, and of the run before it, recorded."""
-        run_ids = list(
-            session.scalars(
-                select(TrialRun.id)
-                .where(TrialRun.trial_id == trial_id)
-                .order_by(TrialRun.attempt.desc())
-                .limit(2)
-            )
+    def _failures_of_latest_run(session: Any, trial_id: int) -> list[FailureRecord]:
+        """What the ranks of the trial's latest run recorded, in the order they failed."""
+        run_id = session.scalar(
+            select(TrialRun.id)
+            .where(TrialRun.trial_id == trial_id)
+            .order_by(TrialRun.attempt.desc())
+            .limit(1)
         )
-
-        def of(run_id: int) -> list[FailureRecord]:
-            rows = session.scalars(
-                select(TrialFailure)
-                .where(TrialFailure.run_id == run_id)
-                .order_by(TrialFailure.recorded_at, TrialFailure.id)
-            )
-            return [
-                FailureRecord(row.rank, row.exception_type, row.message, row.steps_completed)
-                for row in rows
-            ]
-
-        latest = of(run_ids[0]) if run_ids else []
-        previous = of(run_ids[1]) if len(run_ids) > 1 else []
-        return latest, previous
+        if run_id is None:
+            return []
+        rows = session.scalars(
+            select(TrialFailure)
+            .where(TrialFailure.run_id == run_id)
+            .order_by(TrialFailure.recorded_at, TrialFailure.id)
+        )
+        return [
+            FailureRecord(row.rank, row.exception_type, row.message, row.steps_completed)
+            for row in rows
+        ]
 
     def _run_verdict(self, session: Any, trial: Trial) -> RunVerdict | None:
-        latest, previous = self._failures_of_latest_runs(session, trial.id)
-        return judge_run(latest, world_size=trial.slots_per_trial, previous=previous)
+        return judge_run(
+            self._failures_of_latest_run(session, trial.id), world_size=trial.slots_per_trial
+        )
 
     def _check_fail_fast(self, session: Any) -> None:
         """Stop the experiment (ERROR) when its first trials all failed the same way."""

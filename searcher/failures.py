@@ -1,13 +1,13 @@
 """What a failed trial tells the driver: the reason, whether a restart can help, when to stop.
 
 Restarts are for bad luck (a rank killed, a node lost, a transient error after the
-trial made progress). A bug is not bad luck: when every rank of a run failed with the
+trial made progress). A bug is not bad luck: when the ranks of a run failed with the
 same exception before completing a step (the trial's constructor, its data loaders,
 its first batch), running it again fails the same way, so the trial is not restarted.
-``torchrun`` ends a rank's siblings as soon as it fails, so a sibling still starting
-may never get to record the same error; then the trial's previous attempt decides:
-two attempts in a row that failed the same way before their first step are a bug too
-(one confirming restart at most).
+Ranks that recorded nothing do not count against that: ``torchrun`` ends a rank's
+siblings as soon as it fails, often before they reach the same line. A communication
+error (a peer that left, a collective that timed out) is never taken for a bug: it is
+what the survivors of a killed rank see.
 When the first ``fail_fast_trials`` trials of an experiment all failed with the same
 error and none has succeeded, the experiment stops with state ERROR instead of spending
 the rest of its budget on the same mistake.
@@ -16,9 +16,9 @@ Pure functions over plain records; the driver reads the rows and acts.
 
 Example:
     >>> f = FailureRecord(rank=0, exception_type="ValueError", message="bad", steps_completed=0)
-    >>> verdict = judge_run([f, FailureRecord(1, "ValueError", "bad", 0)], world_size=2)
+    >>> verdict = judge_run([f], world_size=2)
     >>> verdict.deterministic, verdict.reason
-    (True, 'ValueError: bad (rank 0)')
+    (True, 'ValueError: bad')
 """
 
 from __future__ import annotations
@@ -50,30 +50,50 @@ class RunVerdict:
     signature: tuple[str, str] | None = None
 
 
-def judge_run(
-    failures: Sequence[FailureRecord],
-    *,
-    world_size: int,
-    previous: Sequence[FailureRecord] = (),
-) -> RunVerdict | None:
+def judge_run(failures: Sequence[FailureRecord], *, world_size: int) -> RunVerdict | None:
     """The verdict on a run whose ranks recorded ``failures``; None when none recorded one.
 
     The reason is the first failing rank's exception (the others often only saw it
-    leave). Deterministic means no step completed and the same exception was recorded
-    by every rank, or by this run and the trial's ``previous`` attempt alike.
+    leave), naming that rank when the ranks did not all fail alike before any step.
+    ``world_size`` is the run's rank count: it says in the reason how many recorded it.
     """
     if not failures:
         return None
     first = failures[0]
-    reason = f"{first.exception_type}: {first.message} (rank {first.rank})"
-    before_any_step = all(f.steps_completed == 0 for f in failures)
-    one_error = len({f.signature for f in failures}) == 1
-    every_rank = len({f.rank for f in failures}) >= world_size
-    again = bool(previous) and all(
-        f.steps_completed == 0 and f.signature == first.signature for f in previous
+    deterministic = (
+        all(f.steps_completed == 0 for f in failures)
+        and len({f.signature for f in failures}) == 1
+        and not is_communication_error(first)
     )
-    deterministic = before_any_step and one_error and (every_rank or again)
+    # Which rank came first is chance when they fail alike: leave it out, so the same
+    # bug reads the same in every trial (and groups as one reason).
+    reason = f"{first.exception_type}: {first.message}"
+    if not deterministic:
+        reason += f" (rank {first.rank})"
     return RunVerdict(reason=reason, deterministic=deterministic, signature=first.signature)
+
+
+_COMMUNICATION_TYPES = frozenset(
+    {"DistError", "DistBackendError", "DistNetworkError", "DistStoreError", "ConnectionError"}
+)
+_COMMUNICATION_WORDS = ("gloo", "nccl", "connection", "timed out", "timeout", "peer", "socket")
+
+
+def is_communication_error(failure: FailureRecord) -> bool:
+    """Whether ``failure`` is what a rank sees when another rank or the network fails.
+
+    Example:
+        >>> is_communication_error(FailureRecord(0, "RuntimeError", "Connection reset by peer", 0))
+        True
+        >>> is_communication_error(FailureRecord(0, "ValueError", "bad shape", 0))
+        False
+    """
+    if failure.exception_type in _COMMUNICATION_TYPES:
+        return True
+    message = failure.message.lower()
+    return failure.exception_type == "RuntimeError" and any(
+        word in message for word in _COMMUNICATION_WORDS
+    )
 
 
 @dataclass(frozen=True)

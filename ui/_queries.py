@@ -1100,6 +1100,36 @@ def failed_trial_log(engine: Engine, experiment_id: int, error: str) -> str | No
     return None if path is None else str(path)
 
 
+@dataclasses.dataclass(frozen=True)
+class RankFailure:
+    """What the first rank of a trial's latest failed run recorded."""
+
+    attempt: int
+    rank: int
+    exception: str
+    traceback: str
+
+
+def trial_failure(engine: Engine, trial_id: int) -> RankFailure | None:
+    """The first recorded failure of the trial's latest run that has one, if any."""
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.select(_R.c.attempt, _F.c.rank, _F.c.exception_type, _F.c.message, _F.c.traceback)
+            .join(_R, _R.c.id == _F.c.run_id)
+            .where(_F.c.trial_id == trial_id)
+            .order_by(_R.c.attempt.desc(), _F.c.recorded_at, _F.c.id)
+            .limit(1)
+        ).first()
+    if row is None:
+        return None
+    return RankFailure(
+        attempt=row.attempt,
+        rank=row.rank,
+        exception=f"{row.exception_type}: {row.message}",
+        traceback=row.traceback,
+    )
+
+
 def failure_traceback(engine: Engine, experiment_id: int, error: str) -> str | None:
     """The traceback a rank recorded for the newest failed trial that recorded ``error``."""
     with engine.connect() as conn:

@@ -131,6 +131,18 @@ def test_headline_numbers_are_four_significant_digits(
 # --- A search whose every trial failed ----------------------------------------------------
 
 
+def test_a_failed_trial_shows_the_first_failing_ranks_traceback(
+    render: PageRenderer, failed_search: RealSearch
+) -> None:
+    (trial, *_) = _rows(failed_search.url, "SELECT id FROM slotsweep_trials ORDER BY id")
+    app = render("trial", failed_search.url, trial=trial.id)
+    assert_no_exception(app)
+    (expander,) = (e for e in app.expander if e.label.startswith("Traceback of rank"))
+    assert f"FileNotFoundError: {FAILURE_MESSAGE}" in expander.label
+    (code,) = expander.code
+    assert "__init__" in code.value and "FileNotFoundError" in code.value
+
+
 def test_all_failed_experiment_is_shown_failed_with_its_reason(
     render: PageRenderer, failed_search: RealSearch
 ) -> None:

@@ -89,6 +89,13 @@ def _summary() -> None:
         st.caption(f"Ended {ended:%Y-%m-%d %H:%M:%S} UTC, exit code {info['exit_code']}")
     if info["error"]:
         st.error(f"Error: {info['error']}")
+    failure = _queries.trial_failure(engine, int(info["id"]))
+    if failure is not None:
+        with st.expander(
+            f"Traceback of rank {failure.rank}, attempt {failure.attempt}: {failure.exception}",
+            expanded=bool(info["error"]),
+        ):
+            st.code(failure.traceback, language=None)
 
     st.markdown("#### Hyperparameters")
     hparams = info["hparams"] or {}
