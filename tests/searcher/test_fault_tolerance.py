@@ -8,7 +8,6 @@ again, and interrupted trials continue from their latest checkpoint.
 from __future__ import annotations
 
 import json
-import os
 import signal
 from pathlib import Path
 
@@ -143,35 +142,6 @@ def test_search_survives_crashes_at_several_moments(
     assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3
     # No metric recorded twice, no attempts overlapping, Optuna agreeing, and the rest.
     assert_search_consistent(db)
-
-
-def test_killed_rank_restarts_from_latest_checkpoint(
-    tmp_path: Path, cli_env: dict[str, str]
-) -> None:
-    path = write_experiment(
-        tmp_path / "exp",
-        **SLOW,
-        searcher={"max_trials": 1, "max_length": {"epochs": 3}, "pruner": {"name": "none"}},
-        data={"batch_delay_s": 0.08},
-        max_restarts=2,
-    )
-    db = f"sqlite:///{tmp_path / 'sweep.db'}"
-    driver = start_cli(["run", str(path), "--db", db], cli_env, tmp_path)
-    wait_for(lambda: completed_checkpoints(db) >= 1, what="a first checkpoint")
-    (torchrun_pid,) = torchrun_pids(db)
-    ranks = psutil.Process(torchrun_pid).children()
-    assert len(ranks) == 2
-    os.kill(ranks[1].pid, signal.SIGKILL)
-    _, err = driver.communicate(timeout=600)
-    assert driver.returncode == 0, err[-4000:]
-    with session_scope(db) as session:
-        trial = session.scalars(select(Trial)).one()
-        assert trial.state == TrialState.COMPLETED, trial.error
-        assert trial.restarts == 1
-        runs = list(session.scalars(select(TrialRun).order_by(TrialRun.attempt)))
-        assert [r.attempt for r in runs] == [0, 1]
-        assert runs[0].exit_code not in (0, None)
-        assert runs[1].restored_from_step and runs[1].restored_from_step > 0
 
 
 def test_ctrl_c_pauses_then_activate_and_enqueue_finish_the_search(
