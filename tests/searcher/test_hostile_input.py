@@ -50,6 +50,8 @@ _CLUSTER: dict[str, Any] = {
 }
 
 _HUGE = st.sampled_from([10**30, -(10**30), 1e100, 2**63, 2**31, 1e308])
+# Beyond every bound, also those that admit 2**31 (a seed, an int hyperparameter's range).
+_HUGER = st.sampled_from([10**30, -(10**30), 1e100, 2**63, 1e308])
 _NON_FINITE = st.sampled_from([float("inf"), float("-inf"), float("nan")])
 _WRONG_TYPE = st.sampled_from(["many", [], {}, [1, 2], {"a": 1}, True, None])
 _UNKNOWN_KEY = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=12)
@@ -61,7 +63,7 @@ _EXPERIMENT_FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "hyperparameters": st.sampled_from([[], "lr", {}, 3]),
     "hyperparameters.lr.minval": _NON_FINITE | _HUGE | _WRONG_TYPE | st.just(0.5),
     "hyperparameters.lr.maxval": _NON_FINITE | _WRONG_TYPE | st.just(-1.0),
-    "hyperparameters.warmup.maxval": _HUGE | _NON_FINITE | _WRONG_TYPE | st.just(-1),
+    "hyperparameters.warmup.maxval": _HUGER | _NON_FINITE | _WRONG_TYPE | st.just(-1),
     "hyperparameters.warmup.count": _HUGE | st.sampled_from([0, -3, "two"]),
     "hyperparameters.dropout.minval": _NON_FINITE | st.sampled_from([0.5, 1.0, -1e308]),
     "hyperparameters.global_batch_size": _HUGE
@@ -73,7 +75,7 @@ _EXPERIMENT_FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "searcher.name": st.sampled_from(["bayes", "", 3, None]),
     "searcher.max_length": st.sampled_from([{}, {"epochs": 0}, {"epochs": 1, "batches": 2}, 5]),
     "searcher.max_length.epochs": _HUGE | _NON_FINITE | st.just(0),
-    "searcher.seed": _HUGE | st.just(-1),
+    "searcher.seed": _HUGER | st.just(-1),
     "resources.slots_per_trial": _HUGE | _NON_FINITE | st.sampled_from([0, "two"]),
     "resources.priority": st.sampled_from([0, 100, 10**30]),
     "profiling.system_metrics_interval_s": _NON_FINITE | _HUGE | st.sampled_from([0, -1]),
