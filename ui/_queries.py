@@ -510,13 +510,9 @@ def metric_curves(
         return pd.DataFrame(columns=["name", "step", "epoch", "value"])
     where = [_M.c.trial_id == trial_id, _M.c.kind == MetricKind(kind), _M.c.name.in_(list(names))]
     with engine.connect() as conn:
-        low, high = conn.execute(
-            sa.select(sa.func.min(_M.c.step), sa.func.max(_M.c.step)).where(*where)
-        ).one()
-        if low is None:
+        bucket = _step_bucket(conn, where, max_points)
+        if bucket is None:
             return pd.DataFrame(columns=["name", "step", "epoch", "value"])
-        width = max(1, math.ceil((high - low + 1) / max(1, max_points)))
-        bucket = ((_M.c.step - low) // width) if width > 1 else _M.c.step
         frame = _frame(
             conn.execute(
                 sa.select(
@@ -918,11 +914,9 @@ def learning_curves(
             MetricKind.VALIDATION if MetricKind.VALIDATION.value in kinds else MetricKind.TRAINING
         )
         where = [_M.c.trial_id.in_(ids), _M.c.kind == kind, _M.c.name == metric]
-        low, high = conn.execute(
-            sa.select(sa.func.min(_M.c.step), sa.func.max(_M.c.step)).where(*where)
-        ).one()
-        width = max(1, math.ceil((high - low + 1) / max(1, max_points)))
-        bucket = ((_M.c.step - low) // width) if width > 1 else _M.c.step
+        bucket = _step_bucket(conn, where, max_points)
+        if bucket is None:
+            return empty
         frame = _frame(
             conn.execute(
                 sa.select(
@@ -1145,3 +1139,15 @@ def failure_traceback(engine: Engine, experiment_id: int, error: str) -> str | N
             .limit(1)
         ).scalar()
     return None if not text else str(text)
+
+
+def _step_bucket(conn: Any, where: list[Any], max_points: int) -> Any:
+    """A GROUP BY key putting the metric rows of ``where`` into at most ``max_points``
+    step buckets (downsampling in SQL); None when no row matches."""
+    low, high = conn.execute(
+        sa.select(sa.func.min(_M.c.step), sa.func.max(_M.c.step)).where(*where)
+    ).one()
+    if low is None:
+        return None
+    width = max(1, math.ceil((high - low + 1) / max(1, max_points)))
+    return ((_M.c.step - low) // width) if width > 1 else _M.c.step
