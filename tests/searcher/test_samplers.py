@@ -268,7 +268,10 @@ def test_pruner_specs_follow_the_config() -> None:
 
 def _prunes_bad_trial(config: ExperimentConfig, n_good: int) -> list[bool]:
     """Run ``n_good`` good trials to the end, then ask about a bad one at each step."""
+    # Hyperband picks a trial's bracket from a hash of the study name: a fixed name makes
+    # the decisions the same in every run (a random one left the bad trial unpruned at times).
     study = optuna.create_study(
+        study_name="prunes-bad-trial",
         sampler=optuna.samplers.RandomSampler(seed=0),
         pruner=build_pruner(config),
         direction=study_directions(config)[0],

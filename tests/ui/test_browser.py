@@ -162,14 +162,23 @@ def browser(tmp_path: Path, screenshots: Path) -> Iterator[Any]:
         driver.quit()
 
 
+def _waiter(driver: Any) -> Any:
+    """A wait that retries when Streamlit re-renders an element between find and read."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(
+        driver, WAIT_S, poll_frequency=0.2, ignored_exceptions=(StaleElementReferenceException,)
+    )
+
+
 def _open(driver: Any, url: str, title: str, ready: Callable[[Any], bool], shot: str) -> None:
     """Open ``url``; wait for the title and the page's content; fail on an exception box."""
     from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     driver.get(url)
-    wait = WebDriverWait(driver, WAIT_S, poll_frequency=0.2)
+    wait = _waiter(driver)
     try:
         wait.until(
             lambda d: any(h.text.strip() == title for h in d.find_elements(By.CSS_SELECTOR, "h1"))
@@ -238,7 +247,6 @@ def test_every_page_in_headless_chromium(
     served: str, browser: Any, browsed: DemoSearch, real_search: RealSearch
 ) -> None:
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     real = real_search
     with get_engine(browsed.url).connect() as conn:
@@ -300,9 +308,7 @@ def test_every_page_in_headless_chromium(
         if a.text.startswith("Open trial #0")
     )
     link.click()
-    WebDriverWait(browser, WAIT_S).until(
-        _has('[data-testid="stVegaLiteChart"]', f"Trial #0 of {real.name}")
-    )
+    _waiter(browser).until(_has('[data-testid="stVegaLiteChart"]', f"Trial #0 of {real.name}"))
     assert f"trial={trials[0].id}" in browser.current_url
 
     _open(
@@ -346,7 +352,6 @@ def test_every_page_by_direct_url_and_by_navigation(
 ) -> None:
     """Direct URLs show the same sidebar as navigating; the new charts are drawn."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     real = real_search
     with get_engine(browsed.url).connect() as conn:
@@ -393,7 +398,7 @@ def test_every_page_by_direct_url_and_by_navigation(
             if a.text.strip() == title
         )
         link.click()
-        WebDriverWait(browser, WAIT_S).until(
+        _waiter(browser).until(
             lambda d, t=title: any(h.text.strip() == t for h in d.find_elements(By.TAG_NAME, "h1"))
         )
         assert _sidebar(browser)[0] == list(NAVIGATION)
