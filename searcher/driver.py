@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import os
 import signal
@@ -29,7 +30,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
+from sqlalchemy import make_url, select
 
 from searcher import samplers, space
 from searcher.config import ExperimentConfig
@@ -64,16 +65,10 @@ from storage._engine import TRANSIENT_DEADLINE_S, DatabaseUnavailableError
 from trials import RuntimeSpec, per_slot_batch_size
 from trials import allocations as slot_ledger
 from trials._system_metrics import detect_gpus
-from trials.attempts import end_run, open_runs, record_launch, trial_processes_gone
+from trials.attempts import end_run, open_runs, request_stop, trial_processes_gone
+from trials.executors import Executor, LaunchRequest, TrialJob, executor_for
 from trials.labels import trial_label, trial_log_name
-from trials.launcher import (
-    DB_URL_ENV_VAR,
-    TrialProcesses,
-    free_port,
-    start_trial,
-    torchrun_commands,
-    write_log_line,
-)
+from trials.launcher import DB_URL_ENV_VAR, write_log_line
 from trials.retention import collect_garbage
 from trials.scheduler import Cluster, Placement, SlotRequest, check_schedulable, schedule
 
@@ -98,10 +93,9 @@ class _Running:
     optuna_number: int
     attempt: int
     slots: int
-    processes: TrialProcesses
+    job: TrialJob
     started: float
     run_id: int
-    preempt_path: Path
     preempted_at: float | None = None
     # Set when the driver ended the run for making no progress (hang_timeout_s).
     hang_reason: str | None = None
@@ -156,8 +150,16 @@ class SearchDriver:
         self._control = _Control()
         self._stop_reason = ""
         self._run_dir = self._logs_root() / f"experiment-{self.experiment_id}"
-        # Slots are GPU indices exactly when this machine has GPUs (NVML finds them).
-        self._use_gpus = bool(detect_gpus())
+        # Slots are GPU indices where the cluster says so, else exactly when this
+        # machine has GPUs (NVML finds them).
+        use_gpus = cluster.gpu_slots if cluster.gpu_slots is not None else bool(detect_gpus())
+        self.executor: Executor = executor_for(cluster, use_gpus=use_gpus)
+        if self.executor.remote and make_url(self.db_url).get_backend_name() == "sqlite":
+            raise UsageError(
+                f"database: SQLite cannot be shared by the {self.executor.name} executor's "
+                "nodes (a file on a network filesystem corrupts under concurrent writers); "
+                "use PostgreSQL: --db postgresql+psycopg://USER@HOST/DB"
+            )
         self._study: optuna.Study | None = None
         self._tells: list[tuple[int, list[float] | None, optuna.trial.TrialState | None]] = []
 
@@ -554,6 +556,7 @@ class SearchDriver:
             run = TrialRun(
                 trial_id=trial_id,
                 attempt=attempt,
+                executor=self.executor.name,
                 agents=[
                     {"agent": part.agent.name, "host": part.agent.host, "slots": list(part.slots)}
                     for part in placement.agents
@@ -570,10 +573,9 @@ class SearchDriver:
             session.flush()
             run_id, token = run.id, run.launch_token
             assert token is not None
-            stem = Path(trial_log_name(trial.optuna_trial_number)).stem
-            spec_path = self._run_dir / f"{stem}.attempt-{attempt}.spec.json"
-            preempt_path = self._run_dir / f"{stem}.preempt"
-            spec = self._runtime_spec(trial, attempt, checkpoint, preempt_path)
+            spec = self._runtime_spec(trial, attempt, checkpoint)
+            spec_json = spec.model_dump_json(exclude={"db_url"})
+            run.spec = json.loads(spec_json)
             optuna_number, slots = trial.optuna_trial_number, trial.slots_per_trial
             restored_step = checkpoint.step if checkpoint else None
             _, dropped = per_slot_batch_size(int(trial.hparams["global_batch_size"]), slots)
@@ -585,7 +587,6 @@ class SearchDriver:
                     f"{dropped} samples per batch are dropped",
                     stacklevel=1,
                 )
-        self._run_dir.mkdir(parents=True, exist_ok=True)
         where = ", ".join(
             f"{part.agent.name} slots {','.join(str(slot) for slot in part.slots)}"
             for part in placement.agents
@@ -595,27 +596,17 @@ class SearchDriver:
             f"trial {self._label(optuna_number)} attempt {attempt} on {where}"
             + (f", restoring the checkpoint of step {restored_step}" if restored_step else ""),
         )
-        _write_private(spec_path, spec.model_dump_json(indent=2, exclude={"db_url"}))
-        with contextlib.suppress(FileNotFoundError):
-            preempt_path.unlink()
-        rdzv_port = (
-            free_port(placement.agents[0].agent.host) if len(placement.agents) > 1 else None
-        )
-        commands = torchrun_commands(
-            placement,
-            spec_path=str(spec_path),
+        request = LaunchRequest(
+            placement=placement,
+            spec_json=spec_json,
             rdzv_id=f"slotsweep-{trial_id}-{attempt}",
-            rdzv_port=rdzv_port,
-            use_gpus=self._use_gpus,
+            token=token,
+            log_path=log_path,
+            cwd=self.model_dir,
+            env={DB_URL_ENV_VAR: self.db_url},
         )
         try:
-            processes = start_trial(
-                commands,
-                log_path=log_path,
-                cwd=self.model_dir,
-                token=token,
-                extra_env={DB_URL_ENV_VAR: self.db_url},
-            )
+            job = self.executor.launch(request)
         except BaseException:
             with session_scope(self.db_url) as session:
                 failed = session.get(TrialRun, run_id)
@@ -627,29 +618,27 @@ class SearchDriver:
             with session_scope(self.db_url) as session:
                 started = session.get(TrialRun, run_id)
                 assert started is not None
-                started.agents = processes.describe()
-                record_launch(session, started, processes)
+                job.record(session, started)
 
         try:
-            # The processes run: their pids must reach the database (the launch token
-            # finds them after a crash, but not while this driver still owns them).
+            # The processes run: what finds them must reach the database (the launch
+            # token finds them after a crash, but not while this driver still owns them).
             retry_transient(record)
         except BaseException:
-            processes.end(grace_s=0.0)
+            job.end(grace_s=0.0)
             raise
         self._running[trial_id] = _Running(
             trial_id=trial_id,
             optuna_number=optuna_number,
             attempt=attempt,
             slots=slots,
-            processes=processes,
+            job=job,
             started=time.monotonic(),
             run_id=run_id,
-            preempt_path=preempt_path,
         )
 
     def _runtime_spec(
-        self, trial: Trial, attempt: int, checkpoint: Checkpoint | None, preempt_path: Path
+        self, trial: Trial, attempt: int, checkpoint: Checkpoint | None
     ) -> RuntimeSpec:
         config = self.config
         pruner = samplers.pruner_spec(config)
@@ -690,7 +679,6 @@ class SearchDriver:
             else config.searcher.seed + trial.optuna_trial_number,
             restore_checkpoint_path=checkpoint.path if checkpoint else None,
             agent=self.pool.agents[0].name,
-            preempt_path=str(preempt_path),
         )
 
     @staticmethod
@@ -704,13 +692,13 @@ class SearchDriver:
     # ----------------------------------------------------------------- outcomes
     def _reap(self) -> None:
         for trial_id, running in list(self._running.items()):
-            exit_code = running.processes.poll()
+            exit_code = running.job.poll()
             if exit_code is None:
                 if (
                     running.preempted_at is not None
                     and time.monotonic() - running.preempted_at > PREEMPT_GRACE_S
                 ):
-                    running.processes.end(grace_s=0.0)
+                    running.job.end(grace_s=0.0)
                 continue
             self._record_exit(running, exit_code)
             # Forgotten only once the outcome is committed: a tick that failed on the
@@ -775,7 +763,7 @@ class SearchDriver:
                 _log.warning(
                     "trial %s: %s", self._label(running.optuna_number), running.hang_reason
                 )
-                running.processes.end(grace_s=0.0)
+                running.job.end(grace_s=0.0)
 
     def _finalize_outcome(
         self, session: Any, trial: Trial, exit_code: int | None, cause: str | None = None
@@ -956,16 +944,22 @@ class SearchDriver:
             slot_ledger.renew_leases(session, self.experiment_id, LEASE_S)
 
     def _preempt_running(self) -> None:
-        for running in self._running.values():
-            if running.preempted_at is None:
-                running.preempted_at = time.monotonic()
-                running.preempt_path.parent.mkdir(parents=True, exist_ok=True)
-                running.preempt_path.touch()
+        asking = [r for r in self._running.values() if r.preempted_at is None]
+        if not asking:
+            return
+        with session_scope(self.db_url) as session:
+            for running in asking:
+                run = session.get(TrialRun, running.run_id)
+                assert run is not None
+                request_stop(session, run)
+        now = time.monotonic()
+        for running in asking:
+            running.preempted_at = now
 
     def _kill_running(self) -> None:
         """End every running trial's processes; requeue them, or fail them on kill."""
         for running in self._running.values():
-            running.processes.end(grace_s=KILL_GRACE_S)
+            running.job.end(grace_s=KILL_GRACE_S)
         with session_scope(self.db_url) as session:
             for running in self._running.values():
                 run = session.get(TrialRun, running.run_id)

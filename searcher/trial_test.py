@@ -291,14 +291,24 @@ class _TestRun:
         from storage import Trial, TrialRun, session_scope
         from trials import RuntimeSpec
         from trials._system_metrics import detect_gpus
-        from trials.launcher import DB_URL_ENV_VAR, free_port, start_trial, torchrun_commands
+        from trials.executors import LaunchRequest, executor_for
+        from trials.launcher import DB_URL_ENV_VAR
         from trials.scheduler import AgentSlots, Placement
 
+        executor = executor_for(
+            self.cluster,
+            use_gpus=self.cluster.gpu_slots
+            if self.cluster.gpu_slots is not None
+            else bool(detect_gpus()),
+        )
         with session_scope(self.db_url) as session:
             first = session.scalars(
                 select(TrialRun).where(TrialRun.trial_id == trial_id, TrialRun.attempt == 0)
             ).one()
             agents = list(first.agents or [])
+            # The spec the driver launched attempt 0 with, now restoring the checkpoint
+            # and training a few batches past it.
+            fields = dict(first.spec or {})
             trial = session.get(Trial, trial_id)
             assert trial is not None
             log_path = Path(str(trial.log_path))
@@ -307,6 +317,7 @@ class _TestRun:
             run = TrialRun(
                 trial_id=trial_id,
                 attempt=1,
+                executor=executor.name,
                 launch_token=uuid.uuid4().hex,
                 restored_from_checkpoint=checkpoint.uuid,
                 restored_from_step=checkpoint.step,
@@ -314,10 +325,6 @@ class _TestRun:
             session.add(run)
             session.flush()
             token = str(run.launch_token)
-        # The spec the driver launched attempt 0 with (the only trial: the only spec file),
-        # now restoring the checkpoint and training a few batches past it.
-        (spec_file,) = log_path.parent.glob("*.spec.json")
-        fields = json.loads(spec_file.read_text())
         fields.update(
             db_url=self.db_url,
             attempt=1,
@@ -325,8 +332,6 @@ class _TestRun:
             max_length={"batches": checkpoint.step + RESTORE_BATCHES},
         )
         spec = RuntimeSpec.model_validate(fields)
-        restore_spec = self.tmp / "restore.spec.json"
-        restore_spec.write_text(spec.model_dump_json(exclude={"db_url"}))
         pool = self.cluster.pool(self.config.resources.resource_pool)
         by_name = {agent.name: agent for agent in pool.agents}
         placement = Placement(
@@ -336,19 +341,16 @@ class _TestRun:
                 AgentSlots(agent=by_name[a["agent"]], slots=tuple(a["slots"])) for a in agents
             ),
         )
-        commands = torchrun_commands(
-            placement,
-            spec_path=str(restore_spec),
-            rdzv_id=f"slotsweep-test-{trial_id}-1",
-            rdzv_port=free_port(placement.agents[0].agent.host) if len(agents) > 1 else None,
-            use_gpus=bool(detect_gpus()),
-        )
-        processes = start_trial(
-            commands,
-            log_path=log_path,
-            cwd=self.config_path.resolve().parent,
-            token=token,
-            extra_env={DB_URL_ENV_VAR: self.db_url},
+        processes = executor.launch(
+            LaunchRequest(
+                placement=placement,
+                spec_json=spec.model_dump_json(exclude={"db_url"}),
+                rdzv_id=f"slotsweep-test-{trial_id}-1",
+                token=token,
+                log_path=log_path,
+                cwd=self.config_path.resolve().parent,
+                env={DB_URL_ENV_VAR: self.db_url},
+            )
         )
         deadline = time.monotonic() + RESTORE_TIMEOUT_S
         exit_code = processes.poll()

@@ -16,7 +16,7 @@ from storage._engine import (
     retry_transient,
     session_scope,
 )
-from storage._fence import AttemptSupersededError, claim_attempt
+from storage._fence import AttemptSupersededError, claim_attempt, stop_requested
 from storage._migrate import upgrade_schema
 from storage._models import (
     Allocation,
@@ -39,7 +39,7 @@ from storage._models import (
 )
 from storage._open import DatabaseUrlError, check_database_url
 from storage._optuna import optuna_storage
-from storage._records import record_metrics
+from storage._records import metric_rows, record_metrics
 from storage._url import (
     DB_ENV_VAR,
     DEFAULT_DB_URL,
@@ -77,6 +77,7 @@ __all__ = [
     "claim_attempt",
     "get_engine",
     "is_transient_error",
+    "metric_rows",
     "optuna_storage",
     "prepare_engine",
     "record_metrics",
@@ -85,6 +86,7 @@ __all__ = [
     "resolve_db_url",
     "retry_transient",
     "session_scope",
+    "stop_requested",
     "upgrade_schema",
     "url_secrets",
     "utcnow",

@@ -80,3 +80,15 @@ def claim_attempt(
             trial_id, attempt, latest.attempt, ended=latest.attempt == attempt
         )
     return int(latest.id)
+
+
+def stop_requested(session: Session, run_id: int) -> bool:
+    """Whether the driver asked run ``run_id`` to checkpoint and stop (pause, preemption).
+
+    The request travels through the database because rank 0 may run on any node of the
+    cluster; the driver's disk is not shared with it.
+    """
+    return (
+        session.scalar(select(TrialRun.stop_requested_at).where(TrialRun.id == run_id))
+        is not None
+    )

@@ -159,6 +159,15 @@ class TrialRun(Base):
     # In the environment of every process of the run, so that a later driver finds
     # them even when it never learnt their pids (a crash right after the launch).
     launch_token: Mapped[str | None] = mapped_column(String(64))
+    # Which executor started the run ("local", "slurm") and its own id for it (a
+    # Slurm job or job step): a later driver ends leftovers through the same executor.
+    executor: Mapped[str] = mapped_column(String(32), default="local", server_default="local")
+    external_id: Mapped[str | None] = mapped_column(String(255))
+    # Set by the driver to ask the run to checkpoint and stop (pause, preemption); rank
+    # 0 reads it with its records, on whichever node it runs.
+    stop_requested_at: Mapped[_dt.datetime | None] = mapped_column(DateTime)
+    # The RuntimeSpec the run was launched with, without the database URL.
+    spec: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     trial: Mapped[Trial] = relationship(back_populates="runs")
     processes: Mapped[list[TrialProcess]] = relationship(

@@ -143,5 +143,3 @@ class RuntimeSpec(_Strict):
     seed: int | None = None
     restore_checkpoint_path: str | None = None
     agent: str = "local"
-    # The driver creates this file to ask the trial to checkpoint and exit (pause, Ctrl-C).
-    preempt_path: str | None = None

@@ -74,14 +74,11 @@ def _ref(row: TrialProcess) -> ProcessRef:
     return ProcessRef(row.host, row.pid, row.create_time)
 
 
-def end_run(
-    session: Session, run: TrialRun, *, reason: str | None = None, grace_s: float = 0.0
-) -> bool:
-    """End every process of ``run`` still alive on this machine; whether all are gone.
+def end_local_processes(session: Session, run: TrialRun, *, grace_s: float = 0.0) -> bool:
+    """The local executor's way to end ``run``: its recorded processes and its launch token.
 
-    Marks the confirmed-gone process rows and, when none is left, the run itself
-    (``ended_at``, and ``reason`` if the run had none). A process on another host
-    cannot be ended here: the run stays open and False is returned.
+    Marks the confirmed-gone process rows. A process on another host cannot be ended
+    here: False is returned for it.
     """
     rows = _open_rows(session, [run.id])
     remote = [row for row in rows if not is_local_host(row.host)]
@@ -95,40 +92,70 @@ def end_run(
     for row in rows:
         if is_local_host(row.host) and row.pid not in still:
             row.ended_at = now
-    if survivors or remote:
-        return False
+    return not survivors and not remote
+
+
+def local_processes_gone(session: Session, run: TrialRun) -> bool:
+    """Whether no recorded process of ``run`` and none with its launch token runs here.
+
+    Process rows found dead are marked ended. A process on another host counts as
+    running: this machine cannot see it.
+    """
+    now = utcnow()
+    gone = True
+    for row in _open_rows(session, [run.id]):
+        alive = is_alive(_ref(row))
+        if alive is False:
+            row.ended_at = now
+        else:
+            gone = False
+    if gone and run.ended_at is None and run.launch_token:
+        gone = not processes_with_token(run.launch_token)
+    return gone
+
+
+def mark_processes_ended(session: Session, run: TrialRun) -> None:
+    """Mark every process row of ``run`` ended (its executor confirmed the whole run gone)."""
+    now = utcnow()
+    for row in _open_rows(session, [run.id]):
+        row.ended_at = now
+
+
+def end_run(
+    session: Session, run: TrialRun, *, reason: str | None = None, grace_s: float = 0.0
+) -> bool:
+    """End every process of ``run`` through the executor that started it; whether all are gone.
+
+    When none is left the run itself is marked ended (``ended_at``, and ``reason`` if
+    the run had none); otherwise it stays open and False is returned.
+    """
+    from trials.executors import executor_named
+
     if run.ended_at is None:
-        run.ended_at = now
+        if not executor_named(run.executor).end_leftovers(session, run, grace_s=grace_s):
+            return False
+        run.ended_at = utcnow()
         if reason and not run.reason:
             run.reason = reason
     return True
 
 
 def trial_processes_gone(session: Session, trial_id: int) -> bool:
-    """Whether no process of any attempt of ``trial_id`` runs (confirmed, not assumed).
+    """Whether no process of any attempt of ``trial_id`` runs (confirmed, not assumed)."""
+    from trials.executors import executor_named
 
-    Process rows found dead are marked ended. A process on another host counts as
-    running: this machine cannot see it.
-    """
     runs = list(session.scalars(select(TrialRun).where(TrialRun.trial_id == trial_id)))
-    rows = _open_rows(session, [run.id for run in runs])
-    now = utcnow()
     gone = True
-    for row in rows:
-        alive = is_alive(_ref(row))
-        if alive is False:
-            row.ended_at = now
-        else:
+    for run in runs:
+        if not executor_named(run.executor).leftovers_gone(session, run):
             gone = False
-    if gone:
-        for run in runs:
-            if (
-                run.ended_at is None
-                and run.launch_token
-                and processes_with_token(run.launch_token)
-            ):
-                gone = False
     return gone
+
+
+def request_stop(session: Session, run: TrialRun) -> None:
+    """Ask ``run`` to checkpoint and stop: rank 0 reads it with its next record."""
+    if run.stop_requested_at is None:
+        run.stop_requested_at = utcnow()
 
 
 def open_runs(session: Session, trial_id: int) -> list[TrialRun]:

@@ -60,10 +60,50 @@ class NodeCommand:
     env: Mapping[str, str] = field(default_factory=dict)
 
 
+def torchrun_argv(
+    *,
+    nnodes: int,
+    nproc_per_node: int,
+    rdzv_endpoint: str | None,
+    rdzv_id: str,
+    python: str = sys.executable,
+) -> tuple[str, ...]:
+    """One node's ``torchrun`` command line running :mod:`trials.worker` on every rank.
+
+    ``rdzv_endpoint`` (``host:port`` of the first node) is needed when ``nnodes`` > 1;
+    a single node uses ``--standalone``. Every executor builds its commands here.
+
+    Example:
+        >>> torchrun_argv(nnodes=1, nproc_per_node=2, rdzv_endpoint=None, rdzv_id="t",
+        ...               python="python")[:4]
+        ('python', '-m', 'trials._torchrun', '--standalone')
+    """
+    # torchrun itself, run by a wrapper that prefixes its own lines with ``[torchrun]``.
+    base = (python, "-m", "trials._torchrun")
+    if nnodes == 1:
+        rendezvous: tuple[str, ...] = ("--standalone", "--nnodes=1")
+    else:
+        if rdzv_endpoint is None:
+            raise ValueError("a multi-node launch needs a rendezvous endpoint")
+        rendezvous = (
+            f"--nnodes={nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={rdzv_endpoint}",
+            f"--rdzv-id={rdzv_id}",
+        )
+    return (
+        *base,
+        *rendezvous,
+        f"--nproc-per-node={nproc_per_node}",
+        "--max-restarts=0",
+        "-m",
+        "trials.worker",
+    )
+
+
 def torchrun_commands(
     placement: Placement,
     *,
-    spec_path: str,
     rdzv_id: str,
     rdzv_port: int | None = None,
     use_gpus: bool = False,
@@ -72,42 +112,30 @@ def torchrun_commands(
     """The ``torchrun`` command and extra environment of every agent in ``placement``.
 
     Example:
-        >>> cmds = torchrun_commands(placement, spec_path="/tmp/s.json", rdzv_id="t1")  # doctest: +SKIP
+        >>> cmds = torchrun_commands(placement, rdzv_id="t1")  # doctest: +SKIP
         >>> cmds[0].argv[:4]  # doctest: +SKIP
         ('/usr/bin/python3', '-m', 'trials._torchrun', '--standalone')
     """
     nodes = placement.agents
     if not nodes:
         raise ValueError("a placement needs at least one agent")
-    # torchrun itself, run by a wrapper that prefixes its own lines with ``[torchrun]``.
-    base = (python, "-m", "trials._torchrun")
-    if len(nodes) == 1:
-        rendezvous: tuple[str, ...] = ("--standalone", "--nnodes=1")
-    else:
-        if rdzv_port is None:
-            raise ValueError("a multi-agent placement needs rdzv_port")
-        rendezvous = (
-            f"--nnodes={len(nodes)}",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={nodes[0].agent.host}:{rdzv_port}",
-            f"--rdzv-id={rdzv_id}",
-        )
+    if len(nodes) > 1 and rdzv_port is None:
+        raise ValueError("a multi-agent placement needs rdzv_port")
+    endpoint = f"{nodes[0].agent.host}:{rdzv_port}" if len(nodes) > 1 else None
     commands = []
     for node in nodes:
         env = {
-            SPEC_ENV_VAR: spec_path,
             AGENT_ENV_VAR: node.agent.name,
             SLOTS_ENV_VAR: ",".join(str(s) for s in node.slots),
         }
         if use_gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s) for s in node.slots)
-        argv = (
-            *base,
-            *rendezvous,
-            f"--nproc-per-node={len(node.slots)}",
-            "--max-restarts=0",
-            "-m",
-            "trials.worker",
+        argv = torchrun_argv(
+            nnodes=len(nodes),
+            nproc_per_node=len(node.slots),
+            rdzv_endpoint=endpoint,
+            rdzv_id=rdzv_id,
+            python=python,
         )
         commands.append(
             NodeCommand(
@@ -147,8 +175,8 @@ class TrialProcesses:
             return None
         return next((code for code in codes if code != 0), 0)
 
-    def end(self, *, grace_s: float = 10.0) -> list[Any]:
-        """End every process of the attempt (ranks included); those that outlived it.
+    def end(self, *, grace_s: float = 10.0) -> bool:
+        """End every process of the attempt (ranks included); whether all are gone.
 
         Blocks until they are gone (up to ``grace_s`` for SIGTERM plus a bounded wait
         after SIGKILL), and reaps the ``torchrun`` children.
@@ -157,7 +185,7 @@ class TrialProcesses:
         for process in self.processes:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=1.0)
-        return survivors
+        return not survivors
 
     def describe(self) -> list[dict[str, Any]]:
         """Where each agent's ``torchrun`` runs, for the trial run's record."""

@@ -1,9 +1,10 @@
 """The program every rank of a trial runs: ``torchrun ... -m trials.worker``.
 
-The driver passes the trial's :class:`~trials.RuntimeSpec` as a JSON file named by
-``SLOTSWEEP_TRIAL_SPEC`` (written 0600, without the database URL, which comes in
-``SLOTSWEEP_DB_URL``: files and command lines are where passwords leak) and points
-torchrun's output at the trial's log file.
+The driver passes the trial's :class:`~trials.RuntimeSpec` as JSON in
+``SLOTSWEEP_TRIAL_SPEC`` (the environment reaches every node of a launch, a file on
+the driver's disk would not), without the database URL, which comes in
+``SLOTSWEEP_DB_URL`` (command lines are where passwords leak), and points torchrun's
+output at the trial's log file.
 
 A rank never outlives its ``torchrun``: the first thing it does is ask the kernel for
 SIGKILL when its parent dies (``PR_SET_PDEATHSIG``). torch's elastic agent starts each
@@ -66,39 +67,32 @@ def _fail(message: str) -> int:
 
 
 def _run() -> int:
+    import json
     import signal
 
     from pydantic import ValidationError
 
     from trials._config import RuntimeSpec
     from trials._validation import validation_problems
-
-    spec_path = os.environ.get("SLOTSWEEP_TRIAL_SPEC")
-    if not spec_path:
-        return _fail(
-            "SLOTSWEEP_TRIAL_SPEC: not set; it must name the trial's RuntimeSpec JSON file"
-        )
-    try:
-        with open(spec_path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as error:
-        return _fail(f"SLOTSWEEP_TRIAL_SPEC: cannot read {spec_path}: {error.strerror}")
-    import json
-
     from trials.labels import trial_label
-    from trials.launcher import DB_URL_ENV_VAR
+    from trials.launcher import DB_URL_ENV_VAR, SPEC_ENV_VAR
 
+    # The spec travels in the environment (srun and sbatch pass it on to every node),
+    # never as a file on the driver's disk that another node could not read.
+    text = os.environ.get(SPEC_ENV_VAR)
+    if not text:
+        return _fail(f"{SPEC_ENV_VAR}: not set; it must hold the trial's RuntimeSpec as JSON")
     try:
         fields = json.loads(text)
     except ValueError as error:
-        return _fail(f"SLOTSWEEP_TRIAL_SPEC {spec_path}: not JSON: {error}")
+        return _fail(f"{SPEC_ENV_VAR}: not JSON: {error}")
     if os.environ.get(DB_URL_ENV_VAR) and isinstance(fields, dict):
         fields["db_url"] = os.environ[DB_URL_ENV_VAR]
     try:
         spec = RuntimeSpec.model_validate(fields)
     except ValidationError as error:
         for problem in validation_problems(error, RuntimeSpec):
-            _fail(f"SLOTSWEEP_TRIAL_SPEC {spec_path}: {problem}")
+            _fail(f"{SPEC_ENV_VAR}: {problem}")
         return 2
 
     def _terminate(signum: int, _frame: object) -> None:

@@ -25,7 +25,6 @@ as if it had never stopped.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -252,7 +251,7 @@ class ManagedLoop:
         profiler = self.profiler
         accumulator = self._train_metrics
         preempt = 0.0
-        if ctx.is_chief and self.spec.preempt_path and os.path.exists(self.spec.preempt_path):
+        if ctx.is_chief and ctx._recorder is not None and ctx._recorder.stop_requested:
             preempt = 1.0
         names = accumulator.names()
         packed = reduce_means(

@@ -78,6 +78,15 @@ class Cluster:
     """Every resource pool that trials can be scheduled on."""
 
     pools: tuple[ResourcePool, ...]
+    #: Where trials run: "local" (this machine) or "slurm" (job steps of an allocation).
+    executor: str = "local"
+    #: Determined's name: the network interface trials use between nodes (sets
+    #: NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME); None picks one per trial and logs it.
+    dtrain_network_interface: str | None = None
+    #: The Slurm job the agents belong to (inside ``salloc``/``sbatch``).
+    slurm_job_id: str | None = None
+    #: Whether slots are GPU indices; None: this machine's GPUs decide (local agents).
+    gpu_slots: bool | None = None
 
     def pool(self, name: str) -> ResourcePool:
         """The pool called ``name``; raises :class:`UnknownPool` listing the pools otherwise."""

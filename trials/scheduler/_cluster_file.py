@@ -9,6 +9,10 @@
         agents:
           - {name: a1, host: 127.0.0.1, slots: 2}        # a count: slots 0 and 1
           - {name: a2, host: 127.0.0.1, slots: [0, 1]}   # explicit GPU indices
+    dtrain_network_interface: eth0    # optional: NCCL/gloo interface between nodes
+
+``executor: slurm`` (or ``--cluster slurm``, or running inside ``salloc``/``sbatch``
+with no cluster file) takes the agents from the Slurm allocation instead.
 
 Without a file the cluster is one pool ``default`` holding this machine, named after
 its hostname, with its GPUs as slots (found through NVML) or else one slot per CPU.
@@ -37,6 +41,8 @@ from trials._yaml import YamlError, read_yaml
 from trials.scheduler._cluster import Agent, Cluster, ResourcePool
 
 CLUSTER_ENV_VAR = "SLOTSWEEP_CLUSTER"
+#: ``--cluster slurm``: the nodes of the Slurm allocation this process runs in.
+SLURM_CLUSTER = "slurm"
 DEFAULT_POOL = "default"
 LOCAL_HOST = "127.0.0.1"
 # More slots than any machine has GPUs (or cores to run CPU slots on): a typo, not a cluster.
@@ -102,7 +108,11 @@ class _PoolSpec(_Strict):
 
 
 class _ClusterSpec(_Strict):
-    resource_pools: list[_PoolSpec] = Field(min_length=1)
+    # Where trials run. With "slurm" the agents are the nodes of the Slurm allocation
+    # the search runs in, so the file declares no resource pools.
+    executor: Literal["local", "slurm"] = "local"
+    dtrain_network_interface: str | None = Field(default=None, min_length=1, max_length=64)
+    resource_pools: list[_PoolSpec] | None = Field(default=None, min_length=1)
 
 
 def parse_cluster(raw: Any) -> Cluster:
@@ -113,6 +123,19 @@ def parse_cluster(raw: Any) -> Cluster:
         spec = _ClusterSpec.model_validate(raw)
     except ValidationError as exc:
         raise ClusterConfigError(validation_problems(exc, _ClusterSpec)) from None
+    if spec.executor == "slurm":
+        if spec.resource_pools is not None:
+            raise ClusterConfigError(
+                [
+                    "resource_pools: not allowed with executor: slurm "
+                    "(the agents are the nodes of the Slurm allocation)"
+                ]
+            )
+        from trials.executors._slurm import allocation_cluster
+
+        return allocation_cluster(dtrain_network_interface=spec.dtrain_network_interface)
+    if spec.resource_pools is None:
+        raise ClusterConfigError(["resource_pools: required field is missing"])
     problems: list[str] = []
     seen_pools: dict[str, int] = {}
     seen_agents: dict[str, str] = {}
@@ -135,6 +158,7 @@ def parse_cluster(raw: Any) -> Cluster:
     if problems:
         raise ClusterConfigError(problems)
     return Cluster(
+        dtrain_network_interface=spec.dtrain_network_interface,
         pools=tuple(
             ResourcePool(
                 name=pool.name,
@@ -189,6 +213,16 @@ def load_cluster(path: str | Path | None = None, *, slots: int | None = None) ->
     source = "cluster"
     if path is None and os.environ.get(CLUSTER_ENV_VAR):
         path, source = os.environ[CLUSTER_ENV_VAR], CLUSTER_ENV_VAR
+    in_allocation = bool(os.environ.get("SLURM_JOB_ID") and os.environ.get("SLURM_JOB_NODELIST"))
+    if str(path) == SLURM_CLUSTER or (path is None and in_allocation and slots is None):
+        # Inside salloc/sbatch the allocation's nodes are the agents.
+        if slots is not None:
+            raise ClusterConfigError(
+                ["slots: cannot be combined with --cluster slurm; Slurm gives each node's slots"]
+            )
+        from trials.executors._slurm import allocation_cluster
+
+        return allocation_cluster()
     if path is None:
         return local_cluster(slots)
     if slots is not None:

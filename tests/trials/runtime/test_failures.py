@@ -110,7 +110,7 @@ def test_constructor_error_is_recorded_and_every_log_line_is_prefixed(
         **os.environ,
         "PYTHONUNBUFFERED": "1",
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-        "SLOTSWEEP_TRIAL_SPEC": str(handle.spec_path),
+        "SLOTSWEEP_TRIAL_SPEC": handle.spec_path.read_text(),
     }
     env.pop("SLOTSWEEP_DB", None)
     with open(log_path, "a", buffering=1) as log:

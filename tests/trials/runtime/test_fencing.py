@@ -133,7 +133,7 @@ def test_every_rank_of_a_two_rank_run_is_registered(
     result = run_torchrun(
         ["-m", "trials.worker"],
         env={
-            "SLOTSWEEP_TRIAL_SPEC": str(handle.spec_path),
+            "SLOTSWEEP_TRIAL_SPEC": handle.spec_path.read_text(),
             "SLOTSWEEP_AGENT": "agent-x",
             "SLOTSWEEP_SLOTS": "3,5",
         },
@@ -183,7 +183,7 @@ def test_a_superseded_run_stops_with_one_line_and_records_nothing_more(
     superseder.start()
     started = time.monotonic()
     result = run_torchrun(
-        ["-m", "trials.worker"], env={"SLOTSWEEP_TRIAL_SPEC": str(handle.spec_path)}
+        ["-m", "trials.worker"], env={"SLOTSWEEP_TRIAL_SPEC": handle.spec_path.read_text()}
     )
     superseder.join()
     output = result.stdout + result.stderr

@@ -1,0 +1,46 @@
+"""Where trial attempts run: the executor seam and its implementations.
+
+``LocalExecutor`` starts ``torchrun`` on this machine; ``SlurmExecutor`` starts each
+attempt as a Slurm job step inside the allocation the search runs in. The driver
+talks to :class:`Executor` only; :func:`executor_for` picks one for a cluster and
+:func:`executor_named` finds the one that started a recorded run.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from trials.executors._base import Executor, LaunchRequest, TrialJob
+from trials.executors._local import LocalExecutor
+
+if TYPE_CHECKING:
+    from trials.scheduler import Cluster
+
+__all__ = [
+    "Executor",
+    "LaunchRequest",
+    "LocalExecutor",
+    "TrialJob",
+    "executor_for",
+    "executor_named",
+]
+
+
+def executor_for(cluster: Cluster, *, use_gpus: bool = False) -> Executor:
+    """The executor that runs ``cluster``'s trials (its ``executor`` field)."""
+    if cluster.executor == "slurm":
+        from trials.executors._slurm import SlurmExecutor
+
+        return SlurmExecutor(cluster)
+    return LocalExecutor(use_gpus=use_gpus)
+
+
+def executor_named(name: str) -> Executor:
+    """The executor recorded as ``TrialRun.executor``, to end a crashed driver's leftovers."""
+    if name == "slurm":
+        from trials.executors._slurm import SlurmExecutor
+
+        return SlurmExecutor(None)
+    if name == "local":
+        return LocalExecutor()
+    raise ValueError(f"executor: unknown executor {name!r} (local, slurm)")

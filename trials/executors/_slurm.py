@@ -1,0 +1,289 @@
+"""The Slurm executor: each trial attempt is one ``srun`` job step of the search's allocation.
+
+Run a search from inside ``salloc`` or ``sbatch`` (or with ``--cluster slurm``): the
+agents are the allocation's nodes with the GPUs Slurm gave each of them (CPU slots on
+CPU-only nodes), the scheduler places trials on them under the usual rules, and each
+attempt runs as ``srun --nodes=k --ntasks-per-node=1 --nodelist=... --exact
+--kill-on-bad-exit`` of one ``torchrun`` per node with c10d rendezvous on the first
+node. The step's output comes back through ``srun`` (a child of the driver) to the
+trial's log.
+
+Every step is named after its attempt's launch token (:func:`step_name`): a driver that
+starts after a crash finds the steps of the old one by name and cancels them with
+``scancel``, and a step is confirmed gone when ``squeue`` no longer lists it. Its id
+(``JOB.STEP``) is recorded in ``TrialRun.external_id``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from trials.attempts import mark_processes_ended
+from trials.executors._slurm_commands import (
+    expand_counts,
+    gpu_indices,
+    job_node_gres,
+    node_addresses,
+    rendezvous_port,
+    srun_argv,
+    step_name,
+    steps_named,
+)
+from trials.executors._slurm_node import IFNAME_ENV_VAR, NODE_SLOTS_ENV_VAR, RDZV_HOST_ENV_VAR
+from trials.launcher import SPEC_ENV_VAR, torchrun_argv
+from trials.processes import LAUNCH_TOKEN_ENV_VAR
+from trials.scheduler._cluster import Agent, Cluster, ResourcePool
+from trials.scheduler._cluster_file import DEFAULT_POOL, ClusterConfigError
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from storage import TrialRun
+    from trials.executors._base import LaunchRequest
+
+# Slurm's client commands answer in well under a second on a healthy controller.
+_COMMAND_TIMEOUT_S = 30.0
+# How long a started step gets to appear in squeue before its id is left unrecorded
+# (the step name still finds it).
+_STEP_ID_WAIT_S = 10.0
+_GONE_WAIT_S = 30.0
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed; the message holds the command and its error output."""
+
+
+def _slurm(argv: Sequence[str], *, check: bool = True) -> str:
+    try:
+        done = subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=_COMMAND_TIMEOUT_S, check=False
+        )
+    except FileNotFoundError:
+        raise SlurmError(f"{argv[0]}: not found; is Slurm installed on this machine?") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"{' '.join(argv)}: no answer in {_COMMAND_TIMEOUT_S:g} s") from None
+    if check and done.returncode != 0:
+        raise SlurmError(f"{' '.join(argv)}: {done.stderr.strip() or f'exit {done.returncode}'}")
+    return done.stdout
+
+
+def allocation_cluster(
+    environ: Mapping[str, str] | None = None, *, dtrain_network_interface: str | None = None
+) -> Cluster:
+    """The allocation this process runs in as a cluster: one agent per node.
+
+    A node's slots are the GPUs Slurm gave the job there (their indices), else its CPUs
+    in the allocation (one CPU slot per CPU, trials on gloo).
+
+    Example:
+        >>> cluster = allocation_cluster()  # doctest: +SKIP  (inside salloc -N2)
+        >>> [agent.name for agent in cluster.pool("default").agents]  # doctest: +SKIP
+        ['node1', 'node2']
+    """
+    env = os.environ if environ is None else environ
+    job_id = env.get("SLURM_JOB_ID")
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not job_id or not nodelist:
+        raise ClusterConfigError(
+            [
+                "cluster slurm: not inside a Slurm allocation (SLURM_JOB_ID and "
+                "SLURM_JOB_NODELIST are unset); run the search under salloc or sbatch"
+            ]
+        )
+    try:
+        names = _slurm(["scontrol", "show", "hostnames", nodelist]).split()
+        addresses = node_addresses(_slurm(["scontrol", "-o", "show", "node", ",".join(names)]))
+        gres = job_node_gres(_slurm(["scontrol", "-d", "show", "job", job_id]))
+    except SlurmError as exc:
+        raise ClusterConfigError([f"cluster slurm: {exc}"]) from None
+    cpus = expand_counts(env.get("SLURM_JOB_CPUS_PER_NODE", ""))
+    agents = []
+    any_gpus = False
+    for i, name in enumerate(names):
+        gpus = next((gpu_indices(g) for nodes, g in gres.items() if name in _hosts(nodes)), ())
+        any_gpus = any_gpus or bool(gpus)
+        slots = gpus or tuple(range(cpus[i] if i < len(cpus) else 1))
+        agents.append(Agent(name=name, host=addresses.get(name, name), slots=slots))
+    return Cluster(
+        pools=(ResourcePool(name=DEFAULT_POOL, agents=tuple(agents)),),
+        executor="slurm",
+        dtrain_network_interface=dtrain_network_interface,
+        slurm_job_id=job_id,
+        gpu_slots=any_gpus,
+    )
+
+
+def _hosts(nodelist: str) -> list[str]:
+    if "[" not in nodelist and "," not in nodelist:
+        return [nodelist]
+    return _slurm(["scontrol", "show", "hostnames", nodelist]).split()
+
+
+def _steps_with_name(name: str) -> list[str]:
+    return steps_named(_slurm(["squeue", "-h", "-s", "-o", "%i %j"]), name)
+
+
+@dataclass
+class SlurmJob:
+    """One attempt's ``srun`` client (the driver's child) and the job step it runs."""
+
+    srun: subprocess.Popen[bytes]
+    name: str
+    agents: list[dict[str, Any]]
+    step_id: str | None = None
+    _deadline: float = field(default_factory=lambda: time.monotonic() + _STEP_ID_WAIT_S)
+
+    @property
+    def external_id(self) -> str | None:
+        if self.step_id is None and time.monotonic() < self._deadline:
+            while time.monotonic() < self._deadline and self.srun.poll() is None:
+                found = _steps_with_name(self.name)
+                if found:
+                    self.step_id = found[0]
+                    break
+                time.sleep(0.1)
+        return self.step_id
+
+    def poll(self) -> int | None:
+        return self.srun.poll()
+
+    def end(self, *, grace_s: float) -> bool:
+        return _cancel_steps(self.name, grace_s=grace_s, srun=self.srun)
+
+    def record(self, session: Session, run: TrialRun) -> None:
+        run.agents = self.agents
+        run.external_id = self.external_id
+
+    def describe(self) -> list[dict[str, Any]]:
+        return self.agents
+
+
+def _cancel_steps(
+    name: str, *, grace_s: float, srun: subprocess.Popen[bytes] | None = None
+) -> bool:
+    """Cancel every step called ``name`` (SIGTERM, ``grace_s``, then kill); whether all are gone."""
+    try:
+        steps = _steps_with_name(name)
+        if steps and grace_s > 0:
+            _slurm(["scancel", "--signal=TERM", *steps], check=False)
+            deadline = time.monotonic() + grace_s
+            while steps and time.monotonic() < deadline:
+                time.sleep(0.2)
+                steps = _steps_with_name(name)
+        if steps:
+            _slurm(["scancel", *steps], check=False)
+        deadline = time.monotonic() + _GONE_WAIT_S
+        while steps and time.monotonic() < deadline:
+            time.sleep(0.2)
+            steps = _steps_with_name(name)
+    except SlurmError:
+        return False
+    if srun is not None:
+        try:
+            srun.wait(timeout=_GONE_WAIT_S)
+        except subprocess.TimeoutExpired:
+            srun.kill()
+            srun.wait()
+    return not steps
+
+
+class SlurmExecutor:
+    """Starts each attempt as a job step of the allocation (``cluster.slurm_job_id``).
+
+    Example:
+        >>> executor = SlurmExecutor(allocation_cluster())  # doctest: +SKIP
+        >>> job = executor.launch(request)  # doctest: +SKIP
+    """
+
+    name = "slurm"
+    remote = True
+
+    def __init__(self, cluster: Cluster | None) -> None:
+        self.cluster = cluster
+
+    def launch(self, request: LaunchRequest) -> SlurmJob:
+        if self.cluster is None or not self.cluster.slurm_job_id:
+            raise RuntimeError("the Slurm executor launches inside an allocation only")
+        placement = request.placement
+        nodes = [part.agent for part in placement.agents]
+        per_node = {len(part.slots) for part in placement.agents}
+        if len(per_node) != 1:
+            raise RuntimeError(
+                "a Slurm step runs the same number of slots on every node; "
+                f"this placement has {sorted(per_node)}"
+            )
+        slots_per_node = per_node.pop()
+        rdzv_host = nodes[0].host
+        endpoint = f"{rdzv_host}:{rendezvous_port(request.rdzv_id)}" if len(nodes) > 1 else None
+        torchrun = torchrun_argv(
+            nnodes=len(nodes),
+            nproc_per_node=slots_per_node,
+            rdzv_endpoint=endpoint,
+            rdzv_id=request.rdzv_id,
+        )
+        name = step_name(request.token)
+        use_gpus = bool(self.cluster.gpu_slots)
+        argv = srun_argv(
+            job_id=self.cluster.slurm_job_id,
+            nodes=[node.name for node in nodes],
+            slots_per_node=slots_per_node,
+            use_gpus=use_gpus,
+            name=name,
+            torchrun=torchrun[3:],
+        )
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+        env.update(request.env)
+        env[SPEC_ENV_VAR] = request.spec_json
+        env[LAUNCH_TOKEN_ENV_VAR] = request.token
+        env[NODE_SLOTS_ENV_VAR] = json.dumps(
+            {part.agent.name: list(part.slots) for part in placement.agents}
+        )
+        env[RDZV_HOST_ENV_VAR] = rdzv_host
+        if self.cluster.dtrain_network_interface:
+            env[IFNAME_ENV_VAR] = self.cluster.dtrain_network_interface
+        request.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(request.log_path, "ab", buffering=0) as log:
+            srun = subprocess.Popen(
+                argv,
+                cwd=request.cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                # Ctrl-C in the driver's terminal must not reach srun (two Ctrl-C
+                # cancel its step): the driver decides how trials stop.
+                start_new_session=True,
+            )
+        agents = [
+            {"agent": part.agent.name, "host": part.agent.host, "slots": list(part.slots)}
+            for part in placement.agents
+        ]
+        return SlurmJob(srun=srun, name=name, agents=agents)
+
+    def end_leftovers(self, session: Session, run: TrialRun, *, grace_s: float) -> bool:
+        if not run.launch_token:
+            return True
+        gone = _cancel_steps(step_name(run.launch_token), grace_s=grace_s)
+        if gone:
+            mark_processes_ended(session, run)
+        return gone
+
+    def leftovers_gone(self, session: Session, run: TrialRun) -> bool:
+        if run.ended_at is not None or not run.launch_token:
+            return True
+        try:
+            gone = not _steps_with_name(step_name(run.launch_token))
+        except SlurmError:
+            return False
+        if gone:
+            mark_processes_ended(session, run)
+        return gone
