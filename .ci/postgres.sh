@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# A throw-away PostgreSQL server for the tests, on 127.0.0.1 only.
+# A throw-away PostgreSQL server for the tests, on 127.0.0.1 (plus one address if asked).
 #   bash .ci/postgres.sh start DIR PORT   -> initdb in DIR, start, create database "slotsweep"
+#   bash .ci/postgres.sh start DIR PORT ADDR/PREFIX
+#                                         -> the same, also listening on ADDR and trusting
+#                                            clients from its subnet (the test Slurm nodes)
 #   bash .ci/postgres.sh stop DIR         -> stop the server by the PID in DIR/data/postmaster.pid
 #   bash .ci/postgres.sh restart DIR      -> start a stopped server again with its last options
 # Installs Debian's postgresql when the server binaries are missing. The server runs
@@ -25,11 +28,24 @@ as_postgres() {
 case "$action" in
   start)
     port=$3
+    extra=${4:-}
+    listen=127.0.0.1
     mkdir -p "$dir"
     if [[ $(id -u) -eq 0 ]]; then chown postgres "$dir"; fi
     as_postgres "$bindir/initdb" -D "$dir/data" -U slotsweep --auth=trust -E UTF8 >/dev/null
+    if [[ -n "$extra" ]]; then
+      # ADDR/PREFIX -> listen on ADDR too; trust the subnet's network address/PREFIX only.
+      addr=${extra%/*}
+      bits=${extra#*/}
+      IFS=. read -r a b c d <<<"$addr"
+      n=$(((a << 24) | (b << 16) | (c << 8) | d))
+      n=$((n & ((0xFFFFFFFF << (32 - bits)) & 0xFFFFFFFF)))
+      net="$((n >> 24 & 255)).$((n >> 16 & 255)).$((n >> 8 & 255)).$((n & 255))/$bits"
+      listen="127.0.0.1,$addr"
+      echo "host all all $net trust" >>"$dir/data/pg_hba.conf"
+    fi
     as_postgres "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
-      -o "-c listen_addresses=127.0.0.1 -p $port -k $dir -c fsync=off -c max_connections=200" start >/dev/null
+      -o "-c listen_addresses=$listen -p $port -k $dir -c fsync=off -c max_connections=200" start >/dev/null
     as_postgres "$bindir/createdb" -h 127.0.0.1 -p "$port" -U slotsweep slotsweep
     head -n 1 "$dir/data/postmaster.pid"
     ;;
@@ -44,7 +60,7 @@ case "$action" in
     as_postgres "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 restart >/dev/null
     ;;
   *)
-    echo "usage: postgres.sh start DIR PORT | stop DIR | restart DIR" >&2
+    echo "usage: postgres.sh start DIR PORT [ADDR/PREFIX] | stop DIR | restart DIR" >&2
     exit 2
     ;;
 esac

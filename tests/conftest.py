@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+pytest_plugins = ["tests.slurm_cluster"]  # slurm_cluster, slurm_postgres fixtures
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES_DIR = REPO_ROOT / "examples"
 POSTGRES_SCRIPT = REPO_ROOT / ".ci" / "postgres.sh"
@@ -113,10 +115,14 @@ def add_experiment(
 class PostgresServer:
     """A throw-away PostgreSQL server that a test can stop and start again."""
 
-    def __init__(self) -> None:
+    def __init__(self, listen_address: str | None = None) -> None:
+        """``listen_address`` ("ADDR/PREFIX"): listen on ADDR too, trust its subnet, and
+        put ADDR in ``url`` (for clients in network namespaces, e.g. Slurm test nodes)."""
         self.folder = Path(tempfile.mkdtemp(prefix="slotsweep-pg-"))
         self.port = free_port()
-        self.url = f"postgresql://slotsweep@127.0.0.1:{self.port}/slotsweep"
+        self.listen_address = listen_address
+        host = listen_address.split("/")[0] if listen_address else "127.0.0.1"
+        self.url = f"postgresql://slotsweep@{host}:{self.port}/slotsweep"
 
     def _script(self, *args: str) -> None:
         done = subprocess.run(
@@ -126,7 +132,8 @@ class PostgresServer:
             pytest.fail(f"postgres.sh {args[0]} failed: {done.stderr[-2000:]}")
 
     def start(self) -> None:
-        self._script("start", str(self.folder), str(self.port))
+        extra = [self.listen_address] if self.listen_address else []
+        self._script("start", str(self.folder), str(self.port), *extra)
 
     def stop(self) -> None:
         """Fast shutdown: open connections are terminated, new ones refused."""

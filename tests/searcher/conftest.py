@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from sqlalchemy import func, select
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from storage import (
     Checkpoint,
@@ -113,8 +113,9 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 180, what: str = ""
     """Poll ``predicate`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        # The database may not exist yet while the driver starts.
-        with contextlib.suppress(OperationalError):
+        # The database (SQLite) or its tables (PostgreSQL) may not exist yet while
+        # the driver starts.
+        with contextlib.suppress(OperationalError, ProgrammingError):
             if predicate():
                 return
         time.sleep(0.02)

@@ -21,6 +21,7 @@ __all__ = [
     "LaunchRequest",
     "LocalExecutor",
     "TrialJob",
+    "database_problem",
     "executor_for",
     "executor_named",
 ]
@@ -44,3 +45,30 @@ def executor_named(name: str) -> Executor:
     if name == "local":
         return LocalExecutor()
     raise ValueError(f"executor: unknown executor {name!r} (local, slurm)")
+
+
+def database_problem(executor: Executor, db_url: str) -> str | None:
+    """Why ``db_url`` cannot serve ``executor``'s ranks, or None.
+
+    Ranks on other hosts write to the database concurrently: SQLite on a network
+    filesystem corrupts under that (its locks do not hold there), so such executors
+    need PostgreSQL.
+
+    Example:
+        >>> database_problem(LocalExecutor(), "sqlite:///s.db") is None
+        True
+    """
+    from sqlalchemy import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        backend = make_url(db_url).get_backend_name()
+    except ArgumentError:
+        return None  # not a URL at all: the database's own check says so
+    if executor.remote and backend == "sqlite":
+        return (
+            f"database: SQLite cannot be shared by the {executor.name} executor's nodes "
+            "(its file locks do not hold on a network filesystem); use PostgreSQL: "
+            "--db postgresql+psycopg://USER@HOST/DB"
+        )
+    return None

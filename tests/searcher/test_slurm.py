@@ -1,0 +1,268 @@
+"""Searches on a real two-node Slurm cluster (``.ci/slurm.sh``), inside an allocation.
+
+Each test holds an allocation of both nodes (``salloc --no-shell``) and runs the
+driver with that allocation's environment, as ``salloc slotsweep run ...`` would: the
+agents are the allocation's nodes (2 CPU slots each), every trial attempt is one
+``srun`` job step, and every rank writes to PostgreSQL on the bridge address. The
+allocation outlives a killed driver, so the steps it left behind are there for
+``resume`` to find.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import select
+
+from storage import (
+    Checkpoint,
+    CheckpointState,
+    Metric,
+    ProcessRole,
+    Trial,
+    TrialProcess,
+    TrialRun,
+    TrialState,
+    session_scope,
+)
+from tests.conftest import PostgresServer, cli_environment
+from tests.searcher.conftest import (
+    assert_search_consistent,
+    start_cli,
+    wait_for,
+    write_experiment,
+)
+from tests.slurm_cluster import SlurmCluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+
+
+@pytest.fixture
+def database(slurm_postgres: PostgresServer) -> Iterator[str]:
+    """A fresh database of this test's own on the nodes' PostgreSQL server."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(
+        slurm_postgres.url.replace("postgresql://", "postgresql+psycopg://"),
+        isolation_level="AUTOCOMMIT",
+    )
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = slurm_postgres.url.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture
+def allocation(slurm_cluster: SlurmCluster) -> Iterator[dict[str, str]]:
+    """Both nodes allocated to one job; the environment ``salloc`` gives its command."""
+    done = slurm_cluster.run(
+        "salloc", "-N2", "--exclusive", "--no-shell", "-J", "slotsweep-search", timeout=120
+    )
+    match = re.search(r"Granted job allocation (\d+)", done.stderr)
+    assert match, done.stderr
+    job_id = match.group(1)
+    job = slurm_cluster.job(job_id)
+    nodes, cpus = int(job["NumNodes"]), int(job["NumCPUs"])
+    env = {
+        **cli_environment(),
+        **slurm_cluster.env,
+        "SLURM_JOB_ID": job_id,
+        "SLURM_JOB_NODELIST": job["NodeList"],
+        "SLURM_JOB_CPUS_PER_NODE": f"{cpus // nodes}(x{nodes})",
+    }
+    try:
+        yield env
+    finally:
+        slurm_cluster.run("scancel", job_id, timeout=60)
+
+
+def _steps(cluster: SlurmCluster, job_id: str) -> list[str]:
+    done = cluster.run("squeue", "-h", "-s", "-j", job_id, "-o", "%i %j", timeout=30)
+    return [line.split()[0] for line in done.stdout.splitlines() if "slotsweep-" in line]
+
+
+def _search(tmp_path: Path, **overrides: Any) -> Path:
+    """The digits search with trials of 4 slots (both nodes) unless told otherwise."""
+    overrides.setdefault("resources", {"slots_per_trial": 4})
+    return write_experiment(tmp_path / "exp", **overrides)
+
+
+def _run_to_end(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 600) -> str:
+    driver = start_cli(args, env, cwd)
+    try:
+        out, err = driver.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        driver.kill()
+        out, err = driver.communicate()
+        raise AssertionError(f"driver did not finish:\n{out}\n{err}") from None
+    assert driver.returncode == 0, f"{out}\n{err}"
+    return out + err
+
+
+def test_a_trial_spans_both_nodes_and_its_averaged_metrics_reach_postgresql(
+    tmp_path: Path, allocation: dict[str, str], database: str, slurm_cluster: SlurmCluster
+) -> None:
+    path = _search(tmp_path, searcher={"max_trials": 1})
+    _run_to_end(["run", str(path), "--db", database], allocation, tmp_path)
+
+    with session_scope(database) as session:
+        (trial,) = session.scalars(select(Trial))
+        assert trial.state == TrialState.COMPLETED, trial.error
+        (run,) = session.scalars(select(TrialRun))
+        assert run.executor == "slurm"
+        assert run.external_id and re.fullmatch(
+            rf"{allocation['SLURM_JOB_ID']}\.\d+", run.external_id
+        )
+        assert sorted(a["agent"] for a in run.agents) == ["ssnode1", "ssnode2"]
+        ranks = list(
+            session.scalars(select(TrialProcess).where(TrialProcess.role == ProcessRole.RANK))
+        )
+        # World size 4: two ranks on each node, each on its own host.
+        assert sorted(r.rank for r in ranks) == [0, 1, 2, 3]
+        assert {r.host for r in ranks} == {"ssnode1", "ssnode2"}
+        assert all(r.ended_at is not None for r in ranks)
+        losses = session.scalars(select(Metric).where(Metric.name == "val_loss")).all()
+        assert losses and trial.searcher_metric_value is not None
+    log = Path(str(trial.log_path)).read_text()
+    assert "[rank 3]" in log
+    assert re.search(r"NCCL and gloo use network interface \S+", log), log[-2000:]
+    assert not _steps(slurm_cluster, allocation["SLURM_JOB_ID"])
+
+
+def test_a_cancelled_step_restarts_from_its_checkpoint(
+    tmp_path: Path, allocation: dict[str, str], database: str, slurm_cluster: SlurmCluster
+) -> None:
+    path = _search(
+        tmp_path,
+        entrypoint="slow_model:SlowDigitsTrial",
+        searcher={"max_trials": 1, "max_length": {"epochs": 3}},
+    )
+    driver = start_cli(["run", str(path), "--db", database], allocation, tmp_path)
+    try:
+
+        def checkpointed() -> bool:
+            with session_scope(database) as session:
+                return (
+                    session.scalar(
+                        select(sa.func.count()).where(
+                            Checkpoint.state == CheckpointState.COMPLETED
+                        )
+                    )
+                    or 0
+                ) > 0
+
+        wait_for(checkpointed, timeout=300, what="the first checkpoint")
+        with session_scope(database) as session:
+            (run,) = session.scalars(select(TrialRun))
+            step_id = run.external_id
+        assert step_id
+        slurm_cluster.run("scancel", step_id, timeout=60)
+        out, err = driver.communicate(timeout=600)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == 0, f"{out}\n{err}"
+    with session_scope(database) as session:
+        (trial,) = session.scalars(select(Trial))
+        assert trial.state == TrialState.COMPLETED, trial.error
+        assert trial.restarts == 1
+        runs = list(session.scalars(select(TrialRun).order_by(TrialRun.attempt)))
+        assert [r.attempt for r in runs] == [0, 1]
+        assert runs[1].restored_from_step is not None
+        assert runs[0].external_id != runs[1].external_id
+    assert_search_consistent(database)
+
+
+def test_a_killed_driver_leaves_its_step_and_resume_cancels_it_and_finishes(
+    tmp_path: Path, allocation: dict[str, str], database: str, slurm_cluster: SlurmCluster
+) -> None:
+    path = _search(
+        tmp_path,
+        entrypoint="slow_model:SlowDigitsTrial",
+        searcher={"max_trials": 1, "max_length": {"epochs": 3}},
+    )
+    driver = start_cli(["run", str(path), "--db", database], allocation, tmp_path)
+
+    def running() -> bool:
+        with session_scope(database) as session:
+            return bool(
+                session.scalars(
+                    select(TrialRun).where(
+                        TrialRun.external_id.is_not(None), TrialRun.progress_at.is_not(None)
+                    )
+                ).first()
+            )
+
+    try:
+        wait_for(running, timeout=300, what="a step that trains")
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.communicate(timeout=30)
+    job_id = allocation["SLURM_JOB_ID"]
+    # The step outlives its driver: srun runs in a session of its own.
+    left = _steps(slurm_cluster, job_id)
+    assert left, "the killed driver's step should still run"
+
+    resumed = _run_to_end(["resume", "1", "--db", database], allocation, tmp_path)
+    assert not _steps(slurm_cluster, job_id)
+    with session_scope(database) as session:
+        trials = list(session.scalars(select(Trial)))
+        assert len(trials) == 1
+        # Finished, by the pruner or to the end, and none lost.
+        assert all(t.state in (TrialState.COMPLETED, TrialState.PRUNED) for t in trials), [
+            (t.state, t.error, t.restarts) for t in trials
+        ] + [resumed]
+        ended = list(session.scalars(select(TrialRun).where(TrialRun.external_id.in_(left))))
+        assert ended and all(r.ended_at is not None for r in ended)
+    assert_search_consistent(database)
+
+
+def test_a_size_the_allocation_can_never_hold_is_refused_with_the_valid_sizes(
+    tmp_path: Path, allocation: dict[str, str], database: str
+) -> None:
+    path = _search(tmp_path, resources={"slots_per_trial": 3})
+    done = subprocess.run(
+        [sys.executable, "-m", "searcher.cli", "run", str(path), "--db", database],
+        env=allocation,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "slots_per_trial" in done.stderr and "1, 2, 4" in done.stderr, done.stderr
+
+
+def test_sqlite_is_refused_when_ranks_run_on_other_nodes(
+    tmp_path: Path, allocation: dict[str, str]
+) -> None:
+    path = _search(tmp_path)
+    db = f"sqlite:///{tmp_path / 'search.db'}"
+    done = subprocess.run(
+        [sys.executable, "-m", "searcher.cli", "run", str(path), "--db", db],
+        env=allocation,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "PostgreSQL" in done.stderr, done.stderr
+    with contextlib.suppress(FileNotFoundError):
+        assert (tmp_path / "search.db").stat().st_size == 0
