@@ -2,8 +2,8 @@
 
 Seeds three SQLite databases: a small synthetic search (the baseline), one experiment of
 1,000 trials and 200,000 metric rows, and one of 10,000 trials and 2,000,000 metric
-rows beside a second experiment of 1,000 trials (``ui._demo_data.seed_huge_experiment``,
-bulk inserts), then renders each page of the real app through
+rows beside a second experiment of 1,000 trials (``tests._demo_data.seed_huge_experiment``,
+bulk inserts of the rows the runtime writes), then renders each page of the real app through
 ``streamlit.testing.v1.AppTest``: Experiments, Experiment (the largest experiment: header,
 learning curves, default plot, trials table), Trial (a trial of it), Compare (3 of its
 trials; and its experiment against the other one) and Cluster. Every timed render starts
@@ -24,9 +24,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 PAGES = {
@@ -38,6 +40,19 @@ PAGES = {
     "cluster": "views/cluster.py",
 }
 SIZES = {"small": "small search", "1k": "1,000 trials", "10k": "10,000 trials"}
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _demo_data() -> ModuleType:
+    """``tests._demo_data``, the seeds the UI's tests use (test fixtures, not installed).
+
+    The repository's root goes first on the path, as pytest puts it (``pythonpath``).
+    """
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    import tests._demo_data
+
+    return tests._demo_data
 
 
 def _render(url: str, page: str, query: dict[str, Any], components: list[Any]) -> float:
@@ -110,9 +125,8 @@ def _seed(url: str, n_trials: int, *, seed: int = 0) -> tuple[int, int, list[int
     import sqlalchemy as sa
 
     from storage import get_engine
-    from ui._demo_data import seed_huge_experiment
 
-    experiment_id = seed_huge_experiment(
+    experiment_id = _demo_data().seed_huge_experiment(
         url, n_trials=n_trials, metric_rows=200 * n_trials, seed=seed
     )
     with get_engine(url).connect() as conn:
@@ -138,17 +152,17 @@ def main() -> None:
     import sqlalchemy as sa
 
     from storage import get_engine, upgrade_schema
-    from ui._demo_data import seed_small_search, write_cluster_file
 
+    demo_data = _demo_data()
     root = args.keep or Path(tempfile.mkdtemp(prefix="ui_render_"))
     root.mkdir(parents=True, exist_ok=True)
-    os.environ["SLOTSWEEP_CLUSTER"] = str(write_cluster_file(root / "cluster.yaml"))
+    os.environ["SLOTSWEEP_CLUSTER"] = str(demo_data.write_cluster_file(root / "cluster.yaml"))
 
     urls = {size: f"sqlite:///{root / f'{size}.db'}" for size in SIZES}
     for url in urls.values():
         upgrade_schema(url)
     start = time.perf_counter()
-    demo = seed_small_search(urls["small"], root / "small")
+    demo = demo_data.seed_small_search(urls["small"], root / "small")
     print(f"seeded the small search (baseline) in {time.perf_counter() - start:.1f} s")
     queries: dict[str, dict[str, dict[str, Any]]] = {
         "small": {

@@ -300,6 +300,17 @@ def _check_fits(cluster: Any, config: Any) -> None:
         check_schedulable(pool, slots)
 
 
+def _check_database(cluster: Any, args: argparse.Namespace) -> None:
+    """Refuse a database the cluster's executor cannot share (before any write)."""
+    from searcher.experiments import UsageError
+    from storage import resolve_db_url
+    from trials.executors import database_problem, executor_for
+
+    problem = database_problem(executor_for(cluster), resolve_db_url(args.db))
+    if problem:
+        raise UsageError(problem)
+
+
 def _console() -> Console:
     # Rich takes the terminal's width (COLUMNS, else 80 when not a terminal).
     return Console()
@@ -324,6 +335,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     config = load_config(config_path)
     cluster = _cluster(args)
     _check_fits(cluster, config)
+    _check_database(cluster, args)
     # Before the database is opened (SQLite creates its file then): a typo in the
     # entrypoint costs a second here instead of every trial's restarts.
     problems = check_entrypoint(config, config_path.resolve().parent)
@@ -347,10 +359,12 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     from searcher.experiments import find_experiment
     from storage import session_scope
 
+    cluster = _cluster(args)
+    _check_database(cluster, args)
     db_url = _db_url(args, need_schema=True)
     with session_scope(db_url) as session:
         experiment_id = find_experiment(session, args.experiment).id
-    return _drive(args, db_url, experiment_id, _cluster(args))
+    return _drive(args, db_url, experiment_id, cluster)
 
 
 def _cmd_continue(args: argparse.Namespace) -> int:
@@ -358,8 +372,9 @@ def _cmd_continue(args: argparse.Namespace) -> int:
     from searcher.experiments import extend_experiment, find_experiment
     from storage import session_scope
 
-    db_url = _db_url(args, need_schema=True)
     cluster = _cluster(args)
+    _check_database(cluster, args)
+    db_url = _db_url(args, need_schema=True)
     with session_scope(db_url) as session:
         experiment = find_experiment(session, args.experiment)
         _check_fits(cluster, ExperimentConfig.model_validate(experiment.config))
@@ -538,9 +553,20 @@ def _cmd_agents(args: argparse.Namespace) -> int:
 
 
 def _cmd_ui(args: argparse.Namespace) -> int:
-    import ui
+    """Check the database, then become ``python -m ui`` (this process, exec'd).
 
-    return ui.launch(_db_url(args, need_schema=True), host=args.host, port=args.port)
+    The searcher never imports the UI (the README's dependency rule): the UI runs as
+    its own program in this process's place, so the pid, the signals (Ctrl-C, ``kill``)
+    and the exit code stay those of ``slotsweep ui``. The URL goes in the environment,
+    never on a command line, where ``ps`` shows it to every user of the machine.
+    """
+    from storage import DB_ENV_VAR
+
+    url = _db_url(args, need_schema=True)
+    argv = [sys.executable, "-m", "ui", f"--host={args.host}", f"--port={args.port}"]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, argv, {**os.environ, DB_ENV_VAR: url})
 
 
 _HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {

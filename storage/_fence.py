@@ -89,6 +89,5 @@ def stop_requested(session: Session, run_id: int) -> bool:
     cluster; the driver's disk is not shared with it.
     """
     return (
-        session.scalar(select(TrialRun.stop_requested_at).where(TrialRun.id == run_id))
-        is not None
+        session.scalar(select(TrialRun.stop_requested_at).where(TrialRun.id == run_id)) is not None
     )

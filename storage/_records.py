@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as _dt
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -10,6 +11,40 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from storage._models import Metric, MetricKind, utcnow
+
+
+def metric_rows(
+    trial_id: int,
+    step: int,
+    kind: MetricKind,
+    values: Mapping[str, float],
+    epoch: float | None = None,
+    *,
+    recorded_at: _dt.datetime | None = None,
+) -> list[dict[str, Any]]:
+    """The ``Metric`` rows of one step's values, as :func:`record_metrics` writes them.
+
+    A NaN value (training diverged) becomes NULL, which readers take as NaN. Bulk
+    writers (the UI's benchmark data) build their rows here too, so their rows cannot
+    drift from the runtime's; ``recorded_at`` defaults to now.
+
+    Example:
+        >>> [row["value"] for row in metric_rows(1, 10, MetricKind.TRAINING, {"loss": 0.5})]
+        [0.5]
+    """
+    at = utcnow() if recorded_at is None else recorded_at
+    return [
+        {
+            "trial_id": trial_id,
+            "step": step,
+            "epoch": epoch,
+            "kind": kind,
+            "name": name,
+            "value": None if math.isnan(value) else float(value),
+            "recorded_at": at,
+        }
+        for name, value in values.items()
+    ]
 
 
 def record_metrics(
@@ -30,18 +65,7 @@ def record_metrics(
     """
     if not values:
         return
-    rows: list[dict[str, Any]] = [
-        {
-            "trial_id": trial_id,
-            "step": step,
-            "epoch": epoch,
-            "kind": kind,
-            "name": name,
-            "value": None if math.isnan(value) else float(value),
-            "recorded_at": utcnow(),
-        }
-        for name, value in values.items()
-    ]
+    rows = metric_rows(trial_id, step, kind, values, epoch)
     dialect = session.get_bind().dialect.name
     insert: Any
     if dialect == "sqlite":

@@ -15,9 +15,11 @@ without hardware.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
 
@@ -183,6 +185,49 @@ def gpu_metrics(
     return metrics
 
 
+def host_metrics(before: HostCounters, after: HostCounters) -> dict[str, float]:
+    """One sample of the host's metrics: CPU and memory now, counter rates since ``before``.
+
+    CPU utilisation is psutil's since the calling thread's previous call (the first call
+    of a thread primes it).
+    """
+    memory = psutil.virtual_memory()
+    return {
+        "cpu_util_percent": psutil.cpu_percent(interval=None),
+        **memory_metrics(memory.total, memory.available),
+        **counter_rates(before, after),
+    }
+
+
+def system_metric_rows(
+    trial_id: int | None,
+    agent: str,
+    recorded_at: datetime.datetime,
+    values: Iterable[tuple[int | None, str, float]],
+) -> list[dict[str, Any]]:
+    """The ``storage.SystemMetric`` rows of one sample: ``(gpu_index, name, value)`` each.
+
+    The sampler writes these; bulk writers (the UI's test and benchmark data) build
+    their rows here too, so the two cannot drift apart.
+
+    Example:
+        >>> when = datetime.datetime(2025, 1, 1)
+        >>> system_metric_rows(7, "agent-0", when, [(None, "cpu_util_percent", 12.5)])[0]["name"]
+        'cpu_util_percent'
+    """
+    return [
+        {
+            "trial_id": trial_id,
+            "agent": agent,
+            "gpu_index": gpu_index,
+            "name": name,
+            "value": value,
+            "recorded_at": recorded_at,
+        }
+        for gpu_index, name, value in values
+    ]
+
+
 class _Nvml:
     """NVML handles for the sampler's thread; empty (host metrics only) without NVML."""
 
@@ -313,12 +358,7 @@ class SystemMetricsSampler:
 
     def _sample(self, before: HostCounters, nvml: _Nvml) -> HostCounters:
         after = read_host_counters()
-        memory = psutil.virtual_memory()
-        host = {
-            "cpu_util_percent": psutil.cpu_percent(interval=None),
-            **memory_metrics(memory.total, memory.available),
-            **counter_rates(before, after),
-        }
+        host = host_metrics(before, after)
         rows: list[tuple[int | None, str, float]] = [(None, k, v) for k, v in host.items()]
         for index, metrics in nvml.sample():
             rows.extend((index, name, value) for name, value in metrics.items())
@@ -378,14 +418,7 @@ class SystemMetricsSampler:
                     )
                 )
                 session.add_all(
-                    SystemMetric(
-                        trial_id=self._trial_id,
-                        agent=self._agent,
-                        gpu_index=gpu_index,
-                        name=name,
-                        value=value,
-                        recorded_at=recorded_at,
-                    )
-                    for gpu_index, name, value in rows
+                    SystemMetric(**row)
+                    for row in system_metric_rows(self._trial_id, self._agent, recorded_at, rows)
                 )
         self._pending.clear()

@@ -5,12 +5,13 @@ Two kinds, kept apart (separate database files, separate experiments):
 - ``real_search`` (slow, ~1 minute, once per session): a real ``slotsweep run`` of
   the digits example as a subprocess (see :mod:`tests.ui._real_search`). Every page
   has slow tests against it, asserting on what the driver and the runtime recorded.
-- ``synthetic_search`` (about a second): :func:`ui._demo_data.seed_small_search`, an
-  in-process stand-in written table by table. It holds the states a small real search
-  cannot produce reliably (a trial restarted from a checkpoint, one that failed after
-  its restarts, slots held by a running trial, a multi-objective study) and keeps the
-  quick subset (``-m 'not slow'``) quick. ``huge_db`` (1,000 trials, 200,000 metric
-  rows) is synthetic as well.
+- ``synthetic_search`` (a few seconds): :func:`tests._demo_data.seed_small_search`, an
+  in-process stand-in whose rows are written by the runtime's own code (rank 0's
+  context and recorder, the sampler's row builder). It holds the states a small real
+  search cannot produce reliably (a trial restarted from a checkpoint, one that failed
+  after its restarts, slots held by a running trial, a multi-objective study) and keeps
+  the quick subset (``-m 'not slow'``) quick. ``huge_db`` (1,000 trials, 200,000 metric
+  rows, bulk-inserted from the runtime's row builders) is synthetic as well.
 """
 
 from __future__ import annotations
@@ -27,9 +28,14 @@ import sqlalchemy as sa
 import streamlit as st
 
 from storage import get_engine
+from tests._demo_data import (
+    DemoSearch,
+    seed_huge_experiment,
+    seed_small_search,
+    write_cluster_file,
+)
 from tests.ui._pages import PageRenderer
 from tests.ui._real_search import RealSearch, run_failing_search, run_real_search
-from ui._demo_data import DemoSearch, seed_huge_experiment, seed_small_search, write_cluster_file
 
 
 def copy_database(url: str, target: Path) -> str:
@@ -113,7 +119,7 @@ def missing_checkpoint(real_search: RealSearch) -> Iterator[tuple[int, str]]:
 
 @pytest.fixture(scope="session")
 def synthetic_search(tmp_path_factory: pytest.TempPathFactory) -> DemoSearch:
-    """SYNTHETIC: :func:`ui._demo_data.seed_small_search` (see the module docstring).
+    """SYNTHETIC: :func:`tests._demo_data.seed_small_search` (see the module docstring).
 
     Experiments ``regression-demo`` (TPE + median pruner: completed, pruned, restarted,
     failed after restarts, running with slots held, a deleted and a missing checkpoint)

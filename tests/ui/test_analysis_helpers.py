@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 from storage import get_engine
+from tests._demo_data import DemoSearch
 from ui import _charts, _compare, _curves, _queries, _units
-from ui._demo_data import DemoSearch
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from tests._demo_data import DemoSearch
 from tests.ui._pages import PageRenderer, assert_no_exception
-from ui._demo_data import DemoSearch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

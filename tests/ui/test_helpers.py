@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import io
+import warnings
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from tests._demo_data import DemoSearch
 from ui import _checkpoints, _cluster, _logs, _plots
-from ui._demo_data import DemoSearch
 
 
 def test_tail_reads_only_the_end_and_filters_ranks(tmp_path: Path) -> None:
@@ -31,11 +32,15 @@ def test_tail_reads_only_the_end_and_filters_ranks(tmp_path: Path) -> None:
 def test_checkpoint_download_round_trips_through_torch_load(synthetic_search: DemoSearch) -> None:
     import torch
 
+    # The runtime's layout: a folder holding state.pt and metadata.json, zipped for download.
     path = synthetic_search.downloadable_checkpoint_path
     assert _checkpoints.checkpoint_problem(path, "COMPLETED") is None
-    state = torch.load(io.BytesIO(_checkpoints.checkpoint_bytes(path)), weights_only=True)
-    assert set(state) >= {"model", "optimizer", "lr_scheduler", "step"}
-    assert _checkpoints.download_name(path) == Path(path).name
+    archive = zipfile.ZipFile(io.BytesIO(_checkpoints.checkpoint_bytes(path)))
+    assert sorted(archive.namelist()) == ["metadata.json", "state.pt"]
+    state = torch.load(io.BytesIO(archive.read("state.pt")), weights_only=True)
+    assert state["kind"] == "core" and state["steps_completed"] > 0
+    assert set(state["user_state"]) >= {"model", "optimizer", "lr_scheduler"}
+    assert _checkpoints.download_name(path) == f"{Path(path).name}.zip"
 
 
 def test_checkpoint_problems_are_named(synthetic_search: DemoSearch, tmp_path: Path) -> None:
@@ -62,7 +67,7 @@ def test_checkpoint_directory_downloads_as_zip(tmp_path: Path) -> None:
 def test_cluster_layout_from_the_scheduler_model(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ui._demo_data import write_cluster_file
+    from tests._demo_data import write_cluster_file
 
     monkeypatch.setenv("SLOTSWEEP_CLUSTER", str(write_cluster_file(tmp_path / "c.yaml")))
     layout, why_not = _cluster.load_layout()
@@ -94,7 +99,14 @@ def test_plot_guards_say_why(synthetic_search: DemoSearch) -> None:
     figure, reason = _plots.make_plot(empty, _plots.PARETO, ["val_loss"])
     assert figure is None and reason == "The Pareto front needs a multi-objective study."
     study = _plots.snapshot_study(synthetic_search.url, synthetic_search.study_name)
-    assert _plots.objective_names(study, "ignored") == ["val_loss"]
+    # The driver names no metrics in Optuna: the config's metric names the objective.
+    assert study.metric_names is None
+    assert _plots.objective_names(study, "val_loss") == ["val_loss"]
+    named = optuna.create_study()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        named.set_metric_names(["accuracy"])
+    assert _plots.objective_names(named, "ignored") == ["accuracy"]
     complete = len(study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)))
     assert complete < _plots.MIN_TRIALS_FOR_IMPORTANCES
     for kind in _plots.available_plots(1):

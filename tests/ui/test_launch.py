@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from storage import DB_ENV_VAR
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, free_port
 from ui import APP_PATH, streamlit_command
 from ui._actions import TOKEN_ENV_VAR
 from ui._launch import is_loopback, plan_server
@@ -217,3 +217,81 @@ def test_launch_off_loopback_warns_on_stderr_and_prints_the_token_address(
     assert address.startswith(f"http://{UNASSIGNED_ADDRESS}:8600/?token=")
     assert len(address.rsplit("=", 1)[1]) >= 32
     assert PASSWORD not in stdout + stderr and QUERY_PASSWORD not in stdout + stderr
+
+
+# --- `slotsweep ui`: the searcher checks the database, then runs `python -m ui` ----------
+
+
+def test_slotsweep_ui_becomes_the_ui_program_with_the_url_in_its_environment(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from searcher import cli
+    from ui.__main__ import build_parser
+
+    def execve(path: str, argv: list[str], env: dict[str, str]) -> None:
+        calls.append((path, argv, env))
+        raise SystemExit(0)  # The process would be the UI from here on.
+
+    calls: list[tuple[str, list[str], dict[str, str]]] = []
+    monkeypatch.setattr(os, "execve", execve)
+    monkeypatch.setenv(DB_ENV_VAR, db_url)
+    with pytest.raises(SystemExit):
+        cli.main(["ui", "--host", "::1", "--port", "8600"])
+    ((path, argv, env),) = calls
+    assert path == sys.executable
+    assert argv == [sys.executable, "-m", "ui", "--host=::1", "--port=8600"]
+    assert env[DB_ENV_VAR] == db_url and not any(db_url in arg for arg in argv)
+    # `python -m ui` reads back what `slotsweep ui` was given.
+    args = build_parser().parse_args(argv[3:])
+    assert (args.host, args.port) == ("::1", 8600)
+
+
+def test_slotsweep_ui_refuses_a_database_before_starting_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from searcher import cli
+
+    monkeypatch.setattr(os, "execve", lambda *args: pytest.fail("the UI was started"))
+    missing = tmp_path / "absent.db"
+    assert cli.main(["ui", "--db", f"sqlite:///{missing}"]) == 2
+    assert capsys.readouterr().err.startswith(f"--db: {missing} is not a slotsweep database")
+    assert not missing.exists()
+
+
+def test_ui_program_refuses_a_bad_port_as_slotsweep_ui_does(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from ui.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--port", "0"])
+    assert exit_info.value.code == 2
+    assert "--port must be an integer from 1 to 65535" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_slotsweep_ui_serves_in_its_own_process(db_url: str, tmp_path: Path) -> None:
+    port = free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO_ROOT), DB_ENV_VAR: db_url}
+    env.pop(TOKEN_ENV_VAR, None)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "searcher.cli", "ui", "--port", str(port)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        server = _streamlit_child(launcher)
+        # The same process, now the UI program: `kill PID` of `slotsweep ui` reaches it.
+        ui_program = psutil.Process(launcher.pid)
+        assert ui_program.cmdline()[1:] == ["-m", "ui", "--host=127.0.0.1", f"--port={port}"]
+        assert server.ppid() == launcher.pid
+        assert server.environ()[DB_ENV_VAR] == db_url
+        for process in (ui_program, server):
+            assert db_url not in " ".join(process.cmdline())
+    finally:
+        stdout, stderr = _stop(launcher)
+    assert stdout.splitlines()[0] == f"slotsweep ui: {db_url} at http://127.0.0.1:{port}/"
+    assert "warning" not in stderr

@@ -11,8 +11,9 @@ import pytest
 import sqlalchemy as sa
 
 from storage import get_engine
+from tests._demo_data import DemoSearch
 from tests.ui._pages import PageRenderer, assert_no_exception, texts
-from ui._demo_data import DemoSearch
+from trials._system_metrics import HOST_METRICS
 
 
 def _charts(app: object, kind: str) -> list[dict[str, object]]:
@@ -338,7 +339,10 @@ def test_completed_trial_shows_everything_it_recorded(
     assert "[rank 0] epoch 0 batch 0" in app.code[0].value
     phases = set(app.dataframe[3].value["phase"])
     assert {"train_batch", "dataloader_next", "reduce_metrics"} <= phases
-    assert set(app.dataframe[4].value["name"]) == {"cpu_util_percent", "memory_used_percent"}
+    # The host's metrics, as the system-metrics sampler records them (rates where known).
+    names = set(app.dataframe[4].value["name"])
+    assert {"cpu_util_percent", "memory_used_gb", "memory_util_percent"} <= names
+    assert names <= set(HOST_METRICS)
 
 
 def test_step_axis_switches_to_epochs(render: PageRenderer, synthetic_search: DemoSearch) -> None:

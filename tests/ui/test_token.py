@@ -9,10 +9,10 @@ import sqlalchemy as sa
 from streamlit.testing.v1 import AppTest
 
 from storage import get_engine
+from tests._demo_data import DemoSearch
 from tests.ui._pages import RENDER_TIMEOUT_S, PageRenderer, assert_no_exception, texts
 from ui import APP_PATH
 from ui._actions import TOKEN_ENV_VAR
-from ui._demo_data import DemoSearch
 
 TOKEN = "t0ken-for-this-test-only-0123456789"
 

@@ -18,11 +18,12 @@ SQLite locked by another writer) is waited out: each transaction is re-run whole
 
 from __future__ import annotations
 
+import datetime as _dt
 import math
 import queue
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +89,9 @@ class ChiefRecorder:
         # Set once by the recorder's thread; from then on nothing more is recorded.
         self._stopped: TrialStopped | None = None
         self._run_id: int | None = None
+        # The driver's stop request (pause, preemption), as of the last commit: set by
+        # the recorder's thread, read by the training loop at its next report.
+        self.stop_requested = False
         self._optuna_trial: Any = None
         self._pruning_supported = True
         self._thread = threading.Thread(target=self._run, name="slotsweep-recorder", daemon=True)
@@ -166,11 +170,14 @@ class ChiefRecorder:
 
     def _transaction(self, body: Callable[[Session], T]) -> T:
         """``body`` in one fenced transaction, re-run while the database is unreachable."""
-        from storage import claim_attempt, retry_transient, session_scope
+        from storage import claim_attempt, retry_transient, session_scope, stop_requested
 
         def attempt() -> T:
             with session_scope(self.spec.db_url) as session:
                 self._run_id = claim_attempt(session, self.spec.trial_id, self.spec.attempt)
+                if self._run_id is not None and not self.stop_requested:
+                    # Read with every record, so asking costs the training loop nothing.
+                    self.stop_requested = stop_requested(session, self._run_id)
                 return body(session)
 
         return retry_transient(attempt)
@@ -260,20 +267,7 @@ class ChiefRecorder:
                     ),
                 )
             )
-            session.add_all(
-                Timing(
-                    trial_id=trial_id,
-                    name=w.name,
-                    start_step=w.start_step,
-                    end_step=w.end_step,
-                    count=w.count,
-                    mean_s=w.mean_s,
-                    p50_s=w.p50_s,
-                    p95_s=w.p95_s,
-                    total_s=w.total_s,
-                )
-                for w in rows
-            )
+            session.add_all(Timing(**row) for row in timing_rows(trial_id, rows))
 
         self.submit(lambda: self._transaction(write))
 
@@ -340,26 +334,26 @@ class ChiefRecorder:
 
         Synchronous: when it returns, a restart can find this checkpoint.
         """
-        # JSON has no NaN or infinity (PostgreSQL refuses them); null ranks as "no value".
-        finite = {name: float(v) if math.isfinite(v) else None for name, v in metrics.items()}
+        metrics = dict(metrics)
 
         def write(session: Session) -> None:
             from sqlalchemy import select
 
-            from storage import Checkpoint, CheckpointState
+            from storage import Checkpoint
 
             if session.scalar(select(Checkpoint.id).where(Checkpoint.uuid == uuid)) is not None:
                 return  # committed by a try whose acknowledgement was lost
             session.add(
                 Checkpoint(
-                    uuid=uuid,
-                    trial_id=self.spec.trial_id,
-                    step=step,
-                    epoch=epoch,
-                    path=str(path),
-                    size_bytes=size_bytes,
-                    metrics=finite,
-                    state=CheckpointState.COMPLETED,
+                    **checkpoint_row(
+                        trial_id=self.spec.trial_id,
+                        uuid=uuid,
+                        step=step,
+                        epoch=epoch,
+                        path=path,
+                        size_bytes=size_bytes,
+                        metrics=metrics,
+                    )
                 )
             )
 
@@ -451,6 +445,74 @@ class ChiefRecorder:
             self._update_trial(session, total_batches=total_batches, pruned_at=utcnow())
 
         self.call(lambda: self._transaction(write))
+
+
+# -- row shapes, shared with bulk writers (the UI's test and benchmark data) ------------
+
+
+def timing_rows(
+    trial_id: int, windows: Iterable[TimingWindow], *, recorded_at: _dt.datetime | None = None
+) -> list[dict[str, Any]]:
+    """The ``storage.Timing`` rows of profiling windows, as :meth:`ChiefRecorder.timings` writes.
+
+    Without ``recorded_at`` a row takes the column's default (the time of its insert).
+
+    Example:
+        >>> timing_rows(7, [TimingWindow("train_batch", 0, 2, 2, 0.5, 0.5, 0.6, 1.0)])[0]["count"]
+        2
+    """
+    rows = [
+        {
+            "trial_id": trial_id,
+            "name": w.name,
+            "start_step": w.start_step,
+            "end_step": w.end_step,
+            "count": w.count,
+            "mean_s": w.mean_s,
+            "p50_s": w.p50_s,
+            "p95_s": w.p95_s,
+            "total_s": w.total_s,
+        }
+        for w in windows
+    ]
+    if recorded_at is not None:
+        for row in rows:
+            row["recorded_at"] = recorded_at
+    return rows
+
+
+def checkpoint_row(
+    *,
+    trial_id: int,
+    uuid: str,
+    step: int,
+    epoch: float | None,
+    path: str | Path,
+    size_bytes: int,
+    metrics: Mapping[str, float],
+    created_at: _dt.datetime | None = None,
+) -> dict[str, Any]:
+    """The ``storage.Checkpoint`` row of a written checkpoint (:meth:`ChiefRecorder.checkpoint`).
+
+    JSON has no NaN or infinity (PostgreSQL refuses them): such a metric is stored as
+    null, which retention ranks as "no value". Without ``created_at`` the row takes the
+    column's default (the time of its insert).
+    """
+    from storage import CheckpointState
+
+    row: dict[str, Any] = {
+        "uuid": uuid,
+        "trial_id": trial_id,
+        "step": step,
+        "epoch": epoch,
+        "path": str(path),
+        "size_bytes": size_bytes,
+        "metrics": {name: float(v) if math.isfinite(v) else None for name, v in metrics.items()},
+        "state": CheckpointState.COMPLETED,
+    }
+    if created_at is not None:
+        row["created_at"] = created_at
+    return row
 
 
 def _as_stop(error: BaseException) -> TrialStopped | None:

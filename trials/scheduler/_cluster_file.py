@@ -170,7 +170,7 @@ def parse_cluster(raw: Any) -> Cluster:
                 fitting_policy=pool.fitting_policy,
             )
             for pool in spec.resource_pools
-        )
+        ),
     )
 
 

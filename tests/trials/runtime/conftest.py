@@ -177,7 +177,9 @@ def run_torchrun(
 def run_worker(handle: TrialHandle, *, nproc: int = 2) -> subprocess.CompletedProcess[str]:
     """Run the trial as the driver does: ``torchrun ... -m trials.worker``."""
     return run_torchrun(
-        ["-m", "trials.worker"], nproc=nproc, env={"SLOTSWEEP_TRIAL_SPEC": handle.spec_path.read_text()}
+        ["-m", "trials.worker"],
+        nproc=nproc,
+        env={"SLOTSWEEP_TRIAL_SPEC": handle.spec_path.read_text()},
     )
 
 

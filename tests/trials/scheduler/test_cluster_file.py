@@ -142,7 +142,10 @@ def test_names_must_be_unique() -> None:
             {"resource_pools": [{"name": "p", "agents": []}]},
             "resource_pools.0.agents: List should have at least 1 item after validation, not 0",
         ),
-        ({"pools": []}, "pools: unknown field; allowed: executor, dtrain_network_interface, resource_pools"),
+        (
+            {"pools": []},
+            "pools: unknown field; allowed: executor, dtrain_network_interface, resource_pools",
+        ),
     ],
 )
 def test_shape_problems(raw: Any, problem: str) -> None:
