@@ -70,7 +70,15 @@ def database(slurm_postgres: PostgresServer) -> Iterator[str]:
 def allocation(slurm_cluster: SlurmCluster) -> Iterator[dict[str, str]]:
     """Both nodes allocated to one job; the environment ``salloc`` gives its command."""
     done = slurm_cluster.run(
-        "salloc", "-N2", "--exclusive", "--no-shell", "-J", "slotsweep-search", timeout=120
+        # --no-kill: a lost node leaves the allocation instead of ending it.
+        "salloc",
+        "-N2",
+        "--exclusive",
+        "--no-kill",
+        "--no-shell",
+        "-J",
+        "slotsweep-search",
+        timeout=120,
     )
     match = re.search(r"Granted job allocation (\d+)", done.stderr)
     assert match, done.stderr
@@ -184,6 +192,58 @@ def test_a_cancelled_step_restarts_from_its_checkpoint(
         assert [r.attempt for r in runs] == [0, 1]
         assert runs[1].restored_from_step is not None
         assert runs[0].external_id != runs[1].external_id
+    assert_search_consistent(database)
+
+
+def test_a_lost_node_restarts_the_trial_from_its_checkpoint_on_the_other_node(
+    tmp_path: Path, allocation: dict[str, str], database: str, slurm_cluster: SlurmCluster
+) -> None:
+    path = _search(
+        tmp_path,
+        entrypoint="slow_model:SlowDigitsTrial",
+        resources={"slots_per_trial": 2},
+        searcher={"max_trials": 1, "max_length": {"epochs": 3}},
+    )
+    driver = start_cli(["run", str(path), "--db", database], allocation, tmp_path)
+    lost = ""
+    try:
+
+        def checkpointed() -> bool:
+            with session_scope(database) as session:
+                return bool(
+                    session.scalars(
+                        select(Checkpoint).where(Checkpoint.state == CheckpointState.COMPLETED)
+                    ).first()
+                )
+
+        wait_for(checkpointed, timeout=300, what="the first checkpoint")
+        with session_scope(database) as session:
+            (run,) = session.scalars(select(TrialRun))
+            (lost,) = [a["agent"] for a in run.agents]
+        slurm_cluster.stop_node(lost)
+        try:
+            out, err = driver.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            driver.kill()
+            out, err = driver.communicate()
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        if lost:
+            slurm_cluster.start_node(lost)
+    with session_scope(database) as session:
+        runs_seen = [
+            (r.attempt, r.agents, r.exit_code, r.reason) for r in session.scalars(select(TrialRun))
+        ]
+        errors = [t.error for t in session.scalars(select(Trial))]
+    assert driver.returncode == 0, f"{out}\n{err}\n{runs_seen}\n{errors}"
+    with session_scope(database) as session:
+        (trial,) = session.scalars(select(Trial))
+        assert trial.state in (TrialState.COMPLETED, TrialState.PRUNED), trial.error
+        runs = list(session.scalars(select(TrialRun).order_by(TrialRun.attempt)))
+        assert len(runs) == 2 and runs[1].restored_from_step is not None
+        # The restart went to the node that is still in the allocation.
+        assert [a["agent"] for a in runs[1].agents] != [lost]
     assert_search_consistent(database)
 
 

@@ -17,7 +17,7 @@ work from that alone.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -86,6 +86,10 @@ class Executor(Protocol):
 
     def end_leftovers(self, session: Session, run: TrialRun, *, grace_s: float) -> bool:
         """End whatever of ``run`` still runs (known only from the database); whether all is gone."""
+        ...
+
+    def unavailable_agents(self, names: Sequence[str]) -> frozenset[str]:
+        """Which of the agents ``names`` cannot take a trial now (a lost or drained node)."""
         ...
 
     def leftovers_gone(self, session: Session, run: TrialRun) -> bool:

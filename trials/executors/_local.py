@@ -8,6 +8,7 @@ carries in its environment (:mod:`trials.processes`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -89,3 +90,7 @@ class LocalExecutor:
 
     def leftovers_gone(self, session: Session, run: TrialRun) -> bool:
         return local_processes_gone(session, run)
+
+    def unavailable_agents(self, names: Sequence[str]) -> frozenset[str]:
+        # This machine is up while the driver runs on it.
+        return frozenset()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -34,6 +35,7 @@ from trials.executors._slurm_commands import (
     srun_argv,
     step_name,
     steps_named,
+    unavailable_nodes,
 )
 from trials.executors._slurm_node import IFNAME_ENV_VAR, NODE_SLOTS_ENV_VAR, RDZV_HOST_ENV_VAR
 from trials.launcher import SPEC_ENV_VAR, torchrun_argv
@@ -52,7 +54,8 @@ _COMMAND_TIMEOUT_S = 30.0
 # How long a started step gets to appear in squeue before its id is left unrecorded
 # (the step name still finds it).
 _STEP_ID_WAIT_S = 10.0
-_GONE_WAIT_S = 30.0
+_GONE_WAIT_S = 10.0
+_NODE_STATE_TTL_S = 2.0
 
 
 class SlurmError(RuntimeError):
@@ -82,7 +85,7 @@ def allocation_cluster(
     in the allocation (one CPU slot per CPU, trials on gloo).
 
     Example:
-        >>> cluster = allocation_cluster()  # doctest: +SKIP  (inside salloc -N2)
+        >>> cluster = allocation_cluster()  # inside salloc -N2  # doctest: +SKIP
         >>> [agent.name for agent in cluster.pool("default").agents]  # doctest: +SKIP
         ['node1', 'node2']
     """
@@ -125,8 +128,30 @@ def _hosts(nodelist: str) -> list[str]:
     return _slurm(["scontrol", "show", "hostnames", nodelist]).split()
 
 
+def _job_nodes(job_id: str) -> set[str] | None:
+    """The nodes job ``job_id`` holds now; None once Slurm has forgotten the job."""
+    show = _slurm(["scontrol", "-o", "show", "job", job_id], check=False)
+    match = re.search(r"(?:^|\s)NodeList=(\S+)", show)
+    if not match or match.group(1) == "(null)":
+        return None
+    return set(_hosts(match.group(1)))
+
+
 def _steps_with_name(name: str) -> list[str]:
-    return steps_named(_slurm(["squeue", "-h", "-s", "-o", "%i %j"]), name)
+    """The ids of the steps called ``name`` that may still have processes.
+
+    A step whose nodes all left its job's allocation (lost under ``--no-kill``) stays
+    listed by Slurm 22.05 even after ``scancel``; its processes went with the node
+    (slurmd ends a returning node's processes of jobs it no longer holds), so it is
+    not counted.
+    """
+    live = []
+    for step_id, nodelist in steps_named(_slurm(["squeue", "-h", "-s", "-o", "%i %j %N"]), name):
+        held = _job_nodes(step_id.split(".")[0])
+        if held is not None and nodelist and not held.intersection(_hosts(nodelist)):
+            continue
+        live.append(step_id)
+    return live
 
 
 @dataclass
@@ -206,6 +231,7 @@ class SlurmExecutor:
 
     def __init__(self, cluster: Cluster | None) -> None:
         self.cluster = cluster
+        self._unavailable: dict[tuple[str, ...], tuple[float, frozenset[str]]] = {}
 
     def launch(self, request: LaunchRequest) -> SlurmJob:
         if self.cluster is None or not self.cluster.slurm_job_id:
@@ -276,6 +302,30 @@ class SlurmExecutor:
         if gone:
             mark_processes_ended(session, run)
         return gone
+
+    def unavailable_agents(self, names: Sequence[str]) -> frozenset[str]:
+        if not names:
+            return frozenset()
+        now = time.monotonic()
+        key = tuple(names)
+        cached = self._unavailable.get(key)
+        # The driver asks every tick while trials wait; slurmctld need not answer as often.
+        if cached is not None and now - cached[0] < _NODE_STATE_TTL_S:
+            return cached[1]
+        try:
+            sinfo = _slurm(["sinfo", "-h", "-N", "-n", ",".join(names), "-o", "%N %t"])
+            lost = set(unavailable_nodes(sinfo))
+            if self.cluster is not None and self.cluster.slurm_job_id:
+                # A node lost under ``--no-kill`` leaves the allocation for good, even
+                # once it is back in service: no step of this job can use it again.
+                lost |= set(names) - (_job_nodes(self.cluster.slurm_job_id) or set())
+        except SlurmError:
+            # Slurm does not answer: no node can be judged, none is excluded (the
+            # step's own failure says more than a guess would).
+            return frozenset()
+        found = frozenset(lost)
+        self._unavailable[key] = (now, found)
+        return found
 
     def leftovers_gone(self, session: Session, run: TrialRun) -> bool:
         if run.ended_at is not None or not run.launch_token:

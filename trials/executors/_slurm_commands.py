@@ -84,14 +84,17 @@ def node_addresses(show_node: str) -> dict[str, str]:
     return found
 
 
-def steps_named(squeue_steps: str, name: str) -> list[str]:
-    """Step ids (``JOB.STEP``) whose name is ``name`` in ``squeue -h -s -o "%i %j"`` output."""
-    ids = []
+def steps_named(squeue_steps: str, name: str) -> list[tuple[str, str]]:
+    """(step id ``JOB.STEP``, node list) of each step called ``name``.
+
+    Parses ``squeue -h -s -o "%i %j %N"`` output.
+    """
+    found = []
     for line in squeue_steps.splitlines():
-        parts = line.split(maxsplit=1)
-        if len(parts) == 2 and parts[1].strip() == name:
-            ids.append(parts[0])
-    return ids
+        parts = line.split()
+        if len(parts) >= 2 and parts[1] == name:
+            found.append((parts[0], parts[2] if len(parts) > 2 else ""))
+    return found
 
 
 def srun_argv(
@@ -135,3 +138,28 @@ def srun_argv(
     else:
         argv.append(f"--cpus-per-task={slots_per_node}")
     return [*argv, python, "-m", "trials.executors._slurm_node", *torchrun]
+
+
+# sinfo's short states in which a node takes no new job step.
+_UNAVAILABLE_STATES = ("down", "drain", "drng", "fail", "failg", "maint", "futr", "unk")
+
+
+def unavailable_nodes(sinfo: str) -> frozenset[str]:
+    """Nodes that cannot run a step, from ``sinfo -h -N -o "%N %t"``.
+
+    A trailing ``*`` means slurmctld gets no answer from the node (it is lost even
+    before Slurm marks it down).
+
+    Example:
+        >>> sorted(unavailable_nodes(chr(10).join(["n1 idle", "n2 down*", "n3 alloc*", "n4 drain"])))
+        ['n2', 'n3', 'n4']
+    """
+    found = set()
+    for line in sinfo.splitlines():
+        parts = line.split()
+        if len(parts) != 2:
+            continue
+        name, state = parts
+        if state.endswith("*") or state.rstrip("~#!%$@^-").startswith(_UNAVAILABLE_STATES):
+            found.add(name)
+    return frozenset(found)

@@ -13,6 +13,7 @@ from trials.executors._slurm_commands import (
     srun_argv,
     step_name,
     steps_named,
+    unavailable_nodes,
 )
 
 
@@ -63,8 +64,8 @@ def test_node_addresses_fall_back_to_the_node_name() -> None:
 
 def test_steps_are_found_by_their_attempts_name_only() -> None:
     name = step_name("abc")
-    squeue = f"12.0 {name}\n12.1 slotsweep-other\n13.4 {name}\n12.batch batch\n"
-    assert steps_named(squeue, name) == ["12.0", "13.4"]
+    squeue = f"12.0 {name} n[1-2]\n12.1 slotsweep-other n1\n13.4 {name} n3\n12.batch batch n1\n"
+    assert steps_named(squeue, name) == [("12.0", "n[1-2]"), ("13.4", "n3")]
     assert steps_named("", name) == []
 
 
@@ -114,3 +115,8 @@ def test_gpu_slots_ask_slurm_for_that_many_gpus_per_node() -> None:
         job_id="1", nodes=["n1"], slots_per_node=4, use_gpus=True, name="x", torchrun=[]
     )
     assert "--gpus-per-node=4" in argv
+
+
+def test_lost_drained_and_unanswering_nodes_take_no_steps() -> None:
+    sinfo = "n1 idle\nn2 down*\nn3 alloc*\nn4 drain\nn5 mix\nn6 alloc\nn7 drng\nn8 idle~\n"
+    assert unavailable_nodes(sinfo) == {"n2", "n3", "n4", "n7"}

@@ -1,0 +1,162 @@
+"""Who runs the experiment and what they asked for: ownership, heartbeat, Ctrl-C, the end.
+
+A driver owns its experiment through the experiment row (its host, pid and heartbeat;
+:func:`claim_ownership`). Every heartbeat (:func:`heartbeat`) renews that claim and its
+slot leases, and picks up what ``slotsweep pause|kill`` or the UI wrote into
+``requested_action`` (:mod:`trials.control` writes it). Ctrl-C asks for a pause, a
+second one stops at once (:func:`install_signal_handlers`). Both end up in one
+:class:`Control`, which the driver's tick loop reads. :func:`finish` writes the final
+state.
+
+Example:
+    >>> control = Control()
+    >>> install_signal_handlers(control)  # doctest: +SKIP
+    >>> heartbeat(ctx, control)  # doctest: +SKIP
+    >>> control.action  # doctest: +SKIP
+    'pause'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select
+
+from searcher.driver_context import DriverContext, driver_log
+from searcher.experiments import UsageError, driver_alive
+from storage import Experiment, ExperimentState, Trial, TrialState, session_scope, utcnow
+from trials import allocations as slot_ledger
+from trials.retention import collect_garbage
+
+if TYPE_CHECKING:
+    from searcher.outcomes import Outcomes
+
+_log = driver_log
+
+
+@dataclass
+class Control:
+    """What Ctrl-C and ``slotsweep pause|kill`` asked for."""
+
+    interrupts: int = 0
+    action: str | None = None  # "pause", "kill", or "error" (the experiment must stop)
+    handlers: dict[int, Any] = field(default_factory=dict)
+    #: Why the experiment must stop (action "error"), for the failed trials' errors.
+    stop_reason: str = ""
+
+
+def claim_ownership(ctx: DriverContext) -> None:
+    """Make this process the experiment's driver (state ACTIVE, a fresh heartbeat).
+
+    Raises :class:`~searcher.experiments.UsageError` for an experiment that ended, or
+    one another live driver runs.
+    """
+    with session_scope(ctx.db_url) as session:
+        experiment = session.get(Experiment, ctx.experiment_id)
+        assert experiment is not None
+        if experiment.state.is_terminal:
+            raise UsageError(
+                f"experiment: '{experiment.name}' (id {experiment.id}) is "
+                f"{experiment.state.value}; it cannot run again"
+                + (
+                    f" (`slotsweep continue {experiment.id} --more-trials K` extends it)"
+                    if experiment.state == ExperimentState.COMPLETED
+                    else ""
+                )
+            )
+        if driver_alive(experiment) and experiment.driver_pid != os.getpid():
+            raise UsageError(
+                f"experiment: '{experiment.name}' (id {experiment.id}) is being run by "
+                f"pid {experiment.driver_pid} on {experiment.driver_host}"
+            )
+        experiment.state = ExperimentState.ACTIVE
+        experiment.requested_action = None
+        experiment.driver_host = socket.gethostname()
+        experiment.driver_pid = os.getpid()
+        experiment.driver_heartbeat_at = utcnow()
+
+
+def heartbeat(ctx: DriverContext, control: Control) -> None:
+    """Write the driver's heartbeat, take up a requested pause or kill, renew the slot leases."""
+    with session_scope(ctx.db_url) as session:
+        experiment = session.get(Experiment, ctx.experiment_id)
+        assert experiment is not None
+        experiment.driver_heartbeat_at = utcnow()
+        if experiment.requested_action in ("pause", "kill") and control.action != "kill":
+            control.action = experiment.requested_action
+        slot_ledger.renew_leases(session, ctx.experiment_id, ctx.timings.lease_s)
+
+
+def finish(
+    ctx: DriverContext, state: ExperimentState, control: Control, outcomes: Outcomes
+) -> None:
+    """Write the experiment's final ``state`` and give up ownership (one transaction).
+
+    A completed experiment's checkpoints are garbage-collected; a killed or stopped
+    one fails the trials that never ran. Optuna's tells are queued in ``outcomes``:
+    flush them after this returns.
+    """
+    with session_scope(ctx.db_url) as session:
+        if state == ExperimentState.COMPLETED:
+            collect_garbage(
+                session,
+                experiment_id=ctx.experiment_id,
+                policy=ctx.config.checkpoint_storage,
+                metric=ctx.config.searcher.metric,
+                smaller_is_better=ctx.config.searcher.smaller_is_better,
+            )
+        experiment = session.get(Experiment, ctx.experiment_id)
+        assert experiment is not None
+        if state in (ExperimentState.CANCELED, ExperimentState.ERROR):
+            for trial in session.scalars(
+                select(Trial).where(
+                    Trial.experiment_id == ctx.experiment_id,
+                    Trial.state == TrialState.QUEUED,
+                )
+            ):
+                trial.error = (
+                    "experiment killed before the trial ran"
+                    if state == ExperimentState.CANCELED
+                    else f"experiment stopped before the trial ran: {control.stop_reason}"
+                )
+                outcomes.fail(trial)
+        experiment.state = state
+        experiment.requested_action = None
+        experiment.driver_heartbeat_at = None
+        experiment.driver_pid = None
+        if state.is_terminal:
+            experiment.ended_at = utcnow()
+
+
+def install_signal_handlers(control: Control) -> None:
+    """Ctrl-C once: pause (no new trials; running ones checkpoint and stop); twice: stop now.
+
+    Outside the main thread no handler can be installed, and none is.
+    """
+
+    def on_interrupt(signum: int, frame: FrameType | None) -> None:
+        control.interrupts += 1
+        if control.interrupts == 1:
+            _log.warning(
+                "Ctrl-C: no new trials; running trials checkpoint and stop "
+                "(Ctrl-C again to stop now)"
+            )
+            control.action = "pause"
+        else:
+            raise KeyboardInterrupt
+
+    with contextlib.suppress(ValueError):  # Not in the main thread: no handlers.
+        control.handlers[signal.SIGINT] = signal.signal(signal.SIGINT, on_interrupt)
+
+
+def restore_signal_handlers(control: Control) -> None:
+    """Put back the handlers :func:`install_signal_handlers` replaced."""
+    for signum, handler in control.handlers.items():
+        with contextlib.suppress(ValueError):
+            signal.signal(signum, handler)

@@ -1,0 +1,312 @@
+"""What an ended attempt means: completed, pruned, restarted, or failed, and what Optuna hears.
+
+The decision is a pure function, :func:`decide_outcome`: the facts a trial recorded
+(:class:`OutcomeFacts`) in, a :class:`OutcomeDecision` out. :class:`Outcomes` does the
+I/O around it: it reads the facts from the database, applies the decision to the
+trial's row, writes the failure line, queues the trial again or queues Optuna's tell,
+and stops the experiment when its first trials all failed the same way
+(``fail_fast_trials``).
+
+torchrun can exit non-zero after a finished run (gloo teardown), so the record, not
+the exit code, decides.
+
+Example:
+    >>> decision = decide_outcome(OutcomeFacts(
+    ...     pruned=False, finished=False, has_metric=False, metric="val_loss",
+    ...     last_validation_nan=False, verdict=None, exit_code=1, cause=None,
+    ...     restarts=0, max_restarts=2))
+    >>> decision.state.value, decision.error
+    ('QUEUED', 'exit code 1; restart 1 of 2')
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from searcher.driver_context import DriverContext, driver_log
+from searcher.failures import (
+    FailureRecord,
+    RunVerdict,
+    TrialOutcome,
+    fail_fast_reason,
+    judge_run,
+)
+from searcher.study_side import TellQueue, objective_values
+from storage import Metric, MetricKind, Trial, TrialFailure, TrialRun, TrialState, utcnow
+from trials.launcher import write_log_line
+
+if TYPE_CHECKING:
+    from searcher.control import Control
+    from searcher.placement import PendingQueue
+
+_log = driver_log
+
+#: What Optuna is told: the objective values, PRUNED, or FAIL.
+OptunaTell = Literal["values", "pruned", "fail"]
+
+
+@dataclass(frozen=True)
+class OutcomeFacts:
+    """What an ended attempt left behind, as :func:`decide_outcome` reads it.
+
+    ``last_validation_nan`` matters only for a trial that finished without the
+    searcher metric, ``verdict`` only for one that neither finished nor was pruned;
+    :meth:`Outcomes.finalize` looks each up only then.
+    """
+
+    #: The trial recorded that the pruner stopped it.
+    pruned: bool
+    #: The trial recorded the end of its training.
+    finished: bool
+    #: The trial recorded a value of the searcher metric.
+    has_metric: bool
+    #: The searcher metric's name (for the error text).
+    metric: str
+    #: The metric's last validation was NaN (stored as NULL: training diverged).
+    last_validation_nan: bool
+    #: What the ranks of the latest run recorded as their failure, if any did.
+    verdict: RunVerdict | None
+    #: The attempt's exit code (None when no driver watched it end).
+    exit_code: int | None
+    #: Why the driver ended the attempt (a hang), if it did.
+    cause: str | None
+    #: Restarts the trial has had so far.
+    restarts: int
+    #: The experiment's ``max_restarts``.
+    max_restarts: int
+
+
+@dataclass(frozen=True)
+class OutcomeDecision:
+    """What becomes of the trial: its new state, its error text, what Optuna is told."""
+
+    #: COMPLETED, PRUNED, ERROR, or QUEUED (restarted from its latest checkpoint).
+    state: TrialState
+    #: The trial's new error text; None leaves it as it is.
+    error: str | None = None
+    #: The trial's new restart count when it is restarted.
+    restarts: int | None = None
+    #: What Optuna is told; None while the trial goes on.
+    tell: OptunaTell | None = None
+    #: Whether the failure is written to the driver's terminal and the trial's log.
+    notify: bool = False
+    #: Whether the experiment's first trials are then checked for one shared failure.
+    check_fail_fast: bool = False
+
+    @property
+    def requeue(self) -> bool:
+        """Whether the trial goes back to the pending queue (a restart)."""
+        return self.state == TrialState.QUEUED
+
+
+def decide_outcome(facts: OutcomeFacts) -> OutcomeDecision:
+    """Decide COMPLETED / PRUNED / restart / FAIL from what the trial recorded.
+
+    A failure is restarted while restarts are left, unless the run failed the same way
+    on every rank before its first step (a bug: it is failed without restarts). The
+    reason is the exception the first failing rank recorded, else the ``cause`` (a
+    hang) or the exit code.
+
+    Example:
+        >>> facts = OutcomeFacts(pruned=True, finished=False, has_metric=False,
+        ...     metric="val_loss", last_validation_nan=False, verdict=None,
+        ...     exit_code=0, cause=None, restarts=0, max_restarts=2)
+        >>> decide_outcome(facts).tell
+        'pruned'
+    """
+    if facts.pruned:
+        return OutcomeDecision(state=TrialState.PRUNED, tell="pruned")
+    if facts.finished and facts.has_metric:
+        return OutcomeDecision(state=TrialState.COMPLETED, tell="values")
+    if facts.finished:
+        error = (
+            f"the searcher metric '{facts.metric}' was NaN at the end of training (it diverged)"
+            if facts.last_validation_nan
+            else f"the trial finished without reporting the searcher metric '{facts.metric}'"
+        )
+        return OutcomeDecision(state=TrialState.ERROR, error=error, tell="fail")
+    fallback_reason = facts.cause or f"exit code {facts.exit_code}"
+    verdict = facts.verdict
+    reason = verdict.reason if verdict is not None else fallback_reason
+    if verdict is not None and verdict.deterministic:
+        return OutcomeDecision(
+            state=TrialState.ERROR,
+            error=f"{reason}; it failed this way before its first step, so it is not restarted",
+            tell="fail",
+            notify=True,
+            check_fail_fast=True,
+        )
+    if facts.restarts < facts.max_restarts:
+        restarts = facts.restarts + 1
+        return OutcomeDecision(
+            state=TrialState.QUEUED,
+            error=f"{reason}; restart {restarts} of {facts.max_restarts}",
+            restarts=restarts,
+            notify=True,
+        )
+    return OutcomeDecision(
+        state=TrialState.ERROR,
+        error=f"{reason}; failed after {facts.restarts} restarts",
+        tell="fail",
+        notify=True,
+        check_fail_fast=True,
+    )
+
+
+class Outcomes:
+    """Applies outcomes to trials: the database side of :func:`decide_outcome`.
+
+    ``tells`` receives what Optuna is told, ``pending`` the restarted trials, and
+    ``control`` the request to stop the experiment when ``fail_fast_trials`` trips.
+    """
+
+    def __init__(
+        self, ctx: DriverContext, tells: TellQueue, pending: PendingQueue, control: Control
+    ) -> None:
+        self.ctx = ctx
+        self.tells = tells
+        self.pending = pending
+        self.control = control
+
+    def finalize(
+        self, session: Session, trial: Trial, exit_code: int | None, cause: str | None = None
+    ) -> None:
+        """Record the outcome of the trial's ended attempt (its facts read in ``session``)."""
+        decision = decide_outcome(self._facts(session, trial, exit_code, cause))
+        if decision.error is not None:
+            trial.error = decision.error
+        if decision.requeue:
+            assert decision.restarts is not None
+            trial.restarts = decision.restarts
+            trial.state = TrialState.QUEUED
+            self._notify_failure(trial)
+            self.pending.queue(trial)
+            return
+        if decision.state == TrialState.ERROR:
+            if decision.notify:
+                self._notify_failure(trial)
+            self.fail(trial)
+            if decision.check_fail_fast:
+                self._check_fail_fast(session)
+            return
+        import optuna
+
+        trial.state = decision.state
+        if decision.tell == "pruned":
+            self.tells.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        else:
+            self.tells.tell(trial, values=objective_values(self.ctx.config, trial))
+        trial.ended_at = utcnow()
+
+    def fail(self, trial: Trial) -> None:
+        """Mark ``trial`` ERROR (its ``error`` says why) and queue Optuna's FAIL."""
+        import optuna
+
+        trial.state = TrialState.ERROR
+        trial.ended_at = utcnow()
+        self.tells.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+    def _facts(
+        self, session: Session, trial: Trial, exit_code: int | None, cause: str | None
+    ) -> OutcomeFacts:
+        """The trial's facts, looking up only those :func:`decide_outcome` will read."""
+        pruned = trial.pruned_at is not None
+        finished = trial.finished_at is not None
+        has_metric = trial.searcher_metric_value is not None
+        metric = self.ctx.config.searcher.metric
+        return OutcomeFacts(
+            pruned=pruned,
+            finished=finished,
+            has_metric=has_metric,
+            metric=metric,
+            last_validation_nan=(
+                not pruned
+                and finished
+                and not has_metric
+                and _last_validation_is_nan(session, trial.id, metric)
+            ),
+            verdict=None if pruned or finished else _run_verdict(session, trial),
+            exit_code=exit_code,
+            cause=cause,
+            restarts=trial.restarts,
+            max_restarts=self.ctx.config.max_restarts,
+        )
+
+    def _notify_failure(self, trial: Trial) -> None:
+        """One line on the driver's terminal and in the trial's log."""
+        label = f"trial {self.ctx.label(trial.optuna_trial_number)}"
+        _log.warning("%s failed: %s", label, trial.error)
+        if trial.log_path:
+            with contextlib.suppress(OSError):
+                write_log_line(Path(trial.log_path), f"{label} failed: {trial.error}")
+
+    def _check_fail_fast(self, session: Session) -> None:
+        """Stop the experiment (ERROR) when its first trials all failed the same way."""
+        limit = self.ctx.config.fail_fast_trials
+        if limit <= 0 or self.control.action is not None:
+            return
+        session.flush()
+        outcomes = []
+        for trial in session.scalars(
+            select(Trial).where(Trial.experiment_id == self.ctx.experiment_id)
+        ):
+            succeeded: bool | None = None
+            signature: tuple[str, str] | str | None = None
+            if trial.state in (TrialState.COMPLETED, TrialState.PRUNED):
+                succeeded = True
+            elif trial.state == TrialState.ERROR:
+                succeeded = False
+                verdict = _run_verdict(session, trial)
+                signature = verdict.signature if verdict is not None else trial.error
+            outcomes.append(TrialOutcome(trial.optuna_trial_number, succeeded, signature))
+        reason = fail_fast_reason(outcomes, limit)
+        if reason is not None:
+            _log.warning("stopping the experiment: %s (fail_fast_trials: %d)", reason, limit)
+            self.control.action = "error"
+            self.control.stop_reason = reason
+
+
+def _failures_of_latest_run(session: Session, trial_id: int) -> list[FailureRecord]:
+    """What the ranks of the trial's latest run recorded, in the order they failed."""
+    run_id = session.scalar(
+        select(TrialRun.id)
+        .where(TrialRun.trial_id == trial_id)
+        .order_by(TrialRun.attempt.desc())
+        .limit(1)
+    )
+    if run_id is None:
+        return []
+    rows = session.scalars(
+        select(TrialFailure)
+        .where(TrialFailure.run_id == run_id)
+        .order_by(TrialFailure.recorded_at, TrialFailure.id)
+    )
+    return [
+        FailureRecord(row.rank, row.exception_type, row.message, row.steps_completed)
+        for row in rows
+    ]
+
+
+def _run_verdict(session: Session, trial: Trial) -> RunVerdict | None:
+    return judge_run(_failures_of_latest_run(session, trial.id), world_size=trial.slots_per_trial)
+
+
+def _last_validation_is_nan(session: Session, trial_id: int, metric: str) -> bool:
+    """Whether ``metric``'s last validation was NaN (stored as NULL: training diverged)."""
+    row = session.execute(
+        select(Metric.value)
+        .where(
+            Metric.trial_id == trial_id,
+            Metric.kind == MetricKind.VALIDATION,
+            Metric.name == metric,
+        )
+        .order_by(Metric.step.desc())
+        .limit(1)
+    ).first()
+    return row is not None and row[0] is None

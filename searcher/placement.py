@@ -1,0 +1,120 @@
+"""The search driver's pending queue, and placing it on free slots.
+
+Trials wait here (QUEUED) until the scheduler finds them slots. Placing one claims
+its slots in the shared ledger (:mod:`trials.allocations`, leased, so two drivers of
+one machine never share a slot), then starts its attempt; a launch that fails for
+good gives the slots back and fails the trial.
+
+Example:
+    >>> pending = PendingQueue(ctx)  # doctest: +SKIP
+    >>> pending.queue(trial)  # doctest: +SKIP
+    >>> pending.place(running.launch, outcomes)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from searcher.driver_context import DriverContext, driver_log
+from searcher.running import EarlierAttemptRunning
+from storage import Trial, is_transient_error, session_scope, utcnow
+from trials import allocations as slot_ledger
+from trials.attempts import trial_processes_gone
+from trials.scheduler import Placement, SlotRequest, schedule
+
+if TYPE_CHECKING:
+    from searcher.outcomes import Outcomes
+
+
+@dataclass
+class _Pending:
+    trial_id: int
+    slots: int
+    order: int
+    priority: int
+
+
+class PendingQueue:
+    """The trials waiting for slots, oldest first, and the step that places them."""
+
+    def __init__(self, ctx: DriverContext) -> None:
+        self.ctx = ctx
+        self._pending: list[_Pending] = []
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def queue(self, trial: Trial) -> None:
+        """Add ``trial`` to the queue (once: a retried tick may queue it again)."""
+        if any(p.trial_id == trial.id for p in self._pending):
+            return  # queued by a tick whose transaction was retried
+        self._pending.append(
+            _Pending(
+                trial_id=trial.id,
+                slots=trial.slots_per_trial,
+                order=trial.id,
+                priority=self.ctx.config.resources.priority,
+            )
+        )
+
+    def place(self, launch: Callable[[int, Placement], None], outcomes: Outcomes) -> None:
+        """Start every pending trial the free slots have room for.
+
+        Stale leases are reclaimed first (their processes confirmed gone); each placed
+        trial's slots are claimed, then ``launch(trial_id, placement)`` starts it. A
+        launch that failed transiently is queued again (the error propagates: the tick
+        is retried); any other failure releases the slots and fails the trial.
+        """
+        if not self._pending:
+            return
+        ctx = self.ctx
+        with session_scope(ctx.db_url) as session:
+            slot_ledger.reclaim_stale(
+                session,
+                utcnow(),
+                processes_gone=lambda trial_id: trial_processes_gone(session, trial_id),
+            )
+            free = slot_ledger.free_slots(session, ctx.pool)
+        # A lost or drained node takes no trial until its executor has it back.
+        down = ctx.executor.unavailable_agents([agent.name for agent in ctx.pool.agents])
+        if down:
+            free = {name: frozenset() if name in down else slots for name, slots in free.items()}
+        queue = [
+            SlotRequest(request_id=p.trial_id, slots=p.slots, priority=p.priority, order=p.order)
+            for p in self._pending
+        ]
+        for placement in schedule(ctx.pool, free, queue):
+            pending = next(p for p in self._pending if p.trial_id == placement.request_id)
+            with session_scope(ctx.db_url) as session:
+                claimed = slot_ledger.claim(
+                    session,
+                    placement,
+                    trial_id=pending.trial_id,
+                    experiment_id=ctx.experiment_id,
+                    lease_s=ctx.timings.lease_s,
+                )
+            if not claimed:
+                continue  # Another driver won those slots; try again next tick.
+            self._pending.remove(pending)
+            try:
+                launch(pending.trial_id, placement)
+            except EarlierAttemptRunning as exc:
+                # Not a failure of the trial: it waits, its slots go back meanwhile.
+                driver_log.warning("%s", exc)
+                with session_scope(ctx.db_url) as session:
+                    slot_ledger.release(session, pending.trial_id)
+                self._pending.append(pending)
+            except Exception as exc:
+                if is_transient_error(exc):
+                    # Nothing was started (the run's row comes first); the next tick
+                    # claims the slots again.
+                    self._pending.append(pending)
+                    raise
+                with session_scope(ctx.db_url) as session:
+                    slot_ledger.release(session, pending.trial_id)
+                    trial = session.get(Trial, pending.trial_id)
+                    assert trial is not None
+                    trial.error = f"launch failed: {exc}"
+                    outcomes.fail(trial)

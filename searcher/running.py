@@ -1,0 +1,350 @@
+"""The search driver's running attempts: start them, watch them, end them, reap them.
+
+Each attempt is started through the executor seam (:mod:`trials.executors`): its run
+row is written first (the launch token finds every process it starts, should the
+driver die), then ``executor.launch`` starts it, then what finds it again is recorded.
+:class:`RunningTrials` holds the :class:`~trials.executors.TrialJob` of each attempt
+this driver started, reaps those that exited (the outcome goes to
+:class:`~searcher.outcomes.Outcomes`), ends those that hang, and preempts (pause) or
+kills them all. :func:`end_leftovers` ends what a dead driver left running.
+
+Two attempts of a trial never overlap, and an attempt's slots go back to the ledger
+only once its processes are confirmed gone.
+
+Example:
+    >>> running = RunningTrials(ctx, outcomes)  # doctest: +SKIP
+    >>> running.launch(trial_id, placement)  # doctest: +SKIP
+    >>> running.reap()  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from searcher.control import Control
+from searcher.driver_context import DriverContext, driver_log
+from searcher.experiments import UsageError
+from searcher.outcomes import Outcomes
+from searcher.runtime_spec import build_runtime_spec
+from searcher.study_side import missing_hparams
+from storage import (
+    Checkpoint,
+    CheckpointState,
+    Trial,
+    TrialRun,
+    TrialState,
+    retry_transient,
+    session_scope,
+    utcnow,
+)
+from trials import allocations as slot_ledger
+from trials import per_slot_batch_size
+from trials.attempts import end_run, open_runs, request_stop
+from trials.executors import LaunchRequest, TrialJob
+from trials.labels import trial_log_name
+from trials.launcher import DB_URL_ENV_VAR, write_log_line
+from trials.scheduler import Placement
+
+_log = driver_log
+
+
+class EarlierAttemptRunning(RuntimeError):
+    """The trial's previous attempt is not confirmed gone yet (a node that does not
+    answer, a step Slurm has not cleaned up): the next attempt waits for it."""
+
+
+@dataclass
+class _Running:
+    trial_id: int
+    optuna_number: int
+    attempt: int
+    slots: int
+    job: TrialJob
+    started: float
+    run_id: int
+    preempted_at: float | None = None
+    # Set when the driver ended the run for making no progress (hang_timeout_s).
+    hang_reason: str | None = None
+
+
+class RunningTrials:
+    """The attempts this driver started and has not reaped yet, one per trial."""
+
+    def __init__(self, ctx: DriverContext, outcomes: Outcomes) -> None:
+        self.ctx = ctx
+        self.outcomes = outcomes
+        self._running: dict[int, _Running] = {}
+
+    def __len__(self) -> int:
+        return len(self._running)
+
+    # ----------------------------------------------------------------- starting
+    def launch(self, trial_id: int, placement: Placement) -> None:
+        """Start the trial's next attempt on ``placement`` (its slots are claimed)."""
+        ctx = self.ctx
+        with session_scope(ctx.db_url) as session:
+            trial = session.get(Trial, trial_id)
+            assert trial is not None
+            missing = missing_hparams(ctx.config, trial.hparams)
+            if missing:
+                raise RuntimeError(
+                    f"the trial has no value for hyperparameter(s) {', '.join(missing)}"
+                )
+            # Two attempts never overlap: whatever is left of an earlier one ends first.
+            for earlier in open_runs(session, trial_id):
+                if not end_run(session, earlier, reason="ended", grace_s=ctx.timings.kill_grace_s):
+                    raise EarlierAttemptRunning(
+                        f"trial {ctx.label(trial.optuna_trial_number)} waits: attempt "
+                        f"{earlier.attempt} still has processes that could not be ended yet"
+                    )
+            attempt = len(trial.runs)
+            checkpoint = _latest_checkpoint(session, trial_id)
+            log_path = Path(
+                trial.log_path or ctx.run_dir / trial_log_name(trial.optuna_trial_number)
+            )
+            # Written before any process starts: a driver that dies from here on leaves
+            # a run whose launch token finds every process it started.
+            run = TrialRun(
+                trial_id=trial_id,
+                attempt=attempt,
+                executor=ctx.executor.name,
+                agents=[
+                    {"agent": part.agent.name, "host": part.agent.host, "slots": list(part.slots)}
+                    for part in placement.agents
+                ],
+                launch_token=uuid.uuid4().hex,
+                restored_from_checkpoint=checkpoint.uuid if checkpoint else None,
+                restored_from_step=checkpoint.step if checkpoint else None,
+                reason=None if attempt == 0 else "continued",
+            )
+            session.add(run)
+            trial.state = TrialState.RUNNING
+            trial.log_path = str(log_path)
+            trial.started_at = trial.started_at or utcnow()
+            session.flush()
+            run_id, token = run.id, run.launch_token
+            assert token is not None
+            spec = build_runtime_spec(ctx, trial, attempt, checkpoint)
+            spec_json = spec.model_dump_json(exclude={"db_url"})
+            run.spec = json.loads(spec_json)
+            optuna_number, slots = trial.optuna_trial_number, trial.slots_per_trial
+            restored_step = checkpoint.step if checkpoint else None
+            _, dropped = per_slot_batch_size(int(trial.hparams["global_batch_size"]), slots)
+            if dropped and attempt == 0:
+                warnings.warn(
+                    f"trial {ctx.label(trial.optuna_trial_number)}: global_batch_size "
+                    f"{trial.hparams['global_batch_size']} "
+                    f"is not divisible by slots_per_trial {slots}; "
+                    f"{dropped} samples per batch are dropped",
+                    stacklevel=1,
+                )
+        where = ", ".join(
+            f"{part.agent.name} slots {','.join(str(slot) for slot in part.slots)}"
+            for part in placement.agents
+        )
+        write_log_line(
+            log_path,
+            f"trial {ctx.label(optuna_number)} attempt {attempt} on {where}"
+            + (f", restoring the checkpoint of step {restored_step}" if restored_step else ""),
+        )
+        request = LaunchRequest(
+            placement=placement,
+            spec_json=spec_json,
+            rdzv_id=f"slotsweep-{trial_id}-{attempt}",
+            token=token,
+            log_path=log_path,
+            cwd=ctx.model_dir,
+            env={DB_URL_ENV_VAR: ctx.db_url},
+        )
+        try:
+            job = ctx.executor.launch(request)
+        except BaseException:
+            with session_scope(ctx.db_url) as session:
+                failed = session.get(TrialRun, run_id)
+                assert failed is not None
+                end_run(session, failed, reason="launch failed")
+            raise
+
+        def record() -> None:
+            with session_scope(ctx.db_url) as session:
+                started = session.get(TrialRun, run_id)
+                assert started is not None
+                job.record(session, started)
+
+        try:
+            # The processes run: what finds them must reach the database (the launch
+            # token finds them after a crash, but not while this driver still owns them).
+            retry_transient(record)
+        except BaseException:
+            job.end(grace_s=0.0)
+            raise
+        self._running[trial_id] = _Running(
+            trial_id=trial_id,
+            optuna_number=optuna_number,
+            attempt=attempt,
+            slots=slots,
+            job=job,
+            started=time.monotonic(),
+            run_id=run_id,
+        )
+
+    # ----------------------------------------------------------------- reaping
+    def reap(self) -> None:
+        """Record the outcome of every attempt that exited; end preempted ones past their grace."""
+        for trial_id, running in list(self._running.items()):
+            exit_code = running.job.poll()
+            if exit_code is None:
+                if (
+                    running.preempted_at is not None
+                    and time.monotonic() - running.preempted_at > self.ctx.timings.preempt_grace_s
+                ):
+                    running.job.end(grace_s=0.0)
+                continue
+            self._record_exit(running, exit_code)
+            # Forgotten only once the outcome is committed: a tick that failed on the
+            # database finds the exited run again and records it then.
+            del self._running[trial_id]
+
+    def _record_exit(self, running: _Running, exit_code: int) -> None:
+        elapsed = time.monotonic() - running.started
+        with session_scope(self.ctx.db_url) as session:
+            trial = session.get(Trial, running.trial_id)
+            run = session.get(TrialRun, running.run_id)
+            assert trial is not None and run is not None
+            trial.slot_seconds = (trial.slot_seconds or 0.0) + elapsed * running.slots
+            run.exit_code = exit_code
+            trial.exit_code = exit_code
+            if running.hang_reason:
+                run.reason = running.hang_reason
+            # torchrun has exited; confirm that none of its ranks outlived it before
+            # the slots go back to the ledger.
+            if end_run(session, run, grace_s=0.0):
+                slot_ledger.release(session, running.trial_id)
+            if running.preempted_at is not None and not (trial.finished_at or trial.pruned_at):
+                run.reason = "paused"
+                trial.state = TrialState.QUEUED
+                return
+            self.outcomes.finalize(session, trial, exit_code=exit_code, cause=running.hang_reason)
+
+    # ----------------------------------------------------------------- ending
+    def end_hung(self) -> None:
+        """End runs whose rank 0 recorded no progress for ``hang_timeout_s``.
+
+        A rank stuck in a collective, a dead NFS mount or a deadlocked data loader
+        holds its slots forever otherwise; the run is ended and the trial restarted
+        from its latest checkpoint like any other failure.
+        """
+        timeout_s = self.ctx.config.hang_timeout_s
+        if timeout_s is None or not self._running:
+            return
+        # Until rank 0 first records anything (it does once the process group has
+        # formed), start-up is measured: imports, rendezvous and DDP set-up take
+        # seconds, minutes on a loaded machine, and are no hang.
+        startup_s = max(timeout_s, self.ctx.timings.startup_allowance_s)
+        by_run = {running.run_id: running for running in self._running.values()}
+        with session_scope(self.ctx.db_url) as session:
+            rows = session.execute(
+                select(TrialRun.id, TrialRun.started_at, TrialRun.progress_at).where(
+                    TrialRun.id.in_(list(by_run))
+                )
+            ).all()
+        now = utcnow()
+        for run_id, started_at, progress_at in rows:
+            running = by_run[run_id]
+            if progress_at is None:
+                idle_s = (now - started_at).total_seconds()
+                hung = idle_s > startup_s
+                what = f"did not start within {idle_s:.0f} s"
+            else:
+                idle_s = (now - max(started_at, progress_at)).total_seconds()
+                hung = idle_s > timeout_s
+                what = f"no progress for {idle_s:.0f} s"
+            if running.hang_reason is None and hung:
+                running.hang_reason = f"{what} (hang_timeout_s {timeout_s:g}); ended"
+                _log.warning(
+                    "trial %s: %s", self.ctx.label(running.optuna_number), running.hang_reason
+                )
+                running.job.end(grace_s=0.0)
+
+    def preempt(self) -> None:
+        """Ask every running attempt to checkpoint and stop (a pause); each is asked once."""
+        asking = [r for r in self._running.values() if r.preempted_at is None]
+        if not asking:
+            return
+        with session_scope(self.ctx.db_url) as session:
+            for running in asking:
+                run = session.get(TrialRun, running.run_id)
+                assert run is not None
+                request_stop(session, run)
+        now = time.monotonic()
+        for running in asking:
+            running.preempted_at = now
+
+    def kill(self, control: Control) -> None:
+        """End every running trial's processes; requeue them, or fail them on kill.
+
+        On ``control.action`` "kill" the trials fail ("killed by user"), on "error" they
+        fail with the experiment's stop reason, else they wait QUEUED for a resume.
+        Optuna's tells are queued in :attr:`outcomes`: flush them after this returns.
+        """
+        kill_grace_s = self.ctx.timings.kill_grace_s
+        for running in self._running.values():
+            running.job.end(grace_s=kill_grace_s)
+        with session_scope(self.ctx.db_url) as session:
+            for running in self._running.values():
+                run = session.get(TrialRun, running.run_id)
+                trial = session.get(Trial, running.trial_id)
+                assert run is not None and trial is not None
+                run.reason = run.reason or "killed"
+                if end_run(session, run):
+                    slot_ledger.release(session, running.trial_id)
+                if control.action == "kill":
+                    trial.error = "killed by user"
+                    self.outcomes.fail(trial)
+                elif control.action == "error":
+                    trial.error = f"experiment stopped: {control.stop_reason}"
+                    self.outcomes.fail(trial)
+                else:
+                    trial.state = TrialState.QUEUED
+        self._running.clear()
+
+
+def end_leftovers(ctx: DriverContext, session: Session, trial: Trial) -> None:
+    """End every process a dead driver left running for ``trial``, then free its slots.
+
+    The leftover attempt is over before anything else happens to the trial: its
+    next attempt never overlaps it, and its slots are released only once it is gone.
+    Raises :class:`~searcher.experiments.UsageError` when processes on other hosts
+    cannot be ended from here.
+    """
+    for run in open_runs(session, trial.id):
+        gone = end_run(
+            session,
+            run,
+            reason="driver stopped; trial continues from its latest checkpoint",
+            grace_s=ctx.timings.kill_grace_s,
+        )
+        if not gone:
+            hosts = sorted({node.get("host", "?") for node in run.agents or []})
+            raise UsageError(
+                f"trial {ctx.label(trial.optuna_trial_number)}: attempt {run.attempt} "
+                "still has processes on "
+                f"{', '.join(hosts)} that this machine cannot end; end them, then resume"
+            )
+    slot_ledger.release(session, trial.id)
+
+
+def _latest_checkpoint(session: Session, trial_id: int) -> Checkpoint | None:
+    return session.scalars(
+        select(Checkpoint)
+        .where(Checkpoint.trial_id == trial_id, Checkpoint.state == CheckpointState.COMPLETED)
+        .order_by(Checkpoint.step.desc(), Checkpoint.id.desc())
+    ).first()
