@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from searcher import samplers
 from searcher.config import ExperimentConfig
@@ -37,26 +38,59 @@ def checkpoint_root(config: ExperimentConfig, model_dir: Path) -> Path:
 def build_runtime_spec(
     ctx: DriverContext, trial: Trial, attempt: int, checkpoint: Checkpoint | None
 ) -> RuntimeSpec:
-    """The spec of ``trial``'s attempt ``attempt``, restoring ``checkpoint`` if given.
+    """The spec of ``trial``'s attempt ``attempt``, restoring ``checkpoint`` if given."""
+    return runtime_spec_of(
+        ctx.config,
+        db_url=ctx.db_url,
+        experiment_id=ctx.experiment_id,
+        study_name=ctx.study_name,
+        model_dir=ctx.model_dir,
+        trial_id=trial.id,
+        optuna_trial_id=trial.optuna_trial_id,
+        optuna_trial_number=trial.optuna_trial_number,
+        hparams=trial.hparams,
+        slots_per_trial=trial.slots_per_trial,
+        attempt=attempt,
+        checkpoint_path=checkpoint.path if checkpoint else None,
+        agent=ctx.pool.agents[0].name,
+    )
+
+
+def runtime_spec_of(
+    config: ExperimentConfig,
+    *,
+    db_url: str,
+    experiment_id: int,
+    study_name: str,
+    model_dir: Path,
+    trial_id: int,
+    optuna_trial_id: int,
+    optuna_trial_number: int,
+    hparams: dict[str, Any],
+    slots_per_trial: int,
+    attempt: int,
+    checkpoint_path: str | None,
+    agent: str,
+) -> RuntimeSpec:
+    """The spec of one attempt from plain values (the driver's, or a test's fixtures).
 
     The seed is distinct per trial and reproducible from the experiment's seed; the
     scratch folder is per trial under the system's temporary folder.
     """
-    config = ctx.config
     pruner = samplers.pruner_spec(config)
     return RuntimeSpec(
-        db_url=ctx.db_url,
-        experiment_id=ctx.experiment_id,
-        trial_id=trial.id,
-        study_name=ctx.study_name,
-        optuna_trial_id=trial.optuna_trial_id,
-        optuna_trial_number=trial.optuna_trial_number,
+        db_url=db_url,
+        experiment_id=experiment_id,
+        trial_id=trial_id,
+        study_name=study_name,
+        optuna_trial_id=optuna_trial_id,
+        optuna_trial_number=optuna_trial_number,
         attempt=attempt,
         entrypoint=config.entrypoint,
-        model_dir=str(ctx.model_dir),
-        hparams=trial.hparams,
+        model_dir=str(model_dir),
+        hparams=hparams,
         data=config.data,
-        slots_per_trial=trial.slots_per_trial,
+        slots_per_trial=slots_per_trial,
         max_length=config.searcher.max_length,
         searcher_metric=config.searcher.metric,
         smaller_is_better=config.searcher.smaller_is_better,
@@ -66,19 +100,17 @@ def build_runtime_spec(
         min_checkpoint_period=config.min_checkpoint_period,
         optimizations=config.optimizations,
         checkpoint_storage=config.checkpoint_storage.model_copy(
-            update={"path": str(checkpoint_root(config, ctx.model_dir))}
+            update={"path": str(checkpoint_root(config, model_dir))}
         ),
         profiling=config.profiling,
         scratch_dir=str(
             Path(tempfile.gettempdir())
             / "slotsweep"
-            / f"experiment-{ctx.experiment_id}"
-            / f"trial-{trial.id}"
+            / f"experiment-{experiment_id}"
+            / f"trial-{trial_id}"
         ),
         # Distinct per trial (as Determined does), reproducible from the experiment seed.
-        seed=None
-        if config.searcher.seed is None
-        else config.searcher.seed + trial.optuna_trial_number,
-        restore_checkpoint_path=checkpoint.path if checkpoint else None,
-        agent=ctx.pool.agents[0].name,
+        seed=None if config.searcher.seed is None else config.searcher.seed + optuna_trial_number,
+        restore_checkpoint_path=checkpoint_path,
+        agent=agent,
     )

@@ -398,37 +398,22 @@ class _Fault:
 def _runtime_spec(
     experiment: _Experiment, trial: _TrialRow, attempt: int, restore: Checkpoint | None
 ) -> RuntimeSpec:
-    """The spec the driver writes for one attempt (``Driver._runtime_spec``'s fields)."""
-    from searcher.samplers import pruner_spec
-    from trials import RuntimeSpec
+    """The spec the driver builds for one attempt, through the driver's own builder."""
+    from searcher.runtime_spec import runtime_spec_of
 
-    config = experiment.config
-    pruner = pruner_spec(config)
-    return RuntimeSpec(
+    return runtime_spec_of(
+        experiment.config,
         db_url=experiment.url,
         experiment_id=experiment.experiment_id,
-        trial_id=trial.trial_id,
         study_name=experiment.study_name,
+        model_dir=experiment.model_dir,
+        trial_id=trial.trial_id,
         optuna_trial_id=trial.optuna_trial_id,
         optuna_trial_number=trial.number,
-        attempt=attempt,
-        entrypoint=config.entrypoint,
-        model_dir=str(experiment.model_dir),
         hparams=trial.hparams,
-        data=config.data,
         slots_per_trial=SLOTS_PER_TRIAL,
-        max_length=config.searcher.max_length,
-        searcher_metric=config.searcher.metric,
-        smaller_is_better=config.searcher.smaller_is_better,
-        pruning=pruner is not None,
-        pruner=pruner,
-        min_validation_period=config.min_validation_period,
-        min_checkpoint_period=config.min_checkpoint_period,
-        optimizations=config.optimizations,
-        checkpoint_storage=config.checkpoint_storage,
-        profiling=config.profiling,
-        scratch_dir=str(experiment.model_dir / "scratch" / f"trial-{trial.trial_id}"),
-        restore_checkpoint_path=restore.path if restore else None,
+        attempt=attempt,
+        checkpoint_path=restore.path if restore else None,
         agent=AGENT,
     )
 
