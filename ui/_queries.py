@@ -568,6 +568,8 @@ def trial_runs(engine: Engine, trial_id: int, *, limit: int = 100) -> pd.DataFra
                     _R.c.restored_from_step,
                     _R.c.agents,
                     _R.c.reason,
+                    _R.c.executor,
+                    _R.c.external_id,
                 )
                 .where(_R.c.trial_id == trial_id)
                 .order_by(_R.c.attempt)

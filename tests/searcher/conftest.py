@@ -35,8 +35,11 @@ from storage import (
 from tests.conftest import EXAMPLES_DIR
 from trials.processes import ProcessRef, is_alive
 
-# Where trials run. Every fault-injection test runs once per executor, so an executor
-# added later (Slurm, Ray) must keep the same promises as the local one.
+# Where trials run. Every fault-injection test here runs once per executor that runs
+# on this machine's process table. The Slurm executor keeps the same promises on a
+# real two-node cluster in tests/searcher/test_slurm.py (a cancelled step, a lost
+# node, a killed driver and resume), where faults are Slurm's own (scancel, a lost
+# slurmd) rather than signals to local pids.
 EXECUTORS = ("local",)
 
 
