@@ -1,4 +1,4 @@
-"""Per-trial launch overhead of slotsweep against bare ``torchrun``.
+"""Per-trial launch overhead of slotsweep against bare ``torchrun``, here or on Slurm.
 
 The same tiny 2-rank DDP job (``bench/launch_trial.py``: join gloo, wrap a small MLP in
 DDP, 20 steps, average the final loss across ranks, leave the group) runs K times in
@@ -13,45 +13,70 @@ sequence two ways:
   entrypoint is the same file's core-API function ``launch_trial:slotsweep_main``. It
   reports the averaged loss as ``val_loss`` so every trial completes.
 
+Where (``--executor``):
+
+- ``local`` (default): both on this machine; the search runs the local executor with
+  ``--slots 2`` on a SQLite database.
+- ``slurm``: both as job steps of one Slurm allocation on the two-node test cluster
+  (``tests/slurm_cluster.py``: ``.ci/slurm.sh``, root only, 2 CPUs per node), which the
+  benchmark starts together with a PostgreSQL server the nodes reach, allocates
+  (``salloc -N2 --exclusive --no-shell``) and stops again at the end. Bare: each job
+  is ``srun --jobid=J --nodes=1 --ntasks=1 --exact --cpus-per-task=2`` in front of the
+  torchrun command above (one job step per trial, Slurm picks the node); slotsweep: the
+  search runs with the allocation's environment (``SLURM_JOB_ID``,
+  ``SLURM_JOB_NODELIST``, ``SLURM_JOB_CPUS_PER_NODE``), so its Slurm executor makes
+  every trial one ``srun`` step of one node (both CPUs), and its ranks record to a fresh
+  PostgreSQL database per round.
+
 Both run in the same invocation, in ``--rounds`` rounds whose order alternates (bare
 first, then slotsweep first, ...), after one untimed bare warm-up job; each round uses a
-fresh temporary folder and SQLite database.
+fresh temporary folder and database.
 
 Per-trial cost:
 
-- bare: the wall time of each ``torchrun`` (start to exit), averaged.
+- bare: the wall time of each ``torchrun`` (``srun`` on Slurm), start to exit, averaged.
 - slotsweep, headline: the search's span in the database, from the first trial's
   torchrun start (the process's start time, which rank 0 reads from /proc) to the last
   trial's reap (``trial_runs.ended_at`` of the last run), divided by K. This is the
   cadence of a search in steady state: it contains everything the platform adds per
   trial (the worker's set-up in the ranks, rank 0's recording, the driver's poll
-  interval, reaping, Optuna tell/ask and the database writes and spec file between two
-  trials) and leaves out only the one-time costs of a search (CLI imports, schema
-  migration, study creation, the final summary), which a search of many trials
-  amortises away. Those one-time costs are printed separately, and so is
+  interval, reaping, Optuna tell/ask and the database writes and spec between two
+  trials, and on Slurm the step's start and end) and leaves out only the one-time costs
+  of a search (CLI imports, schema migration, study creation, the final summary), which
+  a search of many trials amortises away. Those one-time costs are printed separately,
+  and so is
 - slotsweep, whole search: (search wall time - driver start-up before the first
   torchrun) / K, which adds the driver's shutdown after the last trial, divided by K
   (so it depends on K).
 
 Where the time goes: rank 0 of every job writes wall-clock stamps when its interpreter
 starts to exit (torchrun's and its own process start, training start and end), and the
-benchmark prints the mean phases of each kind: before torchrun starts (bare: the fork;
-slotsweep: the driver's work from the previous reap to this launch), torchrun start-up
+benchmark prints the mean phases of each kind: before torchrun starts (bare: the fork,
+and on Slurm the step's creation and slurmstepd; slotsweep: the driver's work from the
+previous reap to this launch, and on Slurm the same step creation), torchrun start-up
 (until rank 0 exists), rank set-up (imports, process group, the runtime's set-up, until
 the training function starts), training (DDP construction, the steps, the averaged
 loss), recording + leaving (what runs after the training function returns until the
 interpreter exits: rank 0's database writes, the system-metrics sampler's last sample,
 leaving the process group, the log prefixer), and exit + reap (interpreter teardown,
-torchrun's exit, and for slotsweep the driver noticing it). A second table splits the
-CPU time per trial: each rank's CPU until training, during it and after it (from
-``getrusage`` in the rank), the rest of the job's process tree (torchrun, the log
-prefixers, the interpreters' exits: the tree's total from the reaping process's
-``RUSAGE_CHILDREN`` minus the ranks), and the driver's own CPU between trials, which
-competes with the ranks for a small machine's cores.
+torchrun's exit, on Slurm the step's end and ``srun``'s exit, and for slotsweep the
+driver noticing it). A second table splits the CPU time per trial: each rank's CPU
+until training, during it and after it (from ``getrusage`` in the rank), the launching
+side's other processes, and the driver's own CPU between trials, which competes with
+the ranks for a small machine's cores. Locally that other row is the rest of the job's
+process tree (torchrun, the log prefixers, the interpreters' exits: the tree's total
+from the reaping process's ``RUSAGE_CHILDREN`` minus the ranks); on Slurm the job runs
+under slurmstepd, outside this process tree, so the row holds only the Slurm clients
+that this process or the driver ran and reaped (``srun``; for slotsweep also its
+``squeue`` and ``scontrol`` calls), and torchrun's own CPU is not counted at all. For
+slotsweep that row also holds, shared out over the K trials, the driver's one-time
+entrypoint check before the first launch (a Python process that imports the model
+module, and so torch: about 2 CPU seconds).
 
 Run:
-    .venv/bin/python bench/launch_overhead.py            # K=5, 2 rounds
+    .venv/bin/python bench/launch_overhead.py            # K=5, 2 rounds, local
     .venv/bin/python bench/launch_overhead.py -k 10 --rounds 3
+    .venv/bin/python bench/launch_overhead.py --executor slurm   # as root
 Last line (machine-readable):
     bare_s=<a> slotsweep_s=<b> ratio=<b/a> overhead_s=<b-a>
 """
@@ -59,19 +84,29 @@ Last line (machine-readable):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import re
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from _common import bench_env, epoch_s, fmt, median, run_search, scratch_folder, write_yaml
 
+if TYPE_CHECKING:
+    from tests.conftest import PostgresServer
+    from tests.slurm_cluster import SlurmCluster
+
 HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parent
 TRIAL_FILE = HERE / "launch_trial.py"
 STAMPS_ENV = "LAUNCH_BENCH_STAMPS"
 PHASES = (
@@ -82,18 +117,15 @@ PHASES = (
     "recording + leaving",
     "exit + reap",
 )
-
-
-CPU_PARTS = (
+RANK_CPU_PARTS = (
     "rank 0 until training",
     "rank 0 training",
     "rank 0 after training",
     "rank 1 until training",
     "rank 1 training",
     "rank 1 after training",
-    "torchrun, prefixers, exits",
-    "driver between trials",
 )
+DRIVER_CPU_PART = "driver between trials"
 
 
 @dataclass
@@ -110,6 +142,161 @@ class KindResult:
     @property
     def mean(self) -> float:
         return sum(self.per_trial) / len(self.per_trial)
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where both kinds run their jobs: what differs between ``--executor`` values.
+
+    Everything else (the job, the search's config, the stamps, the arithmetic) is the
+    same code for every site, so the two modes measure the same things.
+    """
+
+    executor: str  # "local" or "slurm"
+    # Put in front of the bare torchrun command: ``srun ...`` on Slurm, nothing locally.
+    bare_prefix: tuple[str, ...]
+    # A job's or search's environment from the local one: the same here; on Slurm the
+    # cluster's client settings and the allocation's variables added.
+    environment: Callable[[dict[str, str]], dict[str, str]]
+    # ``slotsweep run --slots``: the local agent's size; None on Slurm, whose
+    # allocation gives each node's slots.
+    slots: int | None
+    # A fresh database URL for one round's search, given the round's folder.
+    new_database: Callable[[Path], str]
+    # The CPU row of the launching side's reaped children, and whether those children
+    # include the ranks (locally the whole torchrun tree; on Slurm only the clients).
+    tree_part: str
+    tree_holds_ranks: bool
+
+    @property
+    def cpu_parts(self) -> tuple[str, ...]:
+        return (*RANK_CPU_PARTS, self.tree_part, DRIVER_CPU_PART)
+
+    def job_env(self, stamps: Path) -> dict[str, str]:
+        """The environment of a bare job or a search (whose trials inherit it)."""
+        return self.environment(trial_env(stamps))
+
+
+def local_site() -> Site:
+    """This machine: bare torchrun from this process, the search's local executor on SQLite."""
+    return Site(
+        executor="local",
+        bare_prefix=(),
+        environment=dict,
+        slots=2,
+        new_database=lambda folder: f"sqlite:///{folder / 'search.db'}",
+        tree_part="torchrun, prefixers, exits",
+        tree_holds_ranks=True,
+    )
+
+
+@dataclass(frozen=True)
+class SlurmTestSite:
+    """The Slurm test cluster, a PostgreSQL server its nodes reach, and one allocation."""
+
+    cluster: SlurmCluster
+    postgres: PostgresServer
+    job_id: str
+    # What ``salloc`` gives its command: the cluster's client settings (SLURM_CONF)
+    # and the allocation's SLURM_JOB_ID, SLURM_JOB_NODELIST, SLURM_JOB_CPUS_PER_NODE.
+    env: dict[str, str]
+
+    def environment(self, base: dict[str, str]) -> dict[str, str]:
+        """``base`` as a command inside the allocation sees it (``salloc CMD`` would).
+
+        A SLURM_* of a job this benchmark itself runs in would send the clients to
+        that job, so those are dropped first.
+        """
+        kept = {key: value for key, value in base.items() if not key.startswith("SLURM_")}
+        return {**kept, **self.env}
+
+    def new_database(self, folder: Path | None = None) -> str:
+        """A new, empty database on the server (the search migrates it); its URL."""
+        import sqlalchemy as sa
+
+        name = f"bench_{uuid.uuid4().hex[:12]}"
+        admin = sa.create_engine(
+            self.postgres.url.replace("postgresql://", "postgresql+psycopg://"),
+            isolation_level="AUTOCOMMIT",
+        )
+        try:
+            with admin.connect() as conn:
+                conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+        finally:
+            admin.dispose()
+        return self.postgres.url.rsplit("/", 1)[0] + f"/{name}"
+
+
+@contextlib.contextmanager
+def slurm_test_site(*, no_kill: bool = False) -> Iterator[SlurmTestSite]:
+    """Start the two-node Slurm test cluster and PostgreSQL, allocate both nodes; stop all.
+
+    ``no_kill`` allocates with ``salloc --no-kill``: a failed node leaves the
+    allocation instead of revoking it. Everything started here is stopped on the way
+    out, also after an error, Ctrl-C or SIGTERM (which becomes a SystemExit here), so
+    no daemon, namespace or database server is left running.
+    """
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    from tests.conftest import PostgresServer
+    from tests.slurm_cluster import SlurmCluster
+
+    def terminated(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    cluster = SlurmCluster()
+    try:
+        cluster.start()
+        prefix = cluster.subnet.split("/")[1]
+        postgres = PostgresServer(listen_address=f"{cluster.controller_address}/{prefix}")
+        postgres.start()
+        try:
+            flags = ["--no-kill"] if no_kill else []
+            done = cluster.run(
+                "salloc", "-N2", "--exclusive", "--no-shell", *flags, "-J", "bench", timeout=120
+            )
+            match = re.search(r"Granted job allocation (\d+)", done.stderr)
+            if match is None:
+                raise RuntimeError(f"salloc failed: {done.stderr.strip()}")
+            job_id = match.group(1)
+            try:
+                job = cluster.job(job_id)
+                nodes, cpus = int(job["NumNodes"]), int(job["NumCPUs"])
+                env = {
+                    **cluster.env,
+                    "SLURM_JOB_ID": job_id,
+                    "SLURM_JOB_NODELIST": job["NodeList"],
+                    "SLURM_JOB_CPUS_PER_NODE": f"{cpus // nodes}(x{nodes})",
+                }
+                yield SlurmTestSite(cluster, postgres, job_id, env)
+            finally:
+                cluster.run("scancel", job_id, timeout=60)
+        finally:
+            postgres.remove()
+    finally:
+        cluster.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def slurm_site(test_site: SlurmTestSite) -> Site:
+    """Job steps of ``test_site``'s allocation: bare ``srun`` steps, the Slurm executor."""
+    return Site(
+        executor="slurm",
+        bare_prefix=(
+            "srun",
+            f"--jobid={test_site.job_id}",
+            "--nodes=1",
+            "--ntasks=1",
+            "--exact",
+            "--cpus-per-task=2",
+        ),
+        environment=test_site.environment,
+        slots=None,
+        new_database=test_site.new_database,
+        tree_part="srun, squeue, entry probe",
+        tree_holds_ranks=False,
+    )
 
 
 def trial_env(stamps: Path) -> dict[str, str]:
@@ -158,18 +345,18 @@ def bare_argv(script: Path) -> list[str]:
     ]
 
 
-def run_bare(k: int, folder: Path, result: KindResult) -> None:
-    """K bare torchrun jobs one after the other."""
+def run_bare(k: int, folder: Path, result: KindResult, site: Site) -> None:
+    """K bare torchrun jobs one after the other (each one ``srun`` step on Slurm)."""
     stamps = folder / "stamps-bare"
     stamps.mkdir(parents=True)
     script = folder / TRIAL_FILE.name
-    env = trial_env(stamps)
+    env = site.job_env(stamps)
     launches: list[tuple[float, float, float]] = []
     for i in range(k):
         cpu_before = children_cpu_s()
         start = time.time()
         done = subprocess.run(
-            bare_argv(script),
+            [*site.bare_prefix, *bare_argv(script)],
             cwd=folder,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -186,13 +373,14 @@ def run_bare(k: int, folder: Path, result: KindResult) -> None:
         result.per_trial.append(end - start)
     jobs = read_jobs(stamps, k, "bare")
     for (start, end, tree_cpu), job in zip(launches, jobs, strict=True):
-        # Each job's time is Popen -> return; "before torchrun starts" is the fork.
+        # Each job's time is Popen -> return; "before torchrun starts" is the fork
+        # (and on Slurm the step's creation).
         result.phases.append(_phases(start, end, job[0]))
-        result.cpu.append(_cpu_parts(job, tree_cpu, driver_cpu=0.0))
+        result.cpu.append(_cpu_parts(job, site, tree_cpu, driver_cpu=0.0))
 
 
-def run_slotsweep(k: int, folder: Path, result: KindResult) -> None:
-    """One search of K trials through the ``slotsweep`` CLI."""
+def run_slotsweep(k: int, folder: Path, result: KindResult, site: Site) -> None:
+    """One search of K trials through the ``slotsweep`` CLI, with ``site``'s executor."""
     from sqlalchemy import select
 
     from storage import Trial, TrialRun, TrialState, session_scope
@@ -219,7 +407,11 @@ def run_slotsweep(k: int, folder: Path, result: KindResult) -> None:
         },
     )
     search = run_search(
-        config, db_path=folder / "search.db", cwd=folder, env=trial_env(stamps), slots=2
+        config,
+        db_url=site.new_database(folder),
+        cwd=folder,
+        env=site.job_env(stamps),
+        slots=site.slots,
     )
     with session_scope(search.db_url) as session:
         trials = list(session.scalars(select(Trial).order_by(Trial.id)))
@@ -239,13 +431,14 @@ def run_slotsweep(k: int, folder: Path, result: KindResult) -> None:
     # start) to its own reap, so the driver's work between two trials falls on the next.
     first_launch, last_reap = jobs[0][0]["torchrun_start"], spans[-1][1]
     previous_reaps = [first_launch] + [end for _, end in spans[:-1]]
-    # The trials' process trees, as the driver's reaped children, shared out evenly.
+    # The driver's reaped children (the trials' process trees locally, the Slurm
+    # clients on Slurm), shared out evenly.
     tree_cpu = search.reaped_children_cpu / k
     driver_cpu = search.driver_cpu_between(first_launch, last_reap) / k
     for previous, (_, end), job in zip(previous_reaps, spans, jobs, strict=True):
         result.per_trial.append(end - previous)
         result.phases.append(_phases(previous, end, job[0]))
-        result.cpu.append(_cpu_parts(job, tree_cpu, driver_cpu))
+        result.cpu.append(_cpu_parts(job, site, tree_cpu, driver_cpu))
     startup = first_launch - search.started
     result.startup.append(startup)
     result.shutdown.append(search.ended - last_reap)
@@ -253,17 +446,22 @@ def run_slotsweep(k: int, folder: Path, result: KindResult) -> None:
 
 
 def _cpu_parts(
-    job: dict[int, dict[str, Any]], tree_cpu: float, driver_cpu: float
+    job: dict[int, dict[str, Any]], site: Site, tree_cpu: float, driver_cpu: float
 ) -> dict[str, float]:
-    """Where one job's CPU time went, from both ranks' stamps and its tree's total."""
+    """Where one job's CPU time went, from both ranks' stamps and its reaped children's.
+
+    Locally the reaped children are the job's whole tree, ranks included, so the ranks'
+    own CPU is taken out of that row; on Slurm they are only the clients.
+    """
     parts: dict[str, float] = {}
     for rank in (0, 1):
         r = job[rank]
         parts[f"rank {rank} until training"] = r["cpu_train_start"]
         parts[f"rank {rank} training"] = r["cpu_reported"] - r["cpu_train_start"]
         parts[f"rank {rank} after training"] = r["cpu_exiting"] - r["cpu_reported"]
-    parts["torchrun, prefixers, exits"] = tree_cpu - job[0]["cpu_exiting"] - job[1]["cpu_exiting"]
-    parts["driver between trials"] = driver_cpu
+    ranks_cpu = job[0]["cpu_exiting"] + job[1]["cpu_exiting"]
+    parts[site.tree_part] = tree_cpu - ranks_cpu if site.tree_holds_ranks else tree_cpu
+    parts[DRIVER_CPU_PART] = driver_cpu
     return parts
 
 
@@ -295,8 +493,31 @@ def prepare(folder: Path) -> None:
     shutil.copy2(TRIAL_FILE, folder / TRIAL_FILE.name)
 
 
+@contextlib.contextmanager
+def open_site(executor: str) -> Iterator[Site]:
+    """The site of ``--executor``; for ``slurm`` the test cluster, stopped on the way out."""
+    if executor == "local":
+        yield local_site()
+        return
+    with slurm_test_site() as test_site:
+        print(
+            f"slurm: allocation {test_site.job_id} of {test_site.env['SLURM_JOB_NODELIST']} "
+            f"({test_site.env['SLURM_JOB_CPUS_PER_NODE']} CPUs), "
+            f"PostgreSQL {test_site.postgres.url}",
+            flush=True,
+        )
+        yield slurm_site(test_site)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--executor",
+        choices=("local", "slurm"),
+        default="local",
+        help="where the jobs run: this machine (default), or job steps of an allocation "
+        "on the Slurm test cluster (started and stopped here; root only)",
+    )
     parser.add_argument("-k", type=int, default=5, help="trials per kind and round (default 5)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds, order alternating (2)")
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up job")
@@ -306,11 +527,14 @@ def main() -> None:
         parser.error("-k and --rounds must be positive integers")
 
     bare, sweep = KindResult(), KindResult()
-    with scratch_folder("launch-overhead-", keep=args.keep) as root:
+    with (
+        open_site(args.executor) as site,
+        scratch_folder("launch-overhead-", keep=args.keep) as root,
+    ):
         if not args.no_warmup:
             warm = root / "warmup"
             prepare(warm)
-            run_bare(1, warm, KindResult())
+            run_bare(1, warm, KindResult(), site)
         for r in range(args.rounds):
             order = ("bare", "slotsweep") if r % 2 == 0 else ("slotsweep", "bare")
             for kind in order:
@@ -318,10 +542,10 @@ def main() -> None:
                 prepare(folder)
                 began = time.time()
                 if kind == "bare":
-                    run_bare(args.k, folder, bare)
+                    run_bare(args.k, folder, bare, site)
                     got = bare.per_trial[-args.k :]
                 else:
-                    run_slotsweep(args.k, folder, sweep)
+                    run_slotsweep(args.k, folder, sweep, site)
                     got = sweep.per_trial[-args.k :]
                 print(
                     f"round {r} {kind:9s}: {args.k} trials, per trial {fmt(sum(got) / len(got))} s "
@@ -330,8 +554,12 @@ def main() -> None:
                 )
 
     trials = args.k * args.rounds
-    print(f"\n{trials} trials of each kind ({args.rounds} rounds of K={args.k})")
-    for name, measured in (("bare torchrun", bare), ("slotsweep (DB span)", sweep)):
+    print(
+        f"\n{trials} trials of each kind ({args.rounds} rounds of K={args.k}), "
+        f"executor {site.executor}"
+    )
+    bare_name = "bare srun torchrun" if site.executor == "slurm" else "bare torchrun"
+    for name, measured in ((bare_name, bare), ("slotsweep (DB span)", sweep)):
         print(
             f"{name:20s} per trial: mean {fmt(measured.mean)} s, median "
             f"{fmt(median(measured.per_trial))} s, min {fmt(min(measured.per_trial))} s, "
@@ -352,7 +580,7 @@ def main() -> None:
     )
     for title, names, table in (
         ("mean wall phase (s)", PHASES, "phases"),
-        ("mean CPU per trial (s)", CPU_PARTS, "cpu"),
+        ("mean CPU per trial (s)", site.cpu_parts, "cpu"),
     ):
         b_means = _means(getattr(bare, table), names)
         s_means = _means(getattr(sweep, table), names)
