@@ -97,7 +97,8 @@ class SearchRun:
 def run_search(
     config: Path,
     *,
-    db_path: Path,
+    db_path: Path | None = None,
+    db_url: str | None = None,
     cwd: Path,
     env: dict[str, str],
     slots: int | None = None,
@@ -105,14 +106,18 @@ def run_search(
     on_poll: Callable[[str], None] | None = None,
     timeout_s: float = 1800.0,
 ) -> SearchRun:
-    """``slotsweep run CONFIG --db sqlite:///DB --no-progress [--slots N]``; fails loudly.
+    """``slotsweep run CONFIG --db URL --no-progress [--slots N]``; fails loudly.
 
-    Every ``poll_s`` the driver's own CPU time is sampled and ``on_poll(db_url)`` is
-    called (a benchmark may stop the search from there).
+    The database is the SQLite file ``db_path``, or ``db_url`` (e.g. PostgreSQL, which
+    a search whose ranks run on other nodes needs); give exactly one. Every ``poll_s``
+    the driver's own CPU time is sampled and ``on_poll(db_url)`` is called (a benchmark
+    may stop the search from there).
     """
     import psutil
 
-    db_url = f"sqlite:///{db_path}"
+    if (db_path is None) == (db_url is None):
+        raise ValueError("run_search: give exactly one of db_path and db_url")
+    db_url = db_url if db_url is not None else f"sqlite:///{db_path}"
     argv = [*slotsweep_argv(), "run", str(config), "--db", db_url, "--no-progress"]
     if slots is not None:
         argv += ["--slots", str(slots)]
