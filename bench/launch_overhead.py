@@ -86,7 +86,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import re
 import resource
 import shutil
 import signal
@@ -252,23 +251,9 @@ def slurm_test_site(*, no_kill: bool = False) -> Iterator[SlurmTestSite]:
         postgres = PostgresServer(listen_address=f"{cluster.controller_address}/{prefix}")
         postgres.start()
         try:
-            flags = ["--no-kill"] if no_kill else []
-            done = cluster.run(
-                "salloc", "-N2", "--exclusive", "--no-shell", *flags, "-J", "bench", timeout=120
-            )
-            match = re.search(r"Granted job allocation (\d+)", done.stderr)
-            if match is None:
-                raise RuntimeError(f"salloc failed: {done.stderr.strip()}")
-            job_id = match.group(1)
+            job_id = cluster.allocate(no_kill=no_kill, name="bench")
             try:
-                job = cluster.job(job_id)
-                nodes, cpus = int(job["NumNodes"]), int(job["NumCPUs"])
-                env = {
-                    **cluster.env,
-                    "SLURM_JOB_ID": job_id,
-                    "SLURM_JOB_NODELIST": job["NodeList"],
-                    "SLURM_JOB_CPUS_PER_NODE": f"{cpus // nodes}(x{nodes})",
-                }
+                env = cluster.allocation_env(job_id)
                 yield SlurmTestSite(cluster, postgres, job_id, env)
             finally:
                 cluster.run("scancel", job_id, timeout=60)

@@ -149,6 +149,32 @@ class SlurmCluster:
             cwd=cwd,
         )
 
+    def allocate(self, *, nodes: int = 2, no_kill: bool = True, name: str = "slotsweep") -> str:
+        """Allocate ``nodes`` whole nodes (``salloc --no-shell``); the job id.
+
+        ``no_kill`` (``--no-kill``): a lost node leaves the allocation instead of
+        ending it. The caller cancels the job (``scancel``) when done.
+        """
+        flags = ["--no-kill"] if no_kill else []
+        done = self.run(
+            "salloc", f"-N{nodes}", "--exclusive", "--no-shell", *flags, "-J", name, timeout=120
+        )
+        match = re.search(r"Granted job allocation (\d+)", done.stderr)
+        if match is None:
+            raise SlurmClusterError(f"salloc failed: {done.stderr.strip()}")
+        return match.group(1)
+
+    def allocation_env(self, job_id: str) -> dict[str, str]:
+        """What ``salloc CMD`` gives CMD: the client settings and the job's SLURM_* values."""
+        job = self.job(job_id)
+        nodes, cpus = int(job["NumNodes"]), int(job["NumCPUs"])
+        return {
+            **self.env,
+            "SLURM_JOB_ID": job_id,
+            "SLURM_JOB_NODELIST": job["NodeList"],
+            "SLURM_JOB_CPUS_PER_NODE": f"{cpus // nodes}(x{nodes})",
+        }
+
     def node_state(self, name: str) -> str:
         """The node's state as sinfo's ``%t`` shows it: ``idle``, ``alloc``, ``down*``...
 

@@ -96,7 +96,7 @@ def executor_args(executor: str) -> list[str]:
     The local executor is the default and needs none; each executor added later maps
     to its own arguments here.
     """
-    arguments = {"local": []}
+    arguments: dict[str, list[str]] = {"local": []}
     return list(arguments[executor])
 
 

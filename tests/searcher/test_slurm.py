@@ -69,29 +69,9 @@ def database(slurm_postgres: PostgresServer) -> Iterator[str]:
 @pytest.fixture
 def allocation(slurm_cluster: SlurmCluster) -> Iterator[dict[str, str]]:
     """Both nodes allocated to one job; the environment ``salloc`` gives its command."""
-    done = slurm_cluster.run(
-        # --no-kill: a lost node leaves the allocation instead of ending it.
-        "salloc",
-        "-N2",
-        "--exclusive",
-        "--no-kill",
-        "--no-shell",
-        "-J",
-        "slotsweep-search",
-        timeout=120,
-    )
-    match = re.search(r"Granted job allocation (\d+)", done.stderr)
-    assert match, done.stderr
-    job_id = match.group(1)
-    job = slurm_cluster.job(job_id)
-    nodes, cpus = int(job["NumNodes"]), int(job["NumCPUs"])
-    env = {
-        **cli_environment(),
-        **slurm_cluster.env,
-        "SLURM_JOB_ID": job_id,
-        "SLURM_JOB_NODELIST": job["NodeList"],
-        "SLURM_JOB_CPUS_PER_NODE": f"{cpus // nodes}(x{nodes})",
-    }
+    # --no-kill: a lost node leaves the allocation instead of ending it.
+    job_id = slurm_cluster.allocate(no_kill=True, name="slotsweep-search")
+    env = {**cli_environment(), **slurm_cluster.allocation_env(job_id)}
     try:
         yield env
     finally:
