@@ -250,3 +250,37 @@ def test_slots_override_has_an_upper_bound(monkeypatch: pytest.MonkeyPatch) -> N
     with pytest.raises(ClusterConfigError) as info:
         load_cluster(slots=100_000_000)
     assert info.value.problems == ["slots: must be a slot count from 1 to 4096 (got 100000000)"]
+
+
+def test_a_slurm_cluster_file_takes_its_agents_from_the_allocation_not_the_file() -> None:
+    pools = {"resource_pools": [{"name": "p", "agents": [{"name": "a", "slots": 1}]}]}
+    assert problems_of({"executor": "slurm", **pools}) == [
+        "resource_pools: not allowed with executor: slurm "
+        "(the agents are the nodes of the Slurm allocation)"
+    ]
+    assert problems_of({"executor": "ray"}) == [
+        "executor: Input should be 'local' or 'slurm' (got 'ray')"
+    ]
+
+
+def test_slurm_outside_an_allocation_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ClusterConfigError) as raised:
+        load_cluster("slurm")
+    assert raised.value.problems == [
+        "cluster slurm: not inside a Slurm allocation (SLURM_JOB_ID and "
+        "SLURM_JOB_NODELIST are unset); run the search under salloc or sbatch"
+    ]
+    with pytest.raises(ClusterConfigError, match="slots: cannot be combined with --cluster slurm"):
+        load_cluster("slurm", slots=2)
+
+
+def test_dtrain_network_interface_reaches_the_cluster() -> None:
+    cluster = parse_cluster(
+        {
+            "dtrain_network_interface": "ib0",
+            "resource_pools": [{"name": "p", "agents": [{"name": "a", "slots": 1}]}],
+        }
+    )
+    assert cluster.dtrain_network_interface == "ib0" and cluster.executor == "local"
