@@ -3,12 +3,12 @@
 A real search on a real PostgreSQL server (trust authentication, so any password is
 accepted) runs through the CLI; afterwards the password must appear in no file the
 search wrote, no trial log, no command line of any process it started, nothing it
-printed, no row of the database and no page of the UI; every spec file is 0600.
+printed, no row of the database and no page of the UI. The trial's spec travels in
+the ranks' environment and on the run row (without the URL), never as a file.
 """
 
 from __future__ import annotations
 
-import stat
 import subprocess
 import sys
 import time
@@ -22,7 +22,7 @@ import streamlit as st
 from sqlalchemy.engine import make_url
 from streamlit.testing.v1 import AppTest
 
-from storage import DB_ENV_VAR, Trial, redact_url, session_scope
+from storage import DB_ENV_VAR, Trial, TrialRun, redact_url, session_scope
 from tests.searcher.conftest import write_experiment
 from tests.storage.conftest import postgres_url  # noqa: F401  (a real server)
 from tests.ui._pages import RENDER_TIMEOUT_S, PageRenderer, assert_no_exception, texts
@@ -147,11 +147,12 @@ def test_database_password_appears_nowhere(
     for log in trial_logs:
         assert not any(s.encode() in log.read_bytes() for s in SECRETS), log
 
-    # Spec files carry the trial's settings to its ranks: readable by their owner only.
-    specs = list(logs.rglob("*.spec.json"))
-    assert specs, "no spec file under SLOTSWEEP_LOG_DIR"
-    modes = {str(spec): oct(stat.S_IMODE(spec.stat().st_mode)) for spec in specs}
-    assert set(modes.values()) == {oct(0o600)}, modes
+    # The spec reaches the ranks in their environment and is kept on the run row
+    # without the database URL; no file carries it.
+    assert list(logs.rglob("*.spec.json")) == []
+    with session_scope(secret_url) as session:
+        specs = [run.spec for run in session.scalars(sa.select(TrialRun))]
+    assert specs and all(spec and "db_url" not in spec for spec in specs), specs
 
     # Nothing the search recorded holds it either.
     assert _database_rows_holding_a_secret(secret_url) == []
