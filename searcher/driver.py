@@ -53,7 +53,6 @@ from storage import (
     session_scope,
 )
 from storage._engine import TRANSIENT_DEADLINE_S, DatabaseUnavailableError
-from trials._system_metrics import detect_gpus
 from trials.executors import Executor, database_problem, executor_for
 from trials.scheduler import Cluster, check_schedulable
 
@@ -97,10 +96,7 @@ class SearchDriver:
         for slots in self.config.possible_slots_per_trial():
             check_schedulable(self.pool, slots)
         run_dir = _logs_root() / f"experiment-{self.experiment_id}"
-        # Slots are GPU indices where the cluster says so, else exactly when this
-        # machine has GPUs (NVML finds them).
-        use_gpus = cluster.gpu_slots if cluster.gpu_slots is not None else bool(detect_gpus())
-        self.executor: Executor = executor_for(cluster, use_gpus=use_gpus)
+        self.executor: Executor = executor_for(cluster)
         problem = database_problem(self.executor, self.db_url)
         if problem:
             raise UsageError(problem)

@@ -290,17 +290,11 @@ class _TestRun:
 
         from storage import Trial, TrialRun, session_scope
         from trials import RuntimeSpec
-        from trials._system_metrics import detect_gpus
         from trials.executors import LaunchRequest, executor_for
         from trials.launcher import DB_URL_ENV_VAR
         from trials.scheduler import AgentSlots, Placement
 
-        executor = executor_for(
-            self.cluster,
-            use_gpus=self.cluster.gpu_slots
-            if self.cluster.gpu_slots is not None
-            else bool(detect_gpus()),
-        )
+        executor = executor_for(self.cluster)
         with session_scope(self.db_url) as session:
             first = session.scalars(
                 select(TrialRun).where(TrialRun.trial_id == trial_id, TrialRun.attempt == 0)

@@ -60,26 +60,20 @@ class NodeCommand:
     env: Mapping[str, str] = field(default_factory=dict)
 
 
-def torchrun_argv(
-    *,
-    nnodes: int,
-    nproc_per_node: int,
-    rdzv_endpoint: str | None,
-    rdzv_id: str,
-    python: str = sys.executable,
+def torchrun_args(
+    *, nnodes: int, nproc_per_node: int, rdzv_endpoint: str | None, rdzv_id: str
 ) -> tuple[str, ...]:
-    """One node's ``torchrun`` command line running :mod:`trials.worker` on every rank.
+    """One node's ``torchrun`` arguments, running :mod:`trials.worker` on every rank.
 
     ``rdzv_endpoint`` (``host:port`` of the first node) is needed when ``nnodes`` > 1;
-    a single node uses ``--standalone``. Every executor builds its commands here.
+    a single node uses ``--standalone``. Every executor builds its commands here; the
+    program before them is ``python -m trials._torchrun`` (torchrun run by a wrapper
+    that prefixes its own lines with ``[torchrun]``), or a wrapper of the executor's.
 
     Example:
-        >>> torchrun_argv(nnodes=1, nproc_per_node=2, rdzv_endpoint=None, rdzv_id="t",
-        ...               python="python")[:4]
-        ('python', '-m', 'trials._torchrun', '--standalone')
+        >>> torchrun_args(nnodes=1, nproc_per_node=2, rdzv_endpoint=None, rdzv_id="t")[:2]
+        ('--standalone', '--nnodes=1')
     """
-    # torchrun itself, run by a wrapper that prefixes its own lines with ``[torchrun]``.
-    base = (python, "-m", "trials._torchrun")
     if nnodes == 1:
         rendezvous: tuple[str, ...] = ("--standalone", "--nnodes=1")
     else:
@@ -92,7 +86,6 @@ def torchrun_argv(
             f"--rdzv-id={rdzv_id}",
         )
     return (
-        *base,
         *rendezvous,
         f"--nproc-per-node={nproc_per_node}",
         "--max-restarts=0",
@@ -130,12 +123,16 @@ def torchrun_commands(
         }
         if use_gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s) for s in node.slots)
-        argv = torchrun_argv(
-            nnodes=len(nodes),
-            nproc_per_node=len(node.slots),
-            rdzv_endpoint=endpoint,
-            rdzv_id=rdzv_id,
-            python=python,
+        argv = (
+            python,
+            "-m",
+            "trials._torchrun",
+            *torchrun_args(
+                nnodes=len(nodes),
+                nproc_per_node=len(node.slots),
+                rdzv_endpoint=endpoint,
+                rdzv_id=rdzv_id,
+            ),
         )
         commands.append(
             NodeCommand(
@@ -220,15 +217,7 @@ def start_trial(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     processes: list[subprocess.Popen[bytes]] = []
     refs: list[ProcessRef] = []
-    base_env = dict(os.environ)
-    # In-place torchrun restarts are off, but sharing the rendezvous store still
-    # made gloo's connectFullMesh flaky on loopback.
-    base_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    base_env.setdefault("PYTHONUNBUFFERED", "1")
-    # torchrun sets this for multi-process nodes anyway, with a banner in every log.
-    base_env.setdefault("OMP_NUM_THREADS", "1")
-    base_env.update(extra_env or {})
-    base_env[LAUNCH_TOKEN_ENV_VAR] = token
+    base_env = trial_environment(token, extra_env or {})
     try:
         for command in commands:
             log: TextIO
@@ -249,6 +238,24 @@ def start_trial(
         TrialProcesses(commands, processes, refs, token).end(grace_s=0.0)
         raise
     return TrialProcesses(commands, processes, refs, token)
+
+
+def trial_environment(token: str, extra_env: Mapping[str, str]) -> dict[str, str]:
+    """The environment every process of an attempt starts with, whichever executor starts it.
+
+    This process's environment, the defaults trials run best with, ``extra_env`` (the
+    spec, the database URL) and the attempt's launch token.
+    """
+    env = dict(os.environ)
+    # In-place torchrun restarts are off, but sharing the rendezvous store still
+    # made gloo's connectFullMesh flaky on loopback.
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    # torchrun sets this for multi-process nodes anyway, with a banner in every log.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(extra_env)
+    env[LAUNCH_TOKEN_ENV_VAR] = token
+    return env
 
 
 DRIVER_LOG_PREFIX = "[slotsweep] "

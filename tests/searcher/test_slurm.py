@@ -14,7 +14,6 @@ import contextlib
 import re
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,8 +24,6 @@ import sqlalchemy as sa
 from sqlalchemy import select
 
 from storage import (
-    Checkpoint,
-    CheckpointState,
     Metric,
     ProcessRole,
     Trial,
@@ -38,6 +35,8 @@ from storage import (
 from tests.conftest import PostgresServer, cli_environment
 from tests.searcher.conftest import (
     assert_search_consistent,
+    completed_checkpoints,
+    run_cli,
     start_cli,
     wait_for,
     write_experiment,
@@ -141,19 +140,9 @@ def test_a_cancelled_step_restarts_from_its_checkpoint(
     )
     driver = start_cli(["run", str(path), "--db", database], allocation, tmp_path)
     try:
-
-        def checkpointed() -> bool:
-            with session_scope(database) as session:
-                return (
-                    session.scalar(
-                        select(sa.func.count()).where(
-                            Checkpoint.state == CheckpointState.COMPLETED
-                        )
-                    )
-                    or 0
-                ) > 0
-
-        wait_for(checkpointed, timeout=300, what="the first checkpoint")
+        wait_for(
+            lambda: completed_checkpoints(database) > 0, timeout=300, what="the first checkpoint"
+        )
         with session_scope(database) as session:
             (run,) = session.scalars(select(TrialRun))
             step_id = run.external_id
@@ -187,16 +176,9 @@ def test_a_lost_node_restarts_the_trial_from_its_checkpoint_on_the_other_node(
     driver = start_cli(["run", str(path), "--db", database], allocation, tmp_path)
     lost = ""
     try:
-
-        def checkpointed() -> bool:
-            with session_scope(database) as session:
-                return bool(
-                    session.scalars(
-                        select(Checkpoint).where(Checkpoint.state == CheckpointState.COMPLETED)
-                    ).first()
-                )
-
-        wait_for(checkpointed, timeout=300, what="the first checkpoint")
+        wait_for(
+            lambda: completed_checkpoints(database) > 0, timeout=300, what="the first checkpoint"
+        )
         with session_scope(database) as session:
             (run,) = session.scalars(select(TrialRun))
             (lost,) = [a["agent"] for a in run.agents]
@@ -275,14 +257,7 @@ def test_a_size_the_allocation_can_never_hold_is_refused_with_the_valid_sizes(
     tmp_path: Path, allocation: dict[str, str], database: str
 ) -> None:
     path = _search(tmp_path, resources={"slots_per_trial": 3})
-    done = subprocess.run(
-        [sys.executable, "-m", "searcher.cli", "run", str(path), "--db", database],
-        env=allocation,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_cli(["run", str(path), "--db", database], allocation, tmp_path, timeout=120)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     assert "slots_per_trial" in done.stderr and "1, 2, 4" in done.stderr, done.stderr
@@ -293,14 +268,7 @@ def test_sqlite_is_refused_when_ranks_run_on_other_nodes(
 ) -> None:
     path = _search(tmp_path)
     db = f"sqlite:///{tmp_path / 'search.db'}"
-    done = subprocess.run(
-        [sys.executable, "-m", "searcher.cli", "run", str(path), "--db", db],
-        env=allocation,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_cli(["run", str(path), "--db", db], allocation, tmp_path, timeout=120)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     assert "PostgreSQL" in done.stderr, done.stderr

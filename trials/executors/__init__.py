@@ -27,13 +27,13 @@ __all__ = [
 ]
 
 
-def executor_for(cluster: Cluster, *, use_gpus: bool = False) -> Executor:
+def executor_for(cluster: Cluster) -> Executor:
     """The executor that runs ``cluster``'s trials (its ``executor`` field)."""
     if cluster.executor == "slurm":
         from trials.executors._slurm import SlurmExecutor
 
         return SlurmExecutor(cluster)
-    return LocalExecutor(use_gpus=use_gpus)
+    return LocalExecutor(use_gpus=cluster.gpu_slots)
 
 
 def executor_named(name: str) -> Executor:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from trials._system_metrics import detect_gpus
 from trials.attempts import end_local_processes, local_processes_gone, record_launch
 from trials.launcher import (
     SPEC_ENV_VAR,
@@ -55,6 +56,8 @@ class LocalJob:
 class LocalExecutor:
     """Runs trials on this machine; GPUs by index when ``use_gpus``, else CPU slots (gloo).
 
+    ``use_gpus=None`` asks NVML at the first launch whether this machine has GPUs.
+
     Example:
         >>> executor = LocalExecutor(use_gpus=False)
         >>> executor.name, executor.remote
@@ -64,12 +67,14 @@ class LocalExecutor:
     name = "local"
     remote = False
 
-    def __init__(self, *, use_gpus: bool = False) -> None:
+    def __init__(self, *, use_gpus: bool | None = None) -> None:
         self.use_gpus = use_gpus
 
     def launch(self, request: LaunchRequest) -> LocalJob:
         agents = request.placement.agents
         rdzv_port = free_port(agents[0].agent.host) if len(agents) > 1 else None
+        if self.use_gpus is None:
+            self.use_gpus = bool(detect_gpus())
         commands = torchrun_commands(
             request.placement,
             rdzv_id=request.rdzv_id,

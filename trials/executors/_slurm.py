@@ -22,7 +22,7 @@ import re
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trials.attempts import mark_processes_ended
@@ -38,8 +38,7 @@ from trials.executors._slurm_commands import (
     unavailable_nodes,
 )
 from trials.executors._slurm_node import IFNAME_ENV_VAR, NODE_SLOTS_ENV_VAR, RDZV_HOST_ENV_VAR
-from trials.launcher import SPEC_ENV_VAR, torchrun_argv
-from trials.processes import LAUNCH_TOKEN_ENV_VAR
+from trials.launcher import SPEC_ENV_VAR, torchrun_args, trial_environment
 from trials.scheduler._cluster import Agent, Cluster, ResourcePool
 from trials.scheduler._cluster_file import DEFAULT_POOL, ClusterConfigError
 
@@ -103,13 +102,14 @@ def allocation_cluster(
         names = _slurm(["scontrol", "show", "hostnames", nodelist]).split()
         addresses = node_addresses(_slurm(["scontrol", "-o", "show", "node", ",".join(names)]))
         gres = job_node_gres(_slurm(["scontrol", "-d", "show", "job", job_id]))
+        gres_of = {host: line for nodes, line in gres.items() for host in _hosts(nodes)}
     except SlurmError as exc:
         raise ClusterConfigError([f"cluster slurm: {exc}"]) from None
     cpus = expand_counts(env.get("SLURM_JOB_CPUS_PER_NODE", ""))
     agents = []
     any_gpus = False
     for i, name in enumerate(names):
-        gpus = next((gpu_indices(g) for nodes, g in gres.items() if name in _hosts(nodes)), ())
+        gpus = gpu_indices(gres_of.get(name, ""))
         any_gpus = any_gpus or bool(gpus)
         slots = gpus or tuple(range(cpus[i] if i < len(cpus) else 1))
         agents.append(Agent(name=name, host=addresses.get(name, name), slots=slots))
@@ -162,18 +162,20 @@ class SlurmJob:
     name: str
     agents: list[dict[str, Any]]
     step_id: str | None = None
-    _deadline: float = field(default_factory=lambda: time.monotonic() + _STEP_ID_WAIT_S)
 
     @property
     def external_id(self) -> str | None:
-        if self.step_id is None and time.monotonic() < self._deadline:
-            while time.monotonic() < self._deadline and self.srun.poll() is None:
-                found = _steps_with_name(self.name)
-                if found:
-                    self.step_id = found[0]
-                    break
-                time.sleep(0.1)
         return self.step_id
+
+    def _wait_for_step_id(self) -> None:
+        """Learn the step's id once Slurm lists it (the name finds it even without)."""
+        deadline = time.monotonic() + _STEP_ID_WAIT_S
+        while self.step_id is None and time.monotonic() < deadline and self.srun.poll() is None:
+            found = _steps_with_name(self.name)
+            if found:
+                self.step_id = found[0]
+            else:
+                time.sleep(0.1)
 
     def poll(self) -> int | None:
         return self.srun.poll()
@@ -182,8 +184,9 @@ class SlurmJob:
         return _cancel_steps(self.name, grace_s=grace_s, srun=self.srun)
 
     def record(self, session: Session, run: TrialRun) -> None:
+        self._wait_for_step_id()
         run.agents = self.agents
-        run.external_id = self.external_id
+        run.external_id = self.step_id
 
     def describe(self) -> list[dict[str, Any]]:
         return self.agents
@@ -247,7 +250,7 @@ class SlurmExecutor:
         slots_per_node = per_node.pop()
         rdzv_host = nodes[0].host
         endpoint = f"{rdzv_host}:{rendezvous_port(request.rdzv_id)}" if len(nodes) > 1 else None
-        torchrun = torchrun_argv(
+        torchrun = torchrun_args(
             nnodes=len(nodes),
             nproc_per_node=slots_per_node,
             rdzv_endpoint=endpoint,
@@ -261,21 +264,18 @@ class SlurmExecutor:
             slots_per_node=slots_per_node,
             use_gpus=use_gpus,
             name=name,
-            torchrun=torchrun[3:],
+            torchrun=torchrun,
         )
-        env = dict(os.environ)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        env.setdefault("OMP_NUM_THREADS", "1")
-        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-        env.update(request.env)
-        env[SPEC_ENV_VAR] = request.spec_json
-        env[LAUNCH_TOKEN_ENV_VAR] = request.token
-        env[NODE_SLOTS_ENV_VAR] = json.dumps(
-            {part.agent.name: list(part.slots) for part in placement.agents}
-        )
-        env[RDZV_HOST_ENV_VAR] = rdzv_host
+        node_env = {
+            SPEC_ENV_VAR: request.spec_json,
+            NODE_SLOTS_ENV_VAR: json.dumps(
+                {part.agent.name: list(part.slots) for part in placement.agents}
+            ),
+            RDZV_HOST_ENV_VAR: rdzv_host,
+        }
         if self.cluster.dtrain_network_interface:
-            env[IFNAME_ENV_VAR] = self.cluster.dtrain_network_interface
+            node_env[IFNAME_ENV_VAR] = self.cluster.dtrain_network_interface
+        env = trial_environment(request.token, {**request.env, **node_env})
         request.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(request.log_path, "ab", buffering=0) as log:
             srun = subprocess.Popen(

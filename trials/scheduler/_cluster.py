@@ -85,7 +85,7 @@ class Cluster:
     dtrain_network_interface: str | None = None
     #: The Slurm job the agents belong to (inside ``salloc``/``sbatch``).
     slurm_job_id: str | None = None
-    #: Whether slots are GPU indices; None: this machine's GPUs decide (local agents).
+    #: Whether slots are GPU indices; None: whether this machine has GPUs (NVML) decides.
     gpu_slots: bool | None = None
 
     def pool(self, name: str) -> ResourcePool:
