@@ -17,8 +17,10 @@
 #
 # Each node has 2 CPUs (2 trial slots) and GPUS (2) fake GPUs (character devices under
 # DIR that Slurm only stats; they are copies of /dev/null). Partitions: "debug"
-# (default) and "urgent" over the same nodes, whose jobs preempt debug jobs by requeueing
-# them. No slurmdbd: a finished job's state comes from `scontrol show job` (kept 600 s)
+# (default), "grace" and "urgent" over the same nodes; urgent jobs preempt the others
+# by requeueing them (or cancelling them, if submitted --no-requeue), at once in debug,
+# after SIGTERM and a GraceTime of 30 s in grace (time a trial spends writing a
+# checkpoint). No slurmdbd: a finished job's state comes from `scontrol show job` (kept 600 s)
 # or DIR/jobcomp.txt.
 #
 # `start` prints the client environment (SLURM_CONF=...) and writes it to DIR/env; the
@@ -363,6 +365,7 @@ EOF
       echo "NodeName=ssnode$i NodeHostname=ssnode$i NodeAddr=$net.$((10 + i)) CPUs=2$gres State=UNKNOWN"
     done
     echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1"
+    echo "PartitionName=grace Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=30"
     echo "PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2"
   } >"$dir/slurm.conf"
   if [[ "$gpus" -gt 0 ]]; then

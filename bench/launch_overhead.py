@@ -27,6 +27,12 @@ Where (``--executor``):
   ``SLURM_JOB_NODELIST``, ``SLURM_JOB_CPUS_PER_NODE``), so its Slurm executor makes
   every trial one ``srun`` step of one node (both CPUs), and its ranks record to a fresh
   PostgreSQL database per round.
+- ``sbatch``: one Slurm job per trial on the same test cluster, with no allocation
+  held. Bare: each job is ``srun --partition=debug --nodes=1 --ntasks=1
+  --cpus-per-task=2`` in front of the torchrun command (srun outside an allocation
+  makes a job of its own); slotsweep: the search's cluster file names the partition
+  (``executor: slurm`` with a ``slurm:`` block), so every trial is one ``sbatch`` job
+  whose script runs one ``srun`` step of the node wrapper and torchrun.
 
 Both run in the same invocation, in ``--rounds`` rounds whose order alternates (bare
 first, then slotsweep first, ...), after one untimed bare warm-up job; each round uses a
@@ -77,6 +83,7 @@ Run:
     .venv/bin/python bench/launch_overhead.py            # K=5, 2 rounds, local
     .venv/bin/python bench/launch_overhead.py -k 10 --rounds 3
     .venv/bin/python bench/launch_overhead.py --executor slurm   # as root
+    .venv/bin/python bench/launch_overhead.py --executor sbatch  # as root
 Last line (machine-readable):
     bare_s=<a> slotsweep_s=<b> ratio=<b/a> overhead_s=<b-a>
 """
@@ -227,11 +234,12 @@ class SlurmTestSite:
 
 
 @contextlib.contextmanager
-def slurm_test_site(*, no_kill: bool = False) -> Iterator[SlurmTestSite]:
+def slurm_test_site(*, no_kill: bool = False, allocate: bool = True) -> Iterator[SlurmTestSite]:
     """Start the two-node Slurm test cluster and PostgreSQL, allocate both nodes; stop all.
 
     ``no_kill`` allocates with ``salloc --no-kill``: a failed node leaves the
-    allocation instead of revoking it. Everything started here is stopped on the way
+    allocation instead of revoking it. ``allocate=False`` holds no allocation (a login
+    node's view: ``job_id`` is empty and ``env`` has the client settings only). Everything started here is stopped on the way
     out, also after an error, Ctrl-C or SIGTERM (which becomes a SystemExit here), so
     no daemon, namespace or database server is left running.
     """
@@ -251,6 +259,9 @@ def slurm_test_site(*, no_kill: bool = False) -> Iterator[SlurmTestSite]:
         postgres = PostgresServer(listen_address=f"{cluster.controller_address}/{prefix}")
         postgres.start()
         try:
+            if not allocate:
+                yield SlurmTestSite(cluster, postgres, "", dict(cluster.env))
+                return
             job_id = cluster.allocate(no_kill=no_kill, name="bench")
             try:
                 env = cluster.allocation_env(job_id)
@@ -280,6 +291,28 @@ def slurm_site(test_site: SlurmTestSite) -> Site:
         slots=None,
         new_database=test_site.new_database,
         tree_part="srun, squeue, entry probe",
+        tree_holds_ranks=False,
+    )
+
+
+def sbatch_site(test_site: SlurmTestSite, cluster_file: Path) -> Site:
+    """One Slurm job per trial: bare ``srun`` jobs from outside any allocation, and the
+    search's sbatch executor (a cluster file naming the ``debug`` partition)."""
+    cluster_file.write_text(
+        "executor: slurm\nslurm: {partition: debug, time_limit: '30', slot_type: cpu}\n"
+    )
+
+    def environment(base: dict[str, str]) -> dict[str, str]:
+        return {**test_site.environment(base), "SLOTSWEEP_CLUSTER": str(cluster_file)}
+
+    return Site(
+        executor="sbatch",
+        # srun outside an allocation: a job of its own per trial, with its one step.
+        bare_prefix=("srun", "--partition=debug", "--nodes=1", "--ntasks=1", "--cpus-per-task=2"),
+        environment=environment,
+        slots=None,
+        new_database=test_site.new_database,
+        tree_part="srun, sbatch, squeue, entry probe",
         tree_holds_ranks=False,
     )
 
@@ -484,6 +517,14 @@ def open_site(executor: str) -> Iterator[Site]:
     if executor == "local":
         yield local_site()
         return
+    if executor == "sbatch":
+        with (
+            slurm_test_site(allocate=False) as test_site,
+            scratch_folder("launch-overhead-cluster-", keep=False) as folder,
+        ):
+            print(f"sbatch: partition debug, PostgreSQL {test_site.postgres.url}", flush=True)
+            yield sbatch_site(test_site, folder / "cluster.yaml")
+        return
     with slurm_test_site() as test_site:
         print(
             f"slurm: allocation {test_site.job_id} of {test_site.env['SLURM_JOB_NODELIST']} "
@@ -498,10 +539,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--executor",
-        choices=("local", "slurm"),
+        choices=("local", "slurm", "sbatch"),
         default="local",
-        help="where the jobs run: this machine (default), or job steps of an allocation "
-        "on the Slurm test cluster (started and stopped here; root only)",
+        help="where the jobs run: this machine (default), job steps of an allocation "
+        "on the Slurm test cluster (slurm), or one Slurm job per trial there (sbatch); "
+        "the cluster is started and stopped here (root only)",
     )
     parser.add_argument("-k", type=int, default=5, help="trials per kind and round (default 5)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds, order alternating (2)")
@@ -543,7 +585,7 @@ def main() -> None:
         f"\n{trials} trials of each kind ({args.rounds} rounds of K={args.k}), "
         f"executor {site.executor}"
     )
-    bare_name = "bare srun torchrun" if site.executor == "slurm" else "bare torchrun"
+    bare_name = "bare torchrun" if site.executor == "local" else "bare srun torchrun"
     for name, measured in ((bare_name, bare), ("slotsweep (DB span)", sweep)):
         print(
             f"{name:20s} per trial: mean {fmt(measured.mean)} s, median "

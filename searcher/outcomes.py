@@ -80,6 +80,8 @@ class OutcomeFacts:
     restarts: int
     #: The experiment's ``max_restarts``.
     max_restarts: int
+    #: The cluster stopped the attempt on its own account (preempted, time limit).
+    stopped_by_cluster: str | None = None
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,8 @@ def decide_outcome(facts: OutcomeFacts) -> OutcomeDecision:
     A failure is restarted while restarts are left, unless the run failed the same way
     on every rank before its first step (a bug: it is failed without restarts). The
     reason is the exception the first failing rank recorded, else the ``cause`` (a
-    hang) or the exit code.
+    hang) or the exit code. An attempt the cluster stopped (preemption, time limit) is
+    no failure: the trial resumes from its latest checkpoint, no restart counted.
 
     Example:
         >>> facts = OutcomeFacts(pruned=True, finished=False, has_metric=False,
@@ -131,6 +134,8 @@ def decide_outcome(facts: OutcomeFacts) -> OutcomeDecision:
             else f"the trial finished without reporting the searcher metric '{facts.metric}'"
         )
         return OutcomeDecision(state=TrialState.ERROR, error=error, tell="fail")
+    if facts.stopped_by_cluster:
+        return OutcomeDecision(state=TrialState.QUEUED, restarts=facts.restarts)
     fallback_reason = facts.cause or f"exit code {facts.exit_code}"
     verdict = facts.verdict
     reason = verdict.reason if verdict is not None else fallback_reason
@@ -175,17 +180,24 @@ class Outcomes:
         self.control = control
 
     def finalize(
-        self, session: Session, trial: Trial, exit_code: int | None, cause: str | None = None
+        self,
+        session: Session,
+        trial: Trial,
+        exit_code: int | None,
+        cause: str | None = None,
+        stopped_by_cluster: str | None = None,
     ) -> None:
         """Record the outcome of the trial's ended attempt (its facts read in ``session``)."""
-        decision = decide_outcome(self._facts(session, trial, exit_code, cause))
+        facts = self._facts(session, trial, exit_code, cause, stopped_by_cluster)
+        decision = decide_outcome(facts)
         if decision.error is not None:
             trial.error = decision.error
         if decision.requeue:
             assert decision.restarts is not None
             trial.restarts = decision.restarts
             trial.state = TrialState.QUEUED
-            self._notify_failure(trial)
+            if decision.notify:
+                self._notify_failure(trial)
             self.pending.queue(trial)
             return
         if decision.state == TrialState.ERROR:
@@ -213,7 +225,12 @@ class Outcomes:
         self.tells.tell(trial, state=optuna.trial.TrialState.FAIL)
 
     def _facts(
-        self, session: Session, trial: Trial, exit_code: int | None, cause: str | None
+        self,
+        session: Session,
+        trial: Trial,
+        exit_code: int | None,
+        cause: str | None,
+        stopped_by_cluster: str | None = None,
     ) -> OutcomeFacts:
         """The trial's facts, looking up only those :func:`decide_outcome` will read."""
         pruned = trial.pruned_at is not None
@@ -236,6 +253,7 @@ class Outcomes:
             cause=cause,
             restarts=trial.restarts,
             max_restarts=self.ctx.config.max_restarts,
+            stopped_by_cluster=stopped_by_cluster,
         )
 
     def _notify_failure(self, trial: Trial) -> None:

@@ -59,7 +59,7 @@ class PendingQueue:
             )
         )
 
-    def place(self, launch: Callable[[int, Placement], None], outcomes: Outcomes) -> None:
+    def place(self, launch: Callable[[int, Placement | None], None], outcomes: Outcomes) -> None:
         """Start every pending trial the free slots have room for.
 
         Stale leases are reclaimed first (their processes confirmed gone); each placed
@@ -70,6 +70,12 @@ class PendingQueue:
         if not self._pending:
             return
         ctx = self.ctx
+        if ctx.executor.places_trials:
+            # The cluster engine (Slurm) places them and keeps its own ledger.
+            for pending in sorted(self._pending, key=lambda p: (p.priority, p.order)):
+                self._pending.remove(pending)
+                self._start(pending, None, launch, outcomes)
+            return
         with session_scope(ctx.db_url) as session:
             slot_ledger.reclaim_stale(
                 session,
@@ -98,23 +104,34 @@ class PendingQueue:
             if not claimed:
                 continue  # Another driver won those slots; try again next tick.
             self._pending.remove(pending)
-            try:
-                launch(pending.trial_id, placement)
-            except EarlierAttemptRunning as exc:
-                # Not a failure of the trial: it waits, its slots go back meanwhile.
-                driver_log.warning("%s", exc)
-                with session_scope(ctx.db_url) as session:
-                    slot_ledger.release(session, pending.trial_id)
+            self._start(pending, placement, launch, outcomes)
+
+    def _start(
+        self,
+        pending: _Pending,
+        placement: Placement | None,
+        launch: Callable[[int, Placement | None], None],
+        outcomes: Outcomes,
+    ) -> None:
+        """``launch`` one trial whose slots are claimed (or left to the cluster engine)."""
+        ctx = self.ctx
+        try:
+            launch(pending.trial_id, placement)
+        except EarlierAttemptRunning as exc:
+            # Not a failure of the trial: it waits, its slots go back meanwhile.
+            driver_log.warning("%s", exc)
+            with session_scope(ctx.db_url) as session:
+                slot_ledger.release(session, pending.trial_id)
+            self._pending.append(pending)
+        except Exception as exc:
+            if is_transient_error(exc):
+                # Nothing was started (the run's row comes first); the next tick
+                # claims the slots again.
                 self._pending.append(pending)
-            except Exception as exc:
-                if is_transient_error(exc):
-                    # Nothing was started (the run's row comes first); the next tick
-                    # claims the slots again.
-                    self._pending.append(pending)
-                    raise
-                with session_scope(ctx.db_url) as session:
-                    slot_ledger.release(session, pending.trial_id)
-                    trial = session.get(Trial, pending.trial_id)
-                    assert trial is not None
-                    trial.error = f"launch failed: {exc}"
-                    outcomes.fail(trial)
+                raise
+            with session_scope(ctx.db_url) as session:
+                slot_ledger.release(session, pending.trial_id)
+                trial = session.get(Trial, pending.trial_id)
+                assert trial is not None
+                trial.error = f"launch failed: {exc}"
+                outcomes.fail(trial)

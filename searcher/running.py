@@ -73,6 +73,8 @@ class _Running:
     preempted_at: float | None = None
     # Set when the driver ended the run for making no progress (hang_timeout_s).
     hang_reason: str | None = None
+    # Queued in the executor's cluster engine, no process started yet (and why).
+    waiting: str | None = None
 
 
 class RunningTrials:
@@ -87,8 +89,13 @@ class RunningTrials:
         return len(self._running)
 
     # ----------------------------------------------------------------- starting
-    def launch(self, trial_id: int, placement: Placement) -> None:
-        """Start the trial's next attempt on ``placement`` (its slots are claimed)."""
+    def launch(self, trial_id: int, placement: Placement | None) -> None:
+        """Start the trial's next attempt on ``placement`` (its slots are claimed).
+
+        ``placement`` is None for an executor whose cluster engine places trials
+        (``executor.places_trials``): the attempt is submitted there and waits in
+        that engine's queue until it starts.
+        """
         ctx = self.ctx
         with session_scope(ctx.db_url) as session:
             trial = session.get(Trial, trial_id)
@@ -118,7 +125,7 @@ class RunningTrials:
                 executor=ctx.executor.name,
                 agents=[
                     {"agent": part.agent.name, "host": part.agent.host, "slots": list(part.slots)}
-                    for part in placement.agents
+                    for part in (placement.agents if placement is not None else ())
                 ],
                 launch_token=uuid.uuid4().hex,
                 restored_from_checkpoint=checkpoint.uuid if checkpoint else None,
@@ -146,9 +153,13 @@ class RunningTrials:
                     f"{dropped} samples per batch are dropped",
                     stacklevel=1,
                 )
-        where = ", ".join(
-            f"{part.agent.name} slots {','.join(str(slot) for slot in part.slots)}"
-            for part in placement.agents
+        where = (
+            ", ".join(
+                f"{part.agent.name} slots {','.join(str(slot) for slot in part.slots)}"
+                for part in placement.agents
+            )
+            if placement is not None
+            else f"nodes the {ctx.executor.name} executor's cluster picks"
         )
         write_log_line(
             log_path,
@@ -157,6 +168,7 @@ class RunningTrials:
         )
         request = LaunchRequest(
             placement=placement,
+            slots=slots,
             spec_json=spec_json,
             rdzv_id=f"slotsweep-{trial_id}-{attempt}",
             token=token,
@@ -194,7 +206,10 @@ class RunningTrials:
             job=job,
             started=time.monotonic(),
             run_id=run_id,
+            waiting=job.waiting_reason(),
         )
+        if self._running[trial_id].waiting:
+            write_log_line(log_path, self._running[trial_id].waiting or "")
 
     # ----------------------------------------------------------------- reaping
     def reap(self) -> None:
@@ -202,6 +217,8 @@ class RunningTrials:
         for trial_id, running in list(self._running.items()):
             exit_code = running.job.poll()
             if exit_code is None:
+                if running.waiting is not None:
+                    self._follow_queued(running)
                 if (
                     running.preempted_at is not None
                     and time.monotonic() - running.preempted_at > self.ctx.timings.preempt_grace_s
@@ -213,8 +230,34 @@ class RunningTrials:
             # database finds the exited run again and records it then.
             del self._running[trial_id]
 
+    def _follow_queued(self, running: _Running) -> None:
+        """Note when an attempt queued in the cluster engine starts (or why it still waits).
+
+        Its clock (slot-seconds, start-up and hang timeouts) starts then, not at submission.
+        """
+        reason = running.job.waiting_reason()
+        if reason == running.waiting:
+            return
+        running.waiting = reason
+        with session_scope(self.ctx.db_url) as session:
+            run = session.get(TrialRun, running.run_id)
+            trial = session.get(Trial, running.trial_id)
+            assert run is not None and trial is not None
+            if reason is None:
+                running.started = time.monotonic()
+                run.started_at = utcnow()
+                run.agents = running.job.describe()
+                nodes = ", ".join(node["agent"] for node in run.agents) or "its nodes"
+                message = f"attempt {running.attempt} started on {nodes}"
+            else:
+                message = reason
+            log_path = trial.log_path
+        if log_path:
+            write_log_line(Path(log_path), message)
+
     def _record_exit(self, running: _Running, exit_code: int) -> None:
-        elapsed = time.monotonic() - running.started
+        elapsed = 0.0 if running.waiting else time.monotonic() - running.started
+        ending = running.job.ending()
         with session_scope(self.ctx.db_url) as session:
             trial = session.get(Trial, running.trial_id)
             run = session.get(TrialRun, running.run_id)
@@ -232,7 +275,29 @@ class RunningTrials:
                 run.reason = "paused"
                 trial.state = TrialState.QUEUED
                 return
-            self.outcomes.finalize(session, trial, exit_code=exit_code, cause=running.hang_reason)
+            stopped_by_cluster = ending.stopped_by_cluster
+            if (
+                stopped_by_cluster is None
+                and ending.cause is None
+                and run.stop_requested_at is not None
+                and running.hang_reason is None
+            ):
+                # Not this driver's request (that is preempted_at), nor a cancelled job:
+                # the ranks recorded a SIGTERM from the cluster (``--signal=TERM@120``
+                # ahead of the time limit, say) and checkpointed.
+                stopped_by_cluster = "stopped by a SIGTERM from the cluster"
+            if stopped_by_cluster and not (trial.finished_at or trial.pruned_at):
+                run.reason = f"{stopped_by_cluster}; resumes from its latest checkpoint"
+                _log.info("trial %s: %s", self.ctx.label(running.optuna_number), run.reason)
+                if trial.log_path:
+                    write_log_line(Path(trial.log_path), run.reason)
+            self.outcomes.finalize(
+                session,
+                trial,
+                exit_code=exit_code,
+                cause=running.hang_reason or ending.cause,
+                stopped_by_cluster=stopped_by_cluster,
+            )
 
     # ----------------------------------------------------------------- ending
     def end_hung(self) -> None:
@@ -249,7 +314,10 @@ class RunningTrials:
         # formed), start-up is measured: imports, rendezvous and DDP set-up take
         # seconds, minutes on a loaded machine, and are no hang.
         startup_s = max(timeout_s, self.ctx.timings.startup_allowance_s)
-        by_run = {running.run_id: running for running in self._running.values()}
+        # An attempt still queued in its cluster engine has no process to hang.
+        by_run = {r.run_id: r for r in self._running.values() if r.waiting is None}
+        if not by_run:
+            return
         with session_scope(self.ctx.db_url) as session:
             rows = session.execute(
                 select(TrialRun.id, TrialRun.started_at, TrialRun.progress_at).where(

@@ -338,6 +338,7 @@ class _TestRun:
         processes = executor.launch(
             LaunchRequest(
                 placement=placement,
+                slots=sum(len(a["slots"]) for a in agents),
                 spec_json=spec.model_dump_json(exclude={"db_url"}),
                 rdzv_id=f"slotsweep-test-{trial_id}-1",
                 token=token,

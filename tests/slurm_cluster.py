@@ -28,10 +28,12 @@ import shutil
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from tests.conftest import REPO_ROOT, PostgresServer
 
@@ -192,7 +194,8 @@ class SlurmCluster:
         done = self.run("scontrol", "-o", "show", "job", str(job_id), timeout=30)
         if done.returncode != 0:
             return {}
-        return dict(re.findall(r"(\w+)=(.*?)(?= \w+=|$)", done.stdout.strip()))
+        # Keys are words, some with a colon (``AllocNode:Sid=``); values may hold spaces.
+        return dict(re.findall(r"([\w:]+)=(.*?)(?= [\w:]+=|$)", done.stdout.strip()))
 
     def wait_node_state(self, name: str, pattern: str, timeout: float = 60) -> str:
         """Wait until the node's state matches the regular expression; return that state."""
@@ -243,3 +246,22 @@ def slurm_postgres(slurm_cluster: SlurmCluster) -> Iterator[PostgresServer]:
         yield server
     finally:
         server.remove()
+
+
+@pytest.fixture
+def slurm_database(slurm_postgres: PostgresServer) -> Iterator[str]:
+    """A fresh database of the test's own on the nodes' PostgreSQL server (its URL)."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(
+        slurm_postgres.url.replace("postgresql://", "postgresql+psycopg://"),
+        isolation_level="AUTOCOMMIT",
+    )
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = slurm_postgres.url.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()

@@ -95,7 +95,7 @@ def test_sinfo_lists_two_nodes_of_two_cpus(slurm_cluster: SlurmCluster) -> None:
     assert sorted(done.stdout.splitlines()) == ["ssnode1 2 gpu:2", "ssnode2 2 gpu:2"]
     assert [name for name, _ in slurm_cluster.nodes] == ["ssnode1", "ssnode2"]
     partitions = slurm_cluster.run("sinfo", "-h", "-o", "%P").stdout.split()
-    assert partitions == ["debug*", "urgent"]
+    assert partitions == ["debug*", "grace", "urgent"]
 
 
 def test_torchrun_world_of_four_across_two_nodes(

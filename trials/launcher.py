@@ -47,6 +47,9 @@ SPEC_ENV_VAR = "SLOTSWEEP_TRIAL_SPEC"
 DB_URL_ENV_VAR = "SLOTSWEEP_DB_URL"
 SLOTS_ENV_VAR = "SLOTSWEEP_SLOTS"
 AGENT_ENV_VAR = "SLOTSWEEP_AGENT"
+#: "1": the trial's processes take SIGTERM as "checkpoint and stop" (a cluster engine's
+#: warning before it kills a job; see :mod:`trials.runtime._signals`).
+CHECKPOINT_ON_SIGTERM_ENV_VAR = "SLOTSWEEP_CHECKPOINT_ON_SIGTERM"
 
 
 @dataclass(frozen=True)
@@ -65,8 +68,9 @@ def torchrun_args(
 ) -> tuple[str, ...]:
     """One node's ``torchrun`` arguments, running :mod:`trials.worker` on every rank.
 
-    ``rdzv_endpoint`` (``host:port`` of the first node) is needed when ``nnodes`` > 1;
-    a single node uses ``--standalone``. Every executor builds its commands here; the
+    ``rdzv_endpoint`` is ``host:port`` of the first node when ``nnodes`` > 1 (None:
+    torchrun reads ``PET_RDZV_ENDPOINT``, which a node wrapper sets once the nodes are
+    known); a single node uses ``--standalone``. Every executor builds its commands here; the
     program before them is ``python -m trials._torchrun`` (torchrun run by a wrapper
     that prefixes its own lines with ``[torchrun]``), or a wrapper of the executor's.
 
@@ -77,12 +81,11 @@ def torchrun_args(
     if nnodes == 1:
         rendezvous: tuple[str, ...] = ("--standalone", "--nnodes=1")
     else:
-        if rdzv_endpoint is None:
-            raise ValueError("a multi-node launch needs a rendezvous endpoint")
+        endpoint = () if rdzv_endpoint is None else (f"--rdzv-endpoint={rdzv_endpoint}",)
         rendezvous = (
             f"--nnodes={nnodes}",
             "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={rdzv_endpoint}",
+            *endpoint,
             f"--rdzv-id={rdzv_id}",
         )
     return (

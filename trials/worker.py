@@ -99,7 +99,10 @@ def _run() -> int:
         # Unwind normally, so rank 0 commits its queued records and the group is left.
         raise SystemExit(128 + signum)
 
-    signal.signal(signal.SIGTERM, _terminate)
+    from trials.runtime._signals import install_checkpoint_on_sigterm
+
+    if not install_checkpoint_on_sigterm():
+        signal.signal(signal.SIGTERM, _terminate)
     # c10d assigns ranks in arrival order; say which one this process got.
     print(
         f"slotsweep: trial {trial_label(spec.experiment_id, spec.optuna_trial_number)} "

@@ -145,6 +145,19 @@ def torchrun_pids(db: str, after_id: int = 0) -> list[int]:
     return [int(node["pid"]) for run in open_runs(db, after_id) for node in run.agents]
 
 
+def run_to_end(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 600) -> str:
+    """``slotsweep ARGS`` to its end, which must be a success; its output."""
+    driver = start_cli(args, env, cwd)
+    try:
+        out, err = driver.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        driver.kill()
+        out, err = driver.communicate()
+        raise AssertionError(f"driver did not finish:\n{out}\n{err}") from None
+    assert driver.returncode == 0, f"{out}\n{err}"
+    return out + err
+
+
 def completed_checkpoints(db: str) -> int:
     with session_scope(db) as session:
         return int(

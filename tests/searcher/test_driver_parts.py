@@ -382,3 +382,14 @@ def test_a_trial_out_of_restarts_fails_and_optuna_hears_fail(db_url: str) -> Non
         assert trial.state == TrialState.ERROR and trial.ended_at is not None
         assert trial.error == "did not start within 130 s; failed after 2 restarts"
     assert tells.queued == [(0, None, optuna.trial.TrialState.FAIL)]
+
+
+def test_an_attempt_the_cluster_stopped_resumes_without_counting_a_restart() -> None:
+    decision = decide_outcome(_facts(restarts=1, exit_code=0, stopped_by_cluster="preempted"))
+    assert decision.state == TrialState.QUEUED and decision.requeue
+    assert decision.restarts == 1 and decision.error is None and not decision.notify
+    # A trial that finished before the cluster stopped it is simply finished.
+    done = decide_outcome(_facts(finished=True, has_metric=True, stopped_by_cluster="preempted"))
+    assert done.state == TrialState.COMPLETED
+    # Even at max_restarts: it is no failure.
+    assert decide_outcome(_facts(restarts=2, stopped_by_cluster="time limit")).requeue

@@ -14,13 +14,11 @@ import contextlib
 import re
 import signal
 import subprocess
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from sqlalchemy import select
 
 from storage import (
@@ -32,11 +30,12 @@ from storage import (
     TrialState,
     session_scope,
 )
-from tests.conftest import PostgresServer, cli_environment
+from tests.conftest import cli_environment
 from tests.searcher.conftest import (
     assert_search_consistent,
     completed_checkpoints,
     run_cli,
+    run_to_end,
     start_cli,
     wait_for,
     write_experiment,
@@ -44,25 +43,6 @@ from tests.searcher.conftest import (
 from tests.slurm_cluster import SlurmCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
-
-
-@pytest.fixture
-def database(slurm_postgres: PostgresServer) -> Iterator[str]:
-    """A fresh database of this test's own on the nodes' PostgreSQL server."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(
-        slurm_postgres.url.replace("postgresql://", "postgresql+psycopg://"),
-        isolation_level="AUTOCOMMIT",
-    )
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = slurm_postgres.url.rsplit("/", 1)[0] + f"/{name}"
-    try:
-        yield url
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 @pytest.fixture
@@ -88,25 +68,13 @@ def _search(tmp_path: Path, **overrides: Any) -> Path:
     return write_experiment(tmp_path / "exp", **overrides)
 
 
-def _run_to_end(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 600) -> str:
-    driver = start_cli(args, env, cwd)
-    try:
-        out, err = driver.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        driver.kill()
-        out, err = driver.communicate()
-        raise AssertionError(f"driver did not finish:\n{out}\n{err}") from None
-    assert driver.returncode == 0, f"{out}\n{err}"
-    return out + err
-
-
 def test_a_trial_spans_both_nodes_and_its_averaged_metrics_reach_postgresql(
-    tmp_path: Path, allocation: dict[str, str], database: str, slurm_cluster: SlurmCluster
+    tmp_path: Path, allocation: dict[str, str], slurm_database: str, slurm_cluster: SlurmCluster
 ) -> None:
     path = _search(tmp_path, searcher={"max_trials": 1})
-    _run_to_end(["run", str(path), "--db", database], allocation, tmp_path)
+    run_to_end(["run", str(path), "--db", slurm_database], allocation, tmp_path)
 
-    with session_scope(database) as session:
+    with session_scope(slurm_database) as session:
         (trial,) = session.scalars(select(Trial))
         assert trial.state == TrialState.COMPLETED, trial.error
         (run,) = session.scalars(select(TrialRun))
@@ -131,19 +99,21 @@ def test_a_trial_spans_both_nodes_and_its_averaged_metrics_reach_postgresql(
 
 
 def test_a_cancelled_step_restarts_from_its_checkpoint(
-    tmp_path: Path, allocation: dict[str, str], database: str, slurm_cluster: SlurmCluster
+    tmp_path: Path, allocation: dict[str, str], slurm_database: str, slurm_cluster: SlurmCluster
 ) -> None:
     path = _search(
         tmp_path,
         entrypoint="slow_model:SlowDigitsTrial",
         searcher={"max_trials": 1, "max_length": {"epochs": 3}},
     )
-    driver = start_cli(["run", str(path), "--db", database], allocation, tmp_path)
+    driver = start_cli(["run", str(path), "--db", slurm_database], allocation, tmp_path)
     try:
         wait_for(
-            lambda: completed_checkpoints(database) > 0, timeout=300, what="the first checkpoint"
+            lambda: completed_checkpoints(slurm_database) > 0,
+            timeout=300,
+            what="the first checkpoint",
         )
-        with session_scope(database) as session:
+        with session_scope(slurm_database) as session:
             (run,) = session.scalars(select(TrialRun))
             step_id = run.external_id
         assert step_id
@@ -153,7 +123,7 @@ def test_a_cancelled_step_restarts_from_its_checkpoint(
         if driver.poll() is None:
             driver.kill()
     assert driver.returncode == 0, f"{out}\n{err}"
-    with session_scope(database) as session:
+    with session_scope(slurm_database) as session:
         (trial,) = session.scalars(select(Trial))
         assert trial.state == TrialState.COMPLETED, trial.error
         assert trial.restarts == 1
@@ -161,11 +131,11 @@ def test_a_cancelled_step_restarts_from_its_checkpoint(
         assert [r.attempt for r in runs] == [0, 1]
         assert runs[1].restored_from_step is not None
         assert runs[0].external_id != runs[1].external_id
-    assert_search_consistent(database)
+    assert_search_consistent(slurm_database)
 
 
 def test_a_lost_node_restarts_the_trial_from_its_checkpoint_on_the_other_node(
-    tmp_path: Path, allocation: dict[str, str], database: str, slurm_cluster: SlurmCluster
+    tmp_path: Path, allocation: dict[str, str], slurm_database: str, slurm_cluster: SlurmCluster
 ) -> None:
     path = _search(
         tmp_path,
@@ -173,13 +143,15 @@ def test_a_lost_node_restarts_the_trial_from_its_checkpoint_on_the_other_node(
         resources={"slots_per_trial": 2},
         searcher={"max_trials": 1, "max_length": {"epochs": 3}},
     )
-    driver = start_cli(["run", str(path), "--db", database], allocation, tmp_path)
+    driver = start_cli(["run", str(path), "--db", slurm_database], allocation, tmp_path)
     lost = ""
     try:
         wait_for(
-            lambda: completed_checkpoints(database) > 0, timeout=300, what="the first checkpoint"
+            lambda: completed_checkpoints(slurm_database) > 0,
+            timeout=300,
+            what="the first checkpoint",
         )
-        with session_scope(database) as session:
+        with session_scope(slurm_database) as session:
             (run,) = session.scalars(select(TrialRun))
             (lost,) = [a["agent"] for a in run.agents]
         slurm_cluster.stop_node(lost)
@@ -193,34 +165,34 @@ def test_a_lost_node_restarts_the_trial_from_its_checkpoint_on_the_other_node(
             driver.kill()
         if lost:
             slurm_cluster.start_node(lost)
-    with session_scope(database) as session:
+    with session_scope(slurm_database) as session:
         runs_seen = [
             (r.attempt, r.agents, r.exit_code, r.reason) for r in session.scalars(select(TrialRun))
         ]
         errors = [t.error for t in session.scalars(select(Trial))]
     assert driver.returncode == 0, f"{out}\n{err}\n{runs_seen}\n{errors}"
-    with session_scope(database) as session:
+    with session_scope(slurm_database) as session:
         (trial,) = session.scalars(select(Trial))
         assert trial.state in (TrialState.COMPLETED, TrialState.PRUNED), trial.error
         runs = list(session.scalars(select(TrialRun).order_by(TrialRun.attempt)))
         assert len(runs) == 2 and runs[1].restored_from_step is not None
         # The restart went to the node that is still in the allocation.
         assert [a["agent"] for a in runs[1].agents] != [lost]
-    assert_search_consistent(database)
+    assert_search_consistent(slurm_database)
 
 
 def test_a_killed_driver_leaves_its_step_and_resume_cancels_it_and_finishes(
-    tmp_path: Path, allocation: dict[str, str], database: str, slurm_cluster: SlurmCluster
+    tmp_path: Path, allocation: dict[str, str], slurm_database: str, slurm_cluster: SlurmCluster
 ) -> None:
     path = _search(
         tmp_path,
         entrypoint="slow_model:SlowDigitsTrial",
         searcher={"max_trials": 1, "max_length": {"epochs": 3}},
     )
-    driver = start_cli(["run", str(path), "--db", database], allocation, tmp_path)
+    driver = start_cli(["run", str(path), "--db", slurm_database], allocation, tmp_path)
 
     def running() -> bool:
-        with session_scope(database) as session:
+        with session_scope(slurm_database) as session:
             return bool(
                 session.scalars(
                     select(TrialRun).where(
@@ -239,9 +211,9 @@ def test_a_killed_driver_leaves_its_step_and_resume_cancels_it_and_finishes(
     left = _steps(slurm_cluster, job_id)
     assert left, "the killed driver's step should still run"
 
-    resumed = _run_to_end(["resume", "1", "--db", database], allocation, tmp_path)
+    resumed = run_to_end(["resume", "1", "--db", slurm_database], allocation, tmp_path)
     assert not _steps(slurm_cluster, job_id)
-    with session_scope(database) as session:
+    with session_scope(slurm_database) as session:
         trials = list(session.scalars(select(Trial)))
         assert len(trials) == 1
         # Finished, by the pruner or to the end, and none lost.
@@ -250,14 +222,14 @@ def test_a_killed_driver_leaves_its_step_and_resume_cancels_it_and_finishes(
         ] + [resumed]
         ended = list(session.scalars(select(TrialRun).where(TrialRun.external_id.in_(left))))
         assert ended and all(r.ended_at is not None for r in ended)
-    assert_search_consistent(database)
+    assert_search_consistent(slurm_database)
 
 
 def test_a_size_the_allocation_can_never_hold_is_refused_with_the_valid_sizes(
-    tmp_path: Path, allocation: dict[str, str], database: str
+    tmp_path: Path, allocation: dict[str, str], slurm_database: str
 ) -> None:
     path = _search(tmp_path, resources={"slots_per_trial": 3})
-    done = run_cli(["run", str(path), "--db", database], allocation, tmp_path, timeout=120)
+    done = run_cli(["run", str(path), "--db", slurm_database], allocation, tmp_path, timeout=120)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     assert "slots_per_trial" in done.stderr and "1, 2, 4" in done.stderr, done.stderr

@@ -1,7 +1,8 @@
 """Where trial attempts run: the executor seam and its implementations.
 
 ``LocalExecutor`` starts ``torchrun`` on this machine; ``SlurmExecutor`` starts each
-attempt as a Slurm job step inside the allocation the search runs in. The driver
+attempt as a Slurm job step inside the allocation the search runs in;
+``SbatchExecutor`` submits each attempt as a Slurm job of its own. The driver
 talks to :class:`Executor` only; :func:`executor_for` picks one for a cluster and
 :func:`executor_named` finds the one that started a recorded run.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trials.executors._base import Executor, LaunchRequest, TrialJob
+from trials.executors._base import Executor, JobEnding, LaunchRequest, TrialJob
 from trials.executors._local import LocalExecutor
 
 if TYPE_CHECKING:
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Executor",
+    "JobEnding",
     "LaunchRequest",
     "LocalExecutor",
     "TrialJob",
@@ -33,6 +35,10 @@ def executor_for(cluster: Cluster) -> Executor:
         from trials.executors._slurm import SlurmExecutor
 
         return SlurmExecutor(cluster)
+    if cluster.executor == "sbatch":
+        from trials.executors._slurm_jobs import SbatchExecutor
+
+        return SbatchExecutor(cluster)
     return LocalExecutor(use_gpus=cluster.gpu_slots)
 
 
@@ -42,9 +48,13 @@ def executor_named(name: str) -> Executor:
         from trials.executors._slurm import SlurmExecutor
 
         return SlurmExecutor(None)
+    if name == "sbatch":
+        from trials.executors._slurm_jobs import SbatchExecutor
+
+        return SbatchExecutor(None)
     if name == "local":
         return LocalExecutor()
-    raise ValueError(f"executor: unknown executor {name!r} (local, slurm)")
+    raise ValueError(f"executor: unknown executor {name!r} (local, slurm, sbatch)")
 
 
 def database_problem(executor: Executor, db_url: str) -> str | None:

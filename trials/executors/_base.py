@@ -33,18 +33,32 @@ if TYPE_CHECKING:
 class LaunchRequest:
     """Everything an executor needs to start one attempt of a trial.
 
+    ``placement`` is where the scheduler put it; None for an executor that places
+    trials itself (:attr:`Executor.places_trials`), which gets ``slots`` only.
     ``spec_json`` is the trial's :class:`~trials.RuntimeSpec` without the database URL;
     ``env`` reaches every rank (the database URL, network settings) and is where
     secrets go: never a command line.
     """
 
-    placement: Placement
+    placement: Placement | None
+    slots: int
     spec_json: str
     rdzv_id: str
     token: str
     log_path: Path
     cwd: Path
     env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JobEnding:
+    """How an ended attempt's executor saw it end, beyond its exit code."""
+
+    #: The cluster stopped it on its own account (preempted, time limit): the trial
+    #: resumes from its latest checkpoint, and it is no failure of the trial.
+    stopped_by_cluster: str | None = None
+    #: Why it ended when that was neither the trial nor the driver (a cancelled job).
+    cause: str | None = None
 
 
 class TrialJob(Protocol):
@@ -71,6 +85,14 @@ class TrialJob(Protocol):
         """Where the attempt runs, one entry per agent (the run's ``agents`` record)."""
         ...
 
+    def waiting_reason(self) -> str | None:
+        """Why no process of the attempt runs yet (queued in a cluster engine), or None."""
+        ...
+
+    def ending(self) -> JobEnding:
+        """How the attempt ended, once :meth:`poll` returned its exit code."""
+        ...
+
 
 class Executor(Protocol):
     """Starts attempts and ends what a crashed driver left behind."""
@@ -79,6 +101,9 @@ class Executor(Protocol):
     name: str
     #: Whether ranks may run on hosts other than the driver's (SQLite is refused then).
     remote: bool
+    #: Whether the executor's cluster engine picks the nodes (launch gets no placement,
+    #: and the slot ledger is the engine's own).
+    places_trials: bool
 
     def launch(self, request: LaunchRequest) -> TrialJob:
         """Start the attempt's processes on ``request.placement``."""

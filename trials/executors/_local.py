@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from trials._system_metrics import detect_gpus
 from trials.attempts import end_local_processes, local_processes_gone, record_launch
+from trials.executors._base import JobEnding
 from trials.launcher import (
     SPEC_ENV_VAR,
     TrialProcesses,
@@ -49,6 +50,12 @@ class LocalJob:
         run.agents = self.processes.describe()
         record_launch(session, run, self.processes)
 
+    def waiting_reason(self) -> str | None:
+        return None  # started as soon as launched
+
+    def ending(self) -> JobEnding:
+        return JobEnding()
+
     def describe(self) -> list[dict[str, Any]]:
         return self.processes.describe()
 
@@ -66,11 +73,14 @@ class LocalExecutor:
 
     name = "local"
     remote = False
+    places_trials = False
 
     def __init__(self, *, use_gpus: bool | None = None) -> None:
         self.use_gpus = use_gpus
 
     def launch(self, request: LaunchRequest) -> LocalJob:
+        if request.placement is None:
+            raise RuntimeError("the local executor starts placed trials only")
         agents = request.placement.agents
         rdzv_port = free_port(agents[0].agent.host) if len(agents) > 1 else None
         if self.use_gpus is None:

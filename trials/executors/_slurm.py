@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trials.attempts import mark_processes_ended
+from trials.executors._base import JobEnding
 from trials.executors._slurm_commands import (
     expand_counts,
     gpu_indices,
@@ -61,10 +62,25 @@ class SlurmError(RuntimeError):
     """A Slurm command failed; the message holds the command and its error output."""
 
 
-def _slurm(argv: Sequence[str], *, check: bool = True) -> str:
+def slurm_command(
+    argv: Sequence[str],
+    *,
+    check: bool = True,
+    stdin: str | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+) -> str:
+    """Run a Slurm client command; its output. Raises :class:`SlurmError` when it fails."""
     try:
         done = subprocess.run(
-            list(argv), capture_output=True, text=True, timeout=_COMMAND_TIMEOUT_S, check=False
+            list(argv),
+            capture_output=True,
+            text=True,
+            timeout=_COMMAND_TIMEOUT_S,
+            check=False,
+            input=stdin,
+            env=None if env is None else dict(env),
+            cwd=cwd,
         )
     except FileNotFoundError:
         raise SlurmError(f"{argv[0]}: not found; is Slurm installed on this machine?") from None
@@ -99,10 +115,12 @@ def allocation_cluster(
             ]
         )
     try:
-        names = _slurm(["scontrol", "show", "hostnames", nodelist]).split()
-        addresses = node_addresses(_slurm(["scontrol", "-o", "show", "node", ",".join(names)]))
-        gres = job_node_gres(_slurm(["scontrol", "-d", "show", "job", job_id]))
-        gres_of = {host: line for nodes, line in gres.items() for host in _hosts(nodes)}
+        names = slurm_command(["scontrol", "show", "hostnames", nodelist]).split()
+        addresses = node_addresses(
+            slurm_command(["scontrol", "-o", "show", "node", ",".join(names)])
+        )
+        gres = job_node_gres(slurm_command(["scontrol", "-d", "show", "job", job_id]))
+        gres_of = {host: line for nodes, line in gres.items() for host in hostnames(nodes)}
     except SlurmError as exc:
         raise ClusterConfigError([f"cluster slurm: {exc}"]) from None
     cpus = expand_counts(env.get("SLURM_JOB_CPUS_PER_NODE", ""))
@@ -122,19 +140,20 @@ def allocation_cluster(
     )
 
 
-def _hosts(nodelist: str) -> list[str]:
+def hostnames(nodelist: str) -> list[str]:
+    """The node names of a Slurm node list (``n[1-3],m1``)."""
     if "[" not in nodelist and "," not in nodelist:
         return [nodelist]
-    return _slurm(["scontrol", "show", "hostnames", nodelist]).split()
+    return slurm_command(["scontrol", "show", "hostnames", nodelist]).split()
 
 
 def _job_nodes(job_id: str) -> set[str] | None:
     """The nodes job ``job_id`` holds now; None once Slurm has forgotten the job."""
-    show = _slurm(["scontrol", "-o", "show", "job", job_id], check=False)
+    show = slurm_command(["scontrol", "-o", "show", "job", job_id], check=False)
     match = re.search(r"(?:^|\s)NodeList=(\S+)", show)
     if not match or match.group(1) == "(null)":
         return None
-    return set(_hosts(match.group(1)))
+    return set(hostnames(match.group(1)))
 
 
 def _steps_with_name(name: str) -> list[str]:
@@ -146,9 +165,11 @@ def _steps_with_name(name: str) -> list[str]:
     not counted.
     """
     live = []
-    for step_id, nodelist in steps_named(_slurm(["squeue", "-h", "-s", "-o", "%i %j %N"]), name):
+    for step_id, nodelist in steps_named(
+        slurm_command(["squeue", "-h", "-s", "-o", "%i %j %N"]), name
+    ):
         held = _job_nodes(step_id.split(".")[0])
-        if held is not None and nodelist and not held.intersection(_hosts(nodelist)):
+        if held is not None and nodelist and not held.intersection(hostnames(nodelist)):
             continue
         live.append(step_id)
     return live
@@ -188,6 +209,12 @@ class SlurmJob:
         run.agents = self.agents
         run.external_id = self.step_id
 
+    def waiting_reason(self) -> str | None:
+        return None  # started as soon as launched
+
+    def ending(self) -> JobEnding:
+        return JobEnding()
+
     def describe(self) -> list[dict[str, Any]]:
         return self.agents
 
@@ -199,13 +226,13 @@ def _cancel_steps(
     try:
         steps = _steps_with_name(name)
         if steps and grace_s > 0:
-            _slurm(["scancel", "--signal=TERM", *steps], check=False)
+            slurm_command(["scancel", "--signal=TERM", *steps], check=False)
             deadline = time.monotonic() + grace_s
             while steps and time.monotonic() < deadline:
                 time.sleep(0.2)
                 steps = _steps_with_name(name)
         if steps:
-            _slurm(["scancel", *steps], check=False)
+            slurm_command(["scancel", *steps], check=False)
         deadline = time.monotonic() + _GONE_WAIT_S
         while steps and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -231,15 +258,16 @@ class SlurmExecutor:
 
     name = "slurm"
     remote = True
+    places_trials = False
 
     def __init__(self, cluster: Cluster | None) -> None:
         self.cluster = cluster
         self._unavailable: dict[tuple[str, ...], tuple[float, frozenset[str]]] = {}
 
     def launch(self, request: LaunchRequest) -> SlurmJob:
-        if self.cluster is None or not self.cluster.slurm_job_id:
-            raise RuntimeError("the Slurm executor launches inside an allocation only")
         placement = request.placement
+        if self.cluster is None or not self.cluster.slurm_job_id or placement is None:
+            raise RuntimeError("the Slurm executor launches placed trials inside an allocation")
         nodes = [part.agent for part in placement.agents]
         per_node = {len(part.slots) for part in placement.agents}
         if len(per_node) != 1:
@@ -313,7 +341,7 @@ class SlurmExecutor:
         if cached is not None and now - cached[0] < _NODE_STATE_TTL_S:
             return cached[1]
         try:
-            sinfo = _slurm(["sinfo", "-h", "-N", "-n", ",".join(names), "-o", "%N %t"])
+            sinfo = slurm_command(["sinfo", "-h", "-N", "-n", ",".join(names), "-o", "%N %t"])
             lost = set(unavailable_nodes(sinfo))
             if self.cluster is not None and self.cluster.slurm_job_id:
                 # A node lost under ``--no-kill`` leaves the allocation for good, even

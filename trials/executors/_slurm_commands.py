@@ -13,9 +13,15 @@ Example:
 from __future__ import annotations
 
 import re
+import shlex
 import sys
 import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trials.scheduler import SlurmJobSettings
 
 #: Every step of an attempt is named after its launch token, so a later driver finds
 #: the steps of a crashed one even when their ids never reached the database.
@@ -163,3 +169,225 @@ def unavailable_nodes(sinfo: str) -> frozenset[str]:
         if state.endswith("*") or state.rstrip("~#!%$@^-").startswith(_UNAVAILABLE_STATES):
             found.add(name)
     return frozenset(found)
+
+
+# --------------------------------------------------------------------- one job per trial
+
+
+@dataclass(frozen=True)
+class PartitionNode:
+    """A node of a partition as ``sinfo`` lists it."""
+
+    name: str
+    address: str
+    cpus: int
+    gpus: int
+    features: frozenset[str]
+
+
+#: ``sinfo -h -N -p PARTITION -o`` this format is what :func:`partition_nodes` reads.
+SINFO_NODE_FORMAT = "%N|%o|%c|%G|%f"
+
+
+def gpu_count(gres: str) -> int:
+    """How many GPUs a node's ``sinfo %G`` entry names (``gpu:a100:4(S:0-1),gpu:2``)."""
+    total = 0
+    for entry in gres.split(","):
+        parts = re.sub(r"\(.*?\)", "", entry).split(":")
+        if parts[0] == "gpu" and len(parts) >= 2 and parts[-1].isdigit():
+            total += int(parts[-1])
+    return total
+
+
+def partition_nodes(sinfo: str) -> list[PartitionNode]:
+    """The nodes in ``sinfo -h -N -p P -o "%N|%o|%c|%G|%f"`` output, each once, in order.
+
+    Example:
+        >>> [(n.name, n.cpus, n.gpus) for n in partition_nodes("n1|10.0.0.1|64|gpu:a100:4|a100")]
+        [('n1', 64, 4)]
+    """
+    nodes: dict[str, PartitionNode] = {}
+    for line in sinfo.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 5 or not parts[2].isdigit() or parts[0] in nodes:
+            continue
+        name, address, cpus, gres, features = parts
+        nodes[name] = PartitionNode(
+            name=name,
+            address=address if address and address != "(null)" else name,
+            cpus=int(cpus),
+            gpus=gpu_count(gres),
+            features=frozenset(f for f in features.split(",") if f and f != "(null)"),
+        )
+    return list(nodes.values())
+
+
+def nodes_meeting(nodes: Sequence[PartitionNode], constraint: str | None) -> list[PartitionNode]:
+    """The nodes a ``--constraint`` allows, for the simple forms ``a`` and ``a&b``.
+
+    Other expressions (``|``, counts, brackets) are left to Slurm: every node counts.
+
+    Example:
+        >>> nodes = [PartitionNode("n1", "n1", 8, 2, frozenset({"a100"})),
+        ...          PartitionNode("n2", "n2", 8, 2, frozenset())]
+        >>> [n.name for n in nodes_meeting(nodes, "a100")]
+        ['n1']
+    """
+    if not constraint or not re.fullmatch(r"[\w.\-]+(?:&[\w.\-]+)*", constraint):
+        return list(nodes)
+    wanted = set(constraint.split("&"))
+    return [node for node in nodes if wanted <= node.features]
+
+
+def sbatch_argv(
+    settings: SlurmJobSettings,
+    *,
+    nodes: int,
+    slots_per_node: int,
+    use_gpus: bool,
+    name: str,
+    log_path: str,
+) -> list[str]:
+    """The ``sbatch`` command that submits one attempt of a trial (the script on stdin).
+
+    A trial on several nodes takes them whole (``--exclusive``, as the scheduler's
+    multi-agent rule does); on one node it asks for its GPUs (or CPUs) only. The job
+    is never requeued by Slurm: a preempted or timed-out attempt is resubmitted by the
+    driver as the trial's next attempt, from its latest checkpoint.
+
+    Example:
+        >>> from trials.scheduler import SlurmJobSettings
+        >>> sbatch_argv(SlurmJobSettings("gpu", "60"), nodes=2, slots_per_node=4,
+        ...             use_gpus=True, name="slotsweep-x", log_path="t.log")[5:9]
+        ['--nodes=2', '--ntasks-per-node=1', '--exclusive', '--gpus-per-node=4']
+    """
+    argv = [
+        "sbatch",
+        "--parsable",
+        f"--partition={settings.partition}",
+        f"--time={settings.time_limit}",
+        f"--job-name={name}",
+        f"--nodes={nodes}",
+        "--ntasks-per-node=1",
+    ]
+    if nodes > 1:
+        argv.append("--exclusive")
+    if use_gpus:
+        argv.append(f"--gpus-per-node={slots_per_node}")
+    # One task per node runs torchrun and its ranks: a CPU per rank at least.
+    argv.append(f"--cpus-per-task={slots_per_node}")
+    for option, value in (
+        ("--account", settings.account),
+        ("--qos", settings.qos),
+        ("--constraint", settings.constraint),
+    ):
+        if value:
+            argv.append(f"{option}={value}")
+    return [
+        *argv,
+        *settings.sbatch_options,
+        f"--output={log_path}",
+        "--open-mode=append",
+        "--no-requeue",
+        "--export=ALL",
+    ]
+
+
+def batch_script(torchrun: Sequence[str], python: str = sys.executable) -> str:
+    """The job's script: one ``srun`` step of the node wrapper on every node of the job.
+
+    ``exec`` leaves srun as the batch step's process, so a SIGTERM from Slurm
+    (preemption, time limit, ``scancel``) reaches the trial's processes, which
+    checkpoint, instead of ending a shell that would end the job at once.
+    """
+    step = [
+        "srun",
+        "--unbuffered",
+        "--kill-on-bad-exit=1",
+        "--ntasks-per-node=1",
+        python,
+        "-m",
+        "trials.executors._slurm_node",
+        *torchrun,
+    ]
+    return "#!/bin/sh\nexec " + " ".join(shlex.quote(part) for part in step) + "\n"
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """A Slurm job's state as ``squeue``/``scontrol`` report it."""
+
+    job_id: str
+    state: str
+    reason: str = ""
+    nodes: str = ""
+    exit_code: int | None = None
+
+    @property
+    def pending(self) -> bool:
+        """Queued in Slurm, no process started yet."""
+        return self.state in ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD")
+
+    @property
+    def stopped_by_cluster(self) -> bool:
+        """Slurm ended it on its own account (preemption, time limit), not the trial."""
+        return self.state in ("PREEMPTED", "TIMEOUT", "DEADLINE")
+
+
+def squeue_jobs(squeue: str) -> dict[str, JobStatus]:
+    """Jobs in ``squeue -h -j IDS -o "%i|%T|%r|%N"`` output (the jobs still listed)."""
+    found = {}
+    for line in squeue.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 4:
+            job_id, state, reason, nodes = parts
+            found[job_id] = JobStatus(job_id, state, "" if reason == "None" else reason, nodes)
+    return found
+
+
+def show_job(text: str) -> JobStatus | None:
+    """An ended job from ``scontrol -o show job ID``; its exit code as a shell reports it.
+
+    Example:
+        >>> show_job("JobId=7 JobName=x JobState=CANCELLED Reason=None NodeList=n1 "
+        ...           "ExitCode=0:15").exit_code
+        143
+    """
+    fields = dict(re.findall(r"(\w+)=(\S*)", text))
+    if "JobId" not in fields or "JobState" not in fields:
+        return None
+    exit_code = _exit_code(fields.get("ExitCode", ""))
+    return JobStatus(
+        job_id=fields["JobId"],
+        state=fields["JobState"],
+        reason="" if fields.get("Reason") in (None, "None") else fields["Reason"],
+        nodes="" if fields.get("NodeList") == "(null)" else fields.get("NodeList", ""),
+        exit_code=exit_code,
+    )
+
+
+def _exit_code(value: str) -> int | None:
+    """Slurm's ``CODE:SIGNAL`` as a shell reports it (128 + signal when killed)."""
+    code, _, signal = value.partition(":")
+    if not code.isdigit():
+        return None
+    return 128 + int(signal) if signal.isdigit() and int(signal) else int(code)
+
+
+def sacct_job(job_id: str, sacct: str) -> JobStatus | None:
+    """The job in ``sacct -n -X -P -o JobID,State,ExitCode,NodeList`` output, if listed.
+
+    Example:
+        >>> sacct_job("7", "7|CANCELLED by 0|0:15|n1").state
+        'CANCELLED'
+    """
+    for line in sacct.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 4 and parts[0] == job_id:
+            return JobStatus(
+                job_id=job_id,
+                state=parts[1].split()[0] if parts[1] else "UNKNOWN",
+                nodes="" if parts[3] in ("", "None assigned") else parts[3],
+                exit_code=_exit_code(parts[2]),
+            )
+    return None

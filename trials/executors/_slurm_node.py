@@ -2,7 +2,12 @@
 
 ``srun`` runs the same command on every node of the step; what differs per node comes
 from Slurm's environment: the agent is ``SLURMD_NODENAME`` and its slots come from
-``SLOTSWEEP_NODE_SLOTS`` (the placement's slots of every node, as JSON). The network
+``SLOTSWEEP_NODE_SLOTS`` (the placement's slots of every node, as JSON), or, in a job
+that Slurm placed, from the GPUs Slurm gave the step (else CPU slots 0..n-1). There
+the rendezvous host is the job's first node, known only now: with
+``SLOTSWEEP_RDZV_PORT`` set the wrapper looks it up and hands torchrun
+``PET_RDZV_ENDPOINT``. With ``SLOTSWEEP_CHECKPOINT_ON_SIGTERM=1`` torchrun ignores
+SIGTERM (its ranks checkpoint on it and then exit, which ends torchrun). The network
 interface for NCCL and gloo is the cluster's ``dtrain_network_interface`` when set,
 else the interface that holds this node's address for the rendezvous host, named in
 the trial's log. Then ``torchrun`` runs in this process (:mod:`trials._torchrun`).
@@ -13,6 +18,8 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
+import signal
 import socket
 import sys
 from collections.abc import Sequence
@@ -20,6 +27,7 @@ from collections.abc import Sequence
 NODE_SLOTS_ENV_VAR = "SLOTSWEEP_NODE_SLOTS"
 IFNAME_ENV_VAR = "SLOTSWEEP_SOCKET_IFNAME"
 RDZV_HOST_ENV_VAR = "SLOTSWEEP_RDZV_HOST"
+RDZV_PORT_ENV_VAR = "SLOTSWEEP_RDZV_PORT"
 
 
 def _interface_towards(host: str) -> str | None:
@@ -40,16 +48,53 @@ def _interface_towards(host: str) -> str | None:
     return None
 
 
+def _first_node_address() -> str:
+    """The address of the job's first node (its ``NodeAddr``), where c10d's store listens."""
+    import subprocess
+
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST", "")
+
+    def scontrol(*args: str) -> str:
+        return subprocess.run(
+            ["scontrol", *args], capture_output=True, text=True, check=True, timeout=30
+        ).stdout
+
+    first = scontrol("show", "hostnames", nodelist).split()[0]
+    found = re.search(r"\bNodeAddr=(\S+)", scontrol("-o", "show", "node", first))
+    return found.group(1) if found else first
+
+
+def _slots_given(args: Sequence[str]) -> list[int]:
+    """This node's slots in a job Slurm placed: the GPUs it gave the step, else CPU slots."""
+    gpus = os.environ.get("SLURM_STEP_GPUS") or os.environ.get("SLURM_JOB_GPUS")
+    if gpus:
+        return [int(gpu) for gpu in gpus.split(",") if gpu.strip().isdigit()]
+    nproc = next((a.split("=", 1)[1] for a in args if a.startswith("--nproc-per-node=")), "1")
+    return list(range(int(nproc)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Set this node's agent, slots and network interface, then run ``torchrun``."""
     from trials._torchrun import main as torchrun_main
-    from trials.launcher import AGENT_ENV_VAR, SLOTS_ENV_VAR
+    from trials.launcher import AGENT_ENV_VAR, CHECKPOINT_ON_SIGTERM_ENV_VAR, SLOTS_ENV_VAR
 
+    args = list(sys.argv[1:] if argv is None else argv)
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     os.environ[AGENT_ENV_VAR] = node
     slots = json.loads(os.environ.get(NODE_SLOTS_ENV_VAR, "{}")).get(node)
+    if slots is None and os.environ.get(RDZV_PORT_ENV_VAR):
+        slots = _slots_given(args)
     if slots is not None:
         os.environ[SLOTS_ENV_VAR] = ",".join(str(slot) for slot in slots)
+    if os.environ.get(RDZV_PORT_ENV_VAR) and not os.environ.get(RDZV_HOST_ENV_VAR):
+        host = _first_node_address()
+        os.environ[RDZV_HOST_ENV_VAR] = host
+        os.environ["PET_RDZV_ENDPOINT"] = f"{host}:{os.environ[RDZV_PORT_ENV_VAR]}"
+    if os.environ.get(CHECKPOINT_ON_SIGTERM_ENV_VAR) == "1":
+        # torchrun would answer SIGTERM by killing the ranks; they checkpoint instead,
+        # and torchrun ends when they have.
+        os.environ["PET_SIGNALS_TO_HANDLE"] = "SIGINT,SIGHUP,SIGQUIT"
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     ifname = os.environ.get(IFNAME_ENV_VAR)
     chosen = "the cluster's dtrain_network_interface"
     if not ifname and os.environ.get(RDZV_HOST_ENV_VAR):
@@ -62,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"[slotsweep] {node}: NCCL and gloo use network interface {ifname} ({chosen})",
             flush=True,
         )
-    return torchrun_main(list(sys.argv[1:] if argv is None else argv))
+    return torchrun_main(args)
 
 
 if __name__ == "__main__":

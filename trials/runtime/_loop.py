@@ -41,6 +41,7 @@ from trials.runtime._context import InvalidTrialError, PyTorchTrialContext
 from trials.runtime._data import ResumableDistributedSampler, ShardSampler, batch_sizes
 from trials.runtime._distributed import gather_to_chief
 from trials.runtime._metrics import MetricAccumulator, reduce_means, unpack_means
+from trials.runtime._signals import stop_asked
 from trials.runtime._timing import PhaseProfiler, WindowedTimings
 from trials.runtime._trial import PyTorchTrial
 
@@ -251,8 +252,11 @@ class ManagedLoop:
         profiler = self.profiler
         accumulator = self._train_metrics
         preempt = 0.0
-        if ctx.is_chief and ctx._recorder is not None and ctx._recorder.stop_requested:
-            preempt = 1.0
+        if ctx.is_chief and ctx._recorder is not None:
+            if stop_asked():
+                ctx._recorder.stop_asked_by_cluster()
+            if ctx._recorder.stop_requested:
+                preempt = 1.0
         names = accumulator.names()
         packed = reduce_means(
             accumulator.sums(self.device),

@@ -226,6 +226,30 @@ class ChiefRecorder:
 
         self.submit(lambda: self._transaction(write))
 
+    def stop_asked_by_cluster(self) -> None:
+        """Stop at this report, and record that the cluster asked (a SIGTERM from Slurm).
+
+        The run's ``stop_requested_at`` tells the driver that the attempt stopped on
+        request, so it resumes the trial from the checkpoint instead of failing it.
+        """
+        if self.stop_requested:
+            return
+        self.stop_requested = True
+
+        def write(session: Session) -> None:
+            from sqlalchemy import update
+
+            from storage import TrialRun, utcnow
+
+            if self._run_id is not None:
+                session.execute(
+                    update(TrialRun)
+                    .where(TrialRun.id == self._run_id, TrialRun.stop_requested_at.is_(None))
+                    .values(stop_requested_at=utcnow())
+                )
+
+        self.submit(lambda: self._transaction(write))
+
     def rewind(self, step: int) -> None:
         """Forget what an earlier attempt recorded past ``step`` (the restored checkpoint).
 

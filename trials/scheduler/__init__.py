@@ -11,7 +11,15 @@ Example:
     [(0, 1)]
 """
 
-from trials.scheduler._cluster import Agent, Cluster, FittingPolicy, ResourcePool, UnknownPool
+from trials.scheduler._cluster import (
+    Agent,
+    Cluster,
+    FittingPolicy,
+    ResourcePool,
+    SlotType,
+    SlurmJobSettings,
+    UnknownPool,
+)
 from trials.scheduler._cluster_file import (
     CLUSTER_ENV_VAR,
     DEFAULT_POOL,
@@ -32,6 +40,7 @@ from trials.scheduler._fitting import (
     Unschedulable,
     check_schedulable,
     format_values,
+    job_shape,
     valid_slots_per_trial,
 )
 
@@ -48,10 +57,13 @@ __all__ = [
     "ResourcePool",
     "SlotRequest",
     "SlotScheduler",
+    "SlotType",
+    "SlurmJobSettings",
     "UnknownPool",
     "Unschedulable",
     "check_schedulable",
     "format_values",
+    "job_shape",
     "load_cluster",
     "local_cluster",
     "parse_cluster",

@@ -73,12 +73,34 @@ class UnknownPool(KeyError):
         return f"unknown resource pool {self.name!r}; pools: {', '.join(self.known) or '(none)'}"
 
 
+SlotType = Literal["gpu", "cpu"]
+
+
+@dataclass(frozen=True)
+class SlurmJobSettings:
+    """How each trial is submitted as its own Slurm job (``sbatch``), from the cluster file.
+
+    ``time_limit`` is in Slurm's formats (``MM``, ``HH:MM:SS``, ``D-HH:MM``...);
+    ``sbatch_options`` are passed as they are (``--mem=64G``); ``slot_type`` says
+    whether a slot is a GPU or a CPU of a node.
+    """
+
+    partition: str
+    time_limit: str
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    sbatch_options: tuple[str, ...] = ()
+    slot_type: SlotType = "gpu"
+
+
 @dataclass(frozen=True)
 class Cluster:
     """Every resource pool that trials can be scheduled on."""
 
     pools: tuple[ResourcePool, ...]
-    #: Where trials run: "local" (this machine) or "slurm" (job steps of an allocation).
+    #: Where trials run: "local" (this machine), "slurm" (job steps of an allocation)
+    #: or "sbatch" (one Slurm job per trial, placed by Slurm).
     executor: str = "local"
     #: Determined's name: the network interface trials use between nodes (sets
     #: NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME); None picks one per trial and logs it.
@@ -87,6 +109,9 @@ class Cluster:
     slurm_job_id: str | None = None
     #: Whether slots are GPU indices; None: whether this machine has GPUs (NVML) decides.
     gpu_slots: bool | None = None
+    #: With executor "sbatch": how trials are submitted (the agents are the partition's
+    #: nodes, known to validate sizes; Slurm picks the nodes of each job).
+    slurm_jobs: SlurmJobSettings | None = None
 
     def pool(self, name: str) -> ResourcePool:
         """The pool called ``name``; raises :class:`UnknownPool` listing the pools otherwise."""

@@ -12,7 +12,18 @@
     dtrain_network_interface: eth0    # optional: NCCL/gloo interface between nodes
 
 ``executor: slurm`` (or ``--cluster slurm``, or running inside ``salloc``/``sbatch``
-with no cluster file) takes the agents from the Slurm allocation instead.
+with no cluster file) takes the agents from the Slurm allocation instead. With a
+``slurm:`` block as well, each trial is its own Slurm job (``sbatch``) in a partition::
+
+    executor: slurm
+    slurm:
+      partition: gpu
+      account: my-project        # optional where the cluster has no accounts
+      time_limit: "04:00:00"     # each job's; a trial that reaches it resumes in a new job
+      qos: normal                # optional
+      constraint: a100           # optional, sbatch --constraint
+      sbatch_options: ["--mem=64G"]   # optional, passed as they are
+      slot_type: gpu             # gpu | cpu; default: gpu when the nodes have GPUs
 
 Without a file the cluster is one pool ``default`` holding this machine, named after
 its hostname, with its GPUs as slots (found through NVML) or else one slot per CPU.
@@ -29,6 +40,7 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections import Counter
 from pathlib import Path
@@ -38,7 +50,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from trials._validation import validation_problems
 from trials._yaml import YamlError, read_yaml
-from trials.scheduler._cluster import Agent, Cluster, ResourcePool
+from trials.scheduler._cluster import Agent, Cluster, ResourcePool, SlurmJobSettings
 
 CLUSTER_ENV_VAR = "SLOTSWEEP_CLUSTER"
 #: ``--cluster slurm``: the nodes of the Slurm allocation this process runs in.
@@ -107,12 +119,87 @@ class _PoolSpec(_Strict):
     agents: list[_AgentSpec] = Field(min_length=1)
 
 
+# Slurm's time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (or unlimited).
+_TIME_LIMIT = re.compile(
+    r"\d+(?::\d{1,2}){0,2}|\d+-\d+(?::\d{1,2}){0,2}|unlimited|infinite", re.IGNORECASE
+)
+_SLURM_NAME = re.compile(r"[\w.\-]+")
+# What the Slurm executor sets for every job itself; a user's copy would contradict it.
+_MANAGED_SBATCH_OPTIONS = (
+    "--partition",
+    "--account",
+    "--time",
+    "--qos",
+    "--constraint",
+    "--nodes",
+    "--ntasks",
+    "--ntasks-per-node",
+    "--cpus-per-task",
+    "--gpus",
+    "--gpus-per-node",
+    "--gres",
+    "--exclusive",
+    "--job-name",
+    "--output",
+    "--error",
+    "--open-mode",
+    "--requeue",
+    "--no-requeue",
+    "--export",
+    "--parsable",
+    "--chdir",
+    "--wrap",
+)
+
+
+class _SlurmJobsSpec(_Strict):
+    partition: str = Field(min_length=1, max_length=200)
+    time_limit: str = Field(min_length=1, max_length=40)
+    account: str | None = Field(default=None, min_length=1, max_length=200)
+    qos: str | None = Field(default=None, min_length=1, max_length=200)
+    constraint: str | None = Field(default=None, min_length=1, max_length=1000)
+    sbatch_options: list[str] = Field(default_factory=list, max_length=100)
+    slot_type: Literal["gpu", "cpu"] | None = None
+
+    @field_validator("partition", "account", "qos")
+    @classmethod
+    def _slurm_name(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_NAME.fullmatch(value):
+            raise ValueError("must be a Slurm name (letters, digits, _ . -)")
+        return value
+
+    @field_validator("time_limit", mode="before")
+    @classmethod
+    def _time(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)  # minutes, as Slurm reads a bare number
+        if not isinstance(value, str) or not _TIME_LIMIT.fullmatch(value):
+            raise ValueError("must be a Slurm time limit: minutes, HH:MM:SS or D-HH:MM:SS")
+        return value
+
+    @field_validator("sbatch_options")
+    @classmethod
+    def _options(cls, value: list[str]) -> list[str]:
+        for option in value:
+            if not option.startswith("-") or any(c in option for c in "\n\r\0"):
+                raise ValueError(f"{option!r} is not an sbatch option (like --mem=64G)")
+            name = option.split("=", 1)[0]
+            if name in _MANAGED_SBATCH_OPTIONS:
+                raise ValueError(
+                    f"{name} is set by slotsweep for every job; use the slurm block's own "
+                    "fields (partition, account, time_limit, qos, constraint) or leave it out"
+                )
+        return value
+
+
 class _ClusterSpec(_Strict):
     # Where trials run. With "slurm" the agents are the nodes of the Slurm allocation
     # the search runs in, so the file declares no resource pools.
     executor: Literal["local", "slurm"] = "local"
     dtrain_network_interface: str | None = Field(default=None, min_length=1, max_length=64)
     resource_pools: list[_PoolSpec] | None = Field(default=None, min_length=1)
+    # One Slurm job per trial (sbatch) instead of job steps of an allocation.
+    slurm: _SlurmJobsSpec | None = None
 
 
 def parse_cluster(raw: Any) -> Cluster:
@@ -123,6 +210,8 @@ def parse_cluster(raw: Any) -> Cluster:
         spec = _ClusterSpec.model_validate(raw)
     except ValidationError as exc:
         raise ClusterConfigError(validation_problems(exc, _ClusterSpec)) from None
+    if spec.slurm is not None and spec.executor != "slurm":
+        raise ClusterConfigError(["slurm: needs executor: slurm"])
     if spec.executor == "slurm":
         if spec.resource_pools is not None:
             raise ClusterConfigError(
@@ -130,6 +219,21 @@ def parse_cluster(raw: Any) -> Cluster:
                     "resource_pools: not allowed with executor: slurm "
                     "(the agents are the nodes of the Slurm allocation)"
                 ]
+            )
+        if spec.slurm is not None:
+            from trials.executors._slurm_jobs import partition_cluster
+
+            return partition_cluster(
+                SlurmJobSettings(
+                    partition=spec.slurm.partition,
+                    time_limit=spec.slurm.time_limit,
+                    account=spec.slurm.account,
+                    qos=spec.slurm.qos,
+                    constraint=spec.slurm.constraint,
+                    sbatch_options=tuple(spec.slurm.sbatch_options),
+                ),
+                slot_type=spec.slurm.slot_type,
+                dtrain_network_interface=spec.dtrain_network_interface,
             )
         from trials.executors._slurm import allocation_cluster
 

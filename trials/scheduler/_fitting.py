@@ -98,6 +98,37 @@ def check_schedulable(pool: ResourcePool, slots_per_trial: int) -> None:
     raise Unschedulable(message, pool=pool.name, slots_per_trial=slots_per_trial, valid=valid)
 
 
+def job_shape(pool: ResourcePool, slots_per_trial: int) -> tuple[int, int]:
+    """(nodes, slots per node) of a trial that a cluster engine places, by the same rules.
+
+    A trial that fits on one agent takes one node; a larger one takes ``k`` whole
+    nodes of the largest agent size ``S`` with ``slots_per_trial == k * S`` (as few
+    nodes as possible). Raises :class:`Unschedulable` when no shape exists.
+
+    Example:
+        >>> from trials.scheduler import Agent, ResourcePool
+        >>> pool = ResourcePool("p", tuple(Agent(f"n{i}", "h", (0, 1, 2, 3)) for i in range(4)))
+        >>> job_shape(pool, 2), job_shape(pool, 8)
+        ((1, 2), (2, 4))
+    """
+    counts = size_counts(pool)
+    if counts and 1 <= slots_per_trial <= max(counts):
+        return 1, slots_per_trial
+    for size in sorted(counts, reverse=True):
+        nodes, rest = divmod(slots_per_trial, size)
+        if rest == 0 and nodes <= counts[size]:
+            return nodes, size
+    check_schedulable(pool, slots_per_trial)
+    # Only heterogeneous fits could run it, and one job has one shape.
+    raise Unschedulable(
+        f"resource pool {pool.name!r} cannot run slots_per_trial={slots_per_trial} as one "
+        f"job of whole nodes of one size ({describe_agent_sizes(counts)})",
+        pool=pool.name,
+        slots_per_trial=slots_per_trial,
+        valid=[],
+    )
+
+
 def describe_agent_sizes(counts: Counter[int]) -> str:
     """``8 slots (x4), 4 slots (x2)``: agent sizes, largest first, with how many of each."""
     return ", ".join(

@@ -250,8 +250,9 @@ def _restarts() -> None:
         column_config={
             "started_at": st.column_config.DatetimeColumn("started (UTC)"),
             "ended_at": st.column_config.DatetimeColumn("ended (UTC)"),
-            # A Slurm job step ("JOB.STEP"): what squeue -s and scancel name it.
-            "external_id": st.column_config.TextColumn("job step"),
+            # A Slurm job step ("JOB.STEP", executor slurm) or job ("JOB", executor
+            # sbatch): what squeue and scancel name it.
+            "external_id": st.column_config.TextColumn("Slurm job"),
         },
     )
 

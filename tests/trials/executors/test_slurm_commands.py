@@ -5,16 +5,24 @@ from __future__ import annotations
 import pytest
 
 from trials.executors._slurm_commands import (
+    batch_script,
     expand_counts,
     gpu_indices,
     job_node_gres,
     node_addresses,
+    nodes_meeting,
+    partition_nodes,
     rendezvous_port,
+    sacct_job,
+    sbatch_argv,
+    show_job,
+    squeue_jobs,
     srun_argv,
     step_name,
     steps_named,
     unavailable_nodes,
 )
+from trials.scheduler import SlurmJobSettings
 
 
 @pytest.mark.parametrize(
@@ -120,3 +128,89 @@ def test_gpu_slots_ask_slurm_for_that_many_gpus_per_node() -> None:
 def test_lost_drained_and_unanswering_nodes_take_no_steps() -> None:
     sinfo = "n1 idle\nn2 down*\nn3 alloc*\nn4 drain\nn5 mix\nn6 alloc\nn7 drng\nn8 idle~\n"
     assert unavailable_nodes(sinfo) == {"n2", "n3", "n4", "n7"}
+
+
+def test_partition_nodes_count_gpus_and_cpus_once_per_node() -> None:
+    sinfo = "\n".join(
+        [
+            "g1|10.0.0.1|64|gpu:a100:4(S:0-1)|a100,ib",
+            "g2|(null)|64|gpu:2,gpu:v100:2|(null)",
+            "g1|10.0.0.1|64|gpu:a100:4(S:0-1)|a100,ib",
+            "c1|10.0.0.9|32|(null)|(null)",
+            "garbage line",
+        ]
+    )
+    nodes = partition_nodes(sinfo)
+    assert [(n.name, n.address, n.cpus, n.gpus) for n in nodes] == [
+        ("g1", "10.0.0.1", 64, 4),
+        ("g2", "g2", 64, 4),
+        ("c1", "10.0.0.9", 32, 0),
+    ]
+    assert nodes[0].features == frozenset({"a100", "ib"})
+    assert [n.name for n in nodes_meeting(nodes, "a100&ib")] == ["g1"]
+    # Expressions sinfo's features cannot decide are left to Slurm.
+    assert [n.name for n in nodes_meeting(nodes, "a100|v100")] == ["g1", "g2", "c1"]
+
+
+def test_a_trial_on_several_nodes_is_a_job_of_whole_nodes_never_requeued_by_slurm() -> None:
+    settings = SlurmJobSettings(
+        "gpu", "4:00:00", account="proj", qos="high", sbatch_options=("--mem=64G",)
+    )
+    argv = sbatch_argv(
+        settings, nodes=2, slots_per_node=4, use_gpus=True, name="slotsweep-t", log_path="/l"
+    )
+    assert argv[:2] == ["sbatch", "--parsable"]
+    for expected in (
+        "--partition=gpu",
+        "--time=4:00:00",
+        "--job-name=slotsweep-t",
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--exclusive",
+        "--gpus-per-node=4",
+        "--cpus-per-task=4",
+        "--account=proj",
+        "--qos=high",
+        "--mem=64G",
+        "--output=/l",
+        "--open-mode=append",
+        "--no-requeue",
+    ):
+        assert expected in argv, expected
+    one_node = sbatch_argv(
+        SlurmJobSettings("cpu", "60"),
+        nodes=1,
+        slots_per_node=2,
+        use_gpus=False,
+        name="n",
+        log_path="/l",
+    )
+    assert "--exclusive" not in one_node and "--cpus-per-task=2" in one_node
+    assert not any(a.startswith(("--gpus", "--account", "--qos")) for a in one_node)
+
+
+def test_the_batch_script_execs_one_srun_step_of_the_node_wrapper() -> None:
+    script = batch_script(["--nnodes=2", "--rdzv-id=a b"], python="/venv/bin/python")
+    first, command, *rest = script.splitlines()
+    assert first == "#!/bin/sh" and not rest
+    assert command.startswith("exec srun ")
+    assert "/venv/bin/python -m trials.executors._slurm_node --nnodes=2 '--rdzv-id=a b'" in command
+
+
+def test_job_states_and_exit_codes_read_as_the_driver_needs_them() -> None:
+    listed = squeue_jobs("7|PENDING|Resources|\n8|RUNNING|None|n[1-2]\nbad")
+    assert listed["7"].pending and listed["7"].reason == "Resources"
+    assert not listed["8"].pending and listed["8"].nodes == "n[1-2]" and listed["8"].reason == ""
+    preempted = show_job(
+        "JobId=9 JobName=x JobState=PREEMPTED Reason=None NodeList=n1 ExitCode=0:9"
+    )
+    assert preempted is not None and preempted.stopped_by_cluster
+    assert preempted.exit_code == 128 + 9
+    failed = show_job("JobId=9 JobState=FAILED Reason=NonZeroExitCode NodeList=n1 ExitCode=3:0")
+    assert failed is not None and failed.exit_code == 3 and not failed.stopped_by_cluster
+    assert show_job("slurm_load_jobs error: Invalid job id specified") is None
+    # Once slurmctld forgot the job, the accounting database still knows it.
+    timed_out = sacct_job("12", "11|COMPLETED|0:0|n1\n12|TIMEOUT|0:15|n[1-2]")
+    assert timed_out is not None and timed_out.stopped_by_cluster
+    assert timed_out.exit_code == 143 and timed_out.nodes == "n[1-2]"
+    assert sacct_job("13", "12|TIMEOUT|0:15|n1") is None

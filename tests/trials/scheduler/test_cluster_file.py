@@ -144,7 +144,7 @@ def test_names_must_be_unique() -> None:
         ),
         (
             {"pools": []},
-            "pools: unknown field; allowed: executor, dtrain_network_interface, resource_pools",
+            "pools: unknown field; allowed: executor, dtrain_network_interface, resource_pools, slurm",
         ),
     ],
 )
@@ -284,3 +284,39 @@ def test_dtrain_network_interface_reaches_the_cluster() -> None:
         }
     )
     assert cluster.dtrain_network_interface == "ib0" and cluster.executor == "local"
+
+
+def test_a_slurm_block_is_checked_field_by_field_before_slurm_is_asked() -> None:
+    problems = problems_of(
+        {
+            "executor": "slurm",
+            "slurm": {
+                "partition": "gpu queue",
+                "time_limit": "4 hours",
+                "sbatch_options": ["--mem=64G", "--nodes=3", "mem"],
+                "slot_type": "tpu",
+            },
+        }
+    )
+    by_field = {p.split(": ", 1)[0]: p for p in problems}
+    assert sorted(by_field) == [
+        "slurm.partition",
+        "slurm.sbatch_options",
+        "slurm.slot_type",
+        "slurm.time_limit",
+    ], problems
+    assert "must be a Slurm name" in by_field["slurm.partition"]
+    assert "HH:MM:SS" in by_field["slurm.time_limit"]
+    assert "--nodes is set by slotsweep" in by_field["slurm.sbatch_options"]
+    assert problems_of({"slurm": {"partition": "gpu", "time_limit": "60"}}) == [
+        "slurm: needs executor: slurm"
+    ]
+
+
+@pytest.mark.parametrize("limit", ["30", 30, "30:00", "4:00:00", "1-0", "2-12:30:00", "UNLIMITED"])
+def test_every_slurm_time_format_is_a_time_limit(limit: object) -> None:
+    problems = problems_of(
+        {"executor": "slurm", "slurm": {"partition": "p!", "time_limit": limit}}
+    )
+    # Only the partition is wrong: the time limit passed.
+    assert [p.split(":")[0] for p in problems] == ["slurm.partition"]

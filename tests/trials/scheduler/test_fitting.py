@@ -13,6 +13,7 @@ from trials.scheduler import (
     Unschedulable,
     check_schedulable,
     format_values,
+    job_shape,
     schedule,
     valid_slots_per_trial,
 )
@@ -125,3 +126,30 @@ def test_valid_values_agree_with_check_and_with_an_idle_pool(
         else:
             with pytest.raises(Unschedulable):
                 schedule(pool, all_free(pool), [SlotRequest("t", slots)])
+
+
+@given(
+    sizes=st.lists(st.sampled_from([1, 2, 4, 8]), min_size=1, max_size=6),
+    slots=st.integers(min_value=1, max_value=40),
+)
+@settings(max_examples=300, deadline=None)
+def test_a_job_shape_exists_exactly_for_the_sizes_the_scheduler_accepts(
+    sizes: list[int], slots: int
+) -> None:
+    pool = make_pool(sizes)
+    valid = slots in valid_slots_per_trial(pool)
+    if not valid:
+        with pytest.raises(Unschedulable):
+            job_shape(pool, slots)
+        return
+    nodes, per_node = job_shape(pool, slots)
+    assert nodes * per_node == slots
+    # One node when one agent holds it; else whole agents of one size, as few as can.
+    if slots <= max(sizes):
+        assert nodes == 1
+    else:
+        assert per_node in sizes and sizes.count(per_node) >= nodes
+        assert all(
+            slots % size or slots // size > sizes.count(size) or slots // size >= nodes
+            for size in sizes
+        )
