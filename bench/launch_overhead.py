@@ -312,7 +312,7 @@ def sbatch_site(test_site: SlurmTestSite, cluster_file: Path) -> Site:
         environment=environment,
         slots=None,
         new_database=test_site.new_database,
-        tree_part="srun, sbatch, squeue, entry probe",
+        tree_part="sbatch, srun, squeue, probe",
         tree_holds_ranks=False,
     )
 
