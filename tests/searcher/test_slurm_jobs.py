@@ -174,6 +174,20 @@ def test_a_cluster_file_with_a_bad_slurm_block_names_the_field(
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     assert "slurm.time_limit" in done.stderr and "slurm.sbatch_options" in done.stderr
+    # Valid in form, but a partition this cluster does not have: one line, from sinfo.
+    cluster_file.write_text(
+        yaml.safe_dump({"executor": "slurm", "slurm": {"partition": "nosuch", "time_limit": "5"}})
+    )
+    done = run_cli(
+        ["run", str(path), "--db", slurm_database, "--cluster", str(cluster_file)],
+        login_env,
+        tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"cluster {cluster_file}: slurm.partition: nosuch: sinfo lists no nodes"
+    ], done.stderr
 
 
 def test_scancel_of_a_trial_job_restarts_the_trial_from_its_checkpoint(

@@ -87,8 +87,16 @@ def slurm_command(
     except subprocess.TimeoutExpired:
         raise SlurmError(f"{' '.join(argv)}: no answer in {_COMMAND_TIMEOUT_S:g} s") from None
     if check and done.returncode != 0:
-        raise SlurmError(f"{' '.join(argv)}: {done.stderr.strip() or f'exit {done.returncode}'}")
+        raise SlurmError(f"{argv[0]} failed: {_last_error(argv[0], done.stderr, done.returncode)}")
     return done.stdout
+
+
+def _last_error(program: str, stderr: str, returncode: int) -> str:
+    """The line of a Slurm client's error output that says why (its last), unprefixed."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    if not lines:
+        return f"exit {returncode}"
+    return re.sub(rf"^{re.escape(program)}: (?:fatal|error): ", "", lines[-1])
 
 
 def allocation_cluster(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from trials.executors._slurm import _last_error
 from trials.executors._slurm_commands import (
     batch_script,
     expand_counts,
@@ -214,3 +215,12 @@ def test_job_states_and_exit_codes_read_as_the_driver_needs_them() -> None:
     assert timed_out is not None and timed_out.stopped_by_cluster
     assert timed_out.exit_code == 143 and timed_out.nodes == "n[1-2]"
     assert sacct_job("13", "12|TIMEOUT|0:15|n1") is None
+
+
+def test_a_failed_slurm_command_says_why_in_one_line() -> None:
+    stderr = (
+        "sinfo: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host\n"
+        "sinfo: fatal: Could not establish a configuration source\n"
+    )
+    assert _last_error("sinfo", stderr, 1) == "Could not establish a configuration source"
+    assert _last_error("squeue", "", 3) == "exit 3"
