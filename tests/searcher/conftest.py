@@ -36,10 +36,12 @@ from tests.conftest import EXAMPLES_DIR
 from trials.processes import ProcessRef, is_alive
 
 # Where trials run. Every fault-injection test here runs once per executor that runs
-# on this machine's process table. The Slurm executor keeps the same promises on a
-# real two-node cluster in tests/searcher/test_slurm.py (a cancelled step, a lost
-# node, a killed driver and resume), where faults are Slurm's own (scancel, a lost
-# slurmd) rather than signals to local pids.
+# on this machine's process table. The Slurm executors keep the same promises on a
+# real two-node cluster, where faults are Slurm's own (scancel, preemption, a lost
+# slurmd) rather than signals to local pids: tests/searcher/test_slurm.py for job
+# steps of an allocation (a cancelled step, a lost node, a killed driver and resume),
+# tests/searcher/test_slurm_jobs.py for one job per trial (a cancelled job, a
+# preempted one, a killed driver and resume).
 EXECUTORS = ("local",)
 
 
