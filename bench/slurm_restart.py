@@ -44,13 +44,23 @@ Cases:
   for the rest of the allocation: "attempt 0 still has processes that could not be
   ended yet").
 
+With ``--executor sbatch`` no allocation is held: the driver runs as on a login node
+with a cluster file naming partition ``grace`` (GraceTime 30 s), every attempt is a
+Slurm job of its own, and the cases are (a) ``scancel`` of the attempt's job and
+(c) preemption: an ``urgent`` job of both nodes (``sleep 1``) preempts it, its ranks
+checkpoint on the SIGTERM, and the restart is the next job's start (once the urgent
+job has ended), not counted as a failure.
+
 Run (root):
     .venv/bin/python bench/slurm_restart.py
     .venv/bin/python bench/slurm_restart.py --case scancel --batch-delay 0.2
+    .venv/bin/python bench/slurm_restart.py --executor sbatch
 Last line (machine-readable):
     scancel_to_restart_s=<a> scancel_to_progress_s=<b> node_loss_to_restart_s=<c>
     node_loss_to_progress_s=<d>     (one line; a case not run is left out, and a
-                                     restart that never came reads "none")
+                                     restart that never came reads "none"; with
+                                     --executor sbatch preemption_to_restart_s and
+                                     preemption_to_progress_s instead of node_loss)
 """
 
 from __future__ import annotations
@@ -112,10 +122,10 @@ class Restart:
         """Where each attempt ran and when, relative to the failure, in one line."""
         return (
             f"{name}: attempt {self.failed.attempt} on {','.join(self.failed.nodes)} "
-            f"(step {self.failed.external_id}): exit code {self.failed.exit_code} seen after "
+            f"(Slurm id {self.failed.external_id}): exit code {self.failed.exit_code} seen after "
             f"{since(self.failed_at, self.exit_seen_at)} s, ended_at after "
             f"{since(self.failed_at, self.failed.ended_at)} s; attempt {self.restarted.attempt} on "
-            f"{','.join(self.restarted.nodes)} (step {self.restarted.external_id}, restored "
+            f"{','.join(self.restarted.nodes)} (Slurm id {self.restarted.external_id}, restored "
             f"from step {self.restarted.restored_from_step}) started after "
             f"{fmt(self.to_restart_s)} s, first progress after {fmt(self.to_progress_s)} s"
             + (f" ({self.note})" if self.note else "")
@@ -188,11 +198,16 @@ def experiment_config(folder: Path, batch_delay_s: float) -> Path:
 class Driver:
     """One ``slotsweep run`` in the background inside the allocation; output to a file."""
 
-    def __init__(self, config: Path, db_url: str, site: SlurmTestSite) -> None:
+    def __init__(
+        self, config: Path, db_url: str, site: SlurmTestSite, cluster_file: Path | None = None
+    ) -> None:
         self.config = config
         self.db_url = db_url
         self.name = config.parent.name
         self.env = site.environment(bench_env(config.parent))
+        if cluster_file is not None:
+            # One Slurm job per trial (the sbatch executor) instead of steps.
+            self.env["SLOTSWEEP_CLUSTER"] = str(cluster_file)
         self.log_path = config.parent / "driver.log"
         self._log: IO[bytes] = open(self.log_path, "wb")  # noqa: SIM115  (closed in stop)
         self.process = subprocess.Popen(
@@ -347,10 +362,12 @@ class Watch:
         return Restart(self.failed_at, failed, restarted, self.exit_seen_at, note)
 
 
-def measure_scancel(site: SlurmTestSite, folder: Path, args: argparse.Namespace) -> Restart:
-    """Case (a): cancel the running attempt's job step."""
+def measure_scancel(
+    site: SlurmTestSite, folder: Path, args: argparse.Namespace, cluster_file: Path | None = None
+) -> Restart:
+    """Case (a): cancel the running attempt's job step (its job, one job per trial)."""
     config = experiment_config(folder / "restart-scancel", args.batch_delay)
-    driver = Driver(config, site.new_database(), site)
+    driver = Driver(config, site.new_database(), site, cluster_file)
     try:
         first = wait_running(driver, args.timeout)
         assert first.external_id is not None
@@ -358,6 +375,31 @@ def measure_scancel(site: SlurmTestSite, folder: Path, args: argparse.Namespace)
         done = site.cluster.run("scancel", first.external_id, timeout=60)
         if done.returncode != 0:
             raise RuntimeError(f"scancel {first.external_id}: {done.stderr.strip()}")
+        return Watch(driver, first, failed_at).wait_restart(args.timeout)
+    finally:
+        driver.stop()
+
+
+def measure_preemption(
+    site: SlurmTestSite, folder: Path, args: argparse.Namespace, cluster_file: Path
+) -> Restart:
+    """Case (c), one job per trial: an ``urgent`` job of both nodes preempts the trial's.
+
+    The trial's job is in partition ``grace`` (30 s GraceTime): its ranks checkpoint on
+    the SIGTERM, and the driver submits it again; that job starts once the urgent one
+    (``sleep 1``) has ended.
+    """
+    config = experiment_config(folder / "restart-preemption", args.batch_delay)
+    driver = Driver(config, site.new_database(), site, cluster_file)
+    try:
+        first = wait_running(driver, args.timeout)
+        failed_at = time.time()
+        done = site.cluster.run(
+            "sbatch", "--parsable", "-p", "urgent", "-N2", "--exclusive", "-o", "/dev/null",
+            "--wrap", "sleep 1", timeout=60,
+        )  # fmt: skip
+        if not done.stdout.strip().isdigit():
+            raise RuntimeError(f"sbatch of the urgent job: {done.stderr.strip()}")
         return Watch(driver, first, failed_at).wait_restart(args.timeout)
     finally:
         driver.stop()
@@ -438,10 +480,18 @@ def slurm_evidence(site: SlurmTestSite, driver: Driver, failed: Attempt) -> list
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
+        "--executor",
+        choices=("slurm", "sbatch"),
+        default="slurm",
+        help="attempts as job steps of one allocation (slurm, default) or as one Slurm job "
+        "per trial (sbatch)",
+    )
+    parser.add_argument(
         "--case",
-        choices=("both", "scancel", "node-loss"),
+        choices=("both", "scancel", "node-loss", "preemption"),
         default="both",
-        help="which failure to measure (default both, scancel first)",
+        help="which failure to measure (default both: scancel, then node-loss for "
+        "--executor slurm, preemption for sbatch)",
     )
     parser.add_argument(
         "--batch-delay",
@@ -467,7 +517,35 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = parser.parse_args()
 
+    cases = {
+        "slurm": ("scancel", "node-loss"),
+        "sbatch": ("scancel", "preemption"),
+    }[args.executor]
+    if args.case != "both" and args.case not in cases:
+        parser.error(f"--case {args.case} is not a case of --executor {args.executor}")
+    run_cases = cases if args.case == "both" else (args.case,)
+
     figures: list[str] = []
+    if args.executor == "sbatch":
+        with (
+            slurm_test_site(allocate=False) as site,
+            scratch_folder("slurm-restart-", keep=args.keep) as root,
+        ):
+            cluster_file = root / "cluster.yaml"
+            cluster_file.write_text(
+                "executor: slurm\nslurm: {partition: grace, time_limit: '60', slot_type: cpu}\n"
+            )
+            print(f"sbatch: partition grace, PostgreSQL {site.postgres.url}", flush=True)
+            if "scancel" in run_cases:
+                restart = measure_scancel(site, root, args, cluster_file)
+                print(restart.describe("scancel"), flush=True)
+                figures += restart.figures("scancel")
+            if "preemption" in run_cases:
+                restart = measure_preemption(site, root, args, cluster_file)
+                print(restart.describe("preemption"), flush=True)
+                figures += restart.figures("preemption")
+        print(" ".join(figures))
+        return
     with (
         slurm_test_site(no_kill=True) as site,
         scratch_folder("slurm-restart-", keep=args.keep) as root,
@@ -477,11 +555,11 @@ def main() -> None:
             f"PostgreSQL {site.postgres.url}",
             flush=True,
         )
-        if args.case in ("both", "scancel"):
+        if "scancel" in run_cases:
             restart = measure_scancel(site, root, args)
             print(restart.describe("scancel"), flush=True)
             figures += restart.figures("scancel")
-        if args.case in ("both", "node-loss"):
+        if "node-loss" in run_cases:
             outcome = measure_node_loss(site, root, args)
             print(outcome.describe("node loss"), flush=True)
             figures += outcome.figures("node_loss")
