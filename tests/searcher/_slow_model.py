@@ -4,7 +4,7 @@
 ``os.fsync`` in the trial's processes, which holds a checkpoint mid-write long enough
 for a test to crash the machine at that moment (fault injection, test code only).
 ``DivergingDigitsTrial`` reports the infinite and NaN losses of a diverged run;
-``HangingDigitsTrial`` hangs one rank of a trial's first attempt (a stuck data loader or
+``HangingDigitsTrial`` hangs one rank of one attempt of a trial (a stuck data loader or
 a deadlock), which only the driver's ``hang_timeout_s`` can end.
 """
 
@@ -51,8 +51,9 @@ class DivergingDigitsTrial(DigitsTrial):
 
 
 class HangingDigitsTrial(SlowDigitsTrial):
-    """Rank ``data.hang_rank`` (default 1) of attempt 0 sleeps forever at training batch
-    ``data.hang_at_batch`` (default 5) of its process; every later attempt trains normally.
+    """Rank ``data.hang_rank`` (default 1) of attempt ``data.hang_attempt`` (default 0)
+    sleeps forever at training batch ``data.hang_at_batch`` (default 5) of its process;
+    every other attempt trains normally.
 
     The other ranks then wait in the next all-reduce, so rank 0 records nothing more and
     the run makes no progress, exactly as a real hang looks to the driver.
@@ -60,8 +61,11 @@ class HangingDigitsTrial(SlowDigitsTrial):
 
     def __init__(self, context: PyTorchTrialContext) -> None:
         super().__init__(context)
-        hangs = context.attempt == 0 and context.rank == int(context.data.get("hang_rank", 1))
-        self._hang_at = int(context.data.get("hang_at_batch", 5)) if hangs else None
+        data = context.data
+        hangs = context.attempt == int(data.get("hang_attempt", 0)) and context.rank == int(
+            data.get("hang_rank", 1)
+        )
+        self._hang_at = int(data.get("hang_at_batch", 5)) if hangs else None
         self._batches = 0
 
     def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
