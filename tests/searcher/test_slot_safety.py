@@ -54,7 +54,8 @@ def test_an_expired_lease_does_not_free_slots_a_dead_drivers_trial_still_uses(
         resources={"slots_per_trial": 2},
         hyperparameters={"global_batch_size": 256},
         searcher={"max_trials": 1, "max_length": {"epochs": 10}, "pruner": {"name": "none"}},
-        data={"batch_delay_s": 0.3},
+        # Slow while the second driver must wait for it; the resumed attempt trains fast.
+        data={"batch_delay_s": 0.3, "fast_from_attempt": 1},
     )
     second = write_experiment(
         tmp_path / "second",
