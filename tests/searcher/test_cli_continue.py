@@ -33,9 +33,11 @@ def _old_trials_record(db: str) -> list[tuple[int, str, float | None, int]]:
 def test_continue_extends_a_completed_search_in_the_same_study(
     tmp_path: Path, cli_env: dict[str, str]
 ) -> None:
+    # One-slot trials two at a time: the old trials, then the new ones, in two rounds.
     path = write_experiment(
         tmp_path / "exp",
-        searcher={"max_trials": 2, "n_startup_trials": 2},
+        searcher={"max_trials": 2, "n_startup_trials": 2, "max_concurrent_trials": 2},
+        resources={"slots_per_trial": 1},
     )
     db = f"sqlite:///{tmp_path / 'search.db'}"
     common = ["--db", db, "--slots", "2", "--no-progress"]
@@ -64,7 +66,8 @@ def test_continue_extends_a_completed_search_in_the_same_study(
     assert [t.number for t in trials] == [0, 1, 2, 3]
 
     # Trial 2 is what the resumed TPE proposes given trials 0 and 1 (past its two
-    # startup trials, so it is the model's choice, not a random draw): replay it.
+    # startup trials, so it is the model's choice, not a random draw; asked before
+    # trial 3, so nothing ran beside it yet): replay it.
     replay = optuna.create_study(
         directions=samplers.study_directions(config),
         sampler=samplers.build_sampler(config, trials_so_far=2),
