@@ -40,7 +40,8 @@ def test_search_survives_a_postgresql_restart(
         entrypoint="slow_model:SlowDigitsTrial",
         hyperparameters={"global_batch_size": 256},
         searcher={
-            "max_trials": 3,
+            # The outage hits the first trial; the second is asked and placed after it.
+            "max_trials": 2,
             "max_length": {"epochs": 4},
             "max_concurrent_trials": 1,
             "pruner": {"name": "none"},
