@@ -21,6 +21,25 @@ import pytest
 
 pytest_plugins = ["tests.slurm_cluster"]  # slurm_cluster, slurm_postgres fixtures
 
+
+@pytest.fixture(autouse=True)
+def _signal_dispositions_restored() -> Iterator[None]:
+    """Give every test the SIGTERM and SIGINT handling it started with back.
+
+    A test that runs a rank's code in the main thread (a failing trial ignores SIGTERM
+    while it records why) would otherwise leave SIGTERM ignored in this process, and
+    every process a later test starts would inherit that: in a full run the UI launch
+    tests then waited out their 60 s stop timeout, each.
+    """
+    import signal
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for sig, handler in saved.items():
+        if signal.getsignal(sig) is not handler and handler is not None:
+            signal.signal(sig, handler)
+
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES_DIR = REPO_ROOT / "examples"
 POSTGRES_SCRIPT = REPO_ROOT / ".ci" / "postgres.sh"
