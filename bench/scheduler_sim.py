@@ -29,6 +29,36 @@ size queued together) and prints the best ratio among those where backfilling ke
 utilization at 0.95 or more. Queuing trials by experiment is what hurts FIFO most, but
 it also leaves free slots that no queued trial can use (only whole-agent trials wait),
 which costs both policies alike.
+
+``--experiments N`` simulates N searches sharing the pool instead (Determined's
+cluster-wide scheduler): each experiment (driver) submits its own trials, all at its
+start, with its own priority, size mix, lengths and fair-share weight, and every decision
+is one ``schedule()`` over all their queued trials with ``group`` = experiment and
+:meth:`~trials.scheduler.SlotScheduler.set_share` kept up to date (held = slots of its
+running trials). 40,000 trials by default. Most experiments have priority 42 and weights
+1 or 2, with trial counts spread log-evenly so that the largest has 500 times the trials
+of the smallest (big sweeps of small pruned trials down to a few long, large, unpruned
+ones); they start together (``--stagger-min`` spreads their starts). With N >= 4 one
+experiment of priority 1 and large trials arrives after an hour, with N >= 6 one of
+priority 10 after half an hour. Printed: utilization while work is queued; priority
+inversions, i.e. placements made while a trial with a lower priority number waited that
+would have fit on the free slots just before (this placement's included) outside the
+agents reserved for the blocked head (must be 0), and separately
+``backfill_exceptions``, where it would have fit only with those reserved agents (EASY
+backfilling protects only the one blocked head: typically trials of the priority 1 and
+10 experiments waiting behind a blocked head of theirs, while small priority-42 trials
+fill agents outside its reservation); Jain's fairness index of slot-seconds / weight
+among the equal-priority experiments over the time in which all of them have trials
+queued (target 0.95 or more, with utilization 0.95 or more); and p50/p99 latency of the
+decisions made with at least ``--latency-queue`` (10,000) trials queued (target p99
+under 5 ms). The last line::
+
+    utilization=<u> inversions=<n> backfill_exceptions=<m> jain=<j> p50_ms=<a> p99_ms=<b> queue=<q>
+
+where ``queue`` is the fewest trials queued at a measured decision. Run:
+``python bench/scheduler_sim.py --experiments 8`` (seconds). Scheduling never preempts,
+so an experiment that starts after others have filled the pool with long trials reaches
+its share only as they end: with ``--stagger-min`` the index drops accordingly.
 """
 
 from __future__ import annotations
@@ -195,6 +225,322 @@ def _report(name: str, result: SimResult) -> None:
     print(f"{'':>9}  wait in minutes by slots_per_trial: {waits}")
 
 
+# -- several experiments sharing the pool (--experiments) ------------------------------
+
+
+@dataclass(frozen=True)
+class SimExperiment:
+    """One search (driver): its trials all arrive at ``start_s``."""
+
+    name: str
+    priority: int
+    weight: float
+    start_s: float
+    trials: tuple[SimTrial, ...]
+
+
+@dataclass
+class MultiResult:
+    utilization: float  # mean used/total slots while any trial is queued
+    inversions: int
+    backfill_exceptions: int
+    jain: float  # nan when the equal-priority experiments were never all backlogged
+    fair_window_s: float  # time in which every equal-priority experiment had trials queued
+    fair_slot_s: dict[str, float]  # slot-seconds of each of them within that time
+    latencies_ms: list[float]  # decisions made with at least ``latency_queue`` trials queued
+    min_queue: int  # fewest trials queued at a measured decision
+    makespan_s: float
+    waits_s: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+
+    def percentile(self, q: float) -> float:
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+def _durations(
+    rng: random.Random, count: int, mean_length_s: float, *, sigma: float, pruned: bool
+) -> list[float]:
+    """Log-normal full lengths; with ``pruned``, ASHA stops most trials at a low rung."""
+    mu = math.log(mean_length_s) - sigma**2 / 2
+    durations = []
+    for _ in range(count):
+        full = rng.lognormvariate(mu, sigma)
+        rung = rng.random()
+        fraction = 1 / 9 if rung < 0.45 else (1 / 3 if rung < 0.75 else 1.0)
+        durations.append(full * fraction if pruned else full)
+    return durations
+
+
+# Size mixes (trial-count weights over SIZES) of the equal-priority experiments, from the
+# one with the most trials (small trials) to the one with the fewest (large trials).
+_MIXES_BY_RANK = (
+    (4, 2, 1, 0, 0, 0),
+    (2, 2, 2, 1, 0, 0),
+    (0, 1, 2, 2, 1, 0),
+    (0, 0, 1, 2, 2, 1),
+    (0, 0, 0, 1, 2, 2),
+    (0, 0, 0, 0, 1, 1),
+)
+
+
+def make_experiments(
+    count: int,
+    n_trials: int,
+    *,
+    mean_length_s: float,
+    sigma: float,
+    seed: int,
+    stagger_s: float = 0.0,
+) -> list[SimExperiment]:
+    """``count`` experiments with about ``n_trials`` trials in all (see the module docstring).
+
+    The equal-priority (42) experiments get trial counts spread log-evenly from the
+    largest down to 1/500 of it. As in practice, big sweeps run many small, short, pruned
+    trials and small experiments a few large, long ones (up to 4x the mean length,
+    unpruned: final training runs), so that their demands in slot-hours are comparable
+    and they compete for a long time. Weights alternate 1 and 2; they start together (a
+    campaign launching its searches), or at random over the first ``stagger_s`` seconds.
+    With ``count >= 4`` one experiment of priority 1 (1% of the trials, 16 and 32 slots)
+    starts after an hour; with ``count >= 6`` one of priority 10 (2%, 8 and 16 slots)
+    after half an hour.
+    """
+    if count < 2:
+        raise ValueError("--experiments needs at least 2 experiments")
+    rng = random.Random(seed)
+    # (name, priority, weight, start_s, trials, size weights, mean length factor, pruned)
+    specs: list[tuple[str, int, float, float, int, tuple[float, ...], float, bool]] = []
+    urgent: list[tuple[str, int, float, float, tuple[float, ...]]] = []
+    if count >= 4:
+        urgent.append(("urgent", 1, 3600.0, 0.01, (0, 0, 0, 0, 1, 1)))
+    if count >= 6:
+        urgent.append(("high", 10, 1800.0, 0.02, (0, 0, 0, 1, 1, 0)))
+    for name, priority, start, share, mix in urgent:
+        specs.append((name, priority, 1.0, start, round(n_trials * share), mix, 1.0, True))
+    normal = count - len(urgent)
+    normal_trials = n_trials - sum(spec[4] for spec in specs)
+    # Log-evenly from the largest to 1/500 of it, scaled to the trials left.
+    raw = [500 ** (-i / (normal - 1)) for i in range(normal)]
+    counts = [max(1, round(normal_trials * r / sum(raw))) for r in raw]
+    for i, trials in enumerate(counts):
+        rank = i / (normal - 1)  # 0: the most trials, 1: the fewest
+        specs.append(
+            (
+                f"exp{i}",
+                42,
+                1.0 if i % 2 == 0 else 2.0,
+                rng.uniform(0, stagger_s),
+                trials,
+                _MIXES_BY_RANK[round(rank * (len(_MIXES_BY_RANK) - 1))],
+                1.0 + 3.0 * rank,
+                rank < 0.5,
+            )
+        )
+    experiments = []
+    next_id = 0
+    for name, priority, weight, start, trials, mix, length, pruned in specs:
+        sizes = rng.choices(SIZES, mix, k=trials)
+        durations = _durations(rng, trials, mean_length_s * length, sigma=sigma, pruned=pruned)
+        made = tuple(
+            SimTrial(next_id + j, size, start, duration)
+            for j, (size, duration) in enumerate(zip(sizes, durations, strict=True))
+        )
+        next_id += trials
+        experiments.append(SimExperiment(name, priority, weight, start, made))
+    return experiments
+
+
+def _fits(size: int, agent_size: int, outside: list[int]) -> bool:
+    """Whether ``size`` slots fit, given how many agents have each number of free slots.
+
+    Written apart from the scheduler's own fitting, on a pool of agents of one size: a
+    request up to one agent needs one agent with enough free slots, a larger one whole
+    free agents.
+    """
+    if size <= agent_size:
+        return any(outside[n] > 0 for n in range(size, agent_size + 1))
+    return outside[agent_size] >= size // agent_size
+
+
+def simulate_experiments(
+    pool: ResourcePool, experiments: list[SimExperiment], *, latency_queue: int
+) -> MultiResult:
+    """Run all experiments through one long-lived scheduler, event by event."""
+    agent_size = pool.agents[0].size
+    if any(agent.size != agent_size for agent in pool.agents):
+        raise ValueError("the inversion check assumes agents of one size")
+    scheduler = SlotScheduler(pool)
+    index = {agent.name: i for i, agent in enumerate(pool.agents)}
+    total = pool.total_slots
+    owner: dict[int, int] = {}
+    by_id: dict[int, SimTrial] = {}
+    events: list[tuple[float, int, int]] = []
+    for e, experiment in enumerate(experiments):
+        scheduler.set_share(experiment.name, held=0, weight=experiment.weight)
+        for trial in experiment.trials:
+            owner[trial.trial_id] = e
+            by_id[trial.trial_id] = trial
+            events.append((trial.arrival_s, _ARRIVE, trial.trial_id))
+    heapq.heapify(events)
+    # Equal-priority experiments: those of the most common priority.
+    priorities = [experiment.priority for experiment in experiments]
+    common = max(set(priorities), key=lambda p: (priorities.count(p), p))
+    equal = [e for e, p in enumerate(priorities) if p == common]
+    held = [0] * len(experiments)
+    queued = [0] * len(experiments)
+    # Queued trials per priority and size, for the inversion check.
+    waiting: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    # Agents by number of free slots (the scheduler's state, kept apart from it).
+    free = [agent_size] * len(pool.agents)
+    hist = [0] * (agent_size + 1)
+    hist[agent_size] = len(pool.agents)
+    running: dict[int, Placement] = {}
+    fair_slot_s = [0.0] * len(experiments)
+    result = MultiResult(0.0, 0, 0, math.nan, 0.0, {}, [], sys.maxsize, 0.0)
+    used = 0
+    now = 0.0
+    busy_area = queued_s = 0.0
+    gc.collect()
+    while events:
+        when = events[0][0]
+        span = when - now
+        if scheduler.queued:
+            queued_s += span
+            busy_area += used * span
+        if all(queued[e] for e in equal):
+            result.fair_window_s += span
+            for e in equal:
+                fair_slot_s[e] += held[e] * span
+        now = when
+        changed: set[int] = set()
+        while events and events[0][0] == now:
+            _, kind, trial_id = heapq.heappop(events)
+            e = owner[trial_id]
+            trial = by_id[trial_id]
+            if kind == _FINISH:
+                placement = running.pop(trial_id)
+                scheduler.release(placement)
+                for part in placement.agents:
+                    i = index[part.agent.name]
+                    hist[free[i]] -= 1
+                    free[i] += len(part.slots)
+                    hist[free[i]] += 1
+                used -= trial.slots
+                held[e] -= trial.slots
+                changed.add(e)
+            else:
+                scheduler.submit(
+                    SlotRequest(
+                        trial_id,
+                        trial.slots,
+                        priority=experiments[e].priority,
+                        order=trial_id,
+                        group=experiments[e].name,
+                    )
+                )
+                queued[e] += 1
+                waiting[experiments[e].priority][trial.slots] += 1
+        # What each driver would tell the scheduler before deciding.
+        for e in changed:
+            scheduler.set_share(experiments[e].name, held=held[e], weight=experiments[e].weight)
+        before = scheduler.queued
+        start = time.perf_counter_ns()
+        placements = scheduler.schedule()
+        elapsed_ms = (time.perf_counter_ns() - start) / 1e6
+        if before >= latency_queue:
+            result.latencies_ms.append(elapsed_ms)
+            result.min_queue = min(result.min_queue, before)
+        reserved = {index[name] for name in scheduler.reserved}
+        for placement in placements:
+            trial_id = placement.request_id  # type: ignore[assignment]
+            trial = by_id[trial_id]
+            e = owner[trial_id]
+            priority = experiments[e].priority
+            waiting[priority][trial.slots] -= 1
+            # Could a waiting trial with a lower priority number have used these slots?
+            outside = list(hist)
+            for i in reserved:
+                outside[free[i]] -= 1
+            lower = [
+                size
+                for p, sizes in waiting.items()
+                if p < priority
+                for size, n in sizes.items()
+                if n
+            ]
+            if any(_fits(size, agent_size, outside) for size in lower):
+                result.inversions += 1
+            elif any(_fits(size, agent_size, hist) for size in lower):
+                result.backfill_exceptions += 1
+            for part in placement.agents:
+                i = index[part.agent.name]
+                hist[free[i]] -= 1
+                free[i] -= len(part.slots)
+                hist[free[i]] += 1
+            running[trial_id] = placement
+            used += trial.slots
+            held[e] += trial.slots
+            queued[e] -= 1
+            result.waits_s[experiments[e].name].append(now - trial.arrival_s)
+            heapq.heappush(events, (now + trial.duration_s, _FINISH, trial_id))
+    if scheduler.queued:
+        raise RuntimeError(f"{scheduler.queued} trials never started")
+    result.makespan_s = now
+    result.utilization = busy_area / (total * queued_s) if queued_s else 1.0
+    result.fair_slot_s = {experiments[e].name: fair_slot_s[e] for e in equal}
+    if result.fair_window_s > 0:
+        x = [fair_slot_s[e] / experiments[e].weight for e in equal]
+        result.jain = sum(x) ** 2 / (len(x) * sum(v * v for v in x))
+    if not result.latencies_ms:
+        result.min_queue = 0
+    return result
+
+
+def _run_experiments(pool: ResourcePool, args: argparse.Namespace) -> int:
+    experiments = make_experiments(
+        args.experiments,
+        args.trials if args.trials is not None else 40_000,
+        mean_length_s=args.mean_length_min * 60,
+        sigma=args.sigma,
+        seed=args.seed,
+        stagger_s=args.stagger_min * 60,
+    )
+    print(
+        f"cluster: {len(pool.agents)} agents x {pool.agents[0].size} slots; "
+        f"{len(experiments)} experiments, "
+        f"{sum(len(x.trials) for x in experiments)} trials, seed {args.seed}"
+    )
+    started = time.perf_counter()
+    result = simulate_experiments(pool, experiments, latency_queue=args.latency_queue)
+    window = result.fair_window_s
+    print(
+        f"{'experiment':>10} prio weight trials  start  wait mean/max (min)  slot-h/weight in window"
+    )
+    for x in experiments:
+        waits = result.waits_s[x.name]
+        fair = result.fair_slot_s.get(x.name)
+        share = "" if fair is None else f"{fair / 3600 / x.weight:10.1f}"
+        print(
+            f"{x.name:>10} {x.priority:4d} {x.weight:6.1f} {len(x.trials):6d} "
+            f"{x.start_s / 60:5.0f}m {statistics.fmean(waits) / 60:8.0f} / "
+            f"{max(waits) / 60:<8.0f}  {share}"
+        )
+    lat = result.latencies_ms or [math.nan]
+    print(
+        f"utilization while queued {result.utilization:.4f} over {result.makespan_s / 3600:.1f} h; "
+        f"all equal-priority experiments backlogged {window / 3600:.2f} h; "
+        f"decisions with >= {args.latency_queue} queued: {len(result.latencies_ms)}, "
+        f"max {max(lat):.3f} ms; simulated in {time.perf_counter() - started:.0f} s"
+    )
+    p50 = result.percentile(0.50) if result.latencies_ms else math.nan
+    p99 = result.percentile(0.99) if result.latencies_ms else math.nan
+    print(
+        f"utilization={result.utilization:.4f} inversions={result.inversions} "
+        f"backfill_exceptions={result.backfill_exceptions} jain={result.jain:.4f} "
+        f"p50_ms={p50:.3f} p99_ms={p99:.3f} queue={result.min_queue}"
+    )
+    return 0
+
+
 # Workload shapes --sweep tries: trial-count weights of SIZES, length spread, offered
 # load and experiment size (runs of one size queued together).
 _SWEEP_WEIGHTS = ((1, 1, 1, 1, 1, 1), (4, 2, 1, 1, 1, 1), (8, 4, 2, 2, 1, 1), (32, 8, 4, 2, 1, 1))
@@ -240,7 +586,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, default=512)
     parser.add_argument("--slots-per-agent", type=int, default=8)
-    parser.add_argument("--trials", type=int, default=10_000)
+    parser.add_argument(
+        "--trials", type=int, default=None, help="default 10,000; 40,000 with --experiments"
+    )
     parser.add_argument("--load", type=float, default=1.25, help="offered work / capacity")
     parser.add_argument("--mean-length-min", type=float, default=60.0)
     parser.add_argument(
@@ -267,9 +615,34 @@ def main(argv: list[str] | None = None) -> int:
         help="try many workload shapes (size mix, length spread, load, experiment size) "
         "and print the best ratio among those where backfilling reaches 0.95",
     )
+    parser.add_argument(
+        "--experiments",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N experiments sharing the pool with priorities and fair-share weights "
+        "(0: one stream of trials, with the FIFO comparison)",
+    )
+    parser.add_argument(
+        "--latency-queue",
+        type=int,
+        default=10_000,
+        help="with --experiments: decision latency counts decisions with this many queued",
+    )
+    parser.add_argument(
+        "--stagger-min",
+        type=float,
+        default=0.0,
+        help="with --experiments: equal-priority experiments start at random within this "
+        "many minutes (default: together)",
+    )
     args = parser.parse_args(argv)
 
     pool = make_pool(args.agents, args.slots_per_agent)
+    if args.experiments:
+        return _run_experiments(pool, args)
+    if args.trials is None:
+        args.trials = 10_000
     if args.sweep:
         return _sweep(pool, args)
     trials = make_workload(

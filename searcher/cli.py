@@ -443,7 +443,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 def _cmd_describe(args: argparse.Namespace) -> int:
     from searcher.experiments import find_experiment
-    from searcher.tables import describe_rows, failure_lines, trials_table
+    from searcher.tables import describe_rows, failure_lines, trials_table, waiting_lines
     from storage import session_scope, upgrade_schema
 
     db_url = _db_url(args, need_schema=True)
@@ -456,6 +456,8 @@ def _cmd_describe(args: argparse.Namespace) -> int:
     console = _console()
     console.print(trials_table(described))
     for line in failure_lines(described):
+        console.print(line, highlight=False, markup=False)
+    for line in waiting_lines(described):
         console.print(line, highlight=False, markup=False)
     return 0
 
@@ -507,19 +509,26 @@ def _cmd_enqueue(args: argparse.Namespace) -> int:
 
 
 def _cmd_task(args: argparse.Namespace) -> int:
-    from searcher.tables import task_rows, tasks_table
-    from storage import session_scope, upgrade_schema
-    from trials import allocations
+    """Every slot and its holder, then the cluster's queue in order with each reason."""
+    from searcher.tables import queue_rows, queue_table, task_rows, tasks_table
+    from storage import session_scope, upgrade_schema, utcnow
+    from trials import allocations, cluster_queue
 
     db_url = _db_url(args, need_schema=True)
     upgrade_schema(db_url)
     cluster = _cluster(args)
     with session_scope(db_url) as session:
         rows = task_rows(allocations.holders(session, cluster))
+        queue = queue_rows(cluster_queue.queue_view(session), utcnow())
     if args.json:
-        _print_json(rows)
+        _print_json({"slots": rows, "queue": queue})
+        return 0
+    console = _console()
+    console.print(tasks_table(rows))
+    if queue:
+        console.print(queue_table(queue))
     else:
-        _console().print(tasks_table(rows))
+        console.print("No trial is waiting for slots.", highlight=False)
     return 0
 
 

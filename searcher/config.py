@@ -298,6 +298,9 @@ class ResourcesConfig(_Strict):
     resource_pool: str = Field(default="default", min_length=1, max_length=200)
     # Determined's convention: a lower number runs first (1..99, default 42).
     priority: int = Field(default=42, ge=1, le=99)
+    # Determined's fair share: among experiments of equal priority, slots are divided
+    # in proportion to their weights (and their demand).
+    weight: float = Field(default=1.0, gt=0, le=1000)
 
 
 class ExperimentConfig(_Strict):

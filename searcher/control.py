@@ -32,6 +32,7 @@ from searcher.driver_context import DriverContext, driver_log
 from searcher.experiments import UsageError, driver_alive
 from storage import Experiment, ExperimentState, Trial, TrialState, session_scope, utcnow
 from trials import allocations as slot_ledger
+from trials import cluster_queue
 from trials.retention import collect_garbage
 
 if TYPE_CHECKING:
@@ -126,6 +127,8 @@ def finish(
                     else f"experiment stopped before the trial ran: {control.stop_reason}"
                 )
                 outcomes.fail(trial)
+        # Its waiting trials leave the cluster's queue until a driver runs it again.
+        cluster_queue.leave(session, ctx.experiment_id)
         experiment.state = state
         experiment.requested_action = None
         experiment.driver_heartbeat_at = None

@@ -1,9 +1,13 @@
 """The search driver's pending queue, and placing it on free slots.
 
-Trials wait here (QUEUED) until the scheduler finds them slots. Placing one claims
-its slots in the shared ledger (:mod:`trials.allocations`, leased, so two drivers of
-one machine never share a slot), then starts its attempt; a launch that fails for
-good gives the slots back and fails the trial.
+Trials wait here (QUEUED) until the scheduler finds them slots. The queue is the
+cluster's, not this driver's: each tick writes this experiment's waiting trials to
+the shared queue table and runs one placement decision over every experiment's
+waiting trials (:func:`trials.cluster_queue.decide`, one decision at a time under
+the database's lock), which claims the slots of whatever it places in the shared
+ledger (:mod:`trials.allocations`, leased). This driver then starts the trials placed
+for its own experiment; a launch that fails for good gives the slots back and fails
+the trial.
 
 Example:
     >>> pending = PendingQueue(ctx)  # doctest: +SKIP
@@ -19,10 +23,11 @@ from typing import TYPE_CHECKING
 
 from searcher.driver_context import DriverContext, driver_log
 from searcher.running import EarlierAttemptRunning
-from storage import Trial, is_transient_error, session_scope, utcnow
+from storage import Trial, is_transient_error, session_scope
 from trials import allocations as slot_ledger
+from trials import cluster_queue
 from trials.attempts import trial_processes_gone
-from trials.scheduler import Placement, SlotRequest, schedule
+from trials.scheduler import Placement
 
 if TYPE_CHECKING:
     from searcher.outcomes import Outcomes
@@ -60,12 +65,12 @@ class PendingQueue:
         )
 
     def place(self, launch: Callable[[int, Placement | None], None], outcomes: Outcomes) -> None:
-        """Start every pending trial the free slots have room for.
+        """Start every pending trial that the cluster's placement decision placed.
 
-        Stale leases are reclaimed first (their processes confirmed gone); each placed
-        trial's slots are claimed, then ``launch(trial_id, placement)`` starts it. A
-        launch that failed transiently is queued again (the error propagates: the tick
-        is retried); any other failure releases the slots and fails the trial.
+        The decision (one at a time, over every experiment's queue) claims the slots;
+        ``launch(trial_id, placement)`` then starts each trial of this experiment it
+        placed. A launch that failed transiently is queued again (the error propagates:
+        the tick is retried); any other failure releases the slots and fails the trial.
         """
         if not self._pending:
             return
@@ -76,35 +81,49 @@ class PendingQueue:
                 self._pending.remove(pending)
                 self._start(pending, None, launch, outcomes)
             return
-        with session_scope(ctx.db_url) as session:
-            slot_ledger.reclaim_stale(
-                session,
-                utcnow(),
-                processes_gone=lambda trial_id: trial_processes_gone(session, trial_id),
-            )
-            free = slot_ledger.free_slots(session, ctx.pool)
+        resources = ctx.config.resources
         # A lost or drained node takes no trial until its executor has it back.
         down = ctx.executor.unavailable_agents([agent.name for agent in ctx.pool.agents])
-        if down:
-            free = {name: frozenset() if name in down else slots for name, slots in free.items()}
-        queue = [
-            SlotRequest(request_id=p.trial_id, slots=p.slots, priority=p.priority, order=p.order)
-            for p in self._pending
-        ]
-        for placement in schedule(ctx.pool, free, queue):
-            pending = next(p for p in self._pending if p.trial_id == placement.request_id)
-            with session_scope(ctx.db_url) as session:
-                claimed = slot_ledger.claim(
-                    session,
-                    placement,
-                    trial_id=pending.trial_id,
-                    experiment_id=ctx.experiment_id,
-                    lease_s=ctx.timings.lease_s,
-                )
-            if not claimed:
-                continue  # Another driver won those slots; try again next tick.
-            self._pending.remove(pending)
-            self._start(pending, placement, launch, outcomes)
+        with session_scope(ctx.db_url) as session:
+            cluster_queue.enqueue(
+                session,
+                [
+                    cluster_queue.QueueEntry(
+                        trial_id=p.trial_id,
+                        experiment_id=ctx.experiment_id,
+                        pool=ctx.pool.name,
+                        slots=p.slots,
+                        priority=p.priority,
+                        weight=resources.weight,
+                    )
+                    for p in self._pending
+                ],
+            )
+            placed = cluster_queue.decide(
+                session,
+                ctx.pool,
+                experiment_id=ctx.experiment_id,
+                lease_s=ctx.timings.lease_s,
+                processes_gone=lambda trial_id: trial_processes_gone(session, trial_id),
+                unavailable_agents=down,
+            )
+        for position, (trial_id, placement) in enumerate(placed):
+            waiting = next((p for p in self._pending if p.trial_id == trial_id), None)
+            if waiting is None:
+                # Not waiting here any more (ended while queued): its slots go back.
+                with session_scope(ctx.db_url) as session:
+                    slot_ledger.release(session, trial_id)
+                continue
+            self._pending.remove(waiting)
+            try:
+                self._start(waiting, placement, launch, outcomes)
+            except BaseException:
+                # The tick is retried: the trials placed after this one wait again,
+                # without the slots claimed for them.
+                with session_scope(ctx.db_url) as session:
+                    for later_id, _ in placed[position + 1 :]:
+                        slot_ledger.release(session, later_id)
+                raise
 
     def _start(
         self,

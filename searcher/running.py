@@ -70,7 +70,11 @@ class _Running:
     job: TrialJob
     started: float
     run_id: int
+    # When this driver asked the attempt to stop (a pause).
     preempted_at: float | None = None
+    # When this driver saw that another driver's placement decision asked the attempt
+    # to stop (preemption by a higher-priority trial); the grace runs from then.
+    preempted_by_cluster_at: float | None = None
     # Set when the driver ended the run for making no progress (hang_timeout_s).
     hang_reason: str | None = None
     # Queued in the executor's cluster engine, no process started yet (and why).
@@ -219,9 +223,10 @@ class RunningTrials:
             if exit_code is None:
                 if running.waiting is not None:
                     self._follow_queued(running)
+                asked_at = running.preempted_at or running.preempted_by_cluster_at
                 if (
-                    running.preempted_at is not None
-                    and time.monotonic() - running.preempted_at > self.ctx.timings.preempt_grace_s
+                    asked_at is not None
+                    and time.monotonic() - asked_at > self.ctx.timings.preempt_grace_s
                 ):
                     running.job.end(grace_s=0.0)
                 continue
@@ -276,6 +281,10 @@ class RunningTrials:
                 trial.state = TrialState.QUEUED
                 return
             stopped_by_cluster = ending.stopped_by_cluster
+            if stopped_by_cluster is None and run.stop_reason and running.hang_reason is None:
+                # Preempted for a higher-priority trial by the cluster's placement
+                # decision: it checkpointed and goes back to the queue, no restart.
+                stopped_by_cluster = run.stop_reason
             if (
                 stopped_by_cluster is None
                 and ending.cause is None
@@ -305,28 +314,34 @@ class RunningTrials:
 
         A rank stuck in a collective, a dead NFS mount or a deadlocked data loader
         holds its slots forever otherwise; the run is ended and the trial restarted
-        from its latest checkpoint like any other failure.
+        from its latest checkpoint like any other failure. Also notes the runs another
+        driver's placement decision preempted (their grace starts now).
         """
         timeout_s = self.ctx.config.hang_timeout_s
-        if timeout_s is None or not self._running:
+        if not self._running:
             return
         # Until rank 0 first records anything (it does once the process group has
         # formed), start-up is measured: imports, rendezvous and DDP set-up take
         # seconds, minutes on a loaded machine, and are no hang.
-        startup_s = max(timeout_s, self.ctx.timings.startup_allowance_s)
+        startup_s = max(timeout_s or 0.0, self.ctx.timings.startup_allowance_s)
         # An attempt still queued in its cluster engine has no process to hang.
         by_run = {r.run_id: r for r in self._running.values() if r.waiting is None}
         if not by_run:
             return
         with session_scope(self.ctx.db_url) as session:
             rows = session.execute(
-                select(TrialRun.id, TrialRun.started_at, TrialRun.progress_at).where(
-                    TrialRun.id.in_(list(by_run))
-                )
+                select(
+                    TrialRun.id, TrialRun.started_at, TrialRun.progress_at, TrialRun.stop_reason
+                ).where(TrialRun.id.in_(list(by_run)))
             ).all()
         now = utcnow()
-        for run_id, started_at, progress_at in rows:
+        for run_id, started_at, progress_at, stop_reason in rows:
             running = by_run[run_id]
+            if stop_reason and running.preempted_by_cluster_at is None:
+                running.preempted_by_cluster_at = time.monotonic()
+                _log.info("trial %s: %s", self.ctx.label(running.optuna_number), stop_reason)
+            if timeout_s is None:
+                continue
             if progress_at is None:
                 idle_s = (now - started_at).total_seconds()
                 hung = idle_s > startup_s

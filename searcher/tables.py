@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import datetime as _dt
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,11 +23,13 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from searcher.experiments import best_trials, trial_counts
-from storage import Checkpoint, CheckpointState, Experiment, Trial
+from storage import Checkpoint, CheckpointState, Experiment, Trial, TrialState
+from trials.cluster_queue import queue_view, waiting_reason
 from trials.labels import trial_label
 
 if TYPE_CHECKING:
     from trials.allocations import SlotHolder
+    from trials.cluster_queue import QueuedView
     from trials.scheduler import Cluster
 
 # Columns of ids, states and counts: never wrapped, never cut (the text column folds).
@@ -116,6 +119,7 @@ def describe_rows(session: Session, experiment: Experiment) -> dict[str, Any]:
         .order_by(Trial.optuna_trial_number)
     ).all()
     metric = experiment.config["searcher"]["metric"]
+    queued = {view.trial_id: view for view in queue_view(session, experiment_id=experiment.id)}
     trials = [
         {
             "trial": trial_label(experiment.id, trial.optuna_trial_number),
@@ -127,6 +131,11 @@ def describe_rows(session: Session, experiment: Experiment) -> dict[str, Any]:
             "checkpoint_step": step,
             "hyperparameters": dict(trial.hparams),
             "error": trial.error,
+            "waiting_reason": (
+                waiting_reason(queued.get(trial.id), experiment.state)
+                if trial.state == TrialState.QUEUED
+                else None
+            ),
         }
         for trial, step in found
     ]
@@ -170,6 +179,15 @@ def failure_lines(described: Mapping[str, Any]) -> list[str]:
         f"{trial_label(None, row['number'])}: {row['error']}"
         for row in described["trials"]
         if row["state"] == "ERROR" and row["error"]
+    ]
+
+
+def waiting_lines(described: Mapping[str, Any]) -> list[str]:
+    """``#N waits: reason`` for each trial in the cluster's queue, under ``describe``."""
+    return [
+        f"{trial_label(None, row['number'])} waits: {row['waiting_reason']}"
+        for row in described["trials"]
+        if row["waiting_reason"]
     ]
 
 
@@ -224,6 +242,45 @@ def tasks_table(rows: Sequence[Mapping[str, Any]]) -> Table:
             str(row["slot"]),
             format_value(row["experiment"]),
             format_value(row["trial"]),
+        )
+    return table
+
+
+def queue_rows(queued: Sequence[QueuedView], now: _dt.datetime) -> list[dict[str, Any]]:
+    """One row per waiting trial of the cluster's queue, in order, with why it waits."""
+    return [
+        {
+            "position": position,
+            "pool": view.pool,
+            "trial": view.label,
+            "experiment": view.experiment_id,
+            "experiment_name": view.experiment_name,
+            "priority": view.priority,
+            "weight": view.weight,
+            "slots": view.slots,
+            "waiting_s": round(max(0.0, (now - view.queued_at).total_seconds()), 1),
+            "placed_on": list(view.placed_on),
+            "reason": view.shown_reason,
+        }
+        for position, view in enumerate(queued, start=1)
+    ]
+
+
+def queue_table(rows: Sequence[Mapping[str, Any]]) -> Table:
+    """The queue as ``task list`` prints it: position, trial, priority, size, reason."""
+    table = _table("Queue")
+    for column in ("#", "trial", "pool", "prio", "slots", "waiting"):
+        table.add_column(column, **_SHORT)
+    table.add_column("reason", **_FOLD)
+    for row in rows:
+        table.add_row(
+            str(row["position"]),
+            row["trial"],
+            row["pool"],
+            str(row["priority"]),
+            str(row["slots"]),
+            f"{row['waiting_s']:.0f} s",
+            row["reason"],
         )
     return table
 

@@ -168,6 +168,10 @@ class TrialRun(Base):
     stop_requested_at: Mapped[_dt.datetime | None] = mapped_column(DateTime)
     # The RuntimeSpec the run was launched with, without the database URL.
     spec: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # Why the stop was asked for when it was not the owning driver's own pause, e.g.
+    # "preempted by trial 4.0 (priority 1)": the owner requeues the trial without
+    # counting a restart.
+    stop_reason: Mapped[str | None] = mapped_column(Text)
 
     trial: Mapped[Trial] = relationship(back_populates="runs")
     processes: Mapped[list[TrialProcess]] = relationship(
@@ -300,6 +304,40 @@ class Allocation(Base):
     allocated_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
     # Renewed by the owning driver; past it, another driver may reclaim the slot.
     lease_expires_at: Mapped[_dt.datetime] = mapped_column(DateTime, index=True)
+
+
+class QueuedTrial(Base):
+    """A trial waiting for slots, in the one queue every driver of the database shares.
+
+    The owning driver writes the row when it queues the trial; a placement decision
+    (made by whichever driver needs one, under the queue lock) claims the slots of the
+    trials it places, whichever experiment they belong to, and writes ``placement``;
+    the owning driver then deletes the row and starts the trial. ``reason`` says why a
+    trial still waits, in plain words, as of the latest decision.
+    """
+
+    __tablename__ = "slotsweep_queue"
+    # A decision rewrites the reason of a whole class of trials at once (one
+    # experiment's trials of one size and priority wait alike).
+    __table_args__ = (Index("ix_slotsweep_queue_class", "experiment_id", "slots", "priority"),)
+
+    trial_id: Mapped[int] = mapped_column(
+        ForeignKey("slotsweep_trials.id", ondelete="CASCADE"), primary_key=True
+    )
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("slotsweep_experiments.id", ondelete="CASCADE")
+    )
+    resource_pool: Mapped[str] = mapped_column(String(255), index=True)
+    slots: Mapped[int] = mapped_column(Integer)
+    # Determined's convention: a lower number runs first.
+    priority: Mapped[int] = mapped_column(Integer)
+    # The experiment's fair-share weight (``resources.weight``).
+    weight: Mapped[float] = mapped_column(Float, default=1.0)
+    queued_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+    # One entry per agent ({"agent", "host", "slots"}) once a decision placed it.
+    placement: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    reason: Mapped[str | None] = mapped_column(Text)
+    decided_at: Mapped[_dt.datetime | None] = mapped_column(DateTime)
 
 
 class Timing(Base):

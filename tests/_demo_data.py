@@ -1,4 +1,4 @@
-"""Databases to test and benchmark the UI against: a small real search and a huge one.
+"""Databases to test and benchmark the UI against: a small real search, a huge one, a queue.
 
 Test and benchmark fixtures, not part of the shipped packages. What they write comes
 from the code that writes it in a real search, so it cannot drift from it:
@@ -37,6 +37,11 @@ from the runtime's row builders: :func:`storage.metric_rows`,
 :func:`trials.runtime._recorder.timing_rows` and
 :func:`~trials.runtime._recorder.checkpoint_row`,
 :func:`trials._system_metrics.system_metric_rows`.
+
+:func:`seed_cluster_queue` puts searches sharing a small pool in the cluster's queue as
+their drivers do (``searcher/placement.py``: queue rows, launches, a pause) and lets
+the real placement decision, :func:`trials.cluster_queue.decide`, place them or hold
+them back: each waiting trial's reason is the scheduler's own.
 
 Example (from the repository's root)::
 
@@ -92,6 +97,7 @@ if TYPE_CHECKING:
     from trials.runtime import TrialContext
     from trials.runtime._recorder import ChiefRecorder
     from trials.runtime._timing import PhaseProfiler, TimingWindow
+    from trials.scheduler import Placement
 
 SLOTS_PER_TRIAL = 2
 AGENT = "agent-0"
@@ -891,6 +897,219 @@ def write_cluster_file(path: Path) -> Path:
     agents += [{"name": f"node-{i}", "host": HOST, "slots": 8} for i in range(8)]
     path.write_text(yaml.safe_dump({"resource_pools": [{"name": POOL, "agents": agents}]}))
     return path
+
+
+# --- The cluster's queue ----------------------------------------------------------------
+# Searches sharing a small pool, each driver's bookkeeping as searcher/ writes it, and
+# the waiting trials placed (or held back) by the real decision,
+# :func:`trials.cluster_queue.decide`. No trial trains: only the queue matters here.
+
+QUEUE_POOL = "default"
+QUEUE_AGENTS = ("a0", "a1")  # 2 slots each
+SMALL_POOL = "small"
+SMALL_AGENT = "b0"  # 2 slots
+_QUEUE_LEASE_S = 300.0
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueDemo:
+    """The queue's experiments and the labels (``EXPERIMENT.NUMBER``) of its trials."""
+
+    url: str
+    cluster_file: Path
+    low_experiment_id: int
+    high_experiment_id: int
+    paused_experiment_id: int
+    running_trial: str
+    """``low``'s 1-slot trial, running on a0 (its slot 0)."""
+    big_trial: str
+    """``high``'s 4-slot priority-1 trial: blocked, it reserves a0 and a1."""
+    held_back_trials: tuple[str, ...]
+    """``low``'s queued 1-slot trials, kept off a0's free slot by the reservation."""
+    new_trial: str
+    """``low``'s newest trial, asked after the decision: not in the queue yet."""
+    paused_trial: str
+    """The QUEUED trial of a paused experiment (its driver took it out of the queue)."""
+    placed_trial: str
+    """A trial of pool ``small`` that a decision placed on b0; its driver starts it next."""
+    small_running_trial: str
+    """The trial of pool ``small`` whose driver made that decision and started it."""
+
+
+def write_queue_cluster_file(path: Path) -> Path:
+    """A cluster file of pool ``default`` (a0, a1: 2 slots each) and pool ``small`` (b0)."""
+    import yaml
+
+    pools = [
+        {
+            "name": QUEUE_POOL,
+            "agents": [{"name": name, "host": HOST, "slots": 2} for name in QUEUE_AGENTS],
+        },
+        {"name": SMALL_POOL, "agents": [{"name": SMALL_AGENT, "host": HOST, "slots": 2}]},
+    ]
+    path.write_text(yaml.safe_dump({"resource_pools": pools}))
+    return path
+
+
+def _queue_experiment(
+    url: str, root: Path, name: str, *, pool: str = QUEUE_POOL, priority: int = 42, slots: int = 1
+) -> tuple[_Experiment, optuna.Study]:
+    """A search of ``slots``-slot trials at ``priority`` in ``pool``, its driver alive."""
+    raw = experiment_config(name, max_trials=8, checkpoint_dir=root / "checkpoints")
+    raw["resources"] = {"slots_per_trial": slots, "resource_pool": pool, "priority": priority}
+    experiment = _create_experiment(url, raw, root)
+    return experiment, _load_study(experiment)
+
+
+def _queued_trial(experiment: _Experiment, study: optuna.Study) -> tuple[int, str]:
+    """The driver's QUEUED row of a newly asked trial (``new_trial_row``); (id, label)."""
+    from searcher.space import suggest_hparams
+    from trials.labels import trial_label
+
+    trial = study.ask()
+    hparams = suggest_hparams(trial, experiment.config.hyperparameters)
+    with session_scope(experiment.url) as session:
+        row = Trial(
+            experiment_id=experiment.experiment_id,
+            optuna_trial_id=trial._trial_id,
+            optuna_trial_number=trial.number,
+            state=TrialState.QUEUED,
+            hparams=hparams,
+            slots_per_trial=experiment.config.resources.slots_per_trial,
+        )
+        session.add(row)
+        session.flush()
+        trial_id = row.id
+    return trial_id, trial_label(experiment.experiment_id, trial.number)
+
+
+def _enqueue(experiment: _Experiment, trial_ids: Sequence[int]) -> None:
+    """The driver's tick puts its waiting trials in the cluster's queue."""
+    from trials import cluster_queue
+
+    resources = experiment.config.resources
+    entries = [
+        cluster_queue.QueueEntry(
+            trial_id=trial_id,
+            experiment_id=experiment.experiment_id,
+            pool=resources.resource_pool,
+            slots=resources.slots_per_trial,
+            priority=resources.priority,
+            weight=resources.weight,
+        )
+        for trial_id in trial_ids
+    ]
+    with session_scope(experiment.url) as session:
+        cluster_queue.enqueue(session, entries)
+
+
+def _decide(experiment: _Experiment, cluster_file: Path) -> list[tuple[int, Placement]]:
+    """One placement decision over the pool's whole queue, made by this experiment's driver.
+
+    Returns this experiment's placed trials (their queue rows are gone: start them).
+    """
+    from trials import cluster_queue
+    from trials.scheduler import load_cluster
+
+    pool = load_cluster(cluster_file).pool(experiment.config.resources.resource_pool)
+    with session_scope(experiment.url) as session:
+        return cluster_queue.decide(
+            session,
+            pool,
+            experiment_id=experiment.experiment_id,
+            lease_s=_QUEUE_LEASE_S,
+            processes_gone=lambda trial_id: False,
+        )
+
+
+def _start_trial(url: str, trial_id: int, placement: Placement) -> None:
+    """The driver launches a placed trial: RUNNING, its first run open on its slots."""
+    with session_scope(url) as session:
+        trial = session.get_one(Trial, trial_id)
+        trial.state = TrialState.RUNNING
+        trial.started_at = utcnow()
+        session.add(
+            TrialRun(
+                trial_id=trial_id,
+                attempt=0,
+                agents=[
+                    {"agent": part.agent.name, "host": part.agent.host, "slots": list(part.slots)}
+                    for part in placement.agents
+                ],
+            )
+        )
+
+
+def _pause(experiment: _Experiment) -> None:
+    """The driver pauses: its trials leave the queue and it gives up the experiment."""
+    from trials import cluster_queue
+
+    with session_scope(experiment.url) as session:
+        cluster_queue.leave(session, experiment.experiment_id)
+        row = session.get_one(Experiment, experiment.experiment_id)
+        row.state = ExperimentState.PAUSED
+        row.driver_heartbeat_at = None
+        row.driver_pid = None
+
+
+def seed_cluster_queue(url: str, root: Path) -> QueueDemo:
+    """Searches waiting in one queue, as their drivers and the real decision leave it.
+
+    Pool ``default`` (two agents of 2 slots): ``low`` (priority 42) runs one 1-slot
+    trial on a0; ``high``'s 4-slot trial of priority 1 is blocked and reserves both
+    agents (backfilling), so ``low``'s queued 1-slot trials do not take a0's free slot;
+    ``low``'s newest trial is not queued yet. ``paused`` has a QUEUED trial and no queue
+    row. Pool ``small`` (b0): ``first``'s driver decided, placing its own trial (started)
+    and ``second``'s (placed, waiting for its driver). Takes about a second.
+    """
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    root.mkdir(parents=True, exist_ok=True)
+    cluster_file = write_queue_cluster_file(root / "cluster.yaml")
+
+    low, low_study = _queue_experiment(url, root, "queue-low")
+    high, high_study = _queue_experiment(url, root, "queue-high", priority=1, slots=4)
+    paused, paused_study = _queue_experiment(url, root, "queue-paused")
+    # low's first trial was placed on a0 before high's arrived, and started.
+    running_id, running = _queued_trial(low, low_study)
+    _enqueue(low, [running_id])
+    ((placed_id, placement),) = _decide(low, cluster_file)
+    assert placed_id == running_id and [a.agent.name for a in placement.agents] == ["a0"]
+    _start_trial(url, running_id, placement)
+    held_back = [_queued_trial(low, low_study) for _ in range(2)]
+    big_id, big = _queued_trial(high, high_study)
+    paused_id, paused_label = _queued_trial(paused, paused_study)
+    _enqueue(low, [trial_id for trial_id, _ in held_back])
+    _enqueue(high, [big_id])
+    _enqueue(paused, [paused_id])
+    _pause(paused)
+    if _decide(low, cluster_file):
+        raise RuntimeError("the reservation for the 4-slot trial should keep a0's slot free")
+    _new_id, new = _queued_trial(low, low_study)
+
+    first, first_study = _queue_experiment(url, root, "queue-first", pool=SMALL_POOL)
+    second, second_study = _queue_experiment(url, root, "queue-second", pool=SMALL_POOL)
+    first_id, first_label = _queued_trial(first, first_study)
+    second_id, second_label = _queued_trial(second, second_study)
+    _enqueue(first, [first_id])
+    _enqueue(second, [second_id])
+    ((started_id, started_on),) = _decide(first, cluster_file)
+    _start_trial(url, started_id, started_on)
+    return QueueDemo(
+        url=url,
+        cluster_file=cluster_file,
+        low_experiment_id=low.experiment_id,
+        high_experiment_id=high.experiment_id,
+        paused_experiment_id=paused.experiment_id,
+        running_trial=running,
+        big_trial=big,
+        held_back_trials=tuple(label for _, label in held_back),
+        new_trial=new,
+        paused_trial=paused_label,
+        placed_trial=second_label,
+        small_running_trial=first_label,
+    )
 
 
 # --- The huge experiment ----------------------------------------------------------------

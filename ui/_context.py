@@ -22,6 +22,7 @@ from sqlalchemy.engine import Engine, make_url
 from storage import get_engine, redact_url, resolve_db_url
 from storage._url import redact_secrets
 from ui._actions import TOKEN_ENV_VAR, TOKEN_QUERY_PARAM, token_accepted
+from ui._units import duration_words
 
 EXPERIMENTS_PAGE = "views/experiments.py"
 EXPERIMENT_PAGE = "views/experiment.py"
@@ -211,14 +212,7 @@ def age(moment: _dt.datetime | None) -> str:
     if moment is None:
         return "never"
     now = _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None)
-    seconds = max(0.0, (now - moment).total_seconds())
-    if seconds < 120:
-        return f"{seconds:.0f} s ago"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min ago"
-    if seconds < 172800:
-        return f"{seconds / 3600:.0f} h ago"
-    return f"{seconds / 86400:.0f} days ago"
+    return f"{duration_words((now - moment).total_seconds())} ago"
 
 
 def fmt_value(value: float | None) -> str:

@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
 
 from storage import (
     Allocation,
@@ -31,13 +32,19 @@ from storage import (
     Experiment,
     Metric,
     MetricKind,
+    QueuedTrial,
     SystemMetric,
     Timing,
     Trial,
     TrialFailure,
     TrialRun,
     TrialState,
+    utcnow,
 )
+from trials.cluster_queue import QueuedView, queue_view, waiting_reason
+from trials.labels import trial_label
+from trials.scheduler import DEFAULT_PRIORITY
+from ui._units import duration_words
 
 _E = Experiment.__table__
 _T = Trial.__table__
@@ -48,6 +55,7 @@ _A = Allocation.__table__
 _TI = Timing.__table__
 _S = SystemMetric.__table__
 _F = TrialFailure.__table__
+_Q = QueuedTrial.__table__
 
 # Columns a user may sort the trials table by; anything else is refused, never
 # interpolated into SQL.
@@ -762,13 +770,174 @@ def held_slots(
                 _A.c.trial_id,
                 _A.c.experiment_id,
                 _T.c.optuna_trial_number,
+                _T.c.state.label("trial_state"),
                 _E.c.name.label("experiment"),
             )
             .join(_T, _T.c.id == _A.c.trial_id)
             .outerjoin(_E, _E.c.id == _A.c.experiment_id)
             .where(_A.c.resource_pool == pool, _A.c.agent.in_(list(agents)))
         ).mappings()
-        return {(row["agent"], int(row["slot"])): dict(row) for row in rows}
+        return {
+            (row["agent"], int(row["slot"])): {
+                **row,
+                "trial_state": _enum_value(row["trial_state"]),
+            }
+            for row in rows
+        }
+
+
+# --- The cluster's queue: what waits for slots, and why --------------------------------
+
+_QUEUE_COLUMNS = [
+    "position",
+    "trial",
+    "trial_id",
+    "experiment_id",
+    "experiment",
+    "pool",
+    "priority",
+    "slots",
+    "waiting_s",
+    "waiting",
+    "reason",
+]
+
+
+def _waited_s(view: QueuedView, now: _dt.datetime) -> float:
+    return round(max(0.0, (now - view.queued_at).total_seconds()), 1)
+
+
+def _queue_views(engine: Engine, experiment_id: int | None = None) -> list[QueuedView]:
+    # The queue table is read only through trials.cluster_queue, so the UI orders and
+    # words it exactly as ``slotsweep task list`` does.
+    with Session(engine) as session:
+        return queue_view(session, experiment_id=experiment_id)
+
+
+def queued_trials(engine: Engine, *, now: _dt.datetime | None = None) -> pd.DataFrame:
+    """The cluster's queue in the order trials start (pool, priority, arrival), and why.
+
+    One row per trial in the queue, numbered as ``slotsweep task list`` numbers them,
+    with the scheduler's latest reason in its words (``"placed on a0; starting"`` once a
+    decision has claimed its slots).
+    """
+    now = utcnow() if now is None else now
+    rows = [
+        {
+            "position": position,
+            "trial": view.label,
+            "trial_id": view.trial_id,
+            "experiment_id": view.experiment_id,
+            "experiment": view.experiment_name,
+            "pool": view.pool,
+            "priority": view.priority,
+            "slots": view.slots,
+            "waiting_s": _waited_s(view, now),
+            "waiting": duration_words(_waited_s(view, now)),
+            "reason": view.shown_reason,
+        }
+        for position, view in enumerate(_queue_views(engine), start=1)
+    ]
+    return pd.DataFrame(rows, columns=_QUEUE_COLUMNS)
+
+
+def queued_outside_queue(engine: Engine) -> pd.DataFrame:
+    """QUEUED trials that have no row in the cluster's queue, counted per experiment.
+
+    A paused experiment's driver took its trials out of the queue; a running search's
+    newest trials enter it at its driver's next tick. ``reason`` says which.
+    Columns: experiment_id, experiment, state, trials, reason.
+    """
+    in_queue = sa.select(_Q.c.trial_id).where(_Q.c.trial_id == _T.c.id).exists()
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(_E.c.id, _E.c.name, _E.c.state, sa.func.count().label("trials"))
+            .join(_T, _T.c.experiment_id == _E.c.id)
+            .where(_T.c.state == TrialState.QUEUED, ~in_queue)
+            .group_by(_E.c.id, _E.c.name, _E.c.state)
+            .order_by(_E.c.id)
+        ).all()
+    return pd.DataFrame(
+        [
+            {
+                "experiment_id": row.id,
+                "experiment": row.name,
+                "state": _enum_value(row.state),
+                "trials": int(row.trials),
+                "reason": waiting_reason(None, _enum_value(row.state)),
+            }
+            for row in rows
+        ],
+        columns=["experiment_id", "experiment", "state", "trials", "reason"],
+    )
+
+
+_WAITING_COLUMNS = [
+    "id",
+    "trial",
+    "number",
+    "slots",
+    "priority",
+    "waiting_s",
+    "waiting",
+    "reason",
+]
+
+
+def waiting_trials(
+    engine: Engine, experiment_id: int, *, limit: int = 500, now: _dt.datetime | None = None
+) -> Page:
+    """The experiment's QUEUED trials and why each waits, in the order they would start.
+
+    Trials in the cluster's queue come first, in its order, with the scheduler's reason
+    and how long they have waited there; then those without a queue row, by number
+    (``"experiment paused"``, or ``"waiting for the next placement decision"`` until the
+    driver's next tick queues them: their wait is not known). At most ``limit`` rows.
+    """
+    now = utcnow() if now is None else now
+    queued = _T.c.experiment_id == experiment_id, _T.c.state == TrialState.QUEUED
+    with engine.connect() as conn:
+        experiment = conn.execute(
+            sa.select(_E.c.state, _E.c.config).where(_E.c.id == experiment_id)
+        ).first()
+        if experiment is None:
+            return Page(pd.DataFrame(columns=_WAITING_COLUMNS), 0, 0, limit)
+        total = conn.execute(
+            sa.select(sa.func.count()).select_from(_T).where(*queued)
+        ).scalar_one()
+        trials = conn.execute(
+            sa.select(_T.c.id, _T.c.optuna_trial_number, _T.c.slots_per_trial)
+            .where(*queued)
+            .order_by(_T.c.optuna_trial_number)
+            .limit(limit)
+        ).all()
+    if not trials:
+        return Page(pd.DataFrame(columns=_WAITING_COLUMNS), 0, 0, limit)
+    views = {view.trial_id: view for view in _queue_views(engine, experiment_id)}
+    order = {trial_id: position for position, trial_id in enumerate(views)}
+    state = _enum_value(experiment.state)
+    # The driver queues its trials at the experiment's priority (``resources.priority``).
+    resources = (experiment.config or {}).get("resources") or {}
+    priority = int(resources.get("priority", DEFAULT_PRIORITY))
+    rows = []
+    for trial in sorted(
+        trials, key=lambda t: (order.get(t.id, len(order)), t.optuna_trial_number)
+    ):
+        view = views.get(trial.id)
+        waited = None if view is None else _waited_s(view, now)
+        rows.append(
+            {
+                "id": trial.id,
+                "trial": trial_label(experiment_id, trial.optuna_trial_number),
+                "number": trial.optuna_trial_number,
+                "slots": trial.slots_per_trial if view is None else view.slots,
+                "priority": priority if view is None else view.priority,
+                "waiting_s": waited,
+                "waiting": None if waited is None else duration_words(waited),
+                "reason": waiting_reason(view, state),
+            }
+        )
+    return Page(pd.DataFrame(rows, columns=_WAITING_COLUMNS), int(total), 0, limit)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -57,3 +57,20 @@ def titled(name: str, unit: Unit) -> str:
         words = words.removesuffix(suffix)
     words = words.replace("_", " ")
     return f"{words} ({unit.label})" if unit.label else words
+
+
+def duration_words(seconds: float) -> str:
+    """A duration as a person says it: ``'45 s'``, ``'12 min'``, ``'5 h'``, ``'3 days'``.
+
+    Example:
+        >>> duration_words(42.4), duration_words(600), duration_words(7200), duration_words(3e5)
+        ('42 s', '10 min', '2 h', '3 days')
+    """
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f} h"
+    return f"{seconds / 86400:.0f} days"

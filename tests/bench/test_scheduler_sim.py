@@ -38,3 +38,31 @@ def test_workload_follows_the_size_weights() -> None:
     assert {t.slots for t in trials} == {1, 32}
     assert all(t.duration_s > 0 for t in trials)
     assert [t.arrival_s for t in trials] == sorted(t.arrival_s for t in trials)
+
+
+def test_experiments_share_the_pool_without_priority_inversions(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--experiments", "6", "--agents", "16", "--trials", "1500", "--latency-queue", "200"]
+    assert scheduler_sim.main([*argv, "--seed", "3"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    match = re.fullmatch(
+        r"utilization=([\d.]+) inversions=(\d+) backfill_exceptions=(\d+) jain=([\d.]+) "
+        r"p50_ms=([\d.]+) p99_ms=([\d.]+) queue=(\d+)",
+        last,
+    )
+    assert match, last
+    utilization, jain = float(match.group(1)), float(match.group(4))
+    assert 0 < utilization <= 1 and 0 < jain <= 1
+    assert int(match.group(2)) == 0  # never a lower priority ahead of a higher one that fits
+    assert int(match.group(7)) >= 200  # latency measured with at least that many queued
+
+
+def test_experiments_span_a_500x_range_of_trial_counts() -> None:
+    experiments = scheduler_sim.make_experiments(8, 40_000, mean_length_s=3600, sigma=0.8, seed=0)
+    priorities = sorted({x.priority for x in experiments})
+    assert priorities == [1, 10, 42]
+    counts = [len(x.trials) for x in experiments if x.priority == 42]
+    assert max(counts) / min(counts) == pytest.approx(500, rel=0.05)
+    ids = [t.trial_id for x in experiments for t in x.trials]
+    assert len(ids) == len(set(ids))

@@ -16,6 +16,8 @@ from searcher.tables import (
     describe_rows,
     experiment_rows,
     experiments_table,
+    queue_rows,
+    queue_table,
     task_rows,
     tasks_table,
     trials_table,
@@ -24,6 +26,7 @@ from storage import Experiment, Trial, TrialState, session_scope
 from tests.searcher.conftest import run_cli
 from tests.trials.test_control import make_experiment
 from trials.allocations import SlotHolder
+from trials.cluster_queue import QueuedView
 
 LR = 0.03833332156156663
 
@@ -103,6 +106,49 @@ def test_task_list_names_trials_by_experiment_and_number() -> None:
     assert "3.1" in text and "35" not in text
 
 
+def test_the_queue_reads_in_order_with_each_reason_in_80_columns() -> None:
+    import datetime as _dt
+
+    now = _dt.datetime(2026, 11, 23, 12, 0, 0)
+
+    def view(number: int, reason: str | None, placed: tuple[str, ...] = ()) -> QueuedView:
+        return QueuedView(
+            pool="default",
+            experiment_id=2,
+            experiment_name="digits-a-rather-long-experiment-name",
+            trial_id=40 + number,
+            trial_number=number,
+            slots=4,
+            priority=1,
+            weight=1.0,
+            queued_at=now - _dt.timedelta(seconds=75),
+            placed_on=placed,
+            reason=reason,
+        )
+
+    rows = queue_rows(
+        [
+            view(0, None, placed=("agent-a", "agent-b")),
+            view(
+                1,
+                "agents agent-a, agent-b reserved for trial 2.0 by backfilling; "
+                "preempting trials 1.3, 1.4 to make room",
+            ),
+            view(2, None),
+        ],
+        now,
+    )
+    assert [r["position"] for r in rows] == [1, 2, 3]
+    assert [r["trial"] for r in rows] == ["2.0", "2.1", "2.2"]
+    assert rows[0]["reason"] == "placed on agent-a, agent-b; starting"
+    assert rows[2]["reason"] == "waiting for the next placement decision"
+    assert rows[1]["waiting_s"] == 75.0
+    text = render(queue_table(rows))
+    assert_fits(text)
+    # The reason folds onto more lines; every word of it is there.
+    assert "preempting" in text and "75 s" in text
+
+
 def test_a_name_several_experiments_share_is_refused_with_their_ids(
     db_url: str, tmp_path: Path
 ) -> None:
@@ -130,7 +176,9 @@ def test_cli_json_quotes_db_and_control(
     assert table.returncode == 0 and max(map(len, table.stdout.splitlines())) <= 80
     assert "#1: ValueError: bad shape (rank 1)" in table.stdout
     tasks = run_cli(["task", "list", "--json", "--slots", "2", *db], env, tmp_path)
-    assert [row["trial"] for row in json.loads(tasks.stdout)] == [None, None]
+    listed_tasks = json.loads(tasks.stdout)
+    assert [row["trial"] for row in listed_tasks["slots"]] == [None, None]
+    assert listed_tasks["queue"] == []
     agents = run_cli(["agents", "--slots", "2", *db], env, tmp_path)
     assert agents.returncode == 0 and "in use" in agents.stdout, agents.stderr
     missing = run_cli(["describe", "digits-small-batch", *db], env, tmp_path)

@@ -170,8 +170,13 @@ def test_every_slots_per_trial_of_an_int_range_is_checked(tmp_path: Path) -> Non
         (
             {"resources.slots_per_trail": 2},
             [
-                "resources.slots_per_trail: unknown field; allowed: slots_per_trial, resource_pool, priority"
+                "resources.slots_per_trail: unknown field; allowed: slots_per_trial, "
+                "resource_pool, priority, weight"
             ],
+        ),
+        (
+            {"resources.weight": 0},
+            ["resources.weight: Input should be greater than 0 (got 0)"],
         ),
         (
             {"searcher.max_length": 3},

@@ -112,7 +112,7 @@ def test_pause_and_kill_from_another_terminal(tmp_path: Path, cli_env: dict[str,
     wait_for(lambda: bool(open_runs(db)), what="a running trial")
     tasks = run_cli(["task", "list", "--json", "--db", db, "--slots", "3"], cli_env, tmp_path)
     assert tasks.returncode == 0, tasks.stderr
-    rows = json.loads(tasks.stdout)
+    rows = json.loads(tasks.stdout)["slots"]
     assert len(rows) == 3 and len([r for r in rows if r["trial"] == "1.0"]) == 2, rows
     paused = run_cli(["pause", "digits-large-batch", "--db", db], cli_env, tmp_path)
     assert paused.returncode == 0, paused.stderr

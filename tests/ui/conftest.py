@@ -11,7 +11,9 @@ Two kinds, kept apart (separate database files, separate experiments):
   search cannot produce reliably (a trial restarted from a checkpoint, one that failed
   after its restarts, slots held by a running trial, a multi-objective study) and keeps
   the quick subset (``-m 'not slow'``) quick. ``huge_db`` (1,000 trials, 200,000 metric
-  rows, bulk-inserted from the runtime's row builders) is synthetic as well.
+  rows, bulk-inserted from the runtime's row builders) is synthetic as well, and so is
+  ``queued_search`` (searches waiting in the cluster's queue, placed or held back by
+  the real placement decision).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import streamlit as st
 from storage import get_engine
 from tests._demo_data import (
     DemoSearch,
+    QueueDemo,
+    seed_cluster_queue,
     seed_huge_experiment,
     seed_small_search,
     write_cluster_file,
@@ -152,6 +156,24 @@ def writable_synthetic(synthetic_search: DemoSearch, tmp_path: Path) -> DemoSear
             {"now": utcnow()},
         )
     return DemoSearch(**{**synthetic_search.__dict__, "url": url})
+
+
+@pytest.fixture(scope="session")
+def queued_search(tmp_path_factory: pytest.TempPathFactory) -> QueueDemo:
+    """SYNTHETIC: searches waiting in one cluster queue (``seed_cluster_queue``).
+
+    Their own database and cluster file (``cluster_file``: set ``$SLOTSWEEP_CLUSTER`` to
+    it), apart from ``synthetic_search``. The waiting trials were placed or held back by
+    the real placement decision: a 4-slot priority-1 trial reserving both agents of pool
+    ``default`` by backfilling, a paused experiment's trial, a placed trial of pool
+    ``small``. Read-only use.
+    """
+    from storage import upgrade_schema
+
+    root = tmp_path_factory.mktemp("queued_search")
+    url = f"sqlite:///{root / 'slotsweep.db'}"
+    upgrade_schema(url)
+    return seed_cluster_queue(url, root)
 
 
 @pytest.fixture(scope="session")

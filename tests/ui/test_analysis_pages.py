@@ -300,7 +300,9 @@ def test_cluster_grid_colours_each_slot_by_its_trial(
     argv = ["task", "list", "--json", "--db", real_search.running_url]
     assert main([*argv, "--cluster", str(real_search.cluster_file)]) == 0
     cli_labels = {
-        row["slot"]: row["trial"] for row in json.loads(capsys.readouterr().out) if row["trial"]
+        row["slot"]: row["trial"]
+        for row in json.loads(capsys.readouterr().out)["slots"]
+        if row["trial"]
     }
     assert cli_labels == {
         slot: by_slot.loc[slot, "label"] for slot in by_slot.index if by_slot.loc[slot, "label"]

@@ -345,6 +345,8 @@ def test_every_page_in_headless_chromium(
         "cluster",
     )
     assert "9 agent(s), 68 slot(s), 2 held, 66 free." in _text(browser)
+    # The cluster's queue, under the grid: nothing of these searches waits for slots.
+    assert "Queue" in _text(browser) and "No trial is waiting for slots." in _text(browser)
 
 
 def test_every_page_by_direct_url_and_by_navigation(

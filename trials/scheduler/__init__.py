@@ -34,6 +34,7 @@ from trials.scheduler._core import (
     Placement,
     SlotRequest,
     SlotScheduler,
+    WaitReason,
     schedule,
 )
 from trials.scheduler._fitting import (
@@ -43,6 +44,7 @@ from trials.scheduler._fitting import (
     job_shape,
     valid_slots_per_trial,
 )
+from trials.scheduler._preemption import RunningRequest, choose_preemptions
 
 __all__ = [
     "CLUSTER_ENV_VAR",
@@ -55,13 +57,16 @@ __all__ = [
     "FittingPolicy",
     "Placement",
     "ResourcePool",
+    "RunningRequest",
     "SlotRequest",
     "SlotScheduler",
     "SlotType",
     "SlurmJobSettings",
     "UnknownPool",
     "Unschedulable",
+    "WaitReason",
     "check_schedulable",
+    "choose_preemptions",
     "format_values",
     "job_shape",
     "load_cluster",

@@ -41,12 +41,20 @@ class ResourcePool:
     agent size. ``fitting_policy`` picks, for a trial that fits on one agent, the agent
     with the fewest free slots that still fit ("best", keeps whole machines free for large
     trials) or the most ("worst", spreads load).
+
+    With ``preemption``, a waiting trial of higher priority that cannot fit asks
+    lower-priority running trials to checkpoint and stop; they go back to the queue and
+    resume from that checkpoint (:func:`~trials.scheduler.choose_preemptions` picks them).
+    Trials that have not reached their first checkpoint are spared, since stopping them
+    loses all their progress, unless ``preempt_without_checkpoint`` is also set.
     """
 
     name: str
     agents: tuple[Agent, ...]
     allowing_heterogeneous_fits: bool = False
     fitting_policy: FittingPolicy = "best"
+    preemption: bool = False
+    preempt_without_checkpoint: bool = False
 
     @property
     def total_slots(self) -> int:

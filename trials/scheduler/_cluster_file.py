@@ -6,6 +6,10 @@
       - name: default
         allowing_heterogeneous_fits: false   # default
         fitting_policy: best                 # best | worst
+        preemption: false                    # default; true: a blocked higher-priority
+                                             # trial checkpoints and stops lower ones
+        preempt_without_checkpoint: false    # default; true: also stop trials before
+                                             # their first checkpoint (progress lost)
         agents:
           - {name: a1, host: 127.0.0.1, slots: 2}        # a count: slots 0 and 1
           - {name: a2, host: 127.0.0.1, slots: [0, 1]}   # explicit GPU indices
@@ -116,6 +120,8 @@ class _PoolSpec(_Strict):
     name: str = Field(min_length=1, max_length=200)
     allowing_heterogeneous_fits: bool = False
     fitting_policy: Literal["best", "worst"] = "best"
+    preemption: bool = False
+    preempt_without_checkpoint: bool = False
     agents: list[_AgentSpec] = Field(min_length=1)
 
 
@@ -250,6 +256,12 @@ def parse_cluster(raw: Any) -> Cluster:
                 f"(resource_pools.{seen_pools[pool.name]})"
             )
         seen_pools.setdefault(pool.name, p)
+        if pool.preempt_without_checkpoint and not pool.preemption:
+            # It only widens whom preemption may stop; alone it would silently do nothing.
+            problems.append(
+                f"resource_pools.{p}.preempt_without_checkpoint: needs preemption: true "
+                "in the same pool"
+            )
         for a, agent in enumerate(pool.agents):
             # Slot ownership is keyed by agent name, so a name means one machine.
             where = f"resource_pools.{p}.agents.{a}"
@@ -272,6 +284,8 @@ def parse_cluster(raw: Any) -> Cluster:
                 ),
                 allowing_heterogeneous_fits=pool.allowing_heterogeneous_fits,
                 fitting_policy=pool.fitting_policy,
+                preemption=pool.preemption,
+                preempt_without_checkpoint=pool.preempt_without_checkpoint,
             )
             for pool in spec.resource_pools
         ),

@@ -15,7 +15,13 @@ Rules (Determined's, made explicit):
   ``slots == k * S`` (the largest such ``S`` first, so as few machines as possible), or,
   with ``allowing_heterogeneous_fits``, free agents of any sizes, largest first, the last
   one possibly in part.
-* Order: lower ``priority`` number first, then ``order`` (FIFO submission order).
+* Order: lower ``priority`` number first; among equal priorities, fair share between
+  groups (experiments): the group holding the fewest slots per unit of weight
+  (``held / weight``, see :meth:`SlotScheduler.set_share`) first, counting what the same
+  pass has already placed, so groups take turns; on equal footing, the group served least
+  recently first; then ``order`` (FIFO submission order).
+  Requests without a ``group`` all belong to the group ``None``, so a queue without
+  groups is ordered exactly by priority and then ``order``.
 * Backfilling (EASY-style reservation): the first request in that order that cannot start
   (the *blocked head*) reserves the agents it is closest to fitting on: for a one-agent
   request the large-enough agent with the most free slots; for a multi-agent request the
@@ -29,8 +35,13 @@ Rules (Determined's, made explicit):
   priority means. With ``backfill=False`` the pass stops at the blocked head (plain FIFO).
 
 Cost per decision is independent of the queue length: waiting requests are grouped by
-size (a request that cannot fit means no later request of the same size can), and agents
-are indexed by their number of free slots.
+size and group (a request that cannot fit means no later request of the same size can),
+so a pass looks at one head per (size, group), and agents are indexed by their number of
+free slots.
+
+After a pass, :meth:`SlotScheduler.why_waiting` says why a request still waits
+(:class:`WaitReason`: no fit, agents reserved for the blocked head, a higher priority
+queued, or its experiment already holding its fair share).
 
 Example:
     >>> from trials.scheduler import Agent, ResourcePool
@@ -44,8 +55,10 @@ Example:
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+import math
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from trials.scheduler._cluster import Agent, ResourcePool
 from trials.scheduler._fitting import check_schedulable, size_counts
@@ -55,12 +68,18 @@ DEFAULT_PRIORITY = 42
 
 @dataclass(frozen=True)
 class SlotRequest:
-    """A trial waiting for ``slots`` slots; lower ``priority`` runs first, then lower ``order``."""
+    """A trial waiting for ``slots`` slots; lower ``priority`` runs first, then lower ``order``.
+
+    ``group`` is the experiment the trial belongs to when several experiments share the
+    pool: among equal priorities the group holding the fewest slots per unit of weight
+    goes first (:meth:`SlotScheduler.set_share`). ``None`` is a group like any other.
+    """
 
     request_id: Hashable
     slots: int
     priority: int = DEFAULT_PRIORITY
     order: int = 0
+    group: Hashable | None = None
 
 
 @dataclass(frozen=True)
@@ -73,19 +92,72 @@ class AgentSlots:
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a request starts: one entry per agent; the first agent hosts the rendezvous."""
+    """Where a request starts: one entry per agent; the first agent hosts the rendezvous.
+
+    ``group`` is the request's, so that :meth:`SlotScheduler.release` can lower what the
+    group holds.
+    """
 
     request_id: Hashable
     pool: str
     agents: tuple[AgentSlots, ...]
+    group: Hashable | None = None
 
     @property
     def slots(self) -> int:
         return sum(len(part.slots) for part in self.agents)
 
 
-# A queued request in its size group's heap: (priority, order, seq, request_id).
+WaitKind = Literal["no_fit", "reserved", "priority", "fair_share"]
+
+
+@dataclass(frozen=True)
+class WaitReason:
+    """Why a request is still queued after a :meth:`SlotScheduler.schedule` pass.
+
+    ``kind`` is for code (a badge, a metric label); ``text`` is one line for people.
+    ``blocked_by`` is the request the free slots are held back for (kind ``"reserved"``).
+
+    Example:
+        >>> WaitReason("priority", "behind priority 1 trials")
+        WaitReason(kind='priority', text='behind priority 1 trials', blocked_by=None)
+    """
+
+    kind: WaitKind
+    text: str
+    blocked_by: Hashable | None = None
+
+
+# A queued request in its (size, group) heap: (priority, order, seq, request_id).
 _Entry = tuple[int, int, int, Hashable]
+# A (size, group) heap's head in a pass: (priority, held / weight of the group when it was
+# pushed, order, seq, size, group). ``seq`` is unique, so groups are never compared.
+_Head = tuple[int, tuple[float, float], int, int, int, Hashable]
+# The label functions a cached reason was formatted with, and the reason.
+_CachedReason = tuple[Callable[[Hashable], str], Callable[[Hashable], str], WaitReason]
+
+
+def _water_fill(
+    capacity: float, demand: Mapping[Hashable, float], weight: Mapping[Hashable, float]
+) -> dict[Hashable, float]:
+    """Weighted max-min fair shares of ``capacity``: ``weight * level`` each, capped by demand.
+
+    Groups asking for less than their weighted part keep what they ask for, and what they
+    leave is split among the others in proportion to their weights (water-filling).
+
+    Example:
+        >>> _water_fill(10, {"a": 2, "b": 20, "c": 20}, {"a": 1, "b": 1, "c": 3})
+        {'a': 2, 'b': 2.0, 'c': 6.0}
+    """
+    shares: dict[Hashable, float] = {}
+    left = float(capacity)
+    weight_left = sum(weight[group] for group in demand)
+    for group in sorted(demand, key=lambda g: demand[g] / weight[g]):
+        share = min(demand[group], left * weight[group] / weight_left)
+        shares[group] = share
+        left -= share
+        weight_left -= weight[group]
+    return {group: shares[group] for group in demand}
 
 
 class SlotScheduler:
@@ -94,7 +166,8 @@ class SlotScheduler:
     :func:`schedule` builds one per call; a long-lived caller (the simulation, a driver
     that keeps its queue) keeps one and updates it with :meth:`submit`, :meth:`cancel`,
     :meth:`release` and :meth:`set_free_slots`, so a decision costs no more than the
-    placements it makes.
+    placements it makes. When several experiments share the pool, each request carries
+    its experiment as ``group`` and :meth:`set_share` tells what each already holds.
 
     Example:
         >>> from trials.scheduler import Agent, ResourcePool
@@ -127,13 +200,37 @@ class SlotScheduler:
         self._by_free: list[set[int]] = []
         self._whole: dict[int, set[int]] = {}
         self._free_total = 0
+        # What :meth:`why_waiting` derived from the state since the last change: reasons
+        # per (slots, group, priority) and fair shares per priority.
+        self._reasons: dict[tuple[int, Hashable, int], _CachedReason] = {}
+        self._shares: dict[int, dict[Hashable, float]] = {}
         self.set_free_slots(free_slots)
-        self._groups: dict[int, list[_Entry]] = {}
+        self._groups: dict[tuple[int, Hashable], list[_Entry]] = {}
         self._live: dict[Hashable, tuple[int, SlotRequest]] = {}
         self._seq = 0
         self._checked_sizes: set[int] = set()
+        # Fair share: slots each group holds (set_share, plus placements, minus releases),
+        # its weight, and the demand still queued: slots per priority and group, and
+        # requests per priority.
+        self._held: dict[Hashable, int] = {}
+        self._weight: dict[Hashable, float] = {}
+        # When each group last had a request placed (the caller's clock, then a counter
+        # above it): among groups of equal held / weight, the least recently served
+        # goes first, so groups that each hold nothing between trials take turns.
+        self._served: dict[Hashable, float] = {}
+        self._backlog: dict[Hashable, int] = {}
+        self._served_top = 0.0
+        self._queued_slots: dict[int, dict[Hashable, int]] = {}
+        self._queued_count: dict[int, int] = {}
+        self._last_priority: dict[Hashable, int] = {}
+        self._reserved_agents: frozenset[int] = frozenset()
+        self._blocked = False
         self.reserved: tuple[str, ...] = ()
         """Agents held back for the blocked head request by the last :meth:`schedule`."""
+        self.blocked_head: Hashable | None = None
+        """The first request of the last :meth:`schedule` that could not start (``None``: none).
+
+        The reservation in :attr:`reserved` is made for it (with backfilling)."""
 
     # -- free slots ---------------------------------------------------------------
 
@@ -156,6 +253,7 @@ class SlotScheduler:
                     stray = sorted(ids.difference(agent.slots))
                     raise ValueError(f"agent {agent.name!r} has no slots {stray}")
             self._free_ids.append(ids)
+        self._invalidate()
         self._nfree = [len(ids) for ids in self._free_ids]
         self._by_free = [set() for _ in range(self._max + 1)]
         self._whole = {size: set() for size in self._sizes_desc}
@@ -190,6 +288,78 @@ class SlotScheduler:
                 )
             self._move(i, self._nfree[i] + len(ids))
             self._free_ids[i] |= ids
+        held = self._held.get(placement.group)
+        if held is not None:
+            # ``set_share`` may have been told a smaller figure since the placement.
+            self._held[placement.group] = max(0, held - placement.slots)
+        self._invalidate()
+
+    # -- fair share ---------------------------------------------------------------
+
+    def set_share(
+        self,
+        group: Hashable,
+        *,
+        held: int,
+        weight: float = 1.0,
+        last_served: float | None = None,
+        backlog: int = 0,
+    ) -> None:
+        """Tell the slots ``group`` already holds in this pool and its fair-share weight.
+
+        ``held`` counts the slots of the group's running trials; ``weight`` is the
+        experiment's ``resources.weight``. Among requests of equal priority the group
+        with the lowest ``held / weight`` starts first, so while several groups have work
+        queued their holdings grow in proportion to their weights. Placements add to
+        ``held`` and :meth:`release` subtracts, so a long-lived scheduler keeps it up to
+        date itself. A group never named here holds 0 slots with weight 1.
+
+        ``last_served`` (any increasing clock, e.g. the time of the group's latest
+        trial start) breaks ties of ``held / weight``: the group served least recently
+        goes first, so two experiments whose trials each take the whole pool alternate
+        instead of the older one always winning. Never served: first.
+
+        ``backlog`` counts slots the group has queued beyond the requests submitted
+        here (a caller that submits only the requests a decision could reach): its
+        demand, and so its fair share in :meth:`why_waiting`, includes them.
+
+        Example (b already holds 2 slots, so a's request goes first):
+            >>> from trials.scheduler import Agent, ResourcePool
+            >>> sched = SlotScheduler(ResourcePool("default", (Agent("a1", "h", (0, 1)),)))
+            >>> sched.set_share("b", held=2, weight=1.0)
+            >>> sched.submit(SlotRequest("b1", 1, group="b"))
+            >>> sched.submit(SlotRequest("a1", 1, order=1, group="a"))
+            >>> [p.request_id for p in sched.schedule()]
+            ['a1', 'b1']
+        """
+        if held < 0:
+            raise ValueError(f"group {group!r}: held must be >= 0, not {held}")
+        if not 0 < weight < math.inf:
+            raise ValueError(f"group {group!r}: weight must be > 0 and finite, not {weight}")
+        self._held[group] = held
+        self._weight[group] = weight
+        self._backlog[group] = backlog
+        if last_served is not None:
+            self._served[group] = last_served
+            self._served_top = max(self._served_top, last_served)
+        self._invalidate()
+
+    def _share_key(self, group: Hashable, fair: bool) -> tuple[float, float]:
+        """Where ``group`` stands in fair share: (held / weight, last served)."""
+        if not fair:
+            return (0.0, 0.0)
+        return (
+            self._held.get(group, 0) / self._weight.get(group, 1.0),
+            self._served.get(group, -math.inf),
+        )
+
+    def held_by(self, group: Hashable) -> int:
+        """Slots ``group`` holds: as last :meth:`set_share`, plus placements, minus releases."""
+        return self._held.get(group, 0)
+
+    def _invalidate(self) -> None:
+        self._reasons.clear()
+        self._shares.clear()
 
     def _take(self, i: int, n: int) -> tuple[int, ...]:
         ids = tuple(sorted(self._free_ids[i])[:n])
@@ -221,65 +391,273 @@ class SlotScheduler:
         seq = self._seq
         self._seq += 1
         self._live[request.request_id] = (seq, request)
-        group = self._groups.setdefault(request.slots, [])
-        heapq.heappush(group, (request.priority, request.order, seq, request.request_id))
+        heap = self._groups.setdefault((request.slots, request.group), [])
+        heapq.heappush(heap, (request.priority, request.order, seq, request.request_id))
+        by_group = self._queued_slots.setdefault(request.priority, {})
+        by_group[request.group] = by_group.get(request.group, 0) + request.slots
+        self._queued_count[request.priority] = self._queued_count.get(request.priority, 0) + 1
+        self._last_priority[request.group] = request.priority
+        self._invalidate()
 
     def cancel(self, request_id: Hashable) -> bool:
         """Drop a queued request; False if it was not queued. (Heaps skip it lazily.)"""
-        return self._live.pop(request_id, None) is not None
+        live = self._live.pop(request_id, None)
+        if live is None:
+            return False
+        self._dequeued(live[1])
+        self._invalidate()
+        return True
+
+    def _dequeued(self, request: SlotRequest) -> None:
+        """Take a request that left the queue out of the demand counts."""
+        priority, group = request.priority, request.group
+        count = self._queued_count[priority] - 1
+        if count:
+            self._queued_count[priority] = count
+        else:
+            del self._queued_count[priority]
+        by_group = self._queued_slots[priority]
+        slots = by_group[group] - request.slots
+        if slots:
+            by_group[group] = slots
+        else:
+            del by_group[group]
+            if not by_group:
+                del self._queued_slots[priority]
 
     @property
     def queued(self) -> int:
         return len(self._live)
 
-    def _peek(self, size: int) -> _Entry | None:
-        group = self._groups[size]
-        while group:
-            entry = group[0]
+    def _peek(self, key: tuple[int, Hashable]) -> _Entry | None:
+        heap = self._groups[key]
+        while heap:
+            entry = heap[0]
             live = self._live.get(entry[3])
             if live is not None and live[0] == entry[2]:
                 return entry
-            heapq.heappop(group)
+            heapq.heappop(heap)
         return None
 
     # -- decisions ----------------------------------------------------------------
 
     def schedule(self, *, backfill: bool = True) -> list[Placement]:
-        """Start what can start now; the placements' slots count as used from here on."""
-        heads: list[tuple[int, int, int, int]] = []
-        for size in self._groups:
-            entry = self._peek(size)
-            if entry is not None:
-                heads.append((entry[0], entry[1], entry[2], size))
+        """Start what can start now; the placements' slots count as used from here on.
+
+        Also sets :attr:`reserved` and :attr:`blocked_head`, and adds each placement's
+        slots to what its group holds.
+        """
+        self._invalidate()
+        firsts: list[tuple[tuple[int, Hashable], _Entry]] = []
+        drained: list[tuple[int, Hashable]] = []
+        for key in self._groups:
+            entry = self._peek(key)
+            if entry is None:
+                drained.append(key)
+            else:
+                firsts.append((key, entry))
+        for key in drained:  # finished experiments leave no heaps behind
+            del self._groups[key]
+        held = self._held
+        # With a single group, fair share changes nothing: every ratio stays 0.
+        fair = len({key[1] for key, _ in firsts}) > 1
+        heads: list[_Head] = [
+            (
+                entry[0],
+                self._share_key(key[1], fair),
+                entry[1],
+                entry[2],
+                key[0],
+                key[1],
+            )
+            for key, entry in firsts
+        ]
         heapq.heapify(heads)
         placements: list[Placement] = []
         reserved: frozenset[int] = frozenset()
-        blocked = False
+        failed: set[int] = set()
+        self._blocked = False
+        self.blocked_head = None
         available = self._free_total
         while heads and available > 0:
-            size = heapq.heappop(heads)[3]
+            head = heapq.heappop(heads)
+            priority, share, order, seq, size, group = head
+            if size in failed:
+                # Capacity only shrinks during a pass, so no later request of a size that
+                # did not fit fits either, whatever its group: skipped until the next call.
+                continue
+            if fair:
+                # A group's share key only grows during a pass, so a stored one is a
+                # lower bound: a head whose key is current is truly the next in order.
+                now = self._share_key(group, fair)
+                if now != share:
+                    heapq.heappush(heads, (priority, now, order, seq, size, group))
+                    continue
+            key = (size, group)
             fit = self._fit(size, reserved)
             if fit is None:
-                # Capacity only shrinks during a pass, so no later request of this size
-                # fits either: the whole group is skipped until the next call.
-                if blocked:
+                failed.add(size)
+                if self._blocked:
                     continue
-                blocked = True
+                self._blocked = True
+                self.blocked_head = self._groups[key][0][3]
                 if not backfill:
                     break
                 reserved = self._reserve(size)
                 available -= sum(self._nfree[i] for i in reserved)
                 continue
-            _, _, _, request_id = heapq.heappop(self._groups[size])
-            del self._live[request_id]
+            _, _, _, request_id = heapq.heappop(self._groups[key])
+            _, request = self._live.pop(request_id)
+            self._dequeued(request)
+            held[group] = held.get(group, 0) + size
+            self._served_top += 1.0
+            self._served[group] = self._served_top
             parts = tuple(AgentSlots(self._agents[i], self._take(i, n)) for i, n in fit)
-            placements.append(Placement(request_id, self.pool.name, parts))
+            placements.append(Placement(request_id, self.pool.name, parts, group))
             available -= size
-            entry = self._peek(size)
+            entry = self._peek(key)
             if entry is not None:
-                heapq.heappush(heads, (entry[0], entry[1], entry[2], size))
+                key_now = self._share_key(group, fair)
+                heapq.heappush(heads, (entry[0], key_now, entry[1], entry[2], size, group))
+        self._reserved_agents = reserved
         self.reserved = tuple(self._agents[i].name for i in sorted(reserved))
         return placements
+
+    # -- wait reasons -------------------------------------------------------------
+
+    def why_waiting(
+        self,
+        request_id: Hashable,
+        *,
+        label: Callable[[Hashable], str] = str,
+        group_label: Callable[[Hashable], str] = str,
+    ) -> WaitReason:
+        """Why a request is still queued after the last :meth:`schedule`.
+
+        Raises ``KeyError`` for a request that is not queued. The reason is the first of
+        these that applies, against the free slots now:
+
+        * ``"no_fit"`` for the blocked head (the request :attr:`reserved` is for);
+        * ``"reserved"`` if it would fit but for the agents reserved for the blocked head;
+        * ``"priority"`` if a request with a lower priority number is queued;
+        * ``"fair_share"`` if its group holds at least its fair share (weighted max-min
+          of the pool's slots among the groups of its priority, each capped by its
+          demand: slots held plus queued) while another group of that priority waits;
+        * ``"no_fit"`` otherwise: not enough free slots of the shape it needs.
+
+        ``label`` names a request (the blocked head) and ``group_label`` a group in the
+        text. Requests of one size, group and priority share their reason, so asking for
+        every queued request costs little more than a dict lookup each (pass the same
+        label functions to reuse the formatted text).
+
+        Example:
+            >>> from trials.scheduler import Agent, ResourcePool
+            >>> sched = SlotScheduler(ResourcePool("p", (Agent("a1", "h", (0, 1)),)))
+            >>> sched.submit(SlotRequest("t1", 2)); sched.submit(SlotRequest("t2", 1, order=1))
+            >>> [p.request_id for p in sched.schedule()]
+            ['t1']
+            >>> sched.why_waiting("t2")
+            WaitReason(kind='no_fit', text='no agent in pool p has 1 free slot', blocked_by=None)
+        """
+        live = self._live.get(request_id)
+        if live is None:
+            raise KeyError(request_id)
+        request = live[1]
+        if self._blocked and request_id == self.blocked_head:
+            return WaitReason("no_fit", self._no_fit_text(request.slots))
+        key = (request.slots, request.group, request.priority)
+        cached = self._reasons.get(key)
+        if cached is not None and cached[0] is label and cached[1] is group_label:
+            return cached[2]
+        reason = self._reason(request, label, group_label)
+        self._reasons[key] = (label, group_label, reason)
+        return reason
+
+    def _reason(
+        self,
+        request: SlotRequest,
+        label: Callable[[Hashable], str],
+        group_label: Callable[[Hashable], str],
+    ) -> WaitReason:
+        slots, group, priority = request.slots, request.group, request.priority
+        reserved = self._reserved_agents
+        if (
+            reserved
+            and self._fit(slots, reserved) is None
+            and self._fit(slots, frozenset()) is not None
+        ):
+            head = self.blocked_head
+            return WaitReason(
+                "reserved",
+                f"agents {', '.join(self.reserved)} reserved for trial {label(head)} "
+                "by backfilling",
+                blocked_by=head,
+            )
+        lowest = min(self._queued_count)
+        if lowest < priority:
+            return WaitReason("priority", f"behind priority {lowest} trials")
+        if len(self._queued_slots[priority]) > 1:
+            share = self._fair_shares(priority)[group]
+            held = self._held.get(group, 0)
+            # A share computed in floats may miss an integer holding by a rounding error.
+            if held >= share - 1e-9:
+                return WaitReason(
+                    "fair_share",
+                    f"fair share: experiment {group_label(group)} holds its share "
+                    f"({held} of {round(share, 1):g} slots)",
+                )
+        return WaitReason("no_fit", self._no_fit_text(slots))
+
+    def _fair_shares(self, priority: int) -> dict[Hashable, float]:
+        """Each group's weighted max-min share of the pool at ``priority`` (cached)."""
+        shares = self._shares.get(priority)
+        if shares is not None:
+            return shares
+        held, weight = self._held, self._weight
+        demand = {
+            group: held.get(group, 0) + slots + self._backlog.get(group, 0)
+            for group, slots in self._queued_slots.get(priority, {}).items()
+        }
+        # A group with nothing queued still takes part with what it holds, at the
+        # priority of the last request it submitted here.
+        for group, slots in held.items():
+            if slots and group not in demand and self._last_priority.get(group) == priority:
+                demand[group] = slots
+        shares = _water_fill(self._total, demand, {g: weight.get(g, 1.0) for g in demand})
+        self._shares[priority] = shares
+        return shares
+
+    def _no_fit_text(self, slots: int) -> str:
+        pool = self.pool.name
+        if slots <= self._max:
+            return f"no agent in pool {pool} has {_count(slots, 'free slot')}"
+        if self._hetero:
+            return f"pool {pool} has fewer than {_count(slots, 'slot')} on whole free agents"
+        size = self._agent_size_for(slots)
+        return (
+            f"pool {pool} has fewer than {_count(slots // size, 'free agent')} "
+            f"of {_count(size, 'slot')}"
+        )
+
+    def _agent_size_for(self, slots: int) -> int:
+        """The agent size a multi-agent request takes whole agents of (the largest that can)."""
+        return next(
+            s for s in self._sizes_desc if slots % s == 0 and slots // s <= self._counts[s]
+        )
+
+    def fits(self, slots: int) -> bool:
+        """Whether a request of ``slots`` would fit the free slots now, ignoring any reservation.
+
+        Preemption (:func:`~trials.scheduler.choose_preemptions`) asks this of hypothetical
+        free slots, so it and the scheduler never disagree on what fits.
+
+        Example:
+            >>> from trials.scheduler import Agent, ResourcePool
+            >>> sched = SlotScheduler(ResourcePool("default", (Agent("a1", "h", (0, 1)),)))
+            >>> sched.fits(2), sched.fits(3)
+            (True, False)
+        """
+        return self._fit(slots, frozenset()) is not None
 
     def _fit(self, slots: int, reserved: frozenset[int]) -> list[tuple[int, int]] | None:
         """(agent index, slot count) pairs for a request of ``slots``, avoiding ``reserved``."""
@@ -347,9 +725,7 @@ class SlotScheduler:
             count, cover = len(self._agents), slots
         else:
             # ``k`` agents of the size the request is a multiple of.
-            wanted = next(
-                s for s in self._sizes_desc if slots % s == 0 and slots // s <= self._counts[s]
-            )
+            wanted = self._agent_size_for(slots)
             eligible, count, cover = [wanted], slots // wanted, 0
         chosen: list[int] = []
         covered = 0
@@ -372,6 +748,11 @@ class SlotScheduler:
                 if len(chosen) == count or (cover and covered >= cover):
                     return frozenset(chosen)
         return frozenset(chosen)
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 free slot``, ``2 free slots``: reasons read as words."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def schedule(

@@ -1,10 +1,11 @@
-"""Cluster: resource pools, agents, every slot and the trial holding it."""
+"""Cluster: resource pools, agents, every slot and the trial holding it; the queue and why."""
 
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
+from storage import TrialState
 from trials.labels import trial_label
 from ui import _charts, _cluster, _context, _queries
 
@@ -43,7 +44,7 @@ def _layout_section(layout: list[_cluster.AgentLayout]) -> None:
                 {
                     "agent": agent.name,
                     "slot": slot,
-                    "state": "held" if (agent.name, slot) in held else "free",
+                    "state": _slot_state(held.get((agent.name, slot))),
                     "experiment": held.get((agent.name, slot), {}).get("experiment"),
                     "trial #": held.get((agent.name, slot), {}).get("optuna_trial_number"),
                     "open": (
@@ -68,8 +69,20 @@ def _trial(holder: dict[str, object]) -> str:
     return trial_label(int(holder["experiment_id"]), int(holder["optuna_trial_number"]))  # type: ignore[call-overload]
 
 
+def _starting(holder: dict[str, object]) -> bool:
+    # A placement decision claimed the slots; the trial's driver starts it next tick.
+    return holder.get("trial_state") == TrialState.QUEUED.value
+
+
+def _slot_state(holder: dict[str, object] | None) -> str:
+    if holder is None:
+        return _charts.FREE
+    return "starting" if _starting(holder) else "held"
+
+
 def _holder_label(holder: dict[str, object]) -> str:
-    return f"{holder.get('experiment') or 'experiment ?'} · trial {_trial(holder)}"
+    label = f"{holder.get('experiment') or 'experiment ?'} · trial {_trial(holder)}"
+    return f"{label} (starting)" if _starting(holder) else label
 
 
 def _slot_grid(
@@ -101,12 +114,57 @@ def _layout() -> tuple[list[_cluster.AgentLayout] | None, str | None]:
     return _cluster.load_layout()
 
 
+def _queue_section() -> None:
+    """The cluster's queue in the order trials start, each with the scheduler's reason."""
+    st.markdown("#### Queue")
+    queue = _queries.queued_trials(engine)
+    outside = _queries.queued_outside_queue(engine)
+    if queue.empty:
+        st.info("No trial is waiting for slots.")
+    else:
+        rows = queue.assign(open=[_context.link("trial", trial=int(i)) for i in queue["trial_id"]])
+        st.dataframe(
+            rows,
+            hide_index=True,
+            width="stretch",
+            column_order=[
+                "position",
+                "trial",
+                "open",
+                "experiment",
+                "pool",
+                "priority",
+                "slots",
+                "waiting",
+                "reason",
+            ],
+            column_config={
+                "position": st.column_config.NumberColumn("#"),
+                "open": st.column_config.LinkColumn("open", display_text="open"),
+                "priority": st.column_config.NumberColumn("priority", help="Lower runs first."),
+                "reason": st.column_config.TextColumn("why it waits", width="large"),
+            },
+        )
+        st.caption(
+            "In the order trials start: by pool, then priority (lower first), then "
+            "arrival. Within a priority, fair share may start another experiment's "
+            "trial first; the reason says so. Reasons are the scheduler's, from its "
+            "latest placement decision, as `slotsweep task list` prints them."
+        )
+    for row in outside.itertuples():
+        st.caption(
+            f"Not in the queue: {row.trials} queued trial(s) of {row.experiment} "
+            f"(#{row.experiment_id}): {row.reason}."
+        )
+
+
 def _page() -> None:
     layout, why_not = _layout()
     if layout is not None:
         _layout_section(layout)
     else:
         st.info(why_not)
+    _queue_section()
 
     st.markdown("#### Slots held, by agent")
     summary = _queries.allocation_summary(engine)

@@ -153,6 +153,8 @@ def _header() -> None:
             else ""
         )
     )
+    if summary.counts[TrialState.QUEUED.value]:
+        _waiting_trials()
 
     signature = _queries.optuna_study_signature(engine, summary.study_name)
     multi = signature.objectives > 1
@@ -227,6 +229,32 @@ def _header() -> None:
         st.plotly_chart(figure, width="stretch", key=f"plot_{kind}")
         if caption:
             st.caption(caption)
+
+
+def _waiting_trials() -> None:
+    """The experiment's QUEUED trials and, in the scheduler's words, why each waits."""
+    st.markdown("#### Waiting trials")
+    page = _queries.waiting_trials(engine, experiment_id)
+    if page.rows.empty:
+        return  # Started between the two reads.
+    rows = page.rows.assign(open=[_context.link("trial", trial=int(i)) for i in page.rows["id"]])
+    st.dataframe(
+        rows,
+        hide_index=True,
+        width="stretch",
+        column_order=["open", "trial", "slots", "priority", "waiting", "reason"],
+        column_config={
+            "open": st.column_config.LinkColumn("open", display_text="open"),
+            "priority": st.column_config.NumberColumn("priority", help="Lower runs first."),
+            "waiting": st.column_config.TextColumn("waiting", help="Time in the cluster's queue."),
+            "reason": st.column_config.TextColumn("why it waits", width="large"),
+        },
+    )
+    st.caption(
+        "In the order they would start. The reason is the scheduler's, from its latest "
+        "placement decision (the Cluster page shows the whole queue)."
+        + (f" The first {len(rows)} of {page.total} are shown." if page.total > len(rows) else "")
+    )
 
 
 def _learning_curves(

@@ -129,6 +129,38 @@ def test_names_must_be_unique() -> None:
     ]
 
 
+def test_preemption_is_off_unless_a_pool_turns_it_on() -> None:
+    raw = two_pools()
+    raw["resource_pools"][1]["preemption"] = True
+    cluster = parse_cluster(raw)
+    default, big = cluster.pool("default"), cluster.pool("big")
+    assert (default.preemption, default.preempt_without_checkpoint) == (False, False)
+    assert (big.preemption, big.preempt_without_checkpoint) == (True, False)
+    raw["resource_pools"][1]["preempt_without_checkpoint"] = True
+    assert parse_cluster(raw).pool("big").preempt_without_checkpoint is True
+
+
+def test_preempt_without_checkpoint_needs_preemption() -> None:
+    raw = two_pools()
+    raw["resource_pools"][1]["preempt_without_checkpoint"] = True
+    assert problems_of(raw) == [
+        "resource_pools.1.preempt_without_checkpoint: needs preemption: true in the same pool"
+    ]
+    raw["resource_pools"][1]["preemption"] = False
+    assert len(problems_of(raw)) == 1
+
+
+def test_preemption_fields_must_be_booleans() -> None:
+    raw = two_pools()
+    raw["resource_pools"][0]["preemption"] = "sometimes"
+    raw["resource_pools"][1]["preempt_without_checkpoint"] = [True]
+    assert problems_of(raw) == [
+        "resource_pools.0.preemption: Input should be a valid boolean, "
+        "unable to interpret input (got 'sometimes')",
+        "resource_pools.1.preempt_without_checkpoint: Input should be a valid boolean",
+    ]
+
+
 @pytest.mark.parametrize(
     ("raw", "problem"),
     [
