@@ -261,19 +261,27 @@ def test_a_preempted_trial_job_checkpoints_and_resumes_without_counting_a_failur
         (trial,) = session.scalars(select(Trial))
         log = Path(str(trial.log_path)).read_text()
         assert trial.state == TrialState.COMPLETED, trial.error
-        assert trial.restarts == 0, f"{trial.error}\n{log[-4000:]}"
         runs = list(session.scalars(select(TrialRun).order_by(TrialRun.attempt)))
-        assert len(runs) == 2, [(r.attempt, r.reason) for r in runs]
-        assert "resumes from its latest checkpoint" in str(runs[0].reason)
+        preempted = [
+            i for i, r in enumerate(runs) if "resumes from its latest checkpoint" in str(r.reason)
+        ]
+        assert len(preempted) == 1, [(r.attempt, r.reason) for r in runs]
+        # The preemption is no failure: restarts count only attempts that failed on their
+        # own (torchrun's start-up can lose a race for its free port, EADDRINUSE, on a
+        # loaded machine; such an attempt is a failure and counts, as it should).
+        failed = [r for r in runs[:-1] if r is not runs[preempted[0]]]
+        assert trial.restarts == len(failed), f"{trial.error}\n{log[-4000:]}"
+        assert all("EADDRINUSE" in str(r.reason) + str(trial.error) for r in failed), log[-4000:]
+        stopped, resumed = runs[preempted[0]], runs[preempted[0] + 1]
         # The ranks took the SIGTERM as a stop request and wrote a checkpoint in the
         # grace time: the next job started from the newest checkpoint of the first.
-        assert runs[0].stop_requested_at is not None
+        assert stopped.stop_requested_at is not None
         newest = max(
             c.step
             for c in session.scalars(select(Checkpoint).where(Checkpoint.trial_id == trial.id))
-            if c.step <= (runs[1].restored_from_step or -1)
+            if c.step <= (resumed.restored_from_step or -1)
         )
-        assert runs[1].restored_from_step == newest
+        assert resumed.restored_from_step == newest
     # Whether the ranks were done before the grace time ran out decides which.
     assert _job(slurm_cluster, job_id)["JobState"] in ("PREEMPTED", "TIMEOUT", "COMPLETED")
     assert_search_consistent(slurm_database)
