@@ -300,6 +300,16 @@ def _check_fits(cluster: Any, config: Any) -> None:
         check_schedulable(pool, slots)
 
 
+def _check_executor(cluster: Any, config: Any) -> None:
+    """Refuse settings the cluster's executor cannot honour (before any write)."""
+    from searcher.experiments import UsageError, executor_problem
+    from trials.executors import executor_for
+
+    problem = executor_problem(executor_for(cluster), config)
+    if problem:
+        raise UsageError(problem)
+
+
 def _check_database(cluster: Any, args: argparse.Namespace) -> None:
     """Refuse a database the cluster's executor cannot share (before any write)."""
     from searcher.experiments import UsageError
@@ -336,6 +346,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
     _check_fits(cluster, config)
     _check_database(cluster, args)
+    _check_executor(cluster, config)
     # Before the database is opened (SQLite creates its file then): a typo in the
     # entrypoint costs a second here instead of every trial's restarts.
     problems = check_entrypoint(config, config_path.resolve().parent)
@@ -553,9 +564,7 @@ def _cmd_agents(args: argparse.Namespace) -> int:
     else:
         with session_scope(db_url) as session:
             busy = Counter(
-                (h.pool, h.agent)
-                for h in allocations.holders(session)
-                if h.trial_id is not None and not h.stale
+                (h.pool, h.agent) for h in allocations.holders(session) if h.held and not h.stale
             )
     _console().print(agents_table(cluster, busy))
     return 0

@@ -39,6 +39,7 @@ from trials._validation import (
     allowed_fields,
     field_path,
     format_error,
+    mark_boolean_numbers,
 )
 from trials._yaml import YamlError, read_yaml
 
@@ -70,6 +71,12 @@ class ConfigError(Exception):
 class _Strict(BaseModel):
     # Infinities and NaN pass ``gt``/``le`` checks oddly and overflow later (Optuna, SQL).
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, data: Any) -> Any:
+        # YAML's `true` is not 1, as pydantic's lax mode would read it.
+        return mark_boolean_numbers(cls, data)
 
 
 def _json_problem(value: Any) -> str | None:
@@ -301,6 +308,20 @@ class ResourcesConfig(_Strict):
     # Determined's fair share: among experiments of equal priority, slots are divided
     # in proportion to their weights (and their demand).
     weight: float = Field(default=1.0, gt=0, le=1000)
+    # Warm workers: a trial's torchrun job stays alive for the next trial of its shape.
+    reuse_workers: bool = False
+    # With reuse_workers: keep the entrypoint's module between trials instead of
+    # re-importing it (its module globals then carry over: opt in knowingly).
+    keep_entrypoint_module: bool = False
+
+    @model_validator(mode="after")
+    def _keep_needs_reuse(self) -> ResourcesConfig:
+        if self.keep_entrypoint_module and not self.reuse_workers:
+            raise ValueError(
+                "keep_entrypoint_module: only with reuse_workers: true (a cold trial "
+                "always imports its module afresh)"
+            )
+        return self
 
 
 class ExperimentConfig(_Strict):

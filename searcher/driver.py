@@ -37,11 +37,11 @@ from searcher import control
 from searcher.config import ExperimentConfig
 from searcher.control import Control
 from searcher.driver_context import DriverContext, Timings, driver_log
-from searcher.experiments import UsageError, trial_counts
+from searcher.experiments import UsageError, executor_problem, trial_counts
 from searcher.outcomes import Outcomes
 from searcher.placement import PendingQueue
 from searcher.progress import SearchProgress
-from searcher.running import RunningTrials, end_leftovers
+from searcher.running import RunningTrials, end_leftover_warm_jobs, end_leftovers
 from searcher.study_side import StudySide, TellQueue, max_trials
 from storage import (
     Experiment,
@@ -97,7 +97,9 @@ class SearchDriver:
             check_schedulable(self.pool, slots)
         run_dir = _logs_root() / f"experiment-{self.experiment_id}"
         self.executor: Executor = executor_for(cluster)
-        problem = database_problem(self.executor, self.db_url)
+        problem = database_problem(self.executor, self.db_url) or executor_problem(
+            self.executor, self.config
+        )
         if problem:
             raise UsageError(problem)
         self.ctx = DriverContext(
@@ -137,6 +139,8 @@ class SearchDriver:
                 )
             )
             known_numbers = {t.optuna_trial_number for t in trials}
+            # A warm job's slots outlive its trials: it ends (and frees them) first.
+            end_leftover_warm_jobs(ctx, session)
             for trial in trials:
                 end_leftovers(ctx, session, trial)
         # Trials asked from Optuna whose row was never written (driver died in between)
@@ -228,13 +232,19 @@ class SearchDriver:
             )
         if self._control.action == "pause":
             self._running.preempt()
-            if not self._running:
+            if not self._running and not self._running.has_warm_jobs:
                 return ExperimentState.PAUSED
         else:
             study.fill_queue(len(self._running), self._pending)
             self._pending.place(self._running.launch, self._outcomes)
+            self._running.end_unneeded_warm_jobs(self._pending.sizes())
             study.flush_tells()
-            if not self._running and not self._pending and study.search_done():
+            if (
+                not self._running
+                and not self._pending
+                and not self._running.has_warm_jobs
+                and study.search_done()
+            ):
                 return study.completion_state()
         self._refresh_progress(progress)
         return None

@@ -32,6 +32,7 @@ __all__ = [
     "best_trials",
     "create_experiment",
     "driver_alive",
+    "executor_problem",
     "extend_experiment",
     "find_experiment",
     "request_action",
@@ -41,6 +42,26 @@ __all__ = [
 
 class UsageError(Exception):
     """A user mistake the CLI reports as one line with exit code 2."""
+
+
+def executor_problem(executor: Any, config: ExperimentConfig) -> str | None:
+    """Why ``config`` cannot run on ``executor``, or None.
+
+    Warm workers stay inside our own placement: an executor whose cluster engine places
+    each trial as its own job (Slurm with a ``slurm:`` jobs block) ends the job with
+    the trial, and holding that job between trials would hide it from Slurm's queue.
+
+    Example:
+        >>> executor_problem(LocalExecutor(), config) is None  # doctest: +SKIP
+        True
+    """
+    if config.resources.reuse_workers and executor.places_trials:
+        return (
+            "resources.reuse_workers: not available when the cluster's executor "
+            f"({executor.name}) submits each trial as its own job; set it to false, or "
+            "run the search inside an allocation"
+        )
+    return None
 
 
 def create_experiment(

@@ -51,6 +51,10 @@ class PendingQueue:
     def __len__(self) -> int:
         return len(self._pending)
 
+    def sizes(self) -> set[int]:
+        """The ``slots_per_trial`` of the waiting trials."""
+        return {pending.slots for pending in self._pending}
+
     def queue(self, trial: Trial) -> None:
         """Add ``trial`` to the queue (once: a retried tick may queue it again)."""
         if any(p.trial_id == trial.id for p in self._pending):

@@ -41,13 +41,14 @@ from storage import (
     Trial,
     TrialRun,
     TrialState,
+    WarmJob,
     retry_transient,
     session_scope,
     utcnow,
 )
 from trials import allocations as slot_ledger
-from trials import per_slot_batch_size
-from trials.attempts import end_run, open_runs, request_stop
+from trials import per_slot_batch_size, warm_jobs
+from trials.attempts import end_run, mark_processes_ended, open_runs, request_stop
 from trials.executors import LaunchRequest, TrialJob
 from trials.labels import trial_log_name
 from trials.launcher import DB_URL_ENV_VAR, write_log_line
@@ -79,6 +80,20 @@ class _Running:
     hang_reason: str | None = None
     # Queued in the executor's cluster engine, no process started yet (and why).
     waiting: str | None = None
+    # The warm job the attempt runs on (``resources.reuse_workers``).
+    warm_job_id: int | None = None
+
+
+@dataclass
+class _IdleJob:
+    """A warm job of this driver's between two trials: its processes wait for the next."""
+
+    job_id: int
+    job: TrialJob
+    slots: int
+    log_path: Path
+    # When this driver saw that the job was asked to end (its ranks exit on their own).
+    ending_since: float | None = None
 
 
 class RunningTrials:
@@ -88,9 +103,15 @@ class RunningTrials:
         self.ctx = ctx
         self.outcomes = outcomes
         self._running: dict[int, _Running] = {}
+        self._idle: dict[int, _IdleJob] = {}
 
     def __len__(self) -> int:
         return len(self._running)
+
+    @property
+    def has_warm_jobs(self) -> bool:
+        """Whether an idle warm job of this driver still has processes."""
+        return bool(self._idle)
 
     # ----------------------------------------------------------------- starting
     def launch(self, trial_id: int, placement: Placement | None) -> None:
@@ -101,6 +122,7 @@ class RunningTrials:
         that engine's queue until it starts.
         """
         ctx = self.ctx
+        self._check_reserved_job(trial_id)
         with session_scope(ctx.db_url) as session:
             trial = session.get(Trial, trial_id)
             assert trial is not None
@@ -109,6 +131,8 @@ class RunningTrials:
                 raise RuntimeError(
                     f"the trial has no value for hyperparameter(s) {', '.join(missing)}"
                 )
+            warm = warm_jobs.reserved_job(session, trial_id)
+            idle = self._idle.get(warm.id) if warm is not None else None
             # Two attempts never overlap: whatever is left of an earlier one ends first.
             for earlier in open_runs(session, trial_id):
                 if not end_run(session, earlier, reason="ended", grace_s=ctx.timings.kill_grace_s):
@@ -131,7 +155,8 @@ class RunningTrials:
                     {"agent": part.agent.name, "host": part.agent.host, "slots": list(part.slots)}
                     for part in (placement.agents if placement is not None else ())
                 ],
-                launch_token=uuid.uuid4().hex,
+                # A warm job's processes carry its first run's token; so do its runs.
+                launch_token=warm.launch_token if warm is not None else uuid.uuid4().hex,
                 restored_from_checkpoint=checkpoint.uuid if checkpoint else None,
                 restored_from_step=checkpoint.step if checkpoint else None,
                 reason=None if attempt == 0 else "continued",
@@ -143,9 +168,21 @@ class RunningTrials:
             session.flush()
             run_id, token = run.id, run.launch_token
             assert token is not None
-            spec = build_runtime_spec(ctx, trial, attempt, checkpoint)
+            warm_job_id: int | None = None
+            if warm is not None:
+                warm_job_id = warm.id
+            elif ctx.config.resources.reuse_workers and placement is not None:
+                warm_job_id = warm_jobs.open_job(
+                    session, run, placement, experiment_id=ctx.experiment_id
+                )
+            spec = build_runtime_spec(
+                ctx, trial, attempt, checkpoint, log_path=log_path, warm_job_id=warm_job_id
+            )
             spec_json = spec.model_dump_json(exclude={"db_url"})
             run.spec = json.loads(spec_json)
+            if warm is not None and idle is not None:
+                warm_jobs.hand_over(session, warm.id, run, run.spec)
+                idle.job.record(session, run)
             optuna_number, slots = trial.optuna_trial_number, trial.slots_per_trial
             restored_step = checkpoint.step if checkpoint else None
             _, dropped = per_slot_batch_size(int(trial.hparams["global_batch_size"]), slots)
@@ -168,8 +205,23 @@ class RunningTrials:
         write_log_line(
             log_path,
             f"trial {ctx.label(optuna_number)} attempt {attempt} on {where}"
+            + (f" (warm job {warm_job_id}, already running)" if idle is not None else "")
             + (f", restoring the checkpoint of step {restored_step}" if restored_step else ""),
         )
+        if idle is not None:
+            # The ranks are running: rank 0 takes the spec from the job's row.
+            del self._idle[idle.job_id]
+            self._running[trial_id] = _Running(
+                trial_id=trial_id,
+                optuna_number=optuna_number,
+                attempt=attempt,
+                slots=slots,
+                job=idle.job,
+                started=time.monotonic(),
+                run_id=run_id,
+                warm_job_id=idle.job_id,
+            )
+            return
         request = LaunchRequest(
             placement=placement,
             slots=slots,
@@ -211,15 +263,41 @@ class RunningTrials:
             started=time.monotonic(),
             run_id=run_id,
             waiting=job.waiting_reason(),
+            warm_job_id=warm_job_id,
         )
         if self._running[trial_id].waiting:
             write_log_line(log_path, self._running[trial_id].waiting or "")
 
+    def _check_reserved_job(self, trial_id: int) -> None:
+        """Refuse to start a trial on a warm job this driver does not run (asking it to end).
+
+        Cannot happen within one driver (a new driver ends every warm job left before
+        it starts anything); the trial then waits until the job's slots are freed.
+        """
+        with session_scope(self.ctx.db_url) as session:
+            warm = warm_jobs.reserved_job(session, trial_id)
+            if warm is None or warm.id in self._idle:
+                return
+            warm_jobs.request_end(session, warm.id, "its driver does not run it")
+        raise EarlierAttemptRunning(
+            f"trial {trial_id} waits: the warm job reserved for it is ending"
+        )
+
     # ----------------------------------------------------------------- reaping
     def reap(self) -> None:
-        """Record the outcome of every attempt that exited; end preempted ones past their grace."""
+        """Record the outcome of every attempt that exited; end preempted ones past their grace.
+
+        An attempt on a warm job that handed its slots back (its trial finished or was
+        pruned, its processes run on) is recorded like an exit with code 0, and its job
+        waits for the next trial of its shape; idle jobs that ended are closed.
+        """
+        handed_back = self._warm_handed_back()
         for trial_id, running in list(self._running.items()):
             exit_code = running.job.poll()
+            if exit_code is None and running.run_id in handed_back:
+                self._record_hand_back(running)
+                del self._running[trial_id]
+                continue
             if exit_code is None:
                 if running.waiting is not None:
                     self._follow_queued(running)
@@ -234,6 +312,107 @@ class RunningTrials:
             # Forgotten only once the outcome is committed: a tick that failed on the
             # database finds the exited run again and records it then.
             del self._running[trial_id]
+        self._reap_idle()
+
+    # ----------------------------------------------------------------- warm jobs
+    def _warm_handed_back(self) -> set[int]:
+        """Runs on warm jobs whose ranks handed the job back (the job is idle now)."""
+        runs = {r.warm_job_id: r.run_id for r in self._running.values() if r.warm_job_id}
+        if not runs:
+            return set()
+        with session_scope(self.ctx.db_url) as session:
+            current = dict(
+                session.execute(
+                    select(WarmJob.id, WarmJob.current_run_id).where(WarmJob.id.in_(list(runs)))
+                ).all()
+            )
+        return {run_id for job_id, run_id in runs.items() if current.get(job_id) != run_id}
+
+    def _record_hand_back(self, running: _Running) -> None:
+        """The trial on a warm job ended (finished or pruned) and its ranks stay for the next."""
+        assert running.warm_job_id is not None
+        elapsed = time.monotonic() - running.started
+        with session_scope(self.ctx.db_url) as session:
+            trial = session.get(Trial, running.trial_id)
+            run = session.get(TrialRun, running.run_id)
+            assert trial is not None and run is not None
+            trial.slot_seconds = (trial.slot_seconds or 0.0) + elapsed * running.slots
+            run.exit_code = trial.exit_code = 0
+            # Its processes live on as the warm job's (their rows end at the next hand-over).
+            run.ended_at = utcnow()
+            run.reason = run.reason or "ended; its ranks wait warm for the next trial"
+            log_path = Path(trial.log_path or self.ctx.run_dir / "warm.log")
+            self.outcomes.finalize(session, trial, exit_code=0)
+        self._idle[running.warm_job_id] = _IdleJob(
+            job_id=running.warm_job_id, job=running.job, slots=running.slots, log_path=log_path
+        )
+
+    def _reap_idle(self) -> None:
+        """Close the idle warm jobs whose processes exited; end those past their grace."""
+        if not self._idle:
+            return
+        with session_scope(self.ctx.db_url) as session:
+            asked = dict(
+                session.execute(
+                    select(WarmJob.id, WarmJob.end_reason).where(
+                        WarmJob.id.in_(list(self._idle)), WarmJob.end_requested_at.is_not(None)
+                    )
+                ).all()
+            )
+        now = time.monotonic()
+        for job_id, idle in list(self._idle.items()):
+            if job_id in asked and idle.ending_since is None:
+                idle.ending_since = now
+            exited = idle.job.poll() is not None
+            overdue = (
+                idle.ending_since is not None
+                and now - idle.ending_since > self.ctx.timings.kill_grace_s
+            )
+            if exited or overdue:
+                self._close_idle(idle, asked.get(job_id))
+
+    def _close_idle(self, idle: _IdleJob, reason: str | None) -> None:
+        """End an idle job's processes and, once they are gone, free its slots."""
+        if not idle.job.end(grace_s=self.ctx.timings.kill_grace_s):
+            return  # still there: the next tick tries again
+        with session_scope(self.ctx.db_url) as session:
+            job = session.get(WarmJob, idle.job_id)
+            run = warm_jobs.latest_run(session, job) if job is not None else None
+            if run is not None:
+                # Confirms the processes gone in the database too (their rows end).
+                end_run(session, run)
+                if run.ended_at is not None:
+                    mark_processes_ended(session, run)
+            warm_jobs.close_job(session, idle.job_id, reason)
+        write_log_line(
+            idle.log_path, f"warm job {idle.job_id} ended: {reason or 'its ranks exited'}"
+        )
+        del self._idle[idle.job_id]
+
+    def end_unneeded_warm_jobs(self, waiting_sizes: set[int]) -> None:
+        """Ask the idle jobs that no waiting trial of this experiment can use to end.
+
+        Runs after the tick's placement: a job still idle then was not handed a trial,
+        and one whose size no trial of this search waits for would only hold slots.
+        """
+        unneeded = [
+            idle
+            for idle in self._idle.values()
+            if idle.ending_since is None and idle.slots not in waiting_sizes
+        ]
+        if not unneeded:
+            return
+        with session_scope(self.ctx.db_url) as session:
+            for idle in unneeded:
+                warm_jobs.request_end(session, idle.job_id, "no trial of its shape waits")
+
+    def end_warm_jobs(self, reason: str) -> None:
+        """Ask every idle warm job to end (the search pauses, ends or is killed)."""
+        if not self._idle:
+            return
+        with session_scope(self.ctx.db_url) as session:
+            for idle in self._idle.values():
+                warm_jobs.request_end(session, idle.job_id, reason)
 
     def _follow_queued(self, running: _Running) -> None:
         """Note when an attempt queued in the cluster engine starts (or why it still waits).
@@ -276,6 +455,10 @@ class RunningTrials:
             # the slots go back to the ledger.
             if end_run(session, run, grace_s=0.0):
                 slot_ledger.release(session, running.trial_id)
+                if running.warm_job_id is not None:
+                    warm_jobs.close_job(
+                        session, running.warm_job_id, f"its trial's job exited ({exit_code})"
+                    )
             if running.preempted_at is not None and not (trial.finished_at or trial.pruned_at):
                 run.reason = "paused"
                 trial.state = TrialState.QUEUED
@@ -359,6 +542,7 @@ class RunningTrials:
 
     def preempt(self) -> None:
         """Ask every running attempt to checkpoint and stop (a pause); each is asked once."""
+        self.end_warm_jobs("the search pauses")
         asking = [r for r in self._running.values() if r.preempted_at is None]
         if not asking:
             return
@@ -379,6 +563,8 @@ class RunningTrials:
         Optuna's tells are queued in :attr:`outcomes`: flush them after this returns.
         """
         kill_grace_s = self.ctx.timings.kill_grace_s
+        for idle in list(self._idle.values()):
+            self._close_idle(idle, "the search stopped")
         for running in self._running.values():
             running.job.end(grace_s=kill_grace_s)
         with session_scope(self.ctx.db_url) as session:
@@ -389,6 +575,8 @@ class RunningTrials:
                 run.reason = run.reason or "killed"
                 if end_run(session, run):
                     slot_ledger.release(session, running.trial_id)
+                    if running.warm_job_id is not None:
+                        warm_jobs.close_job(session, running.warm_job_id, "the search stopped")
                 if control.action == "kill":
                     trial.error = "killed by user"
                     self.outcomes.fail(trial)
@@ -398,6 +586,29 @@ class RunningTrials:
                 else:
                     trial.state = TrialState.QUEUED
         self._running.clear()
+
+
+def end_leftover_warm_jobs(ctx: DriverContext, session: Session) -> None:
+    """End the warm jobs a dead driver left (idle or running a trial), then free their slots.
+
+    Their processes are found like any leftover attempt's: by the newest run's recorded
+    processes and launch token. A job whose processes cannot be ended from here keeps
+    its slots, and resuming says so.
+    """
+    for job in warm_jobs.live_jobs(session, ctx.experiment_id):
+        run = warm_jobs.latest_run(session, job)
+        if run is not None:
+            from trials.executors import executor_named
+
+            executor = executor_named(run.executor)
+            if not executor.end_leftovers(session, run, grace_s=ctx.timings.kill_grace_s):
+                hosts = sorted({node.get("host", "?") for node in run.agents or []})
+                raise UsageError(
+                    f"warm job {job.id} still has processes on {', '.join(hosts)} that this "
+                    "machine cannot end; end them, then resume"
+                )
+            mark_processes_ended(session, run)
+        warm_jobs.close_job(session, job.id, "driver stopped; its trial continues cold")
 
 
 def end_leftovers(ctx: DriverContext, session: Session, trial: Trial) -> None:

@@ -22,6 +22,7 @@ from searcher.config import ExperimentConfig
 from searcher.driver_context import DriverContext
 from storage import Checkpoint, Trial
 from trials import RuntimeSpec
+from trials._config import WarmSpec
 
 
 def checkpoint_root(config: ExperimentConfig, model_dir: Path) -> Path:
@@ -36,10 +37,29 @@ def checkpoint_root(config: ExperimentConfig, model_dir: Path) -> Path:
 
 
 def build_runtime_spec(
-    ctx: DriverContext, trial: Trial, attempt: int, checkpoint: Checkpoint | None
+    ctx: DriverContext,
+    trial: Trial,
+    attempt: int,
+    checkpoint: Checkpoint | None,
+    *,
+    log_path: Path | None = None,
+    warm_job_id: int | None = None,
 ) -> RuntimeSpec:
-    """The spec of ``trial``'s attempt ``attempt``, restoring ``checkpoint`` if given."""
-    return runtime_spec_of(
+    """The spec of ``trial``'s attempt ``attempt``, restoring ``checkpoint`` if given.
+
+    ``warm_job_id``: the attempt runs on that warm job (``resources.reuse_workers``),
+    whose ranks then wait for the next trial instead of exiting.
+    """
+    warm = (
+        None
+        if warm_job_id is None
+        else WarmSpec(
+            job_id=warm_job_id,
+            keep_entrypoint_module=ctx.config.resources.keep_entrypoint_module,
+            driver_lease_s=ctx.timings.lease_s,
+        )
+    )
+    spec = runtime_spec_of(
         ctx.config,
         db_url=ctx.db_url,
         experiment_id=ctx.experiment_id,
@@ -53,6 +73,9 @@ def build_runtime_spec(
         attempt=attempt,
         checkpoint_path=checkpoint.path if checkpoint else None,
         agent=ctx.pool.agents[0].name,
+    )
+    return spec.model_copy(
+        update={"log_path": None if log_path is None else str(log_path), "warm": warm}
     )
 
 

@@ -210,7 +210,12 @@ def best_trials_table(trials: Sequence[Trial], metric: str, title: str = "Best t
 
 # ------------------------------------------------------------------ task list
 def task_rows(holders: Sequence[SlotHolder]) -> list[dict[str, Any]]:
-    """One row per slot with the experiment and trial holding it (None when free)."""
+    """One row per slot with the experiment and trial holding it (None when free).
+
+    A warm job's slot carries the job (``warm_job_id``) and what it does
+    (``warm_state``: running, reserved, idle or ending); an idle or ending job holds
+    its slots without a trial.
+    """
     return [
         {
             "pool": h.pool,
@@ -223,26 +228,45 @@ def task_rows(holders: Sequence[SlotHolder]) -> list[dict[str, Any]]:
                 if h.experiment_id is None or h.trial_number is None
                 else trial_label(h.experiment_id, h.trial_number)
             ),
+            "warm_job_id": h.warm_job_id,
+            "warm_state": h.warm_state,
         }
         for h in holders
     ]
 
 
+def warm_text(row: Mapping[str, Any]) -> str:
+    """A slot's warm job in :func:`tasks_table`: its id and state, ``-`` for none.
+
+    Example:
+        >>> warm_text({"warm_job_id": 3, "warm_state": "idle"}), warm_text({"warm_job_id": None})
+        ('3 idle', '-')
+    """
+    job = row.get("warm_job_id")
+    return "-" if job is None else f"{job} {row.get('warm_state')}"
+
+
 def tasks_table(rows: Sequence[Mapping[str, Any]]) -> Table:
+    """Every slot as ``task list`` prints it: where it is, the trial on it, and, when any
+    slot is a warm job's, that job and its state (an idle job's slots show no trial)."""
     table = _table("Tasks")
     for column in ("pool", "agent", "host"):
         table.add_column(column, overflow="fold")
     for column in ("slot", "experiment", "trial"):
         table.add_column(column, **_SHORT)
+    warm = any(row.get("warm_job_id") is not None for row in rows)
+    if warm:
+        table.add_column("warm job", **_SHORT)
     for row in rows:
-        table.add_row(
+        cells = [
             row["pool"],
             row["agent"],
             row["host"],
             str(row["slot"]),
             format_value(row["experiment"]),
             format_value(row["trial"]),
-        )
+        ]
+        table.add_row(*cells, *([warm_text(row)] if warm else []))
     return table
 
 

@@ -36,6 +36,7 @@ from storage._models import (
     TrialProcess,
     TrialRun,
     TrialState,
+    WarmJob,
     utcnow,
 )
 from storage._open import DatabaseUrlError, check_database_url
@@ -74,6 +75,7 @@ __all__ = [
     "TrialProcess",
     "TrialRun",
     "TrialState",
+    "WarmJob",
     "absolute_db_url",
     "check_database_url",
     "claim_attempt",

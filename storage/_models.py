@@ -304,6 +304,48 @@ class Allocation(Base):
     allocated_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
     # Renewed by the owning driver; past it, another driver may reclaim the slot.
     lease_expires_at: Mapped[_dt.datetime] = mapped_column(DateTime, index=True)
+    # The warm job whose processes hold the slot (``resources.reuse_workers``). While
+    # the job is idle ``trial_id`` is the last trial it ran; when a decision hands it
+    # the next trial, the rows move to that trial, so the slot is never free between.
+    warm_job_id: Mapped[int | None] = mapped_column(Integer, index=True)
+
+
+class WarmJob(Base):
+    """A trial's ``torchrun`` job kept alive to run the next trials of its shape.
+
+    With ``resources.reuse_workers`` a trial that finished or was pruned hands its ranks
+    back instead of exiting: rank 0 clears ``current_run_id`` (the job is idle). A
+    placement decision reserves an idle job for the next waiting trial of the same shape
+    (``reserved_trial_id``; the slot rows move to it) or asks it to end
+    (``end_requested_at``) when no such trial waits or its slots are needed by another;
+    the owning driver then writes the next run and spec (``next_run_id``,
+    ``next_spec``), which rank 0 takes and broadcasts to every rank. ``launch_token``
+    is the token every process of the job carries (the first run's), so a later driver
+    finds the job's processes after a crash.
+    """
+
+    __tablename__ = "slotsweep_warm_jobs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("slotsweep_experiments.id", ondelete="CASCADE"), index=True
+    )
+    resource_pool: Mapped[str] = mapped_column(String(255))
+    slots: Mapped[int] = mapped_column(Integer)
+    # One entry per agent ({"agent", "host", "slots"}), as a queue row's placement.
+    placement: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    launch_token: Mapped[str] = mapped_column(String(64))
+    started_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+    current_trial_id: Mapped[int | None] = mapped_column(Integer)
+    current_run_id: Mapped[int | None] = mapped_column(Integer)
+    reserved_trial_id: Mapped[int | None] = mapped_column(Integer)
+    next_run_id: Mapped[int | None] = mapped_column(Integer)
+    next_spec: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    idle_since: Mapped[_dt.datetime | None] = mapped_column(DateTime)
+    trials_run: Mapped[int] = mapped_column(Integer, default=0)
+    end_requested_at: Mapped[_dt.datetime | None] = mapped_column(DateTime)
+    end_reason: Mapped[str | None] = mapped_column(Text)
+    ended_at: Mapped[_dt.datetime | None] = mapped_column(DateTime, index=True)
 
 
 class QueuedTrial(Base):

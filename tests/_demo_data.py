@@ -66,6 +66,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy import delete, select
+
 from storage import (
     Allocation,
     Checkpoint,
@@ -73,11 +75,13 @@ from storage import (
     ExperimentState,
     Metric,
     MetricKind,
+    QueuedTrial,
     SystemMetric,
     Timing,
     Trial,
     TrialRun,
     TrialState,
+    WarmJob,
     claim_attempt,
     get_engine,
     metric_rows,
@@ -952,11 +956,20 @@ def write_queue_cluster_file(path: Path) -> Path:
 
 
 def _queue_experiment(
-    url: str, root: Path, name: str, *, pool: str = QUEUE_POOL, priority: int = 42, slots: int = 1
+    url: str,
+    root: Path,
+    name: str,
+    *,
+    pool: str = QUEUE_POOL,
+    priority: int = 42,
+    slots: int = 1,
+    reuse_workers: bool = False,
 ) -> tuple[_Experiment, optuna.Study]:
     """A search of ``slots``-slot trials at ``priority`` in ``pool``, its driver alive."""
     raw = experiment_config(name, max_trials=8, checkpoint_dir=root / "checkpoints")
     raw["resources"] = {"slots_per_trial": slots, "resource_pool": pool, "priority": priority}
+    if reuse_workers:
+        raw["resources"]["reuse_workers"] = True
     experiment = _create_experiment(url, raw, root)
     return experiment, _load_study(experiment)
 
@@ -1109,6 +1122,181 @@ def seed_cluster_queue(url: str, root: Path) -> QueueDemo:
         paused_trial=paused_label,
         placed_trial=second_label,
         small_running_trial=first_label,
+    )
+
+
+# --- Warm jobs ---------------------------------------------------------------------------
+# A search with ``resources.reuse_workers``: its trials' jobs outlive them. The jobs are
+# opened, handed back, reserved, handed over and asked to end by the code that does it
+# in a real search (trials.warm_jobs, rank 0's trials.runtime._warm.WarmChannel and
+# the real placement decision); no process runs.
+
+WARM_POOL = "default"
+WARM_AGENTS = ("w0", "w1", "w2", "w3", "w4")  # 2 slots each
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmDemo:
+    """Four warm jobs of one search (2 slots each, one agent each) and a free agent."""
+
+    url: str
+    cluster_file: Path
+    experiment_id: int
+    running_job: int
+    """Ran ``finished_trials[0]``, now runs ``running_trial``."""
+    running_trial: str
+    reserved_job: int
+    """Ran ``finished_trials[1]``; a decision reserved it for ``reserved_trial``."""
+    reserved_trial: str
+    idle_job: int
+    """Ran ``finished_trials[2]`` and waits for the next trial of its shape."""
+    ending_job: int
+    """Ran ``finished_trials[3]``; its driver asked it to end (no trial of its shape waits)."""
+    finished_trials: tuple[str, ...]
+    agents: dict[int, str]
+    """Job id -> the agent whose 2 slots it holds."""
+
+
+def write_warm_cluster_file(path: Path) -> Path:
+    """A cluster file of pool ``default``: agents w0..w4 of 2 slots each."""
+    import yaml
+
+    agents = [{"name": name, "host": HOST, "slots": 2} for name in WARM_AGENTS]
+    path.write_text(yaml.safe_dump({"resource_pools": [{"name": WARM_POOL, "agents": agents}]}))
+    return path
+
+
+def _start_warm(url: str, experiment_id: int, trial_id: int, placement: Placement) -> int:
+    """The driver launches a trial of a ``reuse_workers`` search: a new warm job; its id."""
+    from trials import warm_jobs
+
+    with session_scope(url) as session:
+        trial = session.get_one(Trial, trial_id)
+        trial.state = TrialState.RUNNING
+        trial.started_at = utcnow()
+        run = TrialRun(
+            trial_id=trial_id,
+            attempt=0,
+            agents=warm_jobs.placement_record(placement),
+            launch_token=_uuid.uuid4().hex,
+        )
+        session.add(run)
+        session.flush()
+        return warm_jobs.open_job(session, run, placement, experiment_id=experiment_id)
+
+
+def _hand_back(url: str, experiment_id: int, job_id: int, trial_id: int) -> None:
+    """The trial on a warm job completed: rank 0 hands the job back, the driver records it."""
+    from types import SimpleNamespace
+
+    from trials.runtime._warm import WarmChannel
+
+    spec = SimpleNamespace(
+        warm=SimpleNamespace(job_id=job_id, driver_lease_s=_QUEUE_LEASE_S),
+        experiment_id=experiment_id,
+        db_url=url,
+    )
+    channel = WarmChannel(spec, info=None)  # type: ignore[arg-type]  # rank 0's fields only
+    if not channel.hand_back(trial_id):
+        raise RuntimeError(f"warm job {job_id} does not run trial {trial_id}")
+    with session_scope(url) as session:
+        run = session.scalars(select(TrialRun).where(TrialRun.trial_id == trial_id)).one()
+        run.exit_code = 0
+        run.ended_at = utcnow()
+        run.reason = "ended; its ranks wait warm for the next trial"
+    _finish_trial(url, trial_id, TrialState.COMPLETED)
+
+
+def _hand_over(url: str, trial_id: int) -> None:
+    """The driver takes its trial placed on a reserved warm job and hands the job its run."""
+    from trials import warm_jobs
+
+    with session_scope(url) as session:
+        job = warm_jobs.reserved_job(session, trial_id)
+        assert job is not None, f"no warm job is reserved for trial {trial_id}"
+        session.execute(delete(QueuedTrial).where(QueuedTrial.trial_id == trial_id))
+        trial = session.get_one(Trial, trial_id)
+        trial.state = TrialState.RUNNING
+        trial.started_at = utcnow()
+        run = TrialRun(
+            trial_id=trial_id,
+            attempt=0,
+            agents=job.placement,
+            launch_token=job.launch_token,
+            # Stands in for the runtime spec rank 0 would take: nothing reads it here.
+            spec={"trial_id": trial_id},
+        )
+        session.add(run)
+        session.flush()
+        warm_jobs.hand_over(session, job.id, run, run.spec or {})
+
+
+def seed_warm_jobs(url: str, root: Path) -> WarmDemo:
+    """Warm jobs in each state, as their search's driver, its ranks and a decision leave them.
+
+    Search ``warm-search`` (2-slot trials, ``reuse_workers``) ran four trials, each on
+    a new warm job of one agent, and all four completed: their jobs went idle. Then it
+    asked two more trials, and a decision made by another search's driver
+    (``warm-bystander``, same pool, nothing queued) reserved the two jobs idle longest
+    for them: the first is handed over (running), the second waits for its driver
+    (reserved). Of the other two, one stays idle and one its driver asked to end. The
+    fifth agent is free. Takes about a second.
+    """
+    import optuna
+
+    from trials import warm_jobs
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    root.mkdir(parents=True, exist_ok=True)
+    cluster_file = write_warm_cluster_file(root / "cluster.yaml")
+    warm, study = _queue_experiment(
+        url, root, "warm-search", pool=WARM_POOL, slots=2, reuse_workers=True
+    )
+    bystander, _ = _queue_experiment(url, root, "warm-bystander", pool=WARM_POOL)
+
+    first = [_queued_trial(warm, study) for _ in range(4)]
+    _enqueue(warm, [trial_id for trial_id, _ in first])
+    placed = dict(_decide(warm, cluster_file))
+    jobs = [
+        _start_warm(url, warm.experiment_id, trial_id, placed[trial_id]) for trial_id, _ in first
+    ]
+    for job_id, (trial_id, _) in zip(jobs, first, strict=True):
+        _hand_back(url, warm.experiment_id, job_id, trial_id)
+    (next_id, next_label), (reserved_id, reserved_label) = [
+        _queued_trial(warm, study) for _ in range(2)
+    ]
+    _enqueue(warm, [next_id, reserved_id])
+    if _decide(bystander, cluster_file):
+        raise RuntimeError("the bystander has no trial to place")
+    with session_scope(url) as session:
+        reserved = dict(
+            session.execute(
+                select(WarmJob.reserved_trial_id, WarmJob.id).where(
+                    WarmJob.reserved_trial_id.is_not(None)
+                )
+            ).all()
+        )
+        agents = {
+            job_id: placement[0]["agent"]
+            for job_id, placement in session.execute(select(WarmJob.id, WarmJob.placement))
+        }
+    # The jobs idle longest (handed back first) get the trials, in order.
+    assert reserved == {next_id: jobs[0], reserved_id: jobs[1]}, reserved
+    _hand_over(url, next_id)
+    with session_scope(url) as session:
+        warm_jobs.request_end(session, jobs[3], "no trial of its shape waits")
+    return WarmDemo(
+        url=url,
+        cluster_file=cluster_file,
+        experiment_id=warm.experiment_id,
+        running_job=jobs[0],
+        running_trial=next_label,
+        reserved_job=jobs[1],
+        reserved_trial=reserved_label,
+        idle_job=jobs[2],
+        ending_job=jobs[3],
+        finished_trials=tuple(label for _, label in first),
+        agents=agents,
     )
 
 

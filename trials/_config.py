@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from trials._validation import INT32_MAX
+from trials._validation import INT32_MAX, mark_boolean_numbers
 
 # A ``tensor_fusion_threshold`` (DDP's bucket size in MiB) above 1 TiB means a typo.
 _MAX_BUCKET_MB = 1024.0 * 1024.0
@@ -21,6 +21,12 @@ _MAX_SAMPLE_INTERVAL_S = 86_400.0
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, data: Any) -> Any:
+        # YAML's `true` is not 1, as pydantic's lax mode would read it.
+        return mark_boolean_numbers(cls, data)
 
 
 class Length(_Strict):
@@ -110,6 +116,22 @@ class PrunerSpec(_Strict):
         return getattr(optuna.pruners, self.name)(**self.kwargs)
 
 
+class WarmSpec(_Strict):
+    """How a rank of a warm job (``resources.reuse_workers``) waits for its next trial.
+
+    Example:
+        >>> WarmSpec(job_id=3).keep_entrypoint_module
+        False
+    """
+
+    job_id: int
+    #: Keep the user's entrypoint module between trials instead of re-importing it.
+    keep_entrypoint_module: bool = False
+    #: An idle job whose driver's heartbeat is older than this ends itself: nobody
+    #: would hand it a trial or end it.
+    driver_lease_s: float = Field(default=30.0, gt=0)
+
+
 class RuntimeSpec(_Strict):
     """Everything a rank needs to run one trial, written by the driver as JSON.
 
@@ -143,3 +165,7 @@ class RuntimeSpec(_Strict):
     seed: int | None = None
     restore_checkpoint_path: str | None = None
     agent: str = "local"
+    #: The trial's log file: a warm job's ranks write each trial's lines to its own log.
+    log_path: str | None = None
+    #: Set when the trial runs on a warm job (its ranks stay for the next trial).
+    warm: WarmSpec | None = None

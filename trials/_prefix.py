@@ -138,13 +138,19 @@ def write_to_log_target() -> None:
     os.close(fd)
 
 
+# The prefixer of :func:`run_prefixed` while its body runs (prefix and handle), so
+# :func:`retarget_output` can move it to another log.
+_active: dict[str, object] = {}
+
+
 def run_prefixed(prefix: str, body: Callable[[], int]) -> int:
     """``body()`` with this process's output prefixed by ``prefix``; its exit code.
 
     A ``SystemExit`` keeps its code; any other exception is printed (prefixed, while
     the prefixer still runs) and gives 1, as an uncaught exception would.
     """
-    prefixer = prefix_output(prefix)
+    _active["prefix"] = prefix
+    _active["handle"] = prefix_output(prefix)
     try:
         return body()
     except SystemExit as exit_:
@@ -155,4 +161,24 @@ def run_prefixed(prefix: str, body: Callable[[], int]) -> int:
         traceback.print_exc()
         return 1
     finally:
-        stop_prefixing(*prefixer)
+        handle = _active.pop("handle")
+        assert isinstance(handle, tuple)
+        stop_prefixing(*handle)
+
+
+def retarget_output(path: str) -> None:
+    """Write this process's (prefixed) output to the file ``path`` from now on.
+
+    A rank of a warm job calls it before each next trial, so every trial's lines land
+    in that trial's own log. The current prefixer drains everything written so far to
+    the old log first.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    handle = _active.get("handle")
+    if isinstance(handle, tuple):
+        stop_prefixing(*handle)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    if isinstance(handle, tuple):
+        _active["handle"] = prefix_output(str(_active["prefix"]))

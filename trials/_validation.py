@@ -28,6 +28,52 @@ VALUE_ERROR_PREFIX = "Value error, "
 INT32_MAX = 2**31 - 1
 
 
+def is_number_annotation(annotation: Any) -> bool:
+    """Whether a field annotated ``annotation`` holds a number (``int``, ``float``, optional).
+
+    pydantic's lax mode reads YAML's ``true`` as 1 for such a field; a boolean where a
+    number belongs is a mistake, and config models refuse it with this test.
+
+    Example:
+        >>> is_number_annotation(float | None), is_number_annotation(bool)
+        (True, False)
+    """
+    if annotation in (int, float):
+        return True
+    args = typing.get_args(annotation)
+    return bool not in args and any(arg in (int, float) for arg in args)
+
+
+class _BooleanForNumber:
+    """A YAML boolean found where a number belongs: pydantic refuses it as no number."""
+
+    def __init__(self, value: bool) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return str(self.value).lower()
+
+
+def mark_boolean_numbers(model: type[BaseModel], data: Any) -> Any:
+    """``data`` with every ``true``/``false`` given for a number field of ``model`` marked.
+
+    The field's own validation then refuses the mark (``Input should be a valid
+    number (got true)``) at the field's own path, as it refuses any other non-number.
+    Call it from a ``mode="before"`` model validator.
+    """
+    if not isinstance(data, dict):
+        return data
+    marked: dict[Any, Any] | None = None
+    for name, value in data.items():
+        if not isinstance(value, bool):
+            continue
+        field = model.model_fields.get(name) if isinstance(name, str) else None
+        if field is not None and is_number_annotation(field.annotation):
+            marked = marked if marked is not None else dict(data)
+            marked[name] = _BooleanForNumber(value)
+    return data if marked is None else marked
+
+
 def validation_problems(exc: ValidationError, root: type[BaseModel]) -> list[str]:
     """Every error of ``exc`` as one line, sorted and without duplicates."""
     return sorted({format_error(error, root) for error in exc.errors()})

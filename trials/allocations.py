@@ -26,17 +26,32 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import ColumnElement, case, delete, null, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from storage import Allocation, Experiment, Trial, utcnow
+from storage import Allocation, Experiment, Trial, WarmJob, utcnow
 from trials.scheduler import Cluster, Placement, ResourcePool
+
+WARM_RUNNING = "running"
+"""A warm job's state in :attr:`SlotHolder.warm_state`: it runs the slot's trial."""
+WARM_RESERVED = "reserved"
+"""A decision reserved the idle job for the slot's trial; its driver hands it over next."""
+WARM_IDLE = "idle"
+"""The job's ranks wait for the next trial of their shape; no trial holds the slot."""
+WARM_ENDING = "ending"
+"""The job was asked to end (or has ended): its slots free once its processes are gone."""
 
 
 @dataclass(frozen=True)
 class SlotHolder:
-    """One slot of the cluster and who holds it (``None`` ids: the slot is free)."""
+    """One slot of the cluster and who holds it (see :attr:`held`).
+
+    A slot of a warm job (``resources.reuse_workers``) carries ``warm_job_id`` and
+    ``warm_state``. Its trial is the one running on the job, or reserved to run on it
+    next; an idle or ending job holds the slot without a trial (``trial_id`` and
+    ``trial_number`` are None), since the last trial it ran has finished.
+    """
 
     pool: str
     agent: str
@@ -51,6 +66,42 @@ class SlotHolder:
     stale: bool = False
     """The holder's lease ran out (its driver stopped renewing); the slot is freed once
     the trial's processes are confirmed gone."""
+    warm_job_id: int | None = None
+    warm_state: str | None = None
+    """:data:`WARM_RUNNING`, :data:`WARM_RESERVED`, :data:`WARM_IDLE` or
+    :data:`WARM_ENDING` for a warm job's slot, else None."""
+
+    @property
+    def held(self) -> bool:
+        """Whether a trial or a warm job holds the slot (False: the slot is free)."""
+        return self.trial_id is not None or self.warm_job_id is not None
+
+
+def warm_state_column() -> ColumnElement[str | None]:
+    """SQL for :attr:`SlotHolder.warm_state` of an ``Allocation`` row outer-joined to
+    its ``WarmJob`` (``WarmJob.id == Allocation.warm_job_id``): one of the ``WARM_*``
+    states, None for a slot of no warm job.
+
+    A job asked to end stays :data:`WARM_RUNNING` until its trial is over (its ranks
+    exit after it); a reservation for a job that ends is void. A slot whose job row is
+    gone counts as ending: only the job's end frees it.
+    """
+    return case(
+        (Allocation.warm_job_id.is_(None), null()),
+        (or_(WarmJob.id.is_(None), WarmJob.ended_at.is_not(None)), WARM_ENDING),
+        (WarmJob.current_trial_id.is_not(None), WARM_RUNNING),
+        (WarmJob.end_requested_at.is_not(None), WARM_ENDING),
+        (WarmJob.reserved_trial_id.is_not(None), WARM_RESERVED),
+        else_=WARM_IDLE,
+    )
+
+
+def trial_holds(warm_state: str | None) -> bool:
+    """Whether a slot in ``warm_state`` is held by its ledger row's trial.
+
+    An idle or ending warm job's row keeps the last trial the job ran, which is over.
+    """
+    return warm_state in (None, WARM_RUNNING, WARM_RESERVED)
 
 
 def free_slots(session: Session, pool: ResourcePool) -> dict[str, frozenset[int]]:
@@ -127,8 +178,14 @@ def claim(
 
 
 def release(session: Session, trial_id: int) -> None:
-    """Free every slot ``trial_id`` holds (it finished, failed or was never launched)."""
-    session.execute(delete(Allocation).where(Allocation.trial_id == trial_id))
+    """Free every slot ``trial_id`` holds (it finished, failed or was never launched).
+
+    Slots of a warm job stay held: its processes may outlive the trial, and they are
+    freed with the job (:func:`trials.warm_jobs.close_job`) once those are gone.
+    """
+    session.execute(
+        delete(Allocation).where(Allocation.trial_id == trial_id, Allocation.warm_job_id.is_(None))
+    )
 
 
 def renew_leases(session: Session, experiment_id: int, lease_s: float) -> None:
@@ -164,30 +221,21 @@ def holders(
 
     With ``cluster``, every slot of every declared agent appears (free ones without a
     holder), followed by held slots of agents the cluster does not declare (another
-    driver's cluster file). Without it, only held slots.
+    driver's cluster file). Without it, only held slots. A warm job's slot names the
+    job and its state; while the job is idle it names no trial (the ledger row keeps
+    the last trial the job ran, which has finished).
     """
     now = utcnow() if now is None else now
     rows = session.execute(
-        select(Allocation, Experiment.name, Trial.optuna_trial_number)
+        select(Allocation, Experiment.name, Trial.optuna_trial_number, warm_state_column())
         .outerjoin(Experiment, Experiment.id == Allocation.experiment_id)
         .outerjoin(Trial, Trial.id == Allocation.trial_id)
+        .outerjoin(WarmJob, WarmJob.id == Allocation.warm_job_id)
         .order_by(Allocation.resource_pool, Allocation.agent, Allocation.slot)
     ).all()
     held = {
-        (row.resource_pool, row.agent, row.slot): SlotHolder(
-            pool=row.resource_pool,
-            agent=row.agent,
-            host=row.host,
-            slot=row.slot,
-            experiment_id=row.experiment_id,
-            trial_id=row.trial_id,
-            experiment_name=name,
-            trial_number=number,
-            allocated_at=row.allocated_at,
-            lease_expires_at=row.lease_expires_at,
-            stale=row.lease_expires_at <= now,
-        )
-        for row, name, number in rows
+        (row.resource_pool, row.agent, row.slot): _holder(row, name, number, state, now)
+        for row, name, number, state in rows
     }
     result: list[SlotHolder] = []
     if cluster is not None:
@@ -197,6 +245,32 @@ def holders(
                 result.append(holder or SlotHolder(pool.name, agent.name, agent.host, slot))
     result.extend(held.values())
     return result
+
+
+def _holder(
+    row: Allocation,
+    experiment_name: str | None,
+    trial_number: int | None,
+    state: str | None,
+    now: _dt.datetime,
+) -> SlotHolder:
+    """The holder of one ledger row; a warm job's slot with its job's state."""
+    with_trial = trial_holds(state)
+    return SlotHolder(
+        pool=row.resource_pool,
+        agent=row.agent,
+        host=row.host,
+        slot=row.slot,
+        experiment_id=row.experiment_id,
+        trial_id=row.trial_id if with_trial else None,
+        experiment_name=experiment_name,
+        trial_number=trial_number if with_trial else None,
+        allocated_at=row.allocated_at,
+        lease_expires_at=row.lease_expires_at,
+        stale=row.lease_expires_at <= now,
+        warm_job_id=row.warm_job_id,
+        warm_state=state,
+    )
 
 
 def _is_unique_violation(exc: IntegrityError) -> bool:

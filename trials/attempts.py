@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 
-from storage import ProcessRole, TrialProcess, TrialRun, utcnow
+from storage import Allocation, ProcessRole, TrialProcess, TrialRun, WarmJob, utcnow
 from trials.processes import (
     ProcessRef,
     end_processes,
@@ -145,6 +145,18 @@ def trial_processes_gone(session: Session, trial_id: int) -> bool:
     from trials.executors import executor_named
 
     runs = list(session.scalars(select(TrialRun).where(TrialRun.trial_id == trial_id)))
+    # A warm job holding the trial's slots runs the processes of its newest run, whichever
+    # trial that was (an idle job reserved for this trial has run none of it yet).
+    jobs = select(Allocation.warm_job_id).where(
+        Allocation.trial_id == trial_id, Allocation.warm_job_id.is_not(None)
+    )
+    tokens = select(WarmJob.launch_token).where(WarmJob.id.in_(jobs), WarmJob.ended_at.is_(None))
+    for token in session.scalars(tokens):
+        newest = session.scalars(
+            select(TrialRun).where(TrialRun.launch_token == token).order_by(TrialRun.id.desc())
+        ).first()
+        if newest is not None and newest not in runs:
+            runs.append(newest)
     gone = True
     for run in runs:
         if not executor_named(run.executor).leftovers_gone(session, run):

@@ -56,6 +56,7 @@ from storage import (
     utcnow,
 )
 from trials import allocations as slot_ledger
+from trials import warm_jobs
 from trials.attempts import request_stop
 from trials.labels import trial_label
 from trials.scheduler import (
@@ -240,6 +241,7 @@ def decide(
             for name, slots in free.items()
         }
     free_total = sum(len(slots) for slots in free.values())
+    idle = warm_jobs.idle_jobs(session, pool.name)
     # Per (experiment, size, priority) the trials wait in arrival order, and no
     # decision can place more than free_total // size trials of a size: only those,
     # plus one to stand for the rest of its class, need to reach the scheduler. A
@@ -271,11 +273,77 @@ def decide(
             waiting.c.slots,
             waiting.c.priority,
             waiting.c.weight,
-        ).where((waiting.c.position - 1) * waiting.c.slots <= free_total)
+        ).where(
+            # An idle warm job's slots may go to a waiting trial of its shape too.
+            (waiting.c.position - 1) * waiting.c.slots
+            <= free_total + sum(job.slots for job in idle)
+        )
     ).all()
-    if rows:
-        _place(session, pool, free, rows, now=now, lease_s=lease_s)
+    held_back = _held_back_for_warm_jobs(rows, idle)
+    placeable = [row for row in rows if row.trial_id not in held_back]
+    if placeable:
+        _place(session, pool, free, placeable, now=now, lease_s=lease_s)
+    if idle:
+        _settle_warm_jobs(session, rows, held_back, idle, experiment_id=experiment_id, now=now)
     return _take_placed(session, pool, experiment_id)
+
+
+def _held_back_for_warm_jobs(rows: Sequence[Any], idle: Sequence[warm_jobs.IdleJob]) -> set[int]:
+    """The first waiting trials of each idle warm job's shape, one per job.
+
+    They are kept out of the scheduler's pass, so free slots elsewhere do not start
+    them cold while a job of their shape waits for them.
+    """
+    jobs_per_shape: dict[tuple[int, int], int] = defaultdict(int)
+    for job in idle:
+        jobs_per_shape[(job.experiment_id, job.slots)] += 1
+    held: set[int] = set()
+    for row in sorted(rows, key=lambda row: (row.priority, row.trial_id)):
+        shape = (row.experiment_id, row.slots)
+        if jobs_per_shape.get(shape, 0) > 0:
+            jobs_per_shape[shape] -= 1
+            held.add(row.trial_id)
+    return held
+
+
+def _settle_warm_jobs(
+    session: Session,
+    rows: Sequence[Any],
+    held_back: set[int],
+    idle: Sequence[warm_jobs.IdleJob],
+    *,
+    experiment_id: int,
+    now: _dt.datetime,
+) -> None:
+    """Reserve each idle warm job for a waiting trial of its shape, or ask it to end."""
+    ids = [row.trial_id for row in rows]
+    unplaced = set(
+        session.scalars(
+            select(QueuedTrial.trial_id).where(
+                QueuedTrial.trial_id.in_(ids), QueuedTrial.placement.is_(None)
+            )
+        )
+    )
+    waiting = [
+        warm_jobs.WaitingTrial(row.trial_id, row.experiment_id, row.slots, row.priority)
+        for row in rows
+        if row.trial_id in unplaced
+    ]
+    labels = warm_jobs.trial_numbers(session, [trial.trial_id for trial in waiting])
+    match = warm_jobs.match_idle_jobs(
+        idle, waiting, deciding_experiment=experiment_id, label=labels.get
+    )
+    for job_id, trial_id in match.reserved.items():
+        warm_jobs.reserve(session, job_id, trial_id, now)
+    for job_id, reason in match.ending.items():
+        warm_jobs.request_end(session, job_id, reason)
+    reserved = set(match.reserved.values())
+    for trial_id in held_back - reserved:
+        session.execute(
+            update(QueuedTrial)
+            .where(QueuedTrial.trial_id == trial_id)
+            .values(reason="a warm job's slots are being freed for it", decided_at=now)
+        )
 
 
 def _drop_dead_experiments(session: Session, now: _dt.datetime, lease_s: float) -> None:

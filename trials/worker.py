@@ -31,9 +31,12 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from trials._prefix import run_prefixed, write_to_log_target
+
+if TYPE_CHECKING:
+    from trials._config import RuntimeSpec
 
 
 def die_with_parent() -> None:
@@ -118,6 +121,8 @@ def _run() -> int:
     from trials.runtime._context import InvalidTrialError
     from trials.runtime._runner import run_trial
 
+    if spec.warm is not None:
+        return _run_warm(spec)
     try:
         outcome = record(run_trial)(spec)
     except InvalidTrialError as error:
@@ -130,8 +135,85 @@ def _run() -> int:
     return 0
 
 
+# A trial that ended otherwise (preempted, stopped) ends its warm job: its slots may be
+# wanted elsewhere, and the next trial starts cold.
+_WARM_OUTCOMES = ("finished", "pruned")
+
+
+def _run_warm(spec: RuntimeSpec) -> int:
+    """Run trials on this warm job's ranks until the driver ends it or a trial does not finish.
+
+    The process group forms once; each trial gets a fresh context, model, optimizer and
+    loaders (:func:`~trials.runtime._runner.run_trial` builds them), re-seeded RNGs,
+    torch's global settings as the job started with them, and its user module imported
+    afresh (:mod:`trials.runtime._isolation`). A failing trial's exception ends the
+    job like a cold trial's.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    from trials._prefix import retarget_output
+    from trials.labels import trial_label
+    from trials.runtime._context import InvalidTrialError
+    from trials.runtime._distributed import (
+        DistributedInfo,
+        barrier,
+        destroy_process_group,
+        init_process_group,
+        select_device,
+    )
+    from trials.runtime._isolation import TorchGlobals, reset_between_trials
+    from trials.runtime._runner import run_trial
+    from trials.runtime._warm import WarmChannel
+
+    info = DistributedInfo.from_env()
+    joined = init_process_group(info, select_device(info))
+    channel = WarmChannel(spec, info)
+    settings = TorchGlobals.capture()
+    current: RuntimeSpec | None = spec
+    try:
+        while current is not None:
+            label = trial_label(current.experiment_id, current.optuna_trial_number)
+            try:
+                outcome = record(run_trial)(current, info)
+            except InvalidTrialError as error:
+                return _fail(str(error))
+            print(f"slotsweep: trial {label} attempt {current.attempt}: {outcome}", flush=True)
+            if outcome not in _WARM_OUTCOMES:
+                return 0
+            assert current.warm is not None
+            keep_module = current.warm.keep_entrypoint_module
+            model_dir = current.model_dir
+            current = channel.next_trial(current.trial_id)
+            if current is None:
+                # The driver says why in the trial's log; a rank's last line stays the
+                # trial's outcome.
+                return 0
+            reset_between_trials(settings, model_dir=model_dir, keep_entrypoint_module=keep_module)
+            if current.log_path:
+                retarget_output(current.log_path)
+            # Every rank has reset before any starts the next trial.
+            barrier()
+            print(
+                f"slotsweep: trial "
+                f"{trial_label(current.experiment_id, current.optuna_trial_number)} attempt "
+                f"{current.attempt}: on the warm job's rank {info.rank} of world_size "
+                f"{info.world_size}",
+                flush=True,
+            )
+        return 0
+    finally:
+        if joined:
+            destroy_process_group()
+
+
 def main() -> int:
     die_with_parent()
+    import faulthandler
+    import signal
+
+    # `kill -USR1 PID` prints every thread's stack to the trial's log: what a hung rank
+    # is doing, without stopping it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     # Back onto the trial's log itself: the output inherited from torchrun is its
     # wrapper's ``[torchrun]`` prefixer.
     write_to_log_target()

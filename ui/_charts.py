@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 FieldType = Literal["quantitative", "temporal"]
@@ -166,22 +167,36 @@ _HOLDER_PALETTE = [
     "#ff9da6",
     "#bab0ac",
 ]
+# Idle or ending warm jobs hold slots and train nothing: muted slate tones, apart from
+# the trials' colours, still dark enough for a white label.
+_IDLE_WARM_PALETTE = ["#5f6b7a", "#7a6a5f", "#56675a", "#6d5f7a"]
+# The outline of every slot a warm job holds (running a trial or idle).
+_WARM_STROKE = "#222222"
 FREE = "free"
 
 
-def slot_grid_spec(holders: list[str], n_agents: int) -> dict[str, Any]:
+def slot_grid_spec(
+    holders: list[str], n_agents: int, *, idle_warm_jobs: Sequence[str] = ()
+) -> dict[str, Any]:
     """Agents as rows of slot cells, each coloured by the trial holding it (or free).
 
-    Expects rows with ``agent``, ``slot``, ``holder`` (a trial label or :data:`FREE`)
-    and ``label`` (the text inside the cell).
+    Expects rows with ``agent``, ``slot``, ``holder`` (a trial label, one of
+    ``idle_warm_jobs`` or :data:`FREE`) and ``label`` (the text inside the cell); an
+    optional ``warm_job`` (``""`` for none) outlines a warm job's slots and names the
+    job in the tooltip. Each idle warm job has its own legend entry and a muted colour.
     """
-    domain = [FREE, *holders]
-    colors = ["#e6e6e6", *(_HOLDER_PALETTE[i % len(_HOLDER_PALETTE)] for i in range(len(holders)))]
+    domain = [FREE, *holders, *idle_warm_jobs]
+    colors = [
+        "#e6e6e6",
+        *(_HOLDER_PALETTE[i % len(_HOLDER_PALETTE)] for i in range(len(holders))),
+        *(_IDLE_WARM_PALETTE[i % len(_IDLE_WARM_PALETTE)] for i in range(len(idle_warm_jobs))),
+    ]
     axis = {"labelAngle": 0, "title": None}
     encoding = {
         "x": {"field": "slot", "type": "ordinal", "title": "slot", "axis": axis},
         "y": {"field": "agent", "type": "nominal", "axis": axis},
     }
+    warm = "datum.warm_job && datum.warm_job !== ''"
     return {
         "height": max(40, 34 * n_agents),
         "layer": [
@@ -195,10 +210,16 @@ def slot_grid_spec(holders: list[str], n_agents: int) -> dict[str, Any]:
                         "title": "held by",
                         "scale": {"domain": domain, "range": colors},
                     },
+                    "stroke": {
+                        "condition": {"test": warm, "value": _WARM_STROKE},
+                        "value": "white",
+                    },
+                    "strokeDash": {"condition": {"test": warm, "value": [4, 2]}, "value": [1, 0]},
                     "tooltip": [
                         {"field": "agent"},
                         {"field": "slot"},
                         {"field": "holder", "title": "held by"},
+                        {"field": "warm_job", "title": "warm job"},
                     ],
                 },
             },

@@ -39,8 +39,10 @@ from storage import (
     TrialFailure,
     TrialRun,
     TrialState,
+    WarmJob,
     utcnow,
 )
+from trials.allocations import WARM_RESERVED, WARM_RUNNING, trial_holds, warm_state_column
 from trials.cluster_queue import QueuedView, queue_view, waiting_reason
 from trials.labels import trial_label
 from trials.scheduler import DEFAULT_PRIORITY
@@ -56,6 +58,7 @@ _TI = Timing.__table__
 _S = SystemMetric.__table__
 _F = TrialFailure.__table__
 _Q = QueuedTrial.__table__
+_W = WarmJob.__table__
 
 # Columns a user may sort the trials table by; anything else is refused, never
 # interpolated into SQL.
@@ -706,8 +709,35 @@ def system_metric_series(
         )
 
 
+def _warm_state() -> sa.ColumnElement[Any]:
+    # What a warm job does with the slot (``trials.allocations.SlotHolder.warm_state``);
+    # the query outer-joins ``_W`` on the row's ``warm_job_id``.
+    return warm_state_column().label("warm_state")
+
+
+def _trial_holds(state: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
+    # An idle or ending warm job's row keeps the last trial it ran, which is over.
+    return sa.or_(state.is_(None), state.in_([WARM_RUNNING, WARM_RESERVED]))
+
+
+def _without_finished_trials(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """Blank the trial of the rows an idle or ending warm job holds (its last trial is over)."""
+    if frame.empty:
+        return frame
+    idle = [not trial_holds(None if pd.isna(state) else state) for state in frame["warm_state"]]
+    if not any(idle):
+        return frame
+    frame = frame.astype({column: object for column in columns})
+    frame.loc[idle, list(columns)] = None
+    return frame
+
+
 def allocations(engine: Engine, *, limit: int = 500, offset: int = 0) -> Page:
-    """Held slots with the trial and experiment holding each."""
+    """Held slots with the trial and experiment holding each.
+
+    A warm job's slots carry the job (``warm_job_id``, ``warm_state``); while the job
+    is idle or ending no trial holds them (``trial_id`` and the trial's columns are None).
+    """
     with engine.connect() as conn:
         total = conn.execute(sa.select(sa.func.count()).select_from(_A)).scalar_one()
         frame = _frame(
@@ -722,11 +752,14 @@ def allocations(engine: Engine, *, limit: int = 500, offset: int = 0) -> Page:
                     _A.c.trial_id,
                     _T.c.optuna_trial_number.label("trial_number"),
                     _T.c.state.label("trial_state"),
+                    _A.c.warm_job_id,
+                    _warm_state(),
                     _A.c.allocated_at,
                     _A.c.lease_expires_at,
                 )
                 .join(_T, _T.c.id == _A.c.trial_id)
                 .outerjoin(_E, _E.c.id == _A.c.experiment_id)
+                .outerjoin(_W, _W.c.id == _A.c.warm_job_id)
                 .order_by(_A.c.resource_pool, _A.c.agent, _A.c.slot)
                 .limit(limit)
                 .offset(offset)
@@ -734,11 +767,14 @@ def allocations(engine: Engine, *, limit: int = 500, offset: int = 0) -> Page:
         )
     if not frame.empty:
         frame["trial_state"] = frame["trial_state"].map(_enum_value)
+        frame = _without_finished_trials(frame, ["trial_id", "trial_number", "trial_state"])
     return Page(frame, int(total), offset, limit)
 
 
 def allocation_summary(engine: Engine) -> pd.DataFrame:
-    """Per pool and agent: slots held, trials holding them, the oldest allocation."""
+    """Per pool and agent: slots held, trials and warm jobs holding them, the oldest
+    allocation. An idle warm job's slots count for the job, not for its last trial."""
+    state = warm_state_column()
     with engine.connect() as conn:
         return _frame(
             conn.execute(
@@ -747,9 +783,13 @@ def allocation_summary(engine: Engine) -> pd.DataFrame:
                     _A.c.agent,
                     _A.c.host,
                     sa.func.count().label("slots_held"),
-                    sa.func.count(sa.distinct(_A.c.trial_id)).label("trials"),
+                    sa.func.count(
+                        sa.distinct(sa.case((_trial_holds(state), _A.c.trial_id)))
+                    ).label("trials"),
+                    sa.func.count(sa.distinct(_A.c.warm_job_id)).label("warm_jobs"),
                     sa.func.min(_A.c.allocated_at).label("since"),
                 )
+                .outerjoin(_W, _W.c.id == _A.c.warm_job_id)
                 .group_by(_A.c.resource_pool, _A.c.agent, _A.c.host)
                 .order_by(_A.c.resource_pool, _A.c.agent)
             )
@@ -759,7 +799,12 @@ def allocation_summary(engine: Engine) -> pd.DataFrame:
 def held_slots(
     engine: Engine, pool: str, agents: Sequence[str]
 ) -> dict[tuple[str, int], dict[str, Any]]:
-    """(agent, slot) -> holder, for the agents of one pool (used with the cluster layout)."""
+    """(agent, slot) -> holder, for the agents of one pool (used with the cluster layout).
+
+    A warm job's slot carries ``warm_job_id`` and ``warm_state`` (running, reserved,
+    idle, ending); an idle or ending job's slot names no trial (``trial_id``,
+    ``optuna_trial_number`` and ``trial_state`` are None).
+    """
     if not agents:
         return {}
     with engine.connect() as conn:
@@ -772,18 +817,21 @@ def held_slots(
                 _T.c.optuna_trial_number,
                 _T.c.state.label("trial_state"),
                 _E.c.name.label("experiment"),
+                _A.c.warm_job_id,
+                _warm_state(),
             )
             .join(_T, _T.c.id == _A.c.trial_id)
             .outerjoin(_E, _E.c.id == _A.c.experiment_id)
+            .outerjoin(_W, _W.c.id == _A.c.warm_job_id)
             .where(_A.c.resource_pool == pool, _A.c.agent.in_(list(agents)))
         ).mappings()
-        return {
-            (row["agent"], int(row["slot"])): {
-                **row,
-                "trial_state": _enum_value(row["trial_state"]),
-            }
-            for row in rows
-        }
+        held: dict[tuple[str, int], dict[str, Any]] = {}
+        for row in rows:
+            holder = {**row, "trial_state": _enum_value(row["trial_state"])}
+            if not trial_holds(row["warm_state"]):
+                holder.update(trial_id=None, optuna_trial_number=None, trial_state=None)
+            held[(row["agent"], int(row["slot"]))] = holder
+        return held
 
 
 # --- The cluster's queue: what waits for slots, and why --------------------------------

@@ -48,7 +48,11 @@ class DigitsTrial(PyTorchTrial):
     def __init__(self, context: PyTorchTrialContext) -> None:
         super().__init__(context)
         hparams = context.hparams
-        self.train_set, self.val_set = digits_datasets()
+        # Kept in the worker's cache: with warm workers (resources.reuse_workers) the
+        # next trial on these ranks finds it loaded. The tensors are only read.
+        if "digits" not in context.cache:
+            context.cache["digits"] = digits_datasets()
+        self.train_set, self.val_set = context.cache["digits"]
         hidden = int(hparams.get("hidden_size", 64))
         model = nn.Sequential(
             nn.Linear(64, hidden),

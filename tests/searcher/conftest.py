@@ -36,13 +36,13 @@ from tests.conftest import EXAMPLES_DIR
 from trials.processes import ProcessRef, is_alive
 
 # Where trials run. Every fault-injection test here runs once per executor that runs
-# on this machine's process table. The Slurm executors keep the same promises on a
+# on this machine's process table, and once more with warm workers. The Slurm executors keep the same promises on a
 # real two-node cluster, where faults are Slurm's own (scancel, preemption, a lost
 # slurmd) rather than signals to local pids: tests/searcher/test_slurm.py for job
 # steps of an allocation (a cancelled step, a lost node, a killed driver and resume),
 # tests/searcher/test_slurm_jobs.py for one job per trial (a cancelled job, a
 # preempted one, a killed driver and resume).
-EXECUTORS = ("local",)
+EXECUTORS = ("local", "local-warm")
 
 
 def write_experiment(folder: Path, **overrides: Any) -> Path:
@@ -58,6 +58,8 @@ def write_experiment(folder: Path, **overrides: Any) -> Path:
     config["searcher"].update(max_trials=2, max_length={"epochs": 2}, max_concurrent_trials=1)
     config["hyperparameters"]["optimizer"] = {"type": "categorical", "vals": ["sgd", "adamw"]}
     config["min_checkpoint_period"] = {"epochs": 1}
+    # Cold unless a test asks for warm workers (the example turns them on).
+    config["resources"]["reuse_workers"] = False
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(config.get(key), dict):
             config[key].update(value)
@@ -98,8 +100,17 @@ def executor_args(executor: str) -> list[str]:
     The local executor is the default and needs none; each executor added later maps
     to its own arguments here.
     """
-    arguments: dict[str, list[str]] = {"local": []}
+    arguments: dict[str, list[str]] = {"local": [], "local-warm": []}
     return list(arguments[executor])
+
+
+def executor_resources(executor: str) -> dict[str, Any]:
+    """The experiment's ``resources`` settings that go with ``executor``.
+
+    ``local-warm`` is the local executor with warm workers (``reuse_workers``): the
+    same faults must leave the same promises kept when trials share a job.
+    """
+    return {"reuse_workers": True} if executor == "local-warm" else {}
 
 
 def start_cli(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:

@@ -3,6 +3,7 @@ one trial identity (``EXPERIMENT.NUMBER`` / ``#NUMBER``), names that must be uni
 
 from __future__ import annotations
 
+import datetime as _dt
 import io
 import json
 from pathlib import Path
@@ -104,6 +105,132 @@ def test_task_list_names_trials_by_experiment_and_number() -> None:
     text = render(tasks_table(rows))
     assert_fits(text)
     assert "3.1" in text and "35" not in text
+    assert "warm job" not in text  # the column is there only when a warm job holds slots
+
+
+def _warm_slots(db_url: str, tmp_path: Path) -> tuple[Path, dict[str, int]]:
+    """Slots of warm jobs in each state on long-named agents, their rows inserted as the
+    ledger and ``trials.warm_jobs`` leave them; the cluster file and the job ids.
+
+    Trial and job numbers run to 5 digits, so the table's widest cells are tried.
+    """
+    import yaml
+
+    from storage import Allocation, WarmJob, utcnow
+    from tests.conftest import add_experiment
+
+    pool, host = "research-a100-pool", "10.20.30.40"
+    agents = [f"gpu-node-{i:04d}.cluster.example.org" for i in range(5)]
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(
+        yaml.safe_dump(
+            {
+                "resource_pools": [
+                    {
+                        "name": pool,
+                        "agents": [{"name": a, "host": host, "slots": 2} for a in agents],
+                    }
+                ]
+            }
+        )
+    )
+    experiment_id, (done, running, reserved, ended, cold) = add_experiment(
+        db_url,
+        [
+            {"state": TrialState.COMPLETED, "optuna_trial_number": 12344},
+            {"optuna_trial_number": 12345},
+            {"state": TrialState.QUEUED, "optuna_trial_number": 12346},
+            {"state": TrialState.PRUNED, "optuna_trial_number": 12347},
+            {"optuna_trial_number": 12348},
+        ],
+        name="warm",
+    )
+    now = utcnow()
+    jobs = {"running": 12345, "reserved": 12346, "idle": 12347, "ending": 12348}
+    job_fields: dict[str, dict[str, object]] = {
+        "running": {"current_trial_id": running},
+        "reserved": {"reserved_trial_id": reserved, "idle_since": now},
+        "idle": {"idle_since": now},
+        "ending": {"idle_since": now, "end_requested_at": now, "end_reason": "no trial waits"},
+    }
+    # The trial each job's ledger rows name: the reserved trial once a decision
+    # reserved the job, else the last trial it ran (over, for an idle or ending job).
+    row_trial = {"running": running, "reserved": reserved, "idle": done, "ending": ended}
+    with session_scope(db_url) as session:
+        for (state, job_id), agent in zip(jobs.items(), agents, strict=False):
+            session.add(
+                WarmJob(
+                    id=job_id,
+                    experiment_id=experiment_id,
+                    resource_pool=pool,
+                    slots=2,
+                    placement=[{"agent": agent, "host": host, "slots": [0, 1]}],
+                    launch_token=f"token-{job_id}",
+                    trials_run=1,
+                    **job_fields[state],
+                )
+            )
+        held = [
+            (agent, job_id, row_trial[state])
+            for (state, job_id), agent in zip(jobs.items(), agents, strict=False)
+        ]
+        held.append((agents[4], None, cold))
+        session.add_all(
+            Allocation(
+                resource_pool=pool,
+                agent=agent,
+                host=host,
+                slot=slot,
+                trial_id=trial_id,
+                experiment_id=experiment_id,
+                lease_expires_at=now + _dt.timedelta(seconds=300),
+                warm_job_id=job_id,
+            )
+            for agent, job_id, trial_id in held
+            for slot in (0, 1)
+        )
+    return cluster, jobs
+
+
+def test_task_list_shows_warm_jobs_idle_or_running_which_trial_in_80_columns(
+    db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from searcher.cli import main
+    from trials import allocations
+    from trials.scheduler import load_cluster
+
+    cluster, jobs = _warm_slots(db_url, tmp_path)
+    capsys.readouterr()
+    assert main(["task", "list", "--json", "--db", db_url, "--cluster", str(cluster)]) == 0
+    rows = json.loads(capsys.readouterr().out)["slots"]
+    experiment = rows[0]["experiment"]
+    seen = [(r["trial"], r["warm_job_id"], r["warm_state"]) for r in rows[::2]]
+    # An idle or ending job holds its slots without a trial: its last one is over.
+    assert seen == [
+        (f"{experiment}.12345", jobs["running"], "running"),
+        (f"{experiment}.12346", jobs["reserved"], "reserved"),
+        (None, jobs["idle"], "idle"),
+        (None, jobs["ending"], "ending"),
+        (f"{experiment}.12348", None, None),
+    ]
+    assert all(r["experiment"] == experiment for r in rows)
+    with session_scope(db_url) as session:
+        text = render(tasks_table(task_rows(allocations.holders(session, load_cluster(cluster)))))
+    assert_fits(text)
+    # A column for the warm job: its id and state; an idle or ending job shows no trial.
+    lines = [line.split() for line in text.splitlines() if "10.20.30.40" in line]
+    assert [line[5:] for line in lines[::2]] == [
+        [f"{experiment}.12345", "12345", "running"],
+        [f"{experiment}.12346", "12346", "reserved"],
+        ["-", "12347", "idle"],
+        ["-", "12348", "ending"],
+        [f"{experiment}.12348", "-"],
+    ]
+    assert f"{experiment}.12344" not in text and f"{experiment}.12347" not in text
+    # The agents table counts a warm job's slots as in use, idle or not.
+    assert main(["agents", "--db", db_url, "--cluster", str(cluster)]) == 0
+    agents = capsys.readouterr().out
+    assert [line.split()[-3] for line in agents.splitlines() if "gpu-node-" in line] == ["2"] * 5
 
 
 def test_the_queue_reads_in_order_with_each_reason_in_80_columns() -> None:

@@ -171,7 +171,29 @@ def test_every_slots_per_trial_of_an_int_range_is_checked(tmp_path: Path) -> Non
             {"resources.slots_per_trail": 2},
             [
                 "resources.slots_per_trail: unknown field; allowed: slots_per_trial, "
-                "resource_pool, priority, weight"
+                "resource_pool, priority, weight, reuse_workers, keep_entrypoint_module"
+            ],
+        ),
+        (
+            # YAML's `true` is no number, though pydantic's lax mode reads it as 1.
+            {"searcher.max_trials": True, "hyperparameters.lr.maxval": False},
+            [
+                "hyperparameters.lr.maxval: Input should be a valid number (got false)",
+                "searcher.max_trials: Input should be a valid integer (got true)",
+            ],
+        ),
+        (
+            {"resources.keep_entrypoint_module": True},
+            [
+                "resources: keep_entrypoint_module: only with reuse_workers: true (a cold "
+                "trial always imports its module afresh)"
+            ],
+        ),
+        (
+            {"resources.reuse_workers": "yes please"},
+            [
+                "resources.reuse_workers: Input should be a valid boolean, unable to "
+                "interpret input (got 'yes please')"
             ],
         ),
         (

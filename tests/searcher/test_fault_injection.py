@@ -45,6 +45,7 @@ from tests.searcher.conftest import (
     assert_search_consistent,
     completed_checkpoints,
     executor_args,
+    executor_resources,
     last_run_id,
     open_runs,
     power_loss,
@@ -168,7 +169,7 @@ def test_search_survives_crashes_at_chosen_and_random_moments(
             "max_length": {"epochs": 3},
             "pruner": {"name": "none"},
         },
-        resources={"slots_per_trial": 1},
+        resources={"slots_per_trial": 1, **executor_resources(executor)},
         # Slow fsyncs hold each checkpoint mid-write long enough to crash there.
         data={"batch_delay_s": 0.08, "fsync_delay_s": 0.4},
     )
@@ -296,6 +297,7 @@ def test_killed_torchrun_killed_rank_and_hung_rank_each_restart_the_trial(
         data={"batch_delay_s": 0.08, "hang_attempt": 2, "hang_at_batch": 10, "hang_rank": 1},
         hang_timeout_s=8,
         max_restarts=3,
+        resources=executor_resources(executor),
     )
     db = f"sqlite:///{tmp_path / 'sweep.db'}"
     driver = start_cli(["run", str(path), "--db", db, *executor_args(executor)], cli_env, tmp_path)

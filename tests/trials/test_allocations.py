@@ -7,11 +7,12 @@ import multiprocessing
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from storage import (
     Allocation,
     TrialState,
+    WarmJob,
     session_scope,
     upgrade_schema,
     utcnow,
@@ -264,6 +265,85 @@ def test_holders_list_every_slot_of_the_cluster(db_url: str) -> None:
         False,
     )
     assert held.host == "127.0.0.1" and rows[4].host == "10.0.0.9"
+
+
+def _warm_job(db_url: str, experiment_id: int, trial_id: int, agent: Agent, **fields: Any) -> int:
+    """Trial ``trial_id``'s claimed slots on ``agent`` made a warm job's, as
+    ``trials.warm_jobs.open_job`` makes them; the job's id."""
+    with session_scope(db_url) as session:
+        job = WarmJob(
+            experiment_id=experiment_id,
+            resource_pool=POOL.name,
+            slots=len(agent.slots),
+            placement=[{"agent": agent.name, "host": agent.host, "slots": list(agent.slots)}],
+            launch_token=f"token-{trial_id}",
+            **{"trials_run": 0, **fields},
+        )
+        session.add(job)
+        session.flush()
+        session.execute(
+            update(Allocation).where(Allocation.trial_id == trial_id).values(warm_job_id=job.id)
+        )
+        return job.id
+
+
+def test_a_warm_job_s_slots_name_the_job_and_what_it_runs(db_url: str) -> None:
+    experiment_id, (done, running, waiting) = add_experiment(
+        db_url,
+        [{"state": TrialState.COMPLETED}, {}, {"state": TrialState.QUEUED}],
+        name="warm",
+    )
+    with session_scope(db_url) as session:
+        for trial_id, agent in ((running, A0), (done, A1)):
+            assert allocations.claim(
+                session,
+                placement(trial_id, (agent, agent.slots)),
+                trial_id=trial_id,
+                experiment_id=experiment_id,
+                lease_s=30,
+            )
+    busy = _warm_job(db_url, experiment_id, running, A0, current_trial_id=running)
+    # The job on a1 ran `done` and is idle: its rows keep `done`, which is over.
+    idle = _warm_job(db_url, experiment_id, done, A1, idle_since=utcnow(), trials_run=1)
+    with session_scope(db_url) as session:
+        allocations.release(session, done)  # the driver records the trial's end
+        rows = allocations.holders(session, CLUSTER)
+
+    def seen(rows: list[allocations.SlotHolder]) -> list[tuple[Any, ...]]:
+        return [(r.agent, r.trial_id, r.trial_number, r.warm_job_id, r.warm_state) for r in rows]
+
+    assert seen(rows) == [
+        ("a0", running, 1, busy, "running"),
+        ("a0", running, 1, busy, "running"),
+        ("a1", None, None, idle, "idle"),
+        ("a1", None, None, idle, "idle"),
+    ]
+    # Held all the same, by the job's experiment, under the lease its driver renews.
+    assert all(r.held and r.experiment_id == experiment_id and not r.stale for r in rows)
+    assert rows[2].experiment_name == "warm"
+    assert not allocations.SlotHolder("default", "a0", "127.0.0.1", 0).held
+
+    # A decision reserves the idle job for a waiting trial: the rows move to it.
+    with session_scope(db_url) as session:
+        session.execute(
+            update(Allocation).where(Allocation.warm_job_id == idle).values(trial_id=waiting)
+        )
+        session.execute(
+            update(WarmJob).where(WarmJob.id == idle).values(reserved_trial_id=waiting)
+        )
+        rows = allocations.holders(session, CLUSTER)
+    assert seen(rows)[2:] == [("a1", waiting, 2, idle, "reserved")] * 2
+
+    # Asked to end: the reservation is void, while the running trial runs on to its end.
+    with session_scope(db_url) as session:
+        session.execute(update(WarmJob).values(end_requested_at=utcnow()))
+        rows = allocations.holders(session, CLUSTER)
+    assert [(r.trial_id, r.warm_state) for r in rows] == [
+        (running, "running"),
+        (running, "running"),
+        (None, "ending"),
+        (None, "ending"),
+    ]
 
 
 # -- two processes racing for the same slots ------------------------------------------

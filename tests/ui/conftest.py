@@ -11,9 +11,9 @@ Two kinds, kept apart (separate database files, separate experiments):
   search cannot produce reliably (a trial restarted from a checkpoint, one that failed
   after its restarts, slots held by a running trial, a multi-objective study) and keeps
   the quick subset (``-m 'not slow'``) quick. ``huge_db`` (1,000 trials, 200,000 metric
-  rows, bulk-inserted from the runtime's row builders) is synthetic as well, and so is
+  rows, bulk-inserted from the runtime's row builders) is synthetic as well, and so are
   ``queued_search`` (searches waiting in the cluster's queue, placed or held back by
-  the real placement decision).
+  the real placement decision) and ``warm_search`` (warm jobs in each state).
 """
 
 from __future__ import annotations
@@ -33,9 +33,11 @@ from storage import get_engine
 from tests._demo_data import (
     DemoSearch,
     QueueDemo,
+    WarmDemo,
     seed_cluster_queue,
     seed_huge_experiment,
     seed_small_search,
+    seed_warm_jobs,
     write_cluster_file,
 )
 from tests.ui._pages import PageRenderer
@@ -174,6 +176,21 @@ def queued_search(tmp_path_factory: pytest.TempPathFactory) -> QueueDemo:
     url = f"sqlite:///{root / 'slotsweep.db'}"
     upgrade_schema(url)
     return seed_cluster_queue(url, root)
+
+
+@pytest.fixture(scope="session")
+def warm_search(tmp_path_factory: pytest.TempPathFactory) -> WarmDemo:
+    """SYNTHETIC: a ``reuse_workers`` search's warm jobs (``seed_warm_jobs``): one runs a
+    trial, one is reserved for the next, one is idle, one ending; a fifth agent is free.
+
+    Its own database and cluster file (``cluster_file``). Read-only use.
+    """
+    from storage import upgrade_schema
+
+    root = tmp_path_factory.mktemp("warm_search")
+    url = f"sqlite:///{root / 'slotsweep.db'}"
+    upgrade_schema(url)
+    return seed_warm_jobs(url, root)
 
 
 @pytest.fixture(scope="session")

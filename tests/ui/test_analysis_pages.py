@@ -284,14 +284,16 @@ def test_cluster_grid_colours_each_slot_by_its_trial(
     (spec, cells), *_ = vega_charts(app)
     held = _rows(
         real_search.running_url,
-        "SELECT a.slot, a.experiment_id, t.optuna_trial_number FROM slotsweep_allocations a"
-        " JOIN slotsweep_trials t ON t.id = a.trial_id",
+        "SELECT a.slot, a.experiment_id, t.optuna_trial_number, a.warm_job_id"
+        " FROM slotsweep_allocations a JOIN slotsweep_trials t ON t.id = a.trial_id",
     )
     assert len(cells) == AGENT_SLOTS and set(cells["agent"]) == {AGENT}
     by_slot = cells.set_index("slot")
     for row in held:
         label = f"{row.experiment_id}.{row.optuna_trial_number}"
-        assert by_slot.loc[row.slot, "holder"] == f"{real_search.name} · trial {label}"
+        # With `reuse_workers` the trial runs on a warm job (the copy was taken mid-trial).
+        on_job = f" on warm job {row.warm_job_id}" if row.warm_job_id is not None else ""
+        assert by_slot.loc[row.slot, "holder"] == f"{real_search.name} · trial {label}{on_job}"
         assert by_slot.loc[row.slot, "label"] == label
     # The CLI names each slot's trial exactly as the page does.
     from searcher.cli import main

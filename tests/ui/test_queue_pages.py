@@ -3,7 +3,8 @@
 SYNTHETIC: the database of ``queued_search`` (:func:`tests._demo_data.seed_cluster_queue`),
 whose waiting trials were placed or held back by the real placement decision
 (:func:`trials.cluster_queue.decide`). The pages must say what ``slotsweep task list``
-says, word for word.
+says, word for word. ``warm_search`` (:func:`tests._demo_data.seed_warm_jobs`) holds
+slots by warm jobs in each state.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests._demo_data import DemoSearch, QueueDemo
+from tests._demo_data import DemoSearch, QueueDemo, WarmDemo
 from tests.ui._pages import PageRenderer, assert_no_exception, texts, vega_charts
 from tests.ui.conftest import copy_database
 
@@ -176,6 +177,86 @@ def test_cluster_grid_colours_running_and_starting_trials(
     }
     states = pd.concat(_tables_with(app, "state"))["state"]
     assert sorted(states) == ["free", "free", "free", "held", "held", "starting"]
+
+
+def test_cluster_page_shows_warm_jobs_idle_or_running_which_trial(
+    render: PageRenderer,
+    warm_search: WarmDemo,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    demo = warm_search
+    monkeypatch.setenv("SLOTSWEEP_CLUSTER", str(demo.cluster_file))
+    app = render("cluster", demo.url)
+    assert_no_exception(app)
+    assert "8 held (4 by idle or ending warm jobs), 2 free." in texts(app)
+    ((spec, grid),) = vega_charts(app)
+    cells = grid.groupby("agent")[["holder", "label", "warm_job"]].first()
+    on = demo.agents  # job id -> its agent
+    assert cells.loc[on[demo.running_job]].tolist() == [
+        f"warm-search · trial {demo.running_trial} on warm job {demo.running_job}",
+        demo.running_trial,
+        f"warm job {demo.running_job} (running)",
+    ]
+    assert cells.loc[on[demo.reserved_job]].tolist() == [
+        f"warm-search · trial {demo.reserved_trial} (starting on warm job {demo.reserved_job})",
+        demo.reserved_trial,
+        f"warm job {demo.reserved_job} (reserved)",
+    ]
+    # An idle (or ending) job holds its slots, not the finished trial it ran last.
+    assert cells.loc[on[demo.idle_job]].tolist() == [
+        f"warm-search · warm job {demo.idle_job} idle",
+        "idle",
+        f"warm job {demo.idle_job} (idle)",
+    ]
+    assert cells.loc[on[demo.ending_job], "holder"] == (
+        f"warm-search · warm job {demo.ending_job} ending"
+    )
+    assert cells.loc["w4"].tolist() == ["free", "", ""]
+    assert not any(trial in " ".join(grid["holder"]) for trial in demo.finished_trials)
+    # Idle and ending jobs have legend entries of their own, in colours no trial takes.
+    scale = spec["layer"][0]["encoding"]["color"]["scale"]
+    colour = dict(zip(scale["domain"], scale["range"], strict=True))
+    jobless = {cells.loc[on[job], "holder"] for job in (demo.idle_job, demo.ending_job)}
+    busy = {colour[holder] for holder in scale["domain"] if holder not in jobless}
+    jobless = {colour[holder] for holder in jobless}
+    assert len(jobless) == 2 and jobless.isdisjoint(busy)
+
+    slots = _table_with(app, "warm job").set_index("agent")
+    states = slots.groupby(level=0)["state"].first().to_dict()
+    assert states == {
+        on[demo.running_job]: "held",
+        on[demo.reserved_job]: "starting",
+        on[demo.idle_job]: "warm job idle",
+        on[demo.ending_job]: "warm job ending",
+        "w4": "free",
+    }
+    idle_rows = slots.loc[on[demo.idle_job]]
+    assert idle_rows["open"].isna().all() and idle_rows["trial #"].isna().all()
+    assert set(idle_rows["warm job"]) == {demo.idle_job}
+    allocations = _table_with(app, "warm_state")
+    assert allocations.groupby("agent")["warm_state"].first().tolist() == [
+        "running",
+        "reserved",
+        "idle",
+        "ending",
+    ]
+    summary = _table_with(app, "warm_jobs").set_index("agent")
+    assert summary["trials"].tolist() == [1, 1, 0, 0] and set(summary["warm_jobs"]) == {1}
+
+    # `slotsweep task list` names each slot's trial and warm job as the page does.
+    from searcher.cli import main
+
+    capsys.readouterr()
+    argv = ["task", "list", "--json", "--db", demo.url, "--cluster", str(demo.cluster_file)]
+    assert main(argv) == 0
+    cli = json.loads(capsys.readouterr().out)["slots"]
+    shown = grid.set_index(["agent", "slot"])
+    job_on = {agent: job for job, agent in demo.agents.items()}
+    for row in cli:
+        cell = shown.loc[(row["agent"], row["slot"])]
+        assert (row["trial"] or row["warm_state"] or "") == cell["label"]
+        assert row["warm_job_id"] == job_on.get(row["agent"])
 
 
 def test_empty_queue_says_so(

@@ -62,6 +62,11 @@ class LoadedCheckpoint:
     path: str
 
 
+# One per process. A warm job's ranks run trial after trial in one process, so what a
+# trial leaves here is there for the next; a cold trial's process starts it empty.
+_WORKER_CACHE: dict[str, Any] = {}
+
+
 def _trial_seed(spec: RuntimeSpec) -> int:
     # The driver's seed when it gives one (trials that share it see the same data order
     # and initialisation, which makes their comparison less noisy); otherwise one per
@@ -149,6 +154,24 @@ class TrialContext:
     @property
     def trial_id(self) -> int:
         return self.spec.trial_id
+
+    @property
+    def cache(self) -> dict[str, Any]:
+        """This worker's mapping that survives across the trials of a warm job.
+
+        The one place where state may cross trials on purpose: a loaded dataset, a
+        tokenizer, frozen base weights. Everything else a trial builds is rebuilt for
+        the next one. With ``resources.reuse_workers`` off (or on a job's first trial)
+        it starts empty, so code that fills it on a miss runs the same cold and warm.
+        Store only what the next trial may see unchanged: it is this process's memory,
+        not a copy.
+
+        Example:
+            >>> if "digits" not in context.cache:  # doctest: +SKIP
+            ...     context.cache["digits"] = load_digits()
+            >>> images, labels = context.cache["digits"]  # doctest: +SKIP
+        """
+        return _WORKER_CACHE
 
     @property
     def experiment_id(self) -> int:

@@ -98,6 +98,12 @@ def destroy_process_group() -> None:
         dist.destroy_process_group()
 
 
+def barrier() -> None:
+    """Wait until every rank of the job gets here (nothing to do for one rank)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """Sum ``tensor`` over every rank, in place; returned for chaining."""
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:

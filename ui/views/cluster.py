@@ -18,9 +18,12 @@ def _layout_section(layout: list[_cluster.AgentLayout]) -> None:
         agents = [agent for agent in layout if agent.pool == pool]
         held = _queries.held_slots(engine, pool, [agent.name for agent in agents])
         total = sum(len(agent.slots) for agent in agents)
+        jobless = sum(not _trial_holds(holder) for holder in held.values())
         st.markdown(f"#### Pool `{pool}`")
         st.caption(
-            f"{len(agents)} agent(s), {total} slot(s), {len(held)} held, {total - len(held)} free."
+            f"{len(agents)} agent(s), {total} slot(s), {len(held)} held"
+            + (f" ({jobless} by idle or ending warm jobs)" if jobless else "")
+            + f", {total - len(held)} free."
         )
         _slot_grid(agents, held)
         st.dataframe(
@@ -47,11 +50,8 @@ def _layout_section(layout: list[_cluster.AgentLayout]) -> None:
                     "state": _slot_state(held.get((agent.name, slot))),
                     "experiment": held.get((agent.name, slot), {}).get("experiment"),
                     "trial #": held.get((agent.name, slot), {}).get("optuna_trial_number"),
-                    "open": (
-                        _context.link("trial", trial=int(held[(agent.name, slot)]["trial_id"]))
-                        if (agent.name, slot) in held
-                        else None
-                    ),
+                    "warm job": held.get((agent.name, slot), {}).get("warm_job_id"),
+                    "open": _trial_link(held.get((agent.name, slot))),
                 }
                 for agent in agents
                 for slot in agent.slots
@@ -61,7 +61,13 @@ def _layout_section(layout: list[_cluster.AgentLayout]) -> None:
             slots,
             hide_index=True,
             width="stretch",
-            column_config={"open": st.column_config.LinkColumn("trial", display_text="open")},
+            column_config={
+                "open": st.column_config.LinkColumn("trial", display_text="open"),
+                "warm job": st.column_config.NumberColumn(
+                    "warm job",
+                    help="The warm job (`resources.reuse_workers`) whose workers hold the slot.",
+                ),
+            },
         )
 
 
@@ -69,43 +75,83 @@ def _trial(holder: dict[str, object]) -> str:
     return trial_label(int(holder["experiment_id"]), int(holder["optuna_trial_number"]))  # type: ignore[call-overload]
 
 
+def _trial_holds(holder: dict[str, object]) -> bool:
+    # An idle or ending warm job holds its slots without a trial.
+    return holder.get("trial_id") is not None
+
+
+def _trial_link(holder: dict[str, object] | None) -> str | None:
+    if holder is None or not _trial_holds(holder):
+        return None
+    return _context.link("trial", trial=int(holder["trial_id"]))  # type: ignore[call-overload]
+
+
 def _starting(holder: dict[str, object]) -> bool:
-    # A placement decision claimed the slots; the trial's driver starts it next tick.
+    # A placement decision claimed the slots (or reserved an idle warm job for the
+    # trial); the trial's driver starts it next tick.
     return holder.get("trial_state") == TrialState.QUEUED.value
 
 
 def _slot_state(holder: dict[str, object] | None) -> str:
     if holder is None:
         return _charts.FREE
+    if not _trial_holds(holder):
+        return f"warm job {holder.get('warm_state')}"
     return "starting" if _starting(holder) else "held"
 
 
 def _holder_label(holder: dict[str, object]) -> str:
-    label = f"{holder.get('experiment') or 'experiment ?'} · trial {_trial(holder)}"
-    return f"{label} (starting)" if _starting(holder) else label
+    """The legend's name for a slot's holder: a trial, or an idle or ending warm job."""
+    experiment = holder.get("experiment") or "experiment ?"
+    job = holder.get("warm_job_id")
+    if not _trial_holds(holder):
+        return f"{experiment} · warm job {job} {holder.get('warm_state')}"
+    label = f"{experiment} · trial {_trial(holder)}"
+    if job is None:
+        return f"{label} (starting)" if _starting(holder) else label
+    if _starting(holder):
+        return f"{label} (starting on warm job {job})"
+    return f"{label} on warm job {job}"
+
+
+def _cell_label(holder: dict[str, object] | None) -> str:
+    """The text inside a slot's cell: the trial's EXPERIMENT.NUMBER, or the job's state."""
+    if holder is None:
+        return ""
+    return _trial(holder) if _trial_holds(holder) else str(holder.get("warm_state"))
 
 
 def _slot_grid(
     agents: list[_cluster.AgentLayout], held: dict[tuple[str, int], dict[str, object]]
 ) -> None:
-    """Every slot of the pool as a cell, coloured by the trial holding it."""
-    holders = sorted({_holder_label(h) for h in held.values()})
+    """Every slot of the pool as a cell, coloured by the trial or warm job holding it.
+
+    An idle or ending warm job has its own colour (a muted one: it trains nothing), and
+    every slot of a warm job, running a trial or not, has a dark dashed outline.
+    """
+    holders = sorted({_holder_label(h) for h in held.values() if _trial_holds(h)})
+    idle = sorted({_holder_label(h) for h in held.values() if not _trial_holds(h)})
     cells = pd.DataFrame(
         [
             {
                 "agent": agent.name,
                 "slot": slot,
-                "holder": _holder_label(held[(agent.name, slot)])
-                if (agent.name, slot) in held
-                else _charts.FREE,
-                # EXPERIMENT.NUMBER, the trial's user-facing id.
-                "label": _trial(held[(agent.name, slot)]) if (agent.name, slot) in held else "",
+                "holder": _holder_label(holder) if holder is not None else _charts.FREE,
+                "label": _cell_label(holder),
+                "warm_job": (
+                    f"warm job {holder['warm_job_id']} ({holder['warm_state']})"
+                    if holder is not None and holder.get("warm_job_id") is not None
+                    else ""
+                ),
             }
             for agent in agents
             for slot in agent.slots
+            for holder in [held.get((agent.name, slot))]
         ]
     )
-    st.vega_lite_chart(cells, _charts.slot_grid_spec(holders, len(agents)), width="stretch")
+    st.vega_lite_chart(
+        cells, _charts.slot_grid_spec(holders, len(agents), idle_warm_jobs=idle), width="stretch"
+    )
 
 
 @st.cache_resource(ttl=30, show_spinner=False)
@@ -196,7 +242,10 @@ def _page() -> None:
     offset = _context.pager(total, key="allocations_page", page_size=200)
     page = _queries.allocations(engine, limit=200, offset=offset)
     rows = page.rows.assign(
-        open=[_context.link("trial", trial=int(i)) for i in page.rows["trial_id"]]
+        open=[
+            None if pd.isna(i) else _context.link("trial", trial=int(i))
+            for i in page.rows["trial_id"]
+        ]
     )
     st.dataframe(
         rows,
@@ -211,12 +260,18 @@ def _page() -> None:
             "experiment",
             "trial_number",
             "trial_state",
+            "warm_job_id",
+            "warm_state",
             "allocated_at",
             "lease_expires_at",
         ],
         column_config={
             "open": st.column_config.LinkColumn("trial", display_text="open"),
             "trial_number": st.column_config.NumberColumn("trial #"),
+            "warm_job_id": st.column_config.NumberColumn("warm job"),
+            "warm_state": st.column_config.TextColumn(
+                "warm job state", help="running, reserved (starting), idle or ending"
+            ),
             "allocated_at": st.column_config.DatetimeColumn("allocated (UTC)"),
             "lease_expires_at": st.column_config.DatetimeColumn("lease expires (UTC)"),
         },

@@ -1,0 +1,215 @@
+"""Warm workers with real drivers and real torchrun jobs (``resources.reuse_workers``).
+
+A trial on a warm job must see exactly what a cold start would show it: the same
+seeded trial gives bit-identical metrics cold and warm, after a trial that changed
+torch's global settings, the RNGs and a module global. A trial that fails ends its
+warm job and the next starts cold; a driver killed while a warm job runs leaves
+nothing behind after ``resume``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from sqlalchemy import select
+
+from storage import (
+    Experiment,
+    ExperimentState,
+    Metric,
+    Trial,
+    TrialRun,
+    TrialState,
+    WarmJob,
+    session_scope,
+)
+from tests.searcher.conftest import run_to_end, start_cli, wait_for
+from tests.searcher.test_fault_injection import _assert_no_process_left
+
+pytestmark = pytest.mark.slow
+
+MODEL = Path(__file__).parent / "_warm_model.py"
+
+
+def _experiment(
+    folder: Path,
+    *,
+    seed: int,
+    trials: int = 2,
+    mutate_first: bool = False,
+    epochs: int = 2,
+    **resources: Any,
+) -> Path:
+    """A search of ``trials`` identical trials (one at a time, 2 slots each)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(MODEL, folder / "warm_model.py")
+    data = resources.pop("data", {})
+    config = {
+        "name": folder.name,
+        "entrypoint": "warm_model:MutatingTrial",
+        "hyperparameters": {"global_batch_size": 32, "mutate_first": mutate_first},
+        "searcher": {
+            "name": "random",
+            "metric": "val_loss",
+            "max_trials": trials,
+            "max_length": {"epochs": epochs},
+            "max_concurrent_trials": 1,
+            "seed": seed,
+            "pruner": {"name": "none"},
+        },
+        "resources": {"slots_per_trial": 2, **resources},
+        "min_validation_period": {"epochs": 1},
+        "min_checkpoint_period": {"epochs": 1},
+        "max_restarts": 1,
+        "data": data,
+    }
+    path = folder / "experiment.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def _metrics(db: str, number: int) -> list[tuple[int, str, str, float | None]]:
+    """Every metric row of trial ``number``: (step, kind, name, value), in order."""
+    with session_scope(db) as session:
+        trial = session.scalars(select(Trial).where(Trial.optuna_trial_number == number)).one()
+        return [
+            (row.step, row.kind.value, row.name, row.value)
+            for row in session.scalars(
+                select(Metric)
+                .where(Metric.trial_id == trial.id)
+                .order_by(Metric.step, Metric.kind, Metric.name)
+            )
+        ]
+
+
+def _runs(db: str) -> list[TrialRun]:
+    with session_scope(db) as session:
+        return list(session.scalars(select(TrialRun).order_by(TrialRun.id)))
+
+
+def test_a_seeded_trial_gives_bit_identical_metrics_cold_and_warm(
+    tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    # Seeds are the experiment's seed plus the trial number: the warm search's trial 1
+    # and the cold search's trial 0 train from the same seed.
+    cold_db = f"sqlite:///{tmp_path / 'cold.db'}"
+    cold = _experiment(tmp_path / "cold", seed=11, trials=1)
+    run_to_end(["run", str(cold), "--db", cold_db, "--slots", "2"], cli_env, tmp_path)
+
+    warm_db = f"sqlite:///{tmp_path / 'warm.db'}"
+    warm = _experiment(tmp_path / "warm", seed=10, mutate_first=True, reuse_workers=True)
+    run_to_end(["run", str(warm), "--db", warm_db, "--slots", "2"], cli_env, tmp_path)
+
+    # Both warm trials ran on one job: one set of processes, two runs.
+    runs = _runs(warm_db)
+    assert len(runs) == 2 and runs[0].launch_token == runs[1].launch_token
+    with session_scope(warm_db) as session:
+        (job,) = session.scalars(select(WarmJob)).all()
+        assert job.trials_run == 2 and job.ended_at is not None
+        assert job.end_reason == "no trial of its shape waits"
+        assert [t.state for t in session.scalars(select(Trial))] == [TrialState.COMPLETED] * 2
+    expected = _metrics(cold_db, 0)
+    assert expected and any(name == "noise" for _, _, name, _ in expected)
+    assert _metrics(warm_db, 1) == expected
+    # The cache is the one thing that crossed: trial 1 saw trial 0 there.
+    log = (Path(_log_dir(cli_env, tmp_path)) / "trial-1.log").read_text()
+    assert "cache saw trials [0] before trial 1" in log
+    # The mutating trial itself trained on other numbers (the test can tell).
+    assert _metrics(warm_db, 0) != expected
+
+    # Keeping the module (opted in) lets its global through: the metrics differ.
+    kept_db = f"sqlite:///{tmp_path / 'kept.db'}"
+    kept = _experiment(
+        tmp_path / "kept",
+        seed=10,
+        mutate_first=True,
+        reuse_workers=True,
+        keep_entrypoint_module=True,
+    )
+    run_to_end(["run", str(kept), "--db", kept_db, "--slots", "2"], cli_env, tmp_path)
+    assert _metrics(kept_db, 1) != expected
+
+
+def _log_dir(env: dict[str, str], cwd: Path) -> Path:
+    root = Path(env.get("SLOTSWEEP_LOG_DIR", cwd / "slotsweep_logs"))
+    return sorted(root.glob("experiment-*"))[-1]
+
+
+def test_a_failing_trial_ends_its_warm_job_and_the_next_starts_cold(
+    tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    db = f"sqlite:///{tmp_path / 'sweep.db'}"
+    path = _experiment(
+        tmp_path / "exp", seed=3, trials=3, reuse_workers=True, data={"fail_trial": 1}
+    )
+    path_config = yaml.safe_load(path.read_text())
+    path_config["max_restarts"] = 0
+    path.write_text(yaml.safe_dump(path_config, sort_keys=False))
+    run_to_end(["run", str(path), "--db", db, "--slots", "2"], cli_env, tmp_path)
+    with session_scope(db) as session:
+        trials = list(session.scalars(select(Trial).order_by(Trial.optuna_trial_number)))
+        assert [t.state for t in trials] == [
+            TrialState.COMPLETED,
+            TrialState.ERROR,
+            TrialState.COMPLETED,
+        ]
+        assert trials[1].error and "fails on purpose" in trials[1].error
+        jobs = list(session.scalars(select(WarmJob).order_by(WarmJob.id)))
+    runs = _runs(db)
+    # Trials 0 and 1 shared a job; trial 1's failure ended it; trial 2 started a new one.
+    assert runs[0].launch_token == runs[1].launch_token != runs[2].launch_token
+    assert len(jobs) == 2 and all(job.ended_at is not None for job in jobs)
+    assert jobs[0].end_reason is not None and "exited" in jobs[0].end_reason
+    assert jobs[0].trials_run == 1 and jobs[1].trials_run == 1
+    _assert_no_process_left(db)
+
+
+def test_resume_after_a_killed_driver_ends_its_warm_job_and_runs_nothing_twice(
+    tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    db = f"sqlite:///{tmp_path / 'sweep.db'}"
+    # About 10 s a trial: the driver is killed while the second trains on the warm job.
+    path = _experiment(
+        tmp_path / "exp",
+        seed=5,
+        trials=3,
+        epochs=5,
+        reuse_workers=True,
+        data={"batch_delay_s": 0.25},
+    )
+    driver = start_cli(["run", str(path), "--db", db, "--slots", "2"], cli_env, tmp_path)
+
+    def second_trial_on_the_warm_job() -> bool:
+        runs = _runs(db)
+        return len(runs) >= 2 and runs[1].progress_at is not None
+
+    wait_for(second_trial_on_the_warm_job, what="the second trial to train on the warm job")
+    with session_scope(db) as session:
+        first = session.scalars(select(Trial).where(Trial.optuna_trial_number == 0)).one()
+        first_end = first.ended_at
+        assert first.state == TrialState.COMPLETED
+    driver.send_signal(signal.SIGKILL)
+    driver.communicate(timeout=30)
+
+    run_to_end(["resume", path.parent.name, "--db", db, "--slots", "2"], cli_env, tmp_path)
+    with session_scope(db) as session:
+        experiment = session.scalars(select(Experiment)).one()
+        assert experiment.state == ExperimentState.COMPLETED
+        trials = list(session.scalars(select(Trial).order_by(Trial.optuna_trial_number)))
+        assert [t.state for t in trials] == [TrialState.COMPLETED] * 3
+        # The finished trial was not run again.
+        assert trials[0].ended_at == first_end
+        assert len(trials[0].runs) == 1
+        # The interrupted trial went on cold from its checkpoint; its old job was ended.
+        assert len(trials[1].runs) == 2
+        assert trials[1].runs[1].restored_from_step
+        assert trials[1].runs[0].launch_token == trials[0].runs[0].launch_token
+        jobs = list(session.scalars(select(WarmJob).order_by(WarmJob.id)))
+        assert jobs[0].end_reason == "driver stopped; its trial continues cold"
+        assert all(job.ended_at is not None for job in jobs)
+    _assert_no_process_left(db)

@@ -1,0 +1,178 @@
+"""The ranks' side of a warm job: hand the slots back after a trial, wait for the next one.
+
+With ``resources.reuse_workers`` a trial that finished or was pruned does not end its
+``torchrun`` job. Rank 0 marks the job idle in its ``storage.WarmJob`` row (the driver
+sees the trial ended there, as it would see an exit code), then polls the row until
+the driver writes the next trial's spec or asks the job to end, and broadcasts what it
+found to every rank over the process group that stays formed. Only rank 0 touches the
+database, as in a cold trial.
+
+While rank 0 waits it broadcasts a keep-alive every second, so no rank sits in one
+collective long enough for the group's timeout. An idle job whose driver stopped
+heartbeating ends itself: nobody would hand it a trial, and its slots stay held until
+its processes are gone.
+
+Example:
+    >>> channel = WarmChannel(spec, info)  # doctest: +SKIP
+    >>> next_spec = channel.next_trial(spec.trial_id)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from trials._config import RuntimeSpec
+from trials.launcher import DB_URL_ENV_VAR
+from trials.runtime._distributed import DistributedInfo, broadcast_object
+
+# How often rank 0 looks for the next trial: the warm hand-over's latency floor.
+POLL_INTERVAL_S = 0.02
+# How often, while idle, rank 0 tells the other ranks to keep waiting.
+KEEPALIVE_S = 1.0
+# How often, while idle, rank 0 checks that the driver still heartbeats.
+DRIVER_CHECK_S = 2.0
+
+_WAIT = "wait"
+_RUN = "run"
+_END = "end"
+
+
+class WarmChannel:
+    """One warm job as its ranks see it; every rank makes one, only rank 0 uses the database."""
+
+    def __init__(self, spec: RuntimeSpec, info: DistributedInfo) -> None:
+        assert spec.warm is not None, "a warm channel needs a spec with `warm`"
+        self.job_id = spec.warm.job_id
+        self.driver_lease_s = spec.warm.driver_lease_s
+        self.experiment_id = spec.experiment_id
+        self.db_url = spec.db_url
+        self.info = info
+        self.end_reason: str | None = None
+
+    # ----------------------------------------------------------------- rank 0
+    def hand_back(self, trial_id: int) -> bool:
+        """Rank 0: mark the job idle after trial ``trial_id``; whether it stays warm.
+
+        False when the job was asked to end meanwhile or no longer runs that trial (a
+        driver ended it): the ranks then exit as a cold trial's would.
+        """
+        from sqlalchemy import update
+
+        from storage import WarmJob, retry_transient, session_scope, utcnow
+
+        def write() -> bool:
+            with session_scope(self.db_url) as session:
+                result = session.execute(
+                    update(WarmJob)
+                    .where(
+                        WarmJob.id == self.job_id,
+                        WarmJob.current_trial_id == trial_id,
+                        WarmJob.end_requested_at.is_(None),
+                        WarmJob.ended_at.is_(None),
+                    )
+                    .values(
+                        current_run_id=None,
+                        current_trial_id=None,
+                        idle_since=utcnow(),
+                        trials_run=WarmJob.trials_run + 1,
+                    )
+                )
+                return bool(getattr(result, "rowcount", 0) == 1)
+
+        return retry_transient(write)
+
+    def _poll(self) -> tuple[str, Any]:
+        """Rank 0: one look at the job's row; the message for the other ranks."""
+        from sqlalchemy import select, update
+
+        from storage import WarmJob, retry_transient, session_scope
+
+        def read() -> tuple[str, Any]:
+            with session_scope(self.db_url) as session:
+                row = session.execute(
+                    select(
+                        WarmJob.next_run_id,
+                        WarmJob.next_spec,
+                        WarmJob.end_requested_at,
+                        WarmJob.end_reason,
+                        WarmJob.ended_at,
+                    ).where(WarmJob.id == self.job_id)
+                ).one_or_none()
+                if row is None or row.ended_at is not None:
+                    return _END, "its warm job is over"
+                if row.end_requested_at is not None:
+                    return _END, row.end_reason or "its driver ended the warm job"
+                if row.next_run_id is None or row.next_spec is None:
+                    return _WAIT, None
+                session.execute(
+                    update(WarmJob)
+                    .where(WarmJob.id == self.job_id, WarmJob.next_run_id == row.next_run_id)
+                    .values(next_run_id=None, next_spec=None)
+                )
+                return _RUN, json.dumps(row.next_spec)
+
+        return retry_transient(read)
+
+    def _driver_alive(self) -> bool:
+        import datetime as _dt
+
+        from sqlalchemy import select
+
+        from storage import Experiment, ExperimentState, session_scope, utcnow
+
+        with session_scope(self.db_url) as session:
+            row = session.execute(
+                select(Experiment.state, Experiment.driver_heartbeat_at).where(
+                    Experiment.id == self.experiment_id
+                )
+            ).one_or_none()
+        if row is None or row.state != ExperimentState.ACTIVE or row.driver_heartbeat_at is None:
+            return False
+        return utcnow() - row.driver_heartbeat_at < _dt.timedelta(seconds=self.driver_lease_s)
+
+    def _next_message(self) -> tuple[str, Any]:
+        """Rank 0: wait for the next trial or the end, telling the others to wait meanwhile."""
+        last_keepalive = last_driver_check = time.monotonic()
+        while True:
+            kind, payload = self._poll()
+            if kind != _WAIT:
+                return kind, payload
+            now = time.monotonic()
+            if now - last_driver_check >= DRIVER_CHECK_S:
+                last_driver_check = now
+                if not self._driver_alive():
+                    return _END, "its driver stopped heartbeating"
+            if now - last_keepalive >= KEEPALIVE_S and self.info.distributed:
+                broadcast_object((_WAIT, None))
+                last_keepalive = now
+            time.sleep(POLL_INTERVAL_S)
+
+    # ----------------------------------------------------------------- every rank
+    def next_trial(self, trial_id: int) -> RuntimeSpec | None:
+        """The next trial's spec on every rank, or None when the job must end.
+
+        Collective: every rank of the job calls it once trial ``trial_id`` finished or
+        was pruned; rank 0 hands the job back first.
+        """
+        if self.info.is_chief:
+            if self.hand_back(trial_id):
+                message = self._next_message()
+            else:
+                message = (_END, "its driver ended the warm job")
+            if self.info.distributed:
+                broadcast_object(message)
+        else:
+            while True:
+                message = broadcast_object(None)
+                if message[0] != _WAIT:
+                    break
+        kind, payload = message
+        if kind == _END:
+            self.end_reason = str(payload)
+            return None
+        fields = json.loads(payload)
+        fields["db_url"] = os.environ.get(DB_URL_ENV_VAR, self.db_url)
+        return RuntimeSpec.model_validate(fields)
