@@ -11,7 +11,11 @@ sequence two ways:
 - slotsweep: ONE ``slotsweep run`` search of K trials (``max_concurrent_trials: 1``,
   ``slots_per_trial: 2``, random sampler, no pruner, default profiling) whose
   entrypoint is the same file's core-API function ``launch_trial:slotsweep_main``. It
-  reports the averaged loss as ``val_loss`` so every trial completes.
+  reports the averaged loss as ``val_loss`` so every trial completes;
+- with ``--warm``, also slotsweep warm: the same search with ``resources.reuse_workers:
+  true``, so the first trial starts torchrun and every later one is handed to that
+  job's waiting ranks (no new processes, no new process group; the ranks import
+  ``launch_trial`` afresh and build a new context and model for each trial).
 
 Where (``--executor``):
 
@@ -34,9 +38,11 @@ Where (``--executor``):
   (``executor: slurm`` with a ``slurm:`` block), so every trial is one ``sbatch`` job
   whose script runs one ``srun`` step of the node wrapper and torchrun.
 
-Both run in the same invocation, in ``--rounds`` rounds whose order alternates (bare
-first, then slotsweep first, ...), after one untimed bare warm-up job; each round uses a
-fresh temporary folder and database.
+All run in the same invocation, in ``--rounds`` rounds whose order alternates (bare
+first, then slotsweep first, ...; with ``--warm`` bare, cold, warm, then warm, cold,
+bare, ...), after one untimed bare warm-up job; each round uses a fresh temporary folder
+and database. ``--warm`` runs locally or inside the Slurm allocation (``--executor
+slurm``); the sbatch executor submits each trial as its own job and has no warm workers.
 
 Per-trial cost:
 
@@ -54,6 +60,14 @@ Per-trial cost:
 - slotsweep, whole search: (search wall time - driver start-up before the first
   torchrun) / K, which adds the driver's shutdown after the last trial, divided by K
   (so it depends on K).
+- slotsweep warm (``--warm``), headline: measured as the cold headline, the search's
+  span in the database / K, from the first trial's torchrun start to the last trial's
+  ``trial_runs.ended_at``, which on a warm job is when the driver sees the trial handed
+  back. Each trial has its own run row (its ``started_at`` is the hand-over), so a
+  trial's share again runs from the previous trial's end to its own. The first trial
+  still starts torchrun and its ranks, and the headline shares that cold start over the
+  K trials: it depends on K, and the summary also prints the first and the later
+  trials apart (the later ones are what a long search pays per trial).
 
 Where the time goes: rank 0 of every job writes wall-clock stamps when its interpreter
 starts to exit (torchrun's and its own process start, training start and end), and the
@@ -79,13 +93,32 @@ slotsweep that row also holds, shared out over the K trials, the driver's one-ti
 entrypoint check before the first launch (a Python process that imports the model
 module, and so torch: about 2 CPU seconds).
 
+Warm trials (``--warm``) have no process start or exit of their own: their ranks' start
+and exit stamps are the job's (``launch_trial`` writes one line per trial, all when the
+job's ranks exit). So the warm kind has its own wall table, with a job's first trial and
+the later trials apart: the driver's work from the previous trial's end to the launch or
+hand-over (the run's ``started_at``), torchrun start-up (a job's first trial only;
+"n/a" for the others), the ranks from their start or the hand-over to the import of the
+trial's module (for a later trial: rank 0's poll of the job's row, the broadcast, the
+reset between trials, the trial's recorder and sampler), the import and the context
+until training, training, and the rest until the driver sees the trial handed back
+(recording, rank 0's hand back, the driver's poll). Its "all" column is the mean over
+the K trials (a phase a trial lacks counting 0), which sums to the headline. Its CPU
+goes in the same table as the others' (the process-start and exit phases of the bare
+and cold tables do not exist for it): a later trial's "until training" runs from the
+previous trial's report on the same ranks (hand back, wait, reset, set-up), "after
+training" is nonzero only on a job's last trial (the job's end), and the job's other
+processes are shared out over its trials.
+
 Run:
     .venv/bin/python bench/launch_overhead.py            # K=5, 2 rounds, local
     .venv/bin/python bench/launch_overhead.py -k 10 --rounds 3
     .venv/bin/python bench/launch_overhead.py --executor slurm   # as root
     .venv/bin/python bench/launch_overhead.py --executor sbatch  # as root
+    .venv/bin/python bench/launch_overhead.py --warm     # bare, cold and warm
 Last line (machine-readable):
     bare_s=<a> slotsweep_s=<b> ratio=<b/a> overhead_s=<b-a>
+    bare_s=<a> cold_s=<b> warm_s=<c> warm_ratio=<c/a>        # with --warm
 """
 
 from __future__ import annotations
@@ -132,6 +165,19 @@ RANK_CPU_PARTS = (
     "rank 1 after training",
 )
 DRIVER_CPU_PART = "driver between trials"
+# A warm search's trials (``--warm``): the first trial of a job starts its torchrun, the
+# later ones are handed to the job's waiting ranks, so the phases differ from a cold
+# trial's and some exist for one kind of warm trial only.
+WARM_PHASES = (
+    "driver: reap -> launch/hand-over",
+    "torchrun start-up",
+    "ranks: start/hand-over -> import",
+    "import + context -> training",
+    "training",
+    "recording + hand back + reap",
+)
+# The phase only a job's first trial has (later trials find the ranks running).
+FIRST_TRIAL_ONLY = "torchrun start-up"
 
 
 @dataclass
@@ -142,6 +188,10 @@ class KindResult:
     phases: list[dict[str, float]] = field(default_factory=list)
     cpu: list[dict[str, float]] = field(default_factory=list)  # CPU seconds per trial
     whole_search: list[float] = field(default_factory=list)  # slotsweep only, per round
+    # Warm only: whether each trial was its job's first (started torchrun), and the
+    # number of torchrun jobs per round.
+    first_of_job: list[bool] = field(default_factory=list)
+    jobs: list[int] = field(default_factory=list)
     startup: list[float] = field(default_factory=list)
     shutdown: list[float] = field(default_factory=list)
 
@@ -328,19 +378,24 @@ def trial_env(stamps: Path) -> dict[str, str]:
 
 
 def read_jobs(folder: Path, k: int, kind: str) -> list[dict[int, dict[str, Any]]]:
-    """Each job's stamp records by rank, in launch order; fails unless K jobs trained."""
+    """Each trial's stamp records by rank, in launch order; fails unless K trials trained.
+
+    A trial is one torchrun job, except on a warm job, whose ranks write one record per
+    trial they ran (told apart by ``trial_id``) and so share the torchrun pid.
+    """
     path = folder / "stamps.jsonl"
     lines = path.read_text().splitlines() if path.exists() else []
-    jobs: dict[int, dict[int, dict[str, Any]]] = {}
+    jobs: dict[tuple[int, int | None], dict[int, dict[str, Any]]] = {}
     for line in lines:
         record = json.loads(line)
-        jobs.setdefault(record["torchrun_pid"], {})[record["rank"]] = record
+        key = (record["torchrun_pid"], record.get("trial_id"))
+        jobs.setdefault(key, {})[record["rank"]] = record
     complete = sorted(
         (job for job in jobs.values() if set(job) == {0, 1}),
-        key=lambda job: job[0]["torchrun_start"],
+        key=lambda job: (job[0]["torchrun_start"], job[0]["train_start"]),
     )
     if len(complete) != k:
-        raise RuntimeError(f"{kind}: {len(complete)} of {k} jobs recorded both ranks' stamps")
+        raise RuntimeError(f"{kind}: {len(complete)} of {k} trials recorded both ranks' stamps")
     return complete
 
 
@@ -397,13 +452,20 @@ def run_bare(k: int, folder: Path, result: KindResult, site: Site) -> None:
         result.cpu.append(_cpu_parts(job, site, tree_cpu, driver_cpu=0.0))
 
 
-def run_slotsweep(k: int, folder: Path, result: KindResult, site: Site) -> None:
-    """One search of K trials through the ``slotsweep`` CLI, with ``site``'s executor."""
+def run_slotsweep(
+    k: int, folder: Path, result: KindResult, site: Site, *, warm: bool = False
+) -> None:
+    """One search of K trials through the ``slotsweep`` CLI, with ``site``'s executor.
+
+    ``warm``: with ``resources.reuse_workers``, so that the trials after the first run
+    on the first trial's torchrun job.
+    """
     from sqlalchemy import select
 
     from storage import Trial, TrialRun, TrialState, session_scope
 
-    stamps = folder / "stamps-slotsweep"
+    kind = "warm" if warm else "slotsweep"
+    stamps = folder / f"stamps-{kind}"
     stamps.mkdir(parents=True)
     config = write_yaml(
         folder / "launch.yaml",
@@ -419,7 +481,7 @@ def run_slotsweep(k: int, folder: Path, result: KindResult, site: Site) -> None:
                 "max_concurrent_trials": 1,
                 "seed": 0,
             },
-            "resources": {"slots_per_trial": 2},
+            "resources": {"slots_per_trial": 2, "reuse_workers": warm},
             "checkpoint_storage": {"path": str(folder / "checkpoints")},
             "max_restarts": 0,
         },
@@ -437,26 +499,44 @@ def run_slotsweep(k: int, folder: Path, result: KindResult, site: Site) -> None:
         session.expunge_all()
         runs = list(session.scalars(select(TrialRun).order_by(TrialRun.started_at)))
         spans = [(epoch_s(r.started_at), epoch_s(r.ended_at)) for r in runs if r.ended_at]
+        run_trials = [r.trial_id for r in runs if r.ended_at]
     if len(trials) != k or any(s != TrialState.COMPLETED for s in states) or len(spans) != k:
         raise RuntimeError(
-            f"slotsweep: expected {k} completed trials with one run each, got states "
+            f"{kind}: expected {k} completed trials with one run each, got states "
             f"{[s.value for s in states]} and {len(spans)} runs\n{search.output}\n"
             + "\n".join(_trial_report(t) for t in trials if t.state != TrialState.COMPLETED)
         )
-    jobs = read_jobs(stamps, k, "slotsweep")
+    # Each run's stamps, by trial (the runs are in start order, as the trials ran).
+    by_trial = {job[0]["trial_id"]: job for job in read_jobs(stamps, k, kind)}
+    if sorted(by_trial) != sorted(run_trials):
+        raise RuntimeError(f"{kind}: stamps of trials {sorted(by_trial)}, runs of {run_trials}")
+    jobs = [by_trial[trial_id] for trial_id in run_trials]
     # The search's span runs from the first torchrun's start to the last reap; each
     # trial's share runs from the previous trial's reap (the first: its own torchrun's
     # start) to its own reap, so the driver's work between two trials falls on the next.
+    # On a warm job the "reap" is the driver seeing the trial handed back.
     first_launch, last_reap = jobs[0][0]["torchrun_start"], spans[-1][1]
     previous_reaps = [first_launch] + [end for _, end in spans[:-1]]
-    # The driver's reaped children (the trials' process trees locally, the Slurm
-    # clients on Slurm), shared out evenly.
-    tree_cpu = search.reaped_children_cpu / k
     driver_cpu = search.driver_cpu_between(first_launch, last_reap) / k
-    for previous, (_, end), job in zip(previous_reaps, spans, jobs, strict=True):
-        result.per_trial.append(end - previous)
-        result.phases.append(_phases(previous, end, job[0]))
-        result.cpu.append(_cpu_parts(job, site, tree_cpu, driver_cpu))
+    if warm:
+        phases, cpu = warm_breakdown(previous_reaps, spans, jobs, site, search.reaped_children_cpu)
+        for previous, (_, end), trial_phases, trial_cpu in zip(
+            previous_reaps, spans, phases, cpu, strict=True
+        ):
+            result.per_trial.append(end - previous)
+            result.phases.append(trial_phases)
+            result.cpu.append({**trial_cpu, DRIVER_CPU_PART: driver_cpu})
+        pids = [job[0]["torchrun_pid"] for job in jobs]
+        result.first_of_job += [i == 0 or pid != pids[i - 1] for i, pid in enumerate(pids)]
+        result.jobs.append(len(set(pids)))
+    else:
+        # The driver's reaped children (the trials' process trees locally, the Slurm
+        # clients on Slurm), shared out evenly.
+        tree_cpu = search.reaped_children_cpu / k
+        for previous, (_, end), job in zip(previous_reaps, spans, jobs, strict=True):
+            result.per_trial.append(end - previous)
+            result.phases.append(_phases(previous, end, job[0]))
+            result.cpu.append(_cpu_parts(job, site, tree_cpu, driver_cpu))
     startup = first_launch - search.started
     result.startup.append(startup)
     result.shutdown.append(search.ended - last_reap)
@@ -481,6 +561,71 @@ def _cpu_parts(
     parts[site.tree_part] = tree_cpu - ranks_cpu if site.tree_holds_ranks else tree_cpu
     parts[DRIVER_CPU_PART] = driver_cpu
     return parts
+
+
+def warm_breakdown(
+    previous_reaps: list[float],
+    spans: list[tuple[float, float]],
+    jobs: list[dict[int, dict[str, Any]]],
+    site: Site,
+    reaped_children_cpu: float,
+) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
+    """Wall phases and CPU parts (but the driver's) of each trial of a warm search.
+
+    ``spans`` are the runs' (started_at, ended_at), ``jobs`` their ranks' stamps, both in
+    run order. A job's first trial starts torchrun and its ranks as a cold trial does;
+    a later trial starts when the driver hands it over (its run's ``started_at``) and
+    its ranks begin by importing the module afresh; every trial ends when the driver
+    sees it handed back. Phases that a trial does not have are left out of its dict
+    (not counted as zero), so their means are over the trials that have them.
+
+    Ranks' CPU, from their cumulative ``getrusage`` stamps: "until training" runs from
+    the previous trial's report on the same process (its hand back, the wait, the reset
+    and the next trial's set-up) or from the process's start; "after training" is
+    nonzero only for a job's last trial (the job's end: hand back, wait, exit). The
+    launching side's other processes (locally the job's tree less its ranks) are shared
+    out evenly over the trials, as in a cold search.
+    """
+    phases: list[dict[str, float]] = []
+    cpu: list[dict[str, float]] = []
+    pids = [job[0]["torchrun_pid"] for job in jobs]
+    ranks_exit_cpu: dict[int, float] = {}
+    for pid, job in zip(pids, jobs, strict=True):
+        exiting = job[0]["cpu_exiting"] + job[1]["cpu_exiting"]
+        ranks_exit_cpu[pid] = max(ranks_exit_cpu.get(pid, 0.0), exiting)
+    tree_cpu = reaped_children_cpu
+    if site.tree_holds_ranks:
+        tree_cpu -= sum(ranks_exit_cpu.values())
+    for i, (previous, (started, ended), job) in enumerate(
+        zip(previous_reaps, spans, jobs, strict=True)
+    ):
+        first = i == 0 or pids[i] != pids[i - 1]
+        last = i == len(jobs) - 1 or pids[i] != pids[i + 1]
+        r0 = job[0]
+        trial: dict[str, float] = {}
+        if first:
+            trial["driver: reap -> launch/hand-over"] = r0["torchrun_start"] - previous
+            trial[FIRST_TRIAL_ONLY] = r0["process_start"] - r0["torchrun_start"]
+            trial["ranks: start/hand-over -> import"] = r0["module_import"] - r0["process_start"]
+        else:
+            trial["driver: reap -> launch/hand-over"] = started - previous
+            trial["ranks: start/hand-over -> import"] = r0["module_import"] - started
+        trial["import + context -> training"] = r0["train_start"] - r0["module_import"]
+        trial["training"] = r0["reported"] - r0["train_start"]
+        trial["recording + hand back + reap"] = ended - r0["reported"]
+        phases.append(trial)
+        parts: dict[str, float] = {}
+        for rank in (0, 1):
+            record = job[rank]
+            before = 0.0 if first else jobs[i - 1][rank]["cpu_reported"]
+            parts[f"rank {rank} until training"] = record["cpu_train_start"] - before
+            parts[f"rank {rank} training"] = record["cpu_reported"] - record["cpu_train_start"]
+            parts[f"rank {rank} after training"] = (
+                record["cpu_exiting"] - record["cpu_reported"] if last else 0.0
+            )
+        parts[site.tree_part] = tree_cpu / len(jobs)
+        cpu.append(parts)
+    return phases, cpu
 
 
 def _trial_report(trial: Any) -> str:
@@ -535,7 +680,7 @@ def open_site(executor: str) -> Iterator[Site]:
         yield slurm_site(test_site)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--executor",
@@ -547,79 +692,174 @@ def main() -> None:
     )
     parser.add_argument("-k", type=int, default=5, help="trials per kind and round (default 5)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds, order alternating (2)")
+    parser.add_argument(
+        "--warm",
+        action="store_true",
+        help="also run a third kind: the same search with warm workers "
+        "(resources.reuse_workers: true); changes the last line",
+    )
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up job")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.k < 1 or args.rounds < 1:
         parser.error("-k and --rounds must be positive integers")
+    if args.warm and args.executor == "sbatch":
+        parser.error(
+            "--warm: warm workers need trials placed by slotsweep (local, or --executor "
+            "slurm inside an allocation); the sbatch executor submits each trial as a job"
+        )
 
-    bare, sweep = KindResult(), KindResult()
+    kinds = ("bare", "slotsweep", "warm") if args.warm else ("bare", "slotsweep")
+    results = {kind: KindResult() for kind in kinds}
     with (
         open_site(args.executor) as site,
         scratch_folder("launch-overhead-", keep=args.keep) as root,
     ):
         if not args.no_warmup:
-            warm = root / "warmup"
-            prepare(warm)
-            run_bare(1, warm, KindResult(), site)
+            warmup = root / "warmup"
+            prepare(warmup)
+            run_bare(1, warmup, KindResult(), site)
         for r in range(args.rounds):
-            order = ("bare", "slotsweep") if r % 2 == 0 else ("slotsweep", "bare")
+            order = kinds if r % 2 == 0 else tuple(reversed(kinds))
             for kind in order:
                 folder = root / f"round-{r}-{kind}"
                 prepare(folder)
                 began = time.time()
+                result = results[kind]
                 if kind == "bare":
-                    run_bare(args.k, folder, bare, site)
-                    got = bare.per_trial[-args.k :]
+                    run_bare(args.k, folder, result, site)
                 else:
-                    run_slotsweep(args.k, folder, sweep, site)
-                    got = sweep.per_trial[-args.k :]
+                    run_slotsweep(args.k, folder, result, site, warm=kind == "warm")
+                got = result.per_trial[-args.k :]
+                jobs = f", {result.jobs[-1]} torchrun job(s)" if kind == "warm" else ""
                 print(
-                    f"round {r} {kind:9s}: {args.k} trials, per trial {fmt(sum(got) / len(got))} s "
-                    f"(took {fmt(time.time() - began, 1)} s)",
+                    f"round {r} {kind:9s}: {args.k} trials{jobs}, per trial "
+                    f"{fmt(sum(got) / len(got))} s (took {fmt(time.time() - began, 1)} s)",
                     flush=True,
                 )
+    report(results, site, k=args.k, rounds=args.rounds)
 
-    trials = args.k * args.rounds
+
+def report(results: dict[str, KindResult], site: Site, *, k: int, rounds: int) -> None:
+    """The summary and tables; the last line depends on whether a warm kind ran."""
+    bare, sweep = results["bare"], results["slotsweep"]
+    warm = results.get("warm")
+    cold_name = "slotsweep cold" if warm else "slotsweep (DB span)"
     print(
-        f"\n{trials} trials of each kind ({args.rounds} rounds of K={args.k}), "
-        f"executor {site.executor}"
+        f"\n{k * rounds} trials of each kind ({rounds} rounds of K={k}), executor {site.executor}"
     )
     bare_name = "bare torchrun" if site.executor == "local" else "bare srun torchrun"
-    for name, measured in ((bare_name, bare), ("slotsweep (DB span)", sweep)):
+    shown = [(bare_name, bare), (cold_name, sweep)]
+    if warm is not None:
+        shown.append(("slotsweep warm", warm))
+    for name, measured in shown:
         print(
             f"{name:20s} per trial: mean {fmt(measured.mean)} s, median "
             f"{fmt(median(measured.per_trial))} s, min {fmt(min(measured.per_trial))} s, "
             f"max {fmt(max(measured.per_trial))} s"
         )
-    print(
-        f"median ratio {fmt(median(sweep.per_trial) / median(bare.per_trial))}, "
-        f"median overhead {fmt(median(sweep.per_trial) - median(bare.per_trial))} s"
-    )
-    print(
-        f"slotsweep per trial, whole search ((wall - start-up before launch) / K): "
-        f"{fmt(sum(sweep.whole_search) / len(sweep.whole_search))} s"
-    )
-    print(
-        f"slotsweep one-time costs per search: start-up before the first torchrun "
-        f"{fmt(sum(sweep.startup) / len(sweep.startup))} s, after the last reap "
-        f"{fmt(sum(sweep.shutdown) / len(sweep.shutdown))} s"
-    )
+    for name, measured in shown[1:]:
+        prefix = "" if warm is None else f"{name.split()[-1]}: "
+        print(
+            f"{prefix}median ratio {fmt(median(measured.per_trial) / median(bare.per_trial))}, "
+            f"median overhead {fmt(median(measured.per_trial) - median(bare.per_trial))} s"
+        )
+    for name, measured in shown[1:]:
+        label = "slotsweep" if warm is None else name
+        print(
+            f"{label} per trial, whole search ((wall - start-up before launch) / K): "
+            f"{fmt(sum(measured.whole_search) / len(measured.whole_search))} s"
+        )
+        print(
+            f"{label} one-time costs per search: start-up before the first torchrun "
+            f"{fmt(sum(measured.startup) / len(measured.startup))} s, after the last reap "
+            f"{fmt(sum(measured.shutdown) / len(measured.shutdown))} s"
+        )
+    if warm is not None:
+        _report_warm_trials(warm, k)
+
     for title, names, table in (
         ("mean wall phase (s)", PHASES, "phases"),
         ("mean CPU per trial (s)", site.cpu_parts, "cpu"),
     ):
         b_means = _means(getattr(bare, table), names)
         s_means = _means(getattr(sweep, table), names)
-        print(f"\n{title:28s} {'bare':>8s} {'slotsweep':>10s} {'extra':>8s}")
-        for name in names:
-            b, s = b_means[name], s_means[name]
-            print(f"{name:28s} {fmt(b):>8s} {fmt(s):>10s} {fmt(s - b):>8s}")
-        b_total, s_total = sum(b_means.values()), sum(s_means.values())
-        print(f"{'total':28s} {fmt(b_total):>8s} {fmt(s_total):>10s} {fmt(s_total - b_total):>8s}")
+        if warm is None:
+            print(f"\n{title:28s} {'bare':>8s} {'slotsweep':>10s} {'extra':>8s}")
+            for name in names:
+                b, s = b_means[name], s_means[name]
+                print(f"{name:28s} {fmt(b):>8s} {fmt(s):>10s} {fmt(s - b):>8s}")
+            b_total, s_total = sum(b_means.values()), sum(s_means.values())
+            print(
+                f"{'total':28s} {fmt(b_total):>8s} {fmt(s_total):>10s} "
+                f"{fmt(s_total - b_total):>8s}"
+            )
+            continue
+        # The warm kind's wall phases differ (see the warm table): CPU only here.
+        columns = [b_means, s_means]
+        heads = ["bare", "cold", "cold-bare"]
+        if table == "cpu":
+            columns.append(_means(warm.cpu, names))
+            heads += ["warm", "warm-bare"]
+        print(f"\n{title:28s} " + " ".join(f"{h:>9s}" for h in heads))
+        for name in (*names, "total"):
+            b, *others = (sum(m.values()) if name == "total" else m[name] for m in columns)
+            cells = [b]
+            for other in others:
+                cells += [other, other - b]
+            print(f"{name:28s} " + " ".join(f"{fmt(v):>9s}" for v in cells))
+    if warm is not None:
+        print(
+            "(warm CPU: a later trial's 'until training' runs from the previous trial's "
+            "report on the same ranks; 'after training' is the job's end, on its last trial)"
+        )
 
     a, b = bare.mean, sweep.mean
-    print(f"bare_s={fmt(a)} slotsweep_s={fmt(b)} ratio={fmt(b / a)} overhead_s={fmt(b - a)}")
+    if warm is None:
+        print(f"bare_s={fmt(a)} slotsweep_s={fmt(b)} ratio={fmt(b / a)} overhead_s={fmt(b - a)}")
+    else:
+        c = warm.mean
+        print(f"bare_s={fmt(a)} cold_s={fmt(b)} warm_s={fmt(c)} warm_ratio={fmt(c / a)}")
+
+
+def _report_warm_trials(warm: KindResult, k: int) -> None:
+    """The warm kind's trials split by whether they started their job, and their phases."""
+    first = [t for t, f in zip(warm.per_trial, warm.first_of_job, strict=True) if f]
+    later = [t for t, f in zip(warm.per_trial, warm.first_of_job, strict=True) if not f]
+    print(
+        f"slotsweep warm: {len(warm.per_trial)} trials on {sum(warm.jobs)} torchrun job(s); "
+        f"a job's first trial (cold start) mean {fmt(sum(first) / len(first))} s"
+        + (
+            f", later trials (handed over) mean {fmt(sum(later) / len(later))} s, "
+            f"median {fmt(median(later))} s"
+            if later
+            else ", no later trials"
+        )
+    )
+    print(
+        f"(the warm headline is the DB span / K, so each search's first trial, which "
+        f"starts torchrun, is shared over K={k}: it falls towards the later trials' cost "
+        f"as K grows)"
+    )
+    groups = [
+        ("first of job", [p for p, f in zip(warm.phases, warm.first_of_job, strict=True) if f]),
+        ("later", [p for p, f in zip(warm.phases, warm.first_of_job, strict=True) if not f]),
+    ]
+    print(f"\n{'warm mean wall phase (s)':36s} {'first of job':>12s} {'later':>10s} {'all':>10s}")
+    n = len(warm.phases)
+    for name in (*WARM_PHASES, "total"):
+        cells = []
+        for _, rows in groups:
+            values = [
+                sum(r.values()) if name == "total" else r[name]
+                for r in rows
+                if name == "total" or name in r
+            ]
+            cells.append(fmt(sum(values) / len(values)) if values else "n/a")
+        # "all": per trial over all K, a phase a trial lacks counting 0 (sums to the mean).
+        total = sum(sum(r.values()) if name == "total" else r.get(name, 0.0) for r in warm.phases)
+        cells.append(fmt(total / n))
+        print(f"{name:36s} {cells[0]:>12s} {cells[1]:>10s} {cells[2]:>10s}")
 
 
 if __name__ == "__main__":

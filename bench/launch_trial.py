@@ -15,6 +15,12 @@ start and end, the moment the interpreter starts to exit) and the CPU time the p
 (all its threads) had used at those moments, which the benchmark uses to say where the
 time goes. The line is written by an ``atexit`` handler, after everything the
 launcher's code does in the rank.
+
+On a warm job (``resources.reuse_workers``) one process runs trial after trial, and
+slotsweep imports this module afresh for each: every import registers its own handler,
+so the job's ranks write one line per trial when they exit at the job's end. Each line
+carries its ``trial_id``; its ``module_import``, ``train_start`` and ``reported`` stamps
+are that trial's, while the process, torchrun and exit stamps are the job's.
 """
 
 from __future__ import annotations
@@ -46,11 +52,11 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def train(device: torch.device) -> tuple[float, dict[str, float]]:
+def train(device: torch.device) -> tuple[float, dict[str, Any]]:
     """``STEPS`` DDP steps of a tiny MLP; the loss averaged over ranks, and stamps."""
     from torch.nn.parallel import DistributedDataParallel
 
-    stamps = {"train_start": time.time(), "cpu_train_start": _cpu_s()}
+    stamps: dict[str, Any] = {"train_start": time.time(), "cpu_train_start": _cpu_s()}
     torch.manual_seed(0)
     model: nn.Module = nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT))
     model = DistributedDataParallel(model.to(device))
@@ -82,34 +88,38 @@ def _process_start_time(pid: int | str = "self") -> float:
     return boot + start_ticks / os.sysconf("SC_CLK_TCK")
 
 
-_STAMPS: dict[str, Any] = {}
+# This import's records (one per trial run with it), written at the interpreter's exit.
+_RECORDS: list[dict[str, Any]] = []
 
 
 def _write_stamps() -> None:
     folder = os.environ.get(STAMPS_ENV)
-    if not folder or not _STAMPS:
+    if not folder or not _RECORDS:
         return
-    record = {
-        **_STAMPS,
+    job = {
         "torchrun_pid": os.getppid(),
         "torchrun_start": _process_start_time(os.getppid()),
         "process_start": _process_start_time(),
-        "module_import": _T_IMPORT,
         "torch_imported": _T_TORCH,
         "exiting": time.time(),
         "cpu_exiting": _cpu_s(),
     }
     with open(os.path.join(folder, "stamps.jsonl"), "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
+        for stamps in _RECORDS:
+            f.write(json.dumps({**stamps, **job}) + "\n")
 
 
-def _keep_stamps(kind: str, stamps: dict[str, float]) -> None:
+def _keep_stamps(kind: str, stamps: dict[str, Any]) -> None:
     """Write ``stamps`` when this rank's interpreter starts to exit."""
     if not os.environ.get(STAMPS_ENV):
         return
     stamps["cpu_reported"] = _cpu_s()
-    _STAMPS.update(kind=kind, rank=int(os.environ.get("RANK", "0")), pid=os.getpid(), **stamps)
-    atexit.register(_write_stamps)
+    stamps.update(
+        kind=kind, rank=int(os.environ.get("RANK", "0")), pid=os.getpid(), module_import=_T_IMPORT
+    )
+    if not _RECORDS:
+        atexit.register(_write_stamps)
+    _RECORDS.append(stamps)
 
 
 def slotsweep_main(context: Any) -> None:
@@ -119,7 +129,7 @@ def slotsweep_main(context: Any) -> None:
     # bare script's all_reduce below, and records the value so the trial completes.
     means = context.report_validation_metrics(STEPS, {"val_loss": loss})
     stamps["reported"] = time.time()
-    _keep_stamps("slotsweep", stamps)
+    _keep_stamps("slotsweep", {**stamps, "trial_id": context.trial_id})
     if context.is_chief:
         print(f"final loss {means['val_loss']:.4f}", flush=True)
 

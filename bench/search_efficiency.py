@@ -63,6 +63,18 @@ run to run for the same seed. Slot-seconds include each trial's start-up (severa
 seconds per trial here, more than an epoch of this model), so pruning saves less of
 them than of epochs.
 
+Warm workers (``--warm``, or ``--modes cold warm`` for both in one invocation): both arms
+run with ``resources.reuse_workers: true``, so a trial that finished or was pruned hands
+its torchrun job (its processes and process group) to the next trial instead of ending
+it, and a trial pruned at its first rung no longer pays a process start-up that costs
+more than its epoch. The searches are otherwise the same (folders
+``<arm>-warm-seed<N>``). Trial-epochs are counted as above. Slot-seconds count what
+the warm jobs held: each job's slots from its start to its end or the hit, which
+includes the driver's turn-around between two trials on the job (a cold search spends
+it with the slots free), plus the spans of any trial that ran on no job; the trials'
+own spans (hand-over to hand back) are printed beside them. Each summary starts with a
+``mode:`` line saying which mode its searches ran in.
+
 To keep the run short, a search is stopped (``slotsweep kill``) as soon as a validation
 has reached the target: nothing after it can change the figure. ``--full`` runs every
 search to ``max_trials`` instead. A default run takes about 2 hours 40 minutes on this
@@ -75,7 +87,10 @@ Run:
     .venv/bin/python bench/search_efficiency.py --seeds 0 1 2 3 4 --target 0.98
     .venv/bin/python bench/search_efficiency.py --seeds 0 1 2 --keep   # prints "kept DIR"
     .venv/bin/python bench/search_efficiency.py --from DIR1 DIR2        # summary of both
-Last line (machine-readable; compute in trial-epochs):
+    .venv/bin/python bench/search_efficiency.py --warm                  # warm workers
+    .venv/bin/python bench/search_efficiency.py --modes cold warm       # both, two summaries
+    .venv/bin/python bench/search_efficiency.py --from DIR --warm       # kept warm searches
+Last line (machine-readable; compute in trial-epochs; of the warm summary with both):
     random_compute=<a> tpe_asha_compute=<b> ratio=<b/a>
 """
 
@@ -99,7 +114,7 @@ from _common import bench_env, fmt, median, run_search, scratch_folder, slotswee
 from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session
 
-from storage import Metric, MetricKind, Trial, session_scope
+from storage import Experiment, Metric, MetricKind, Trial, TrialRun, WarmJob, session_scope
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "digits"
@@ -114,8 +129,12 @@ def search_config(
     epochs: int,
     folder: Path,
     n_startup_trials: int | None = None,
+    warm: bool = False,
 ) -> dict[str, Any]:
-    """The example's experiment with the benchmark's searcher settings for ``arm``."""
+    """The example's experiment with the benchmark's searcher settings for ``arm``.
+
+    ``warm``: with warm workers (``resources.reuse_workers: true``), for both arms alike.
+    """
     example = yaml.safe_load((EXAMPLE / "experiment.yaml").read_text())
     if arm == "random":
         searcher: dict[str, Any] = {"name": "random", "pruner": {"name": "none"}}
@@ -136,9 +155,9 @@ def search_config(
     )
     return {
         **example,
-        "name": f"digits-{arm}-seed{seed}",
+        "name": f"digits-{arm}-seed{seed}" + ("-warm" if warm else ""),
         "searcher": searcher,
-        "resources": {"slots_per_trial": 1},
+        "resources": {"slots_per_trial": 1, **({"reuse_workers": True} if warm else {})},
         "checkpoint_storage": {
             **example.get("checkpoint_storage", {}),
             "path": str(folder / "checkpoints"),
@@ -152,11 +171,16 @@ class Reach:
 
     reached: bool
     epochs: float  # epochs trained by then, summed over every trial
-    slot_seconds: float  # slot-seconds held by trials by then
+    # Slot-seconds held by then: by trials, and with warm workers by their torchrun jobs
+    # (a job holds its slots between its trials too).
+    slot_seconds: float
     trials_started: int
     hit_trial: int | None
     hit_epoch: float | None
     hit_accuracy: float | None
+    # Slot-seconds of the trials' own spans (started_at to ended_at) alone: the same as
+    # ``slot_seconds`` without warm workers, less by the jobs' idle gaps with them.
+    trial_slot_seconds: float | None = None
 
 
 _ACCURACY = (Metric.kind == MetricKind.VALIDATION, Metric.name == "val_accuracy")
@@ -187,6 +211,12 @@ def compute_to_target(db_url: str, target: float) -> Reach:
     the last epoch it had validated by then (validation runs every epoch, so that is the
     epochs it had trained, a pruned trial stopping at its rung). Slot-seconds: each
     trial's slots times its time from launch (start-up included) to its end or the hit.
+
+    With warm workers a trial's span runs from its hand-over to its hand back, and its
+    job holds the slots between two trials as well (the driver's turn-around, which a
+    cold search spends with the slots free): there the slot-seconds are each warm job's
+    slots times its time from its start to its end or the hit, plus the spans of any
+    trial that ran on no warm job. ``trial_slot_seconds`` keeps the trials' spans alone.
     """
     with session_scope(db_url) as session:
         hit = _first_hit(session, target)
@@ -197,25 +227,59 @@ def compute_to_target(db_url: str, target: float) -> Reach:
             .group_by(Metric.trial_id)
         ).all()
         trials = session.execute(
-            select(Trial.started_at, Trial.ended_at, Trial.slots_per_trial).where(
+            select(Trial.id, Trial.started_at, Trial.ended_at, Trial.slots_per_trial).where(
                 Trial.started_at.is_not(None), Trial.started_at <= moment
             )
         ).all()
-    slot_seconds = 0.0
-    for started, ended, slots in trials:
-        until = min(moment, ended) if ended is not None else moment
-        if started is None or until == dt.datetime.max:
-            continue  # never reached and still running: nothing to count it to
-        slot_seconds += slots * max(0.0, (until - started).total_seconds())
+        jobs = session.execute(
+            select(
+                WarmJob.launch_token, WarmJob.started_at, WarmJob.ended_at, WarmJob.slots
+            ).where(WarmJob.started_at <= moment)
+        ).all()
+        # Each trial's runs' job tokens, and when each job's last run ended (for a job
+        # whose end was never recorded).
+        runs = session.execute(
+            select(TrialRun.trial_id, TrialRun.launch_token, TrialRun.ended_at)
+        ).all()
+    tokens = {token for token, *_ in jobs}
+    on_job = {trial_id for trial_id, token, _ in runs if token in tokens}
+    last_run_end: dict[str, dt.datetime] = {}
+    for _, token, ended in runs:
+        if token in tokens and ended is not None:
+            last_run_end[token] = max(ended, last_run_end.get(token, ended))
+    trial_slot_seconds = held = 0.0
+    for trial_id, started, ended, slots in trials:
+        seconds = slots * _held_s(started, ended, moment)
+        trial_slot_seconds += seconds
+        if trial_id not in on_job:
+            held += seconds
+    for token, started, ended, slots in jobs:
+        held += slots * _held_s(started, ended or last_run_end.get(token), moment)
     return Reach(
         reached=hit is not None,
         epochs=float(sum(round(e or 0.0, 6) for _, e in epochs)),
-        slot_seconds=slot_seconds,
+        slot_seconds=held,
         trials_started=len(trials),
         hit_trial=None if hit is None else int(hit[1]),
         hit_epoch=None if hit is None else float(hit[2] or 0.0),
         hit_accuracy=None if hit is None else float(hit[3] or 0.0),
+        trial_slot_seconds=trial_slot_seconds,
     )
+
+
+def _held_s(started: dt.datetime | None, ended: dt.datetime | None, moment: dt.datetime) -> float:
+    """Seconds from ``started`` to ``ended`` or ``moment``, whichever comes first."""
+    until = min(moment, ended) if ended is not None else moment
+    if started is None or until == dt.datetime.max:
+        return 0.0  # never reached and still running: nothing to count it to
+    return max(0.0, (until - started).total_seconds())
+
+
+def search_is_warm(db_url: str) -> bool:
+    """Whether the database's search ran with warm workers (its experiment's config)."""
+    with session_scope(db_url) as session:
+        configs = session.scalars(select(Experiment.config)).all()
+    return any(((c or {}).get("resources") or {}).get("reuse_workers") for c in configs)
 
 
 @dataclass(frozen=True)
@@ -224,9 +288,16 @@ class SearchResult:
     seed: int
     reach: Reach
     wall_s: float | None  # None when read back from a kept folder (--from)
+    warm: bool = False  # run with warm workers (resources.reuse_workers)
 
 
-_SEARCH_FOLDER = re.compile(r"^(?P<arm>[a-z_]+)-seed(?P<seed>\d+)$")
+# ``<arm>-seed<N>`` (cold) or ``<arm>-warm-seed<N>`` (warm workers).
+_SEARCH_FOLDER = re.compile(r"^(?P<arm>[a-z_]+)(?P<warm>-warm)?-seed(?P<seed>\d+)$")
+MODES = ("cold", "warm")
+
+
+def search_folder_name(arm: str, seed: int, *, warm: bool) -> str:
+    return f"{arm}{'-warm' if warm else ''}-seed{seed}"
 
 
 def bootstrap_interval(
@@ -260,12 +331,17 @@ def bootstrap_interval(
     return low, high
 
 
-def load_results(folders: Sequence[Path], target: float) -> dict[str, list[SearchResult]]:
+def load_results(
+    folders: Sequence[Path], target: float, *, warm: bool = False
+) -> dict[str, list[SearchResult]]:
     """Results of searches kept by earlier runs (``--keep``), recounted from their databases.
 
-    Each ``<arm>-seed<N>/search.db`` below the given folders is one search, so a long
-    benchmark can be run in parts and summarised once. A seed measured twice for an arm
-    is an error rather than a silent choice.
+    Each ``<arm>-seed<N>/search.db`` (``<arm>-warm-seed<N>`` with warm workers) below
+    the given folders is one search, so a long benchmark can be run in parts and
+    summarised once. Only the searches of one mode are read: cold ones, or with
+    ``warm`` those that ran with warm workers (the database's config says which, and
+    it must agree with the folder's name). A seed measured twice for an arm is an
+    error rather than a silent choice.
     """
     results: dict[str, dict[int, SearchResult]] = {arm: {} for arm in ARMS}
     for folder in folders:
@@ -273,16 +349,29 @@ def load_results(folders: Sequence[Path], target: float) -> dict[str, list[Searc
             match = _SEARCH_FOLDER.match(db.parent.name)
             if match is None or match["arm"] not in ARMS:
                 continue
+            if bool(match["warm"]) != warm:
+                continue
             arm, seed = match["arm"], int(match["seed"])
+            url = f"sqlite:///{db.resolve()}"
+            if search_is_warm(url) != warm:
+                raise SystemExit(
+                    f"--from: {db.parent} ran {'cold' if warm else 'with warm workers'}, "
+                    "which its folder's name does not say"
+                )
             if seed in results[arm]:
-                raise SystemExit(f"--from: {arm} seed {seed} appears twice ({db.parent})")
-            reach = compute_to_target(f"sqlite:///{db.resolve()}", target)
-            results[arm][seed] = SearchResult(arm, seed, reach, None)
+                raise SystemExit(
+                    f"--from: {arm}{' (warm)' if warm else ''} seed {seed} appears twice "
+                    f"({db.parent})"
+                )
+            reach = compute_to_target(url, target)
+            results[arm][seed] = SearchResult(arm, seed, reach, None, warm)
     return {arm: [runs[s] for s in sorted(runs)] for arm, runs in results.items() if runs}
 
 
-def run_one(arm: str, seed: int, *, args: argparse.Namespace, root: Path) -> SearchResult:
-    folder = root / f"{arm}-seed{seed}"
+def run_one(
+    arm: str, seed: int, *, args: argparse.Namespace, root: Path, warm: bool = False
+) -> SearchResult:
+    folder = root / search_folder_name(arm, seed, warm=warm)
     folder.mkdir(parents=True)
     shutil.copy2(EXAMPLE / "model.py", folder / "model.py")
     config = write_yaml(
@@ -294,6 +383,7 @@ def run_one(arm: str, seed: int, *, args: argparse.Namespace, root: Path) -> Sea
             epochs=args.epochs,
             folder=folder,
             n_startup_trials=args.n_startup_trials,
+            warm=warm,
         ),
     )
     env = bench_env(folder)
@@ -333,21 +423,29 @@ def run_one(arm: str, seed: int, *, args: argparse.Namespace, root: Path) -> Sea
         poll_s=0.5,
         on_poll=stop_when_reached,
     )
-    return SearchResult(arm, seed, compute_to_target(search.db_url, args.target), search.wall_s)
+    reach = compute_to_target(search.db_url, args.target)
+    return SearchResult(arm, seed, reach, search.wall_s, warm)
 
 
-def run_all(args: argparse.Namespace) -> dict[str, list[SearchResult]]:
-    """Run every (seed, arm) search, printing a line per search as it ends."""
-    results: dict[str, list[SearchResult]] = {arm: [] for arm in args.arms}
+def run_all(args: argparse.Namespace) -> dict[str, dict[str, list[SearchResult]]]:
+    """Run every (seed, mode, arm) search, printing a line per search as it ends.
+
+    The result is by mode (``cold``, ``warm``), then by arm.
+    """
+    results: dict[str, dict[str, list[SearchResult]]] = {
+        mode: {arm: [] for arm in args.arms} for mode in args.modes
+    }
     with scratch_folder("search-efficiency-", keep=args.keep) as root:
         for seed in args.seeds:
-            # Alternate which arm goes first, so load from other work on the machine
-            # does not fall on one arm only (it affects slot-seconds, not epochs).
-            order = args.arms if seed % 2 == 0 else list(reversed(args.arms))
-            for arm in order:
-                result = run_one(arm, seed, args=args, root=root)
-                results[arm].append(result)
-                print(_search_line(result), flush=True)
+            # Alternate which arm (and mode) goes first, so load from other work on the
+            # machine does not fall on one only (it affects slot-seconds, not epochs).
+            modes = args.modes if seed % 2 == 0 else list(reversed(args.modes))
+            for mode in modes:
+                order = args.arms if seed % 2 == 0 else list(reversed(args.arms))
+                for arm in order:
+                    result = run_one(arm, seed, args=args, root=root, warm=mode == "warm")
+                    results[mode][arm].append(result)
+                    print(_search_line(result), flush=True)
     return results
 
 
@@ -360,15 +458,27 @@ def _search_line(result: SearchResult) -> str:
         else "NOT reached (all compute counted)"
     )
     took = "" if result.wall_s is None else f"; search took {fmt(result.wall_s, 1)} s"
+    arm = f"{result.arm} warm" if result.warm else result.arm
     return (
-        f"seed {result.seed} {result.arm:8s}: {status}; {reach.trials_started} trials started, "
+        f"seed {result.seed} {arm:8s}: {status}; {reach.trials_started} trials started, "
         f"{fmt(reach.epochs, 1)} trial-epochs, {fmt(reach.slot_seconds, 1)} slot-s{took}"
     )
 
 
-def print_summary(results: dict[str, list[SearchResult]]) -> None:
+def mode_line(warm: bool) -> str:
+    """The summary's first line: which mode its searches ran in."""
+    if warm:
+        return (
+            "mode: warm (resources.reuse_workers: true on both arms: a finished or pruned "
+            "trial's torchrun job runs the next trial; slot-seconds are held by the jobs)"
+        )
+    return "mode: cold (every trial its own torchrun job)"
+
+
+def print_summary(results: dict[str, list[SearchResult]], *, warm: bool = False) -> None:
     """Medians and means per arm, per-seed ratios, the bootstrap interval, the last line."""
     print()
+    print(mode_line(warm))
     medians: dict[str, tuple[float, float]] = {}
     for arm, runs in results.items():
         medians[arm] = (
@@ -401,11 +511,18 @@ def print_summary(results: dict[str, list[SearchResult]]) -> None:
         f"{fmt(low)} to {fmt(high)}"
     )
     (a, a_s), (b, b_s) = medians["random"], medians["tpe_asha"]
+    if warm:
+        # The trials' own spans, without the jobs' idle gaps between trials.
+        spans = [median([r.reach.trial_slot_seconds or 0.0 for r in results[arm]]) for arm in ARMS]
+        print(
+            f"slot-seconds of the trials' spans alone: random {fmt(spans[0], 1)} "
+            f"tpe_asha {fmt(spans[1], 1)} ratio {fmt(spans[1] / spans[0])}"
+        )
     print(f"slot-seconds: random {fmt(a_s, 1)} tpe_asha {fmt(b_s, 1)} ratio {fmt(b_s / a_s)}")
     print(f"random_compute={fmt(a, 1)} tpe_asha_compute={fmt(b, 1)} ratio={fmt(b / a)}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=list(range(36)))
     parser.add_argument("--target", type=float, default=0.985, help="val_accuracy to reach")
@@ -419,6 +536,19 @@ def main() -> None:
     )
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--full", action="store_true", help="run every search to max_trials")
+    parser.add_argument(
+        "--warm",
+        action="store_true",
+        help="run both arms with warm workers (resources.reuse_workers: true); "
+        "the same as --modes warm",
+    )
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=MODES,
+        default=None,
+        help="cold, warm or both (one summary each, warm last); default cold",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     parser.add_argument(
         "--from",
@@ -428,27 +558,41 @@ def main() -> None:
         metavar="FOLDER",
         help="run nothing: summarise the searches kept (--keep) in these folders",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.warm and args.modes not in (None, ["warm"]):
+        parser.error("--warm is --modes warm: give one of them")
+    modes = ["warm"] if args.warm else (args.modes or ["cold"])
+    args.modes = [mode for mode in MODES if mode in modes]  # cold first, once each
 
     if args.from_folders:
         for folder in args.from_folders:
             if not folder.is_dir():
                 parser.error(f"--from: {folder} is not a folder")
-        results = load_results(args.from_folders, args.target)
-        if not results:
-            parser.error("--from: no <arm>-seed<N>/search.db below these folders")
-        for runs in results.values():
-            for result in runs:
-                print(_search_line(result))
+        by_mode = {
+            mode: load_results(args.from_folders, args.target, warm=mode == "warm")
+            for mode in args.modes
+        }
+        if not any(by_mode.values()):
+            names = " or ".join(
+                f"<arm>-{'warm-' if m == 'warm' else ''}seed<N>" for m in args.modes
+            )
+            parser.error(f"--from: no {names}/search.db below these folders")
+        for results in by_mode.values():
+            for runs in results.values():
+                for result in runs:
+                    print(_search_line(result))
     else:
         print(
             f"target val_accuracy >= {args.target}; max_length {args.epochs} epochs; "
             f"max_trials {args.max_trials}; seeds {args.seeds}; 1 slot per trial, 2 at once; "
-            f"TPE n_startup_trials {args.n_startup_trials or 'default (10)'}",
+            f"TPE n_startup_trials {args.n_startup_trials or 'default (10)'}; "
+            f"mode {' and '.join(args.modes)}",
             flush=True,
         )
-        results = run_all(args)
-    print_summary(results)
+        by_mode = run_all(args)
+    for mode, results in by_mode.items():
+        if results:
+            print_summary(results, warm=mode == "warm")
 
 
 if __name__ == "__main__":
