@@ -16,9 +16,11 @@ from typing import Any
 
 import pytest
 import yaml
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from storage import (
+    Checkpoint,
+    CheckpointState,
     Experiment,
     ExperimentState,
     Metric,
@@ -173,22 +175,36 @@ def test_resume_after_a_killed_driver_ends_its_warm_job_and_runs_nothing_twice(
     tmp_path: Path, cli_env: dict[str, str]
 ) -> None:
     db = f"sqlite:///{tmp_path / 'sweep.db'}"
-    # About 10 s a trial: the driver is killed while the second trains on the warm job.
+    # About 16 s a trial: the driver is killed while the second trains on the warm job,
+    # once it has a checkpoint to go on from.
     path = _experiment(
         tmp_path / "exp",
         seed=5,
         trials=3,
-        epochs=5,
+        epochs=8,
         reuse_workers=True,
         data={"batch_delay_s": 0.25},
     )
     driver = start_cli(["run", str(path), "--db", db, "--slots", "2"], cli_env, tmp_path)
 
-    def second_trial_on_the_warm_job() -> bool:
+    def second_trial_checkpointed_on_the_warm_job() -> bool:
         runs = _runs(db)
-        return len(runs) >= 2 and runs[1].progress_at is not None
+        if len(runs) < 2:
+            return False
+        with session_scope(db) as session:
+            return bool(
+                session.scalar(
+                    select(func.count()).where(
+                        Checkpoint.trial_id == runs[1].trial_id,
+                        Checkpoint.state == CheckpointState.COMPLETED,
+                    )
+                )
+            )
 
-    wait_for(second_trial_on_the_warm_job, what="the second trial to train on the warm job")
+    wait_for(
+        second_trial_checkpointed_on_the_warm_job,
+        what="the second trial to checkpoint on the warm job",
+    )
     with session_scope(db) as session:
         first = session.scalars(select(Trial).where(Trial.optuna_trial_number == 0)).one()
         first_end = first.ended_at
