@@ -80,7 +80,10 @@ has reached the target: nothing after it can change the figure. ``--full`` runs 
 search to ``max_trials`` instead. A default run takes about 2 hours 40 minutes on this
 2-core machine (random search needs up to tens of 27-epoch trials per seed). It can be
 run in parts with ``--keep`` and summarised once with ``--from``, which recounts every
-kept ``<arm>-seed<N>/search.db`` and runs nothing.
+kept ``<arm>-seed<N>/search.db`` (``<arm>-warm-seed<N>`` with ``--warm``) and runs
+nothing. The databases are in SQLite's WAL mode: to move one elsewhere, copy its
+``search.db-wal`` along or use ``sqlite3 search.db ".backup COPY"`` (a lone
+``search.db`` can lack a search's last writes, the hit included).
 
 Run:
     .venv/bin/python bench/search_efficiency.py                 # seeds 0-35, target 0.985
