@@ -202,7 +202,7 @@ class SearchDriver:
                             ) from exc
                         time.sleep(1.0)
                         continue
-                    time.sleep(self.poll_interval_s)
+                    self._running.wait(self.poll_interval_s)
                 self._refresh_progress(progress)
         except BaseException:
             self._kill_running()

@@ -42,6 +42,7 @@ from storage import (
     TrialRun,
     TrialState,
     WarmJob,
+    is_transient_error,
     retry_transient,
     session_scope,
     utcnow,
@@ -55,6 +56,10 @@ from trials.launcher import DB_URL_ENV_VAR, write_log_line
 from trials.scheduler import Placement
 
 _log = driver_log
+
+
+# How often, between ticks, the driver looks whether a warm job's trial handed it back.
+_HAND_BACK_POLL_S = 0.025
 
 
 class EarlierAttemptRunning(RuntimeError):
@@ -313,6 +318,29 @@ class RunningTrials:
             # database finds the exited run again and records it then.
             del self._running[trial_id]
         self._reap_idle()
+
+    def wait(self, timeout_s: float) -> None:
+        """Sleep until the next tick: ``timeout_s``, or less once a warm job is handed back.
+
+        A warm job's ranks sit idle from their hand-back until this driver hands them the
+        next trial, so the driver looks for hand-backs more often than it ticks: a cheap
+        query every ``_HAND_BACK_POLL_S`` instead of up to a whole tick of idle slots.
+        """
+        deadline = time.monotonic() + timeout_s
+        if not any(r.warm_job_id for r in self._running.values()):
+            time.sleep(timeout_s)
+            return
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(_HAND_BACK_POLL_S, left))
+            try:
+                if self._warm_handed_back():
+                    return
+            except Exception as exc:
+                # The tick rides out a database outage; waiting here need not.
+                if not is_transient_error(exc):
+                    raise
+                time.sleep(max(0.0, deadline - time.monotonic()))
+                return
 
     # ----------------------------------------------------------------- warm jobs
     def _warm_handed_back(self) -> set[int]:

@@ -284,7 +284,7 @@ def decide(
     if placeable:
         _place(session, pool, free, placeable, now=now, lease_s=lease_s)
     if idle:
-        _settle_warm_jobs(session, rows, held_back, idle, experiment_id=experiment_id, now=now)
+        _settle_warm_jobs(session, rows, held_back, idle, now=now)
     return _take_placed(session, pool, experiment_id)
 
 
@@ -312,7 +312,6 @@ def _settle_warm_jobs(
     held_back: set[int],
     idle: Sequence[warm_jobs.IdleJob],
     *,
-    experiment_id: int,
     now: _dt.datetime,
 ) -> None:
     """Reserve each idle warm job for a waiting trial of its shape, or ask it to end."""
@@ -330,9 +329,7 @@ def _settle_warm_jobs(
         if row.trial_id in unplaced
     ]
     labels = warm_jobs.trial_numbers(session, [trial.trial_id for trial in waiting])
-    match = warm_jobs.match_idle_jobs(
-        idle, waiting, deciding_experiment=experiment_id, label=labels.get
-    )
+    match = warm_jobs.match_idle_jobs(idle, waiting, label=labels.get)
     for job_id, trial_id in match.reserved.items():
         warm_jobs.reserve(session, job_id, trial_id, now)
     for job_id, reason in match.ending.items():

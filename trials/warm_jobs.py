@@ -208,7 +208,6 @@ def match_idle_jobs(
     idle: Sequence[IdleJob],
     waiting: Sequence[WaitingTrial],
     *,
-    deciding_experiment: int,
     label: Any = None,
 ) -> WarmMatch:
     """Pair idle jobs with waiting trials of their shape (pure; the decision applies it).
@@ -218,12 +217,15 @@ def match_idle_jobs(
     its size (by priority, then arrival) unless a trial of another shape waits at the
     same or a higher priority (a lower number): then the job ends, so its slots go to
     the decision's order (priority, fair share, FIFO) instead of to its own search.
-    With no trial of its shape, only its own driver's decision ends it (another
-    driver may decide between its owner's trial ending and the next one queuing).
+    A job with no trial of its shape is left as it is: a decision can run between a
+    trial's hand-back and its driver's next ask (its own driver's decision included,
+    before that driver has seen the hand-back), and ending the job then would throw
+    away the ranks the next trial is about to need. Its driver ends it once it has seen
+    the hand-back and has no trial of its shape to give it
+    (``RunningTrials.end_unneeded_warm_jobs``).
 
     Example:
-        >>> match_idle_jobs([IdleJob(1, 7, 2, None)], [WaitingTrial(30, 7, 2, 42)],
-        ...                 deciding_experiment=7).reserved
+        >>> match_idle_jobs([IdleJob(1, 7, 2, None)], [WaitingTrial(30, 7, 2, 42)]).reserved
         {1: 30}
     """
     name = label or (lambda trial_id: str(trial_id))
@@ -254,8 +256,6 @@ def match_idle_jobs(
         elif first is not None:
             reserved[job.job_id] = first.trial_id
             taken.add(first.trial_id)
-        elif job.experiment_id == deciding_experiment:
-            ending[job.job_id] = "no trial of its shape waits"
     return WarmMatch(reserved, ending)
 
 

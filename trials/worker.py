@@ -29,6 +29,7 @@ checkpoint, and 1 with a traceback for any other crash.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 from typing import TYPE_CHECKING, NoReturn
@@ -181,17 +182,21 @@ def _run_warm(spec: RuntimeSpec) -> int:
             if outcome not in _WARM_OUTCOMES:
                 return 0
             assert current.warm is not None
-            keep_module = current.warm.keep_entrypoint_module
-            model_dir = current.model_dir
-            current = channel.next_trial(current.trial_id)
+            reset = functools.partial(
+                reset_between_trials,
+                settings,
+                model_dir=current.model_dir,
+                keep_entrypoint_module=current.warm.keep_entrypoint_module,
+            )
+            current = channel.next_trial(current.trial_id, meanwhile=reset)
             if current is None:
                 # The driver says why in the trial's log; a rank's last line stays the
                 # trial's outcome.
                 return 0
-            reset_between_trials(settings, model_dir=model_dir, keep_entrypoint_module=keep_module)
             if current.log_path:
                 retarget_output(current.log_path)
-            # Every rank has reset before any starts the next trial.
+            # The barrier between trials: every rank has reset (in next_trial) and writes
+            # to the new trial's log before any starts it.
             barrier()
             print(
                 f"slotsweep: trial "

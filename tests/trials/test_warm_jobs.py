@@ -19,7 +19,6 @@ def test_an_idle_job_gets_the_first_waiting_trial_of_its_shape() -> None:
     match = match_idle_jobs(
         [IdleJob(1, 7, 2, None)],
         [WaitingTrial(31, 7, 2, 42), WaitingTrial(30, 7, 2, 42), WaitingTrial(29, 7, 1, 50)],
-        deciding_experiment=7,
     )
     # Trial 30 arrived first; the 1-slot trial waits at a lower priority (50 > 42).
     assert match.reserved == {1: 30}
@@ -40,9 +39,7 @@ def test_a_job_ends_when_another_shape_waits_at_the_same_or_higher_priority(
 ) -> None:
     # Reuse never blocks a waiting trial nor starves a larger one: the job ends and the
     # decision's own order (priority, fair share, FIFO) gives its slots away.
-    match = match_idle_jobs(
-        [IdleJob(1, 7, 2, None)], [WaitingTrial(30, 7, 2, 42), other], deciding_experiment=7
-    )
+    match = match_idle_jobs([IdleJob(1, 7, 2, None)], [WaitingTrial(30, 7, 2, 42), other])
     assert match.reserved == {}
     assert match.ending == {1: why}
 
@@ -51,29 +48,29 @@ def test_a_lower_priority_trial_of_another_shape_does_not_end_the_job() -> None:
     match = match_idle_jobs(
         [IdleJob(1, 7, 2, None)],
         [WaitingTrial(30, 7, 2, 10), WaitingTrial(20, 8, 2, 42)],
-        deciding_experiment=8,
     )
     assert match.reserved == {1: 30}
 
 
-def test_with_no_trial_of_its_shape_only_its_own_driver_ends_it() -> None:
+def test_no_decision_ends_a_job_for_want_of_a_trial() -> None:
+    # A decision may run between a trial's hand-back and its driver's next ask, its own
+    # driver's included (before that driver has seen the hand-back): the driver ends
+    # the job once it knows no trial of its shape is coming.
     idle = [IdleJob(1, 7, 2, None)]
-    assert match_idle_jobs(idle, [], deciding_experiment=7).ending == {
-        1: "no trial of its shape waits"
-    }
-    # Another driver may decide between the owner's trial ending and its next queuing.
-    assert match_idle_jobs(idle, [], deciding_experiment=8) == warm_jobs.WarmMatch({}, {})
+    assert match_idle_jobs(idle, []) == warm_jobs.WarmMatch({}, {})
 
 
 def test_two_idle_jobs_of_one_shape_take_one_trial_each() -> None:
     match = match_idle_jobs(
         [IdleJob(1, 7, 1, None), IdleJob(2, 7, 1, None)],
-        [WaitingTrial(30, 7, 1, 42)],
-        deciding_experiment=7,
+        [WaitingTrial(30, 7, 1, 42), WaitingTrial(31, 7, 1, 42)],
     )
-    # One warm job per shape stays: the second has nothing to run.
-    assert match.reserved == {1: 30}
-    assert match.ending == {2: "no trial of its shape waits"}
+    assert match.reserved == {1: 30, 2: 31}
+    # With one trial the job idle longest gets it and the other waits for its driver.
+    match = match_idle_jobs(
+        [IdleJob(1, 7, 1, None), IdleJob(2, 7, 1, None)], [WaitingTrial(30, 7, 1, 42)]
+    )
+    assert match == warm_jobs.WarmMatch({1: 30}, {})
 
 
 # ----------------------------------------------------------------- the real decision

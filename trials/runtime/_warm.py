@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from trials._config import RuntimeSpec
@@ -151,20 +152,26 @@ class WarmChannel:
             time.sleep(POLL_INTERVAL_S)
 
     # ----------------------------------------------------------------- every rank
-    def next_trial(self, trial_id: int) -> RuntimeSpec | None:
+    def next_trial(
+        self, trial_id: int, *, meanwhile: Callable[[], object] | None = None
+    ) -> RuntimeSpec | None:
         """The next trial's spec on every rank, or None when the job must end.
 
         Collective: every rank of the job calls it once trial ``trial_id`` finished or
-        was pruned; rank 0 hands the job back first.
+        was pruned; rank 0 hands the job back first. ``meanwhile`` (the reset between
+        trials) runs on every rank after that and before the ranks wait, so it overlaps
+        the driver's turn-around instead of delaying the next trial's start.
         """
         if self.info.is_chief:
-            if self.hand_back(trial_id):
-                message = self._next_message()
-            else:
-                message = (_END, "its driver ended the warm job")
+            staying = self.hand_back(trial_id)
+            if meanwhile is not None:
+                meanwhile()
+            message = self._next_message() if staying else (_END, "its driver ended the warm job")
             if self.info.distributed:
                 broadcast_object(message)
         else:
+            if meanwhile is not None:
+                meanwhile()
             while True:
                 message = broadcast_object(None)
                 if message[0] != _WAIT:

@@ -423,6 +423,7 @@ def test_reset_between_trials(torch_globals: TorchGlobals, model_dir: Path, keep
         )
     finally:
         gc.enable()
+        gc.unfreeze()  # the reset froze this test process's objects; give them back
 
     assert TorchGlobals.capture() == torch_globals
     if keep:
@@ -434,3 +435,23 @@ def test_reset_between_trials(torch_globals: TorchGlobals, model_dir: Path, keep
         assert "isolation_entry" not in sys.modules
         # The finished trial's module globals are gone, not waiting for a later GC.
         assert held() is None
+
+
+def test_a_later_trials_cyclic_garbage_is_still_collected_after_the_freeze(
+    torch_globals: TorchGlobals, model_dir: Path
+) -> None:
+    # The first reset freezes what survived it, so later resets scan only what the
+    # trials after it made; a trial's cyclic garbage must still go at its own reset.
+    gc.disable()
+    try:
+        reset_between_trials(torch_globals, model_dir=str(model_dir), keep_entrypoint_module=False)
+        assert gc.get_freeze_count() > 0
+        _write(model_dir / "second_trial.py", HOLDER)
+        module = importlib.import_module("second_trial")
+        held = weakref.ref(module.HELD)
+        del module
+        reset_between_trials(torch_globals, model_dir=str(model_dir), keep_entrypoint_module=False)
+        assert held() is None
+    finally:
+        gc.enable()
+        gc.unfreeze()
