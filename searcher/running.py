@@ -274,16 +274,31 @@ class RunningTrials:
             write_log_line(log_path, self._running[trial_id].waiting or "")
 
     def _check_reserved_job(self, trial_id: int) -> None:
-        """Refuse to start a trial on a warm job this driver does not run (asking it to end).
+        """Make sure a warm job reserved for ``trial_id`` is one this driver holds idle.
 
-        Cannot happen within one driver (a new driver ends every warm job left before
-        it starts anything); the trial then waits until the job's slots are freed.
+        A decision may reserve a job whose trial handed it back after this tick's reap:
+        that hand-back is recorded now, and the trial goes onto the job. A job that no
+        attempt of this driver ran (a new driver ends every warm job left before it
+        starts anything) is asked to end, and the trial waits until its slots are freed.
         """
         with session_scope(self.ctx.db_url) as session:
             warm = warm_jobs.reserved_job(session, trial_id)
             if warm is None or warm.id in self._idle:
                 return
-            warm_jobs.request_end(session, warm.id, "its driver does not run it")
+            handed_back = next(
+                (
+                    running
+                    for running in self._running.values()
+                    if running.warm_job_id == warm.id and warm.current_run_id != running.run_id
+                ),
+                None,
+            )
+            if handed_back is None:
+                warm_jobs.request_end(session, warm.id, "its driver does not run it")
+        if handed_back is not None:
+            self._record_hand_back(handed_back)
+            del self._running[handed_back.trial_id]
+            return
         raise EarlierAttemptRunning(
             f"trial {trial_id} waits: the warm job reserved for it is ending"
         )

@@ -22,12 +22,14 @@ import pytest
 from sqlalchemy import select
 
 from storage import (
+    Allocation,
     Metric,
     ProcessRole,
     Trial,
     TrialProcess,
     TrialRun,
     TrialState,
+    WarmJob,
     session_scope,
 )
 from tests.conftest import cli_environment
@@ -222,6 +224,38 @@ def test_a_killed_driver_leaves_its_step_and_resume_cancels_it_and_finishes(
         ] + [resumed]
         ended = list(session.scalars(select(TrialRun).where(TrialRun.external_id.in_(left))))
         assert ended and all(r.ended_at is not None for r in ended)
+    assert_search_consistent(slurm_database)
+
+
+def test_warm_workers_run_every_trial_on_one_step_across_both_nodes(
+    tmp_path: Path, allocation: dict[str, str], slurm_database: str, slurm_cluster: SlurmCluster
+) -> None:
+    # Warm workers inside an allocation: the first trial's srun step (4 ranks on two
+    # nodes, one process group over the bridge) runs the later trials too.
+    path = _search(
+        tmp_path,
+        resources={"slots_per_trial": 4, "reuse_workers": True},
+        searcher={"max_trials": 3, "max_length": {"epochs": 1}},
+    )
+    run_to_end(["run", str(path), "--db", slurm_database], allocation, tmp_path)
+
+    with session_scope(slurm_database) as session:
+        trials = list(session.scalars(select(Trial).order_by(Trial.id)))
+        assert [t.state for t in trials] == [TrialState.COMPLETED] * 3, [t.error for t in trials]
+        runs = list(session.scalars(select(TrialRun).order_by(TrialRun.id)))
+        assert len(runs) == 3 and len({r.launch_token for r in runs}) == 1
+        assert len({r.external_id for r in runs}) == 1, [r.external_id for r in runs]
+        (job,) = session.scalars(select(WarmJob))
+        assert job.trials_run == 3 and job.ended_at is not None
+        assert all(t.searcher_metric_value is not None for t in trials)
+        ranks = list(
+            session.scalars(select(TrialProcess).where(TrialProcess.role == ProcessRole.RANK))
+        )
+        assert {r.host for r in ranks} == {"ssnode1", "ssnode2"}
+        assert all(r.ended_at is not None for r in ranks)
+        # The job's slots left the ledger with it.
+        assert not session.scalars(select(Allocation)).first()
+    assert not _steps(slurm_cluster, allocation["SLURM_JOB_ID"])
     assert_search_consistent(slurm_database)
 
 

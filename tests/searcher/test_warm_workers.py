@@ -171,6 +171,41 @@ def test_a_failing_trial_ends_its_warm_job_and_the_next_starts_cold(
     _assert_no_process_left(db)
 
 
+def test_two_trials_at_once_keep_their_two_jobs_for_the_whole_search(
+    tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    # Hand-backs land at any moment of the driver's tick: a placement decision may see a
+    # job idle (and reserve it) before its driver has reaped the hand-back. Neither may
+    # end the job: every trial after the first two runs warm.
+    db = f"sqlite:///{tmp_path / 'sweep.db'}"
+    path = _experiment(tmp_path / "exp", seed=5, trials=12, epochs=1, reuse_workers=True)
+    config = yaml.safe_load(path.read_text())
+    config["resources"]["slots_per_trial"] = 1
+    config["searcher"]["max_concurrent_trials"] = 2
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    run_to_end(["run", str(path), "--db", db, "--slots", "2"], cli_env, tmp_path)
+    with session_scope(db) as session:
+        states = session.scalars(select(Trial.state)).all()
+        jobs = list(session.scalars(select(WarmJob).order_by(WarmJob.id)))
+        assert states == [TrialState.COMPLETED] * 12
+    runs = _runs(db)
+    seen = [
+        (job.id, job.trials_run, job.end_requested_at, job.end_reason, job.ended_at)
+        for job in jobs
+    ]
+    assert len(jobs) == 2 and len({run.launch_token for run in runs}) == 2, seen
+    # Neither was asked to end before the last trial was handed to its job.
+    last_start = max(run.started_at for run in runs)
+    assert all(
+        job.end_requested_at is not None
+        and job.end_requested_at >= last_start
+        and job.ended_at is not None
+        for job in jobs
+    ), (seen, last_start)
+    assert sum(job.trials_run for job in jobs) == 12, seen
+    _assert_no_process_left(db)
+
+
 def test_resume_after_a_killed_driver_ends_its_warm_job_and_runs_nothing_twice(
     tmp_path: Path, cli_env: dict[str, str]
 ) -> None:
