@@ -75,6 +75,14 @@ it with the slots free), plus the spans of any trial that ran on no job; the tri
 own spans (hand-over to hand back) are printed beside them. Each summary starts with a
 ``mode:`` line saying which mode its searches ran in.
 
+Start-ups: every job (warm) or trial (cold) first starts its processes, and that costs
+the same whatever the searcher: with this small model (an epoch takes a tenth of a
+second) a warm search's two start-ups, about 9 s each, outweigh TPE+ASHA's whole
+training to the target. The summary prints their slot-seconds (each job's, or cold
+trial's, slots times its time from its start to its first trial's first recorded
+metric) and the slot-seconds beyond them, with their ratio: what the searchers'
+choices cost, which for a model whose epochs take minutes is nearly all of it.
+
 To keep the run short, a search is stopped (``slotsweep kill``) as soon as a validation
 has reached the target: nothing after it can change the figure. ``--full`` runs every
 search to ``max_trials`` instead. A default run takes about 2 hours 40 minutes on this
@@ -184,6 +192,11 @@ class Reach:
     # Slot-seconds of the trials' own spans (started_at to ended_at) alone: the same as
     # ``slot_seconds`` without warm workers, less by the jobs' idle gaps with them.
     trial_slot_seconds: float | None = None
+    # Slot-seconds of start-ups: each warm job's (and each trial's on no job) slots times
+    # its time from its start to the first metric its (first) trial recorded, which
+    # every search pays whatever its searcher (a bound: it holds the first report's
+    # batches too).
+    startup_slot_seconds: float | None = None
 
 
 _ACCURACY = (Metric.kind == MetricKind.VALIDATION, Metric.name == "val_accuracy")
@@ -219,7 +232,9 @@ def compute_to_target(db_url: str, target: float) -> Reach:
     job holds the slots between two trials as well (the driver's turn-around, which a
     cold search spends with the slots free): there the slot-seconds are each warm job's
     slots times its time from its start to its end or the hit, plus the spans of any
-    trial that ran on no warm job. ``trial_slot_seconds`` keeps the trials' spans alone.
+    trial that ran on no warm job. ``trial_slot_seconds`` keeps the trials' spans alone,
+    and ``startup_slot_seconds`` the part of the slot-seconds spent before each job's
+    (or cold trial's) first recorded metric.
     """
     with session_scope(db_url) as session:
         hit = _first_hit(session, target)
@@ -242,22 +257,37 @@ def compute_to_target(db_url: str, target: float) -> Reach:
         # Each trial's runs' job tokens, and when each job's last run ended (for a job
         # whose end was never recorded).
         runs = session.execute(
-            select(TrialRun.trial_id, TrialRun.launch_token, TrialRun.ended_at)
+            select(TrialRun.trial_id, TrialRun.launch_token, TrialRun.ended_at).order_by(
+                TrialRun.id
+            )
         ).all()
+        first_metric = dict(
+            session.execute(
+                select(Metric.trial_id, func.min(Metric.recorded_at)).group_by(Metric.trial_id)
+            ).all()
+        )
     tokens = {token for token, *_ in jobs}
+    first_trial_on_job: dict[str, int] = {}
+    for trial_id, token, _ in runs:
+        if token in tokens:
+            first_trial_on_job.setdefault(token, trial_id)
     on_job = {trial_id for trial_id, token, _ in runs if token in tokens}
     last_run_end: dict[str, dt.datetime] = {}
     for _, token, ended in runs:
         if token in tokens and ended is not None:
             last_run_end[token] = max(ended, last_run_end.get(token, ended))
-    trial_slot_seconds = held = 0.0
+    trial_slot_seconds = held = startup = 0.0
     for trial_id, started, ended, slots in trials:
         seconds = slots * _held_s(started, ended, moment)
         trial_slot_seconds += seconds
         if trial_id not in on_job:
             held += seconds
+            startup += slots * _held_s(started, _first(ended, first_metric.get(trial_id)), moment)
     for token, started, ended, slots in jobs:
-        held += slots * _held_s(started, ended or last_run_end.get(token), moment)
+        until = ended or last_run_end.get(token)
+        held += slots * _held_s(started, until, moment)
+        first = first_metric.get(first_trial_on_job.get(token, -1))
+        startup += slots * _held_s(started, _first(until, first), moment)
     return Reach(
         reached=hit is not None,
         epochs=float(sum(round(e or 0.0, 6) for _, e in epochs)),
@@ -267,7 +297,14 @@ def compute_to_target(db_url: str, target: float) -> Reach:
         hit_epoch=None if hit is None else float(hit[2] or 0.0),
         hit_accuracy=None if hit is None else float(hit[3] or 0.0),
         trial_slot_seconds=trial_slot_seconds,
+        startup_slot_seconds=startup,
     )
+
+
+def _first(*moments: dt.datetime | None) -> dt.datetime | None:
+    """The earliest of the known ``moments`` (None when none is known)."""
+    known = [moment for moment in moments if moment is not None]
+    return min(known) if known else None
 
 
 def _held_s(started: dt.datetime | None, ended: dt.datetime | None, moment: dt.datetime) -> float:
@@ -521,6 +558,24 @@ def print_summary(results: dict[str, list[SearchResult]], *, warm: bool = False)
             f"slot-seconds of the trials' spans alone: random {fmt(spans[0], 1)} "
             f"tpe_asha {fmt(spans[1], 1)} ratio {fmt(spans[1] / spans[0])}"
         )
+    # What both arms pay before any trial has trained (process start-up), whatever the
+    # searcher: with a small model it is a large, fixed share of a search's slot-seconds.
+    startups = {arm: [r.reach.startup_slot_seconds or 0.0 for r in results[arm]] for arm in ARMS}
+    beyond = [
+        median(
+            [r.reach.slot_seconds - (r.reach.startup_slot_seconds or 0.0) for r in results[arm]]
+        )
+        for arm in ARMS
+    ]
+    print(
+        f"slot-seconds of start-ups (to each job's or cold trial's first metric): median "
+        f"random {fmt(median(startups['random']), 1)} tpe_asha "
+        f"{fmt(median(startups['tpe_asha']), 1)}"
+    )
+    print(
+        f"slot-seconds beyond the start-ups: random {fmt(beyond[0], 1)} tpe_asha "
+        f"{fmt(beyond[1], 1)} ratio {fmt(beyond[1] / beyond[0])}"
+    )
     print(f"slot-seconds: random {fmt(a_s, 1)} tpe_asha {fmt(b_s, 1)} ratio {fmt(b_s / a_s)}")
     print(f"random_compute={fmt(a, 1)} tpe_asha_compute={fmt(b, 1)} ratio={fmt(b / a)}")
 

@@ -221,6 +221,9 @@ def test_warm_slot_seconds_count_what_the_jobs_held(db_url: str) -> None:
     assert reach.slot_seconds == pytest.approx(25.0 + 30.0)
     # The trials' spans alone leave the job's idle gap out: 10 + 13 + 30.
     assert reach.trial_slot_seconds == pytest.approx(10.0 + 13.0 + 30.0)
+    # Start-ups: the job's, to its first trial's first metric (8 s), and trial 3's, which
+    # recorded nothing, its whole span (2 x 15).
+    assert reach.startup_slot_seconds == pytest.approx(8.0 + 30.0)
     # Never reached: the job's whole time (to its end at 40 s) and trial 3's.
     assert compute_to_target(db_url, 0.999).slot_seconds == pytest.approx(40.0 + 30.0)
 
