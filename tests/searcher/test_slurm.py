@@ -235,7 +235,7 @@ def test_warm_workers_run_every_trial_on_one_step_across_both_nodes(
     path = _search(
         tmp_path,
         resources={"slots_per_trial": 4, "reuse_workers": True},
-        searcher={"max_trials": 3, "max_length": {"epochs": 1}},
+        searcher={"max_trials": 3, "pruner": {"name": "none"}},
     )
     run_to_end(["run", str(path), "--db", slurm_database], allocation, tmp_path)
 
