@@ -77,8 +77,8 @@ own spans (hand-over to hand back) are printed beside them. Each summary starts 
 
 Start-ups: every job (warm) or trial (cold) first starts its processes, and that costs
 the same whatever the searcher: with this small model (an epoch takes a tenth of a
-second) a warm search's two start-ups, about 9 s each, outweigh TPE+ASHA's whole
-training to the target. The summary prints their slot-seconds (each job's, or cold
+second) a warm search's two start-ups, about 9 s each, cost about as much as
+TPE+ASHA's whole training to the target. The summary prints their slot-seconds (each job's, or cold
 trial's, slots times its time from its start to its first trial's first recorded
 metric) and the slot-seconds beyond them, with their ratio: what the searchers'
 choices cost, which for a model whose epochs take minutes is nearly all of it.
@@ -86,7 +86,8 @@ choices cost, which for a model whose epochs take minutes is nearly all of it.
 To keep the run short, a search is stopped (``slotsweep kill``) as soon as a validation
 has reached the target: nothing after it can change the figure. ``--full`` runs every
 search to ``max_trials`` instead. A default run takes about 2 hours 40 minutes on this
-2-core machine (random search needs up to tens of 27-epoch trials per seed). It can be
+2-core machine (random search needs up to tens of 27-epoch trials per seed), about one
+hour with ``--warm``. It can be
 run in parts with ``--keep`` and summarised once with ``--from``, which recounts every
 kept ``<arm>-seed<N>/search.db`` (``<arm>-warm-seed<N>`` with ``--warm``) and runs
 nothing. The databases are in SQLite's WAL mode: to move one elsewhere, copy its
