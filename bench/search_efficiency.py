@@ -78,10 +78,11 @@ own spans (hand-over to hand back) are printed beside them. Each summary starts 
 Start-ups: every job (warm) or trial (cold) first starts its processes, and that costs
 the same whatever the searcher: with this small model (an epoch takes a tenth of a
 second) a warm search's two start-ups, about 9 s each, cost about as much as
-TPE+ASHA's whole training to the target. The summary prints their slot-seconds (each job's, or cold
-trial's, slots times its time from its start to its first trial's first recorded
-metric) and the slot-seconds beyond them, with their ratio: what the searchers'
-choices cost, which for a model whose epochs take minutes is nearly all of it.
+TPE+ASHA's whole training to the target. The summary prints their slot-seconds (each
+job's, or cold trial's, slots times its time from its start to its first trial's
+first recorded metric) and the slot-seconds beyond them, with their ratio: what the
+searchers' choices cost, which for a model whose epochs take minutes is nearly all of
+it.
 
 To keep the run short, a search is stopped (``slotsweep kill``) as soon as a validation
 has reached the target: nothing after it can change the figure. ``--full`` runs every
@@ -268,14 +269,15 @@ def compute_to_target(db_url: str, target: float) -> Reach:
             ).all()
         )
     tokens = {token for token, *_ in jobs}
+    on_job: set[int] = set()
     first_trial_on_job: dict[str, int] = {}
-    for trial_id, token, _ in runs:
-        if token in tokens:
-            first_trial_on_job.setdefault(token, trial_id)
-    on_job = {trial_id for trial_id, token, _ in runs if token in tokens}
     last_run_end: dict[str, dt.datetime] = {}
-    for _, token, ended in runs:
-        if token in tokens and ended is not None:
+    for trial_id, token, ended in runs:
+        if token not in tokens:
+            continue
+        on_job.add(trial_id)
+        first_trial_on_job.setdefault(token, trial_id)
+        if ended is not None:
             last_run_end[token] = max(ended, last_run_end.get(token, ended))
     trial_slot_seconds = held = startup = 0.0
     for trial_id, started, ended, slots in trials:
@@ -561,7 +563,9 @@ def print_summary(results: dict[str, list[SearchResult]], *, warm: bool = False)
         )
     # What both arms pay before any trial has trained (process start-up), whatever the
     # searcher: with a small model it is a large, fixed share of a search's slot-seconds.
-    startups = {arm: [r.reach.startup_slot_seconds or 0.0 for r in results[arm]] for arm in ARMS}
+    startups = [
+        median([r.reach.startup_slot_seconds or 0.0 for r in results[arm]]) for arm in ARMS
+    ]
     beyond = [
         median(
             [r.reach.slot_seconds - (r.reach.startup_slot_seconds or 0.0) for r in results[arm]]
@@ -570,8 +574,7 @@ def print_summary(results: dict[str, list[SearchResult]], *, warm: bool = False)
     ]
     print(
         f"slot-seconds of start-ups (to each job's or cold trial's first metric): median "
-        f"random {fmt(median(startups['random']), 1)} tpe_asha "
-        f"{fmt(median(startups['tpe_asha']), 1)}"
+        f"random {fmt(startups[0], 1)} tpe_asha {fmt(startups[1], 1)}"
     )
     print(
         f"slot-seconds beyond the start-ups: random {fmt(beyond[0], 1)} tpe_asha "

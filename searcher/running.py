@@ -297,7 +297,6 @@ class RunningTrials:
                 warm_jobs.request_end(session, warm.id, "its driver does not run it")
         if handed_back is not None:
             self._record_hand_back(handed_back)
-            del self._running[handed_back.trial_id]
             return
         raise EarlierAttemptRunning(
             f"trial {trial_id} waits: the warm job reserved for it is ending"
@@ -316,7 +315,6 @@ class RunningTrials:
             exit_code = running.job.poll()
             if exit_code is None and running.run_id in handed_back:
                 self._record_hand_back(running)
-                del self._running[trial_id]
                 continue
             if exit_code is None:
                 if running.waiting is not None:
@@ -372,7 +370,11 @@ class RunningTrials:
         return {run_id for job_id, run_id in runs.items() if current.get(job_id) != run_id}
 
     def _record_hand_back(self, running: _Running) -> None:
-        """The trial on a warm job ended (finished or pruned) and its ranks stay for the next."""
+        """The trial on a warm job ended (finished or pruned) and its ranks stay for the next.
+
+        The attempt moves from the running ones to the idle jobs once its outcome is
+        committed.
+        """
         assert running.warm_job_id is not None
         elapsed = time.monotonic() - running.started
         with session_scope(self.ctx.db_url) as session:
@@ -389,6 +391,7 @@ class RunningTrials:
         self._idle[running.warm_job_id] = _IdleJob(
             job_id=running.warm_job_id, job=running.job, slots=running.slots, log_path=log_path
         )
+        del self._running[running.trial_id]
 
     def _reap_idle(self) -> None:
         """Close the idle warm jobs whose processes exited; end those past their grace."""
