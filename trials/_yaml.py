@@ -93,11 +93,29 @@ def read_yaml(path: str | Path, *, source: str, field_prefix: str = "") -> Any:
 
 def parse_yaml(text: str, *, source: str, field_prefix: str = "") -> Any:
     """The plain data in YAML ``text``; raises :class:`YamlError` (see the module docstring)."""
+    try:
+        return _build(text, source, field_prefix, _LOADER)
+    except _LibyamlDepthRefusal:
+        # libyaml (bundled since PyYAML 6.0.3) refuses deep nesting on its own, parsing
+        # ahead of the events it hands out; PyYAML's own parser does not read ahead, so
+        # the builder refuses at MAX_DEPTH with the field path, whichever loader is
+        # installed.
+        return _build(text, source, field_prefix, yaml.SafeLoader)
+
+
+class _LibyamlDepthRefusal(Exception):
+    """libyaml stopped at its own nesting limit before the builder saw that deep."""
+
+
+def _build(text: str, source: str, field_prefix: str, loader: Any) -> Any:
+    """The document built from ``loader``'s events; every error as one :class:`YamlError`."""
     builder = _Builder(source, field_prefix)
     try:
-        for event in yaml.parse(text, Loader=_LOADER):
+        for event in yaml.parse(text, Loader=loader):
             builder.feed(event)
     except yaml.MarkedYAMLError as exc:
+        if loader is not yaml.SafeLoader and "nesting depth" in str(exc.problem):
+            raise _LibyamlDepthRefusal from None
         mark = exc.problem_mark or exc.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = f" ({exc.problem})" if exc.problem else ""
