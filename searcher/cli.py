@@ -205,9 +205,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``slotsweep`` console script."""
+    from trials.timings import timings_from_env
+
     args = build_parser().parse_args(argv)
     handler = _HANDLERS[args.command]
     try:
+        # Every command may judge a driver's liveness: a malformed value stops here.
+        timings_from_env()
         return handler(args)
     except KeyboardInterrupt:
         print("slotsweep: interrupted; resume with `slotsweep resume`", file=sys.stderr)
@@ -226,6 +230,7 @@ def _usage_message(exc: Exception) -> str | None:
     from searcher.experiments import UsageError
     from storage import DatabaseUrlError
     from trials.scheduler import ClusterConfigError, UnknownPool, Unschedulable
+    from trials.timings import TimingsError
 
     if isinstance(exc, (ConfigError, ClusterConfigError)):
         return "\n".join(_capped(exc.problems))
@@ -234,7 +239,7 @@ def _usage_message(exc: Exception) -> str | None:
     if isinstance(exc, UnknownPool):
         # A KeyError: str() would wrap the message in quotes; its argument is the text.
         return str(exc.args[0]) if exc.args else str(exc)
-    if isinstance(exc, (UsageError, Unschedulable)):
+    if isinstance(exc, (UsageError, Unschedulable, TimingsError)):
         return str(exc)
     return None
 

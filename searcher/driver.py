@@ -36,7 +36,7 @@ from sqlalchemy import select
 from searcher import control
 from searcher.config import ExperimentConfig
 from searcher.control import Control
-from searcher.driver_context import DriverContext, Timings, driver_log
+from searcher.driver_context import DriverContext, driver_log
 from searcher.experiments import UsageError, executor_problem, trial_counts
 from searcher.outcomes import Outcomes
 from searcher.placement import PendingQueue
@@ -55,17 +55,9 @@ from storage import (
 from storage._engine import TRANSIENT_DEADLINE_S, DatabaseUnavailableError
 from trials.executors import Executor, database_problem, executor_for
 from trials.scheduler import Cluster, check_schedulable
+from trials.timings import timings_from_env
 
 _log = driver_log
-
-HEARTBEAT_EVERY_S = 2.0
-LEASE_S = 30.0
-# A preempted trial gets this long to checkpoint and exit before it is killed.
-PREEMPT_GRACE_S = 120.0
-# Before its first record a run gets at least this long (see RunningTrials.end_hung).
-STARTUP_ALLOWANCE_S = 120.0
-# A killed trial gets this long after SIGTERM (rank 0 commits what it queued).
-KILL_GRACE_S = 10.0
 
 
 class SearchDriver:
@@ -111,13 +103,7 @@ class SearchDriver:
             pool=self.pool,
             executor=self.executor,
             run_dir=run_dir,
-            timings=Timings(
-                heartbeat_every_s=HEARTBEAT_EVERY_S,
-                lease_s=LEASE_S,
-                preempt_grace_s=PREEMPT_GRACE_S,
-                startup_allowance_s=STARTUP_ALLOWANCE_S,
-                kill_grace_s=KILL_GRACE_S,
-            ),
+            timings=timings_from_env(),
         )
         self._control = Control()
         self._tells = TellQueue()

@@ -10,8 +10,7 @@ Example:
     >>> ctx = DriverContext(  # doctest: +SKIP
     ...     db_url=url, experiment_id=3, study_name="slotsweep-3", model_dir=Path("."),
     ...     config=config, pool=pool, executor=executor, run_dir=Path("logs/experiment-3"),
-    ...     timings=Timings(heartbeat_every_s=2.0, lease_s=30.0, preempt_grace_s=120.0,
-    ...                     startup_allowance_s=120.0, kill_grace_s=10.0),
+    ...     timings=Timings(),
     ... )
     >>> ctx.label(4)  # doctest: +SKIP
     '3.4'
@@ -27,30 +26,11 @@ from searcher.config import ExperimentConfig
 from trials.executors import Executor
 from trials.labels import trial_label
 from trials.scheduler import ResourcePool
+from trials.timings import Timings
 
 # Every part logs as the driver did before it was split, so a filter on the
 # "searcher.driver" logger still sees every line the driver writes.
 driver_log = logging.getLogger("searcher.driver")
-
-
-@dataclass(frozen=True)
-class Timings:
-    """The driver's clocks, in seconds (``searcher.driver`` holds their values).
-
-    They are read when a :class:`~searcher.driver.SearchDriver` is made, so a test that
-    patches ``searcher.driver.LEASE_S`` (or another) before making one is obeyed.
-    """
-
-    #: How often the driver writes its heartbeat and looks for hung trials.
-    heartbeat_every_s: float
-    #: How long a slot claim holds without being renewed by a heartbeat.
-    lease_s: float
-    #: How long a preempted trial may take to checkpoint and exit before it is killed.
-    preempt_grace_s: float
-    #: The least time a run gets before its first record (start-up is no hang).
-    startup_allowance_s: float
-    #: How long a killed trial gets after SIGTERM (rank 0 commits what it queued).
-    kill_grace_s: float
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,9 @@ from storage import (
     utcnow,
 )
 from trials import control
-from trials.control import DRIVER_STALE_AFTER_S, driver_alive
+from trials.control import driver_alive
 
 __all__ = [
-    "DRIVER_STALE_AFTER_S",
     "TrialCounts",
     "UsageError",
     "best_trials",

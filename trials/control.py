@@ -33,10 +33,9 @@ from storage import (
 )
 from trials import allocations
 from trials.attempts import end_run, open_runs
+from trials.timings import timings_from_env
 
 ACTIONS = ("pause", "kill", "activate")
-# A driver that has not written its heartbeat for this long is taken as dead.
-DRIVER_STALE_AFTER_S = 20.0
 # Seconds a leftover rank of a dead driver gets to exit after SIGTERM before SIGKILL.
 _KILL_GRACE_S = 5.0
 
@@ -50,7 +49,7 @@ def driver_alive(experiment: Experiment) -> bool:
     if experiment.driver_heartbeat_at is None:
         return False
     age = (utcnow() - experiment.driver_heartbeat_at).total_seconds()
-    if age > DRIVER_STALE_AFTER_S:
+    if age > timings_from_env().driver_stale_after_s:
         return False
     if experiment.driver_host == socket.gethostname() and experiment.driver_pid:
         try:

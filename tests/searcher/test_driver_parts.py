@@ -29,6 +29,7 @@ from searcher.study_side import TellQueue, max_trials, missing_hparams, objectiv
 from storage import Checkpoint, Trial, TrialState, session_scope
 from tests.conftest import EXAMPLES_DIR, add_experiment
 from trials.scheduler import Agent, ResourcePool
+from trials.timings import timings_from_env
 
 # ----------------------------------------------------------------- helpers
 
@@ -62,13 +63,7 @@ def _ctx(config: ExperimentConfig | None = None, *, experiment_id: int = 3) -> D
         pool=ResourcePool("default", (Agent("a1", "127.0.0.1", (0, 1)), Agent("a2", "h2", (0,)))),
         executor=_NoExecutor(),
         run_dir=Path("/logs/experiment-3"),
-        timings=Timings(
-            heartbeat_every_s=2.0,
-            lease_s=30.0,
-            preempt_grace_s=120.0,
-            startup_allowance_s=120.0,
-            kill_grace_s=10.0,
-        ),
+        timings=Timings(),
     )
 
 
@@ -316,13 +311,14 @@ def test_ctrl_c_asks_for_a_pause_then_stops_now() -> None:
 
 
 def test_the_driver_keeps_its_tunables_where_they_were() -> None:
-    from searcher import driver
-
-    assert driver.HEARTBEAT_EVERY_S == 2.0
-    assert driver.LEASE_S == 30.0
-    assert driver.PREEMPT_GRACE_S == 120.0
-    assert driver.STARTUP_ALLOWANCE_S == 120.0
-    assert driver.KILL_GRACE_S == 10.0
+    assert timings_from_env({}) == Timings(
+        heartbeat_every_s=2.0,
+        lease_s=30.0,
+        driver_stale_after_s=20.0,
+        preempt_grace_s=120.0,
+        startup_allowance_s=120.0,
+        kill_grace_s=10.0,
+    )
 
 
 # ----------------------------------------------------------------- applying an outcome
