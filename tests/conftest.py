@@ -21,6 +21,27 @@ import pytest
 
 pytest_plugins = ["tests.slurm_cluster"]  # slurm_cluster, slurm_postgres fixtures
 
+# With pytest-xdist (`.ci/test` runs `--dist loadgroup`), the tests that share one of these
+# costly session fixtures go to one worker, so each is built once per run (a Slurm
+# cluster in network namespaces, a real search); every other test goes wherever a
+# worker is free.
+_SHARED_SESSION_FIXTURES = {
+    "slurm_cluster": "slurm",
+    "slurm_postgres": "slurm",
+    "real_search": "real-search",
+    "failed_search": "real-search",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        group = next(
+            (group for name, group in _SHARED_SESSION_FIXTURES.items() if name in fixtures), None
+        )
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
 
 @pytest.fixture(autouse=True)
 def _signal_dispositions_restored() -> Iterator[None]:
