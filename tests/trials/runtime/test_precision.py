@@ -45,3 +45,22 @@ def test_this_cpu_autocasts_exactly_what_it_supports() -> None:
             assert out.dtype == torch.float32 and "this CPU" in (plan.warning or "")
             assert torch.equal(out, x @ w)
         assert (plan.grad_scaler() is not None) == (plan.enabled and mode == "fp16")
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_cuda_bf16_counts_only_native_support(
+    monkeypatch: pytest.MonkeyPatch, native: bool
+) -> None:
+    """A pre-Ampere GPU can store bfloat16 (torch's default check counts that emulation)
+    but not compute in it: there bf16 is the warned no-op, not a slow emulated run."""
+    asked: list[bool] = []
+
+    def is_bf16_supported(including_emulation: bool = True) -> bool:
+        asked.append(including_emulation)
+        return native or including_emulation
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    plan = resolve_mixed_precision("bf16", torch.device("cuda", 0))
+    assert asked == [False]
+    assert plan.enabled == native
+    assert (plan.warning is None) == native
