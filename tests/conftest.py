@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-pytest_plugins = ["tests.slurm_cluster"]  # slurm_cluster, slurm_postgres fixtures
+# slurm_cluster, slurm_postgres fixtures; the gpu marker's skips.
+pytest_plugins = ["tests.slurm_cluster", "tests.gpu"]
 
 
 @pytest.fixture(autouse=True)
