@@ -12,10 +12,13 @@ and the start of the last step (start-up excluded for both). Also printed: the m
 of the per-repeat ratios and rank 0's CPU time per step of both, which a busy machine
 disturbs far less than wall time.
 
-Without a GPU: 2 ranks on gloo. With a GPU: 1 rank on CUDA (use ``--nproc`` to change).
+``--device cuda`` runs on GPUs (1 rank by default; several take NCCL) and refuses to
+start without one; ``--device cpu`` runs on the CPU even where there are GPUs (2 ranks
+on gloo by default); the default, ``auto``, is CUDA where torch sees a GPU. ``--nproc``
+changes the number of ranks.
 
 Run:
-    .venv/bin/python bench/runtime_overhead.py
+    .venv/bin/python bench/runtime_overhead.py [--device cuda]
 Last line (machine-readable):
     managed_steps_s=<a> raw_steps_s=<b> ratio=<a/b>
 """
@@ -181,6 +184,8 @@ def worker(args: argparse.Namespace) -> None:
 
     info = DistributedInfo.from_env()
     device = select_device(info)
+    if device.type != args.device:
+        sys.exit(f"runtime_overhead: rank {info.rank} got {device}, not {args.device}")
     init_process_group(info, device)
     spec = RuntimeSpec.model_validate_json(Path(os.environ["BENCH_SPEC"]).read_text())
     samples = int(spec.data["samples"])
@@ -283,11 +288,28 @@ def write_spec(tmp: Path, args: argparse.Namespace, nproc: int) -> Path:
     return path
 
 
+def resolve_device(requested: str) -> str:
+    """``cuda`` or ``cpu`` for ``--device``; exits with one line when CUDA is asked for
+    but torch sees no GPU."""
+    available = torch.cuda.is_available()
+    if requested == "auto":
+        return "cuda" if available else "cpu"
+    if requested == "cuda" and not available:
+        sys.exit("runtime_overhead: --device cuda, but torch sees no CUDA device")
+    return requested
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cuda", "cpu"),
+        default="auto",
+        help="where the ranks train (default: cuda where torch sees a GPU, else cpu)",
+    )
     parser.add_argument(
         "--nproc", type=int, default=None, help="ranks (default: 1 on a GPU, else 2)"
     )
@@ -298,12 +320,15 @@ def main() -> None:
 
         worker(args)
         exit_without_teardown(0)  # as the product's worker ends a rank
-    nproc = args.nproc or (1 if torch.cuda.is_available() else 2)
+    device = resolve_device(args.device)
+    nproc = args.nproc or (1 if device == "cuda" else 2)
     with tempfile.TemporaryDirectory(prefix="slotsweep-bench-") as tmp_name:
         tmp = Path(tmp_name)
         spec_path = write_spec(tmp, args, nproc)
         out = tmp / "out.json"
         env = dict(os.environ, BENCH_SPEC=str(spec_path), BENCH_OUT=str(out))
+        if device == "cpu":
+            env["CUDA_VISIBLE_DEVICES"] = ""  # the ranks see no GPU, as on a CPU machine
         env["PYTHONPATH"] = os.pathsep.join(
             [str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]
         )
@@ -315,6 +340,7 @@ def main() -> None:
             f"--nproc-per-node={nproc}",
             __file__,
             "--worker",
+            f"--device={device}",
             f"--steps={args.steps}",
             f"--warmup={args.warmup}",
             f"--repeats={args.repeats}",

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-pytest_plugins = ["tests.slurm_cluster"]  # slurm_cluster, slurm_postgres fixtures
+# slurm_cluster, slurm_postgres fixtures; the gpu marker's skips.
+pytest_plugins = ["tests.slurm_cluster", "tests.gpu"]
 
 # With pytest-xdist (`.ci/test` runs `--dist loadgroup`), the tests that share one of these
 # costly session fixtures go to one worker, so each is built once per run (a Slurm

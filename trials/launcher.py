@@ -97,6 +97,24 @@ def torchrun_args(
     )
 
 
+def gpu_environment(slots: Sequence[int]) -> dict[str, str]:
+    """The environment that gives a node's ranks exactly the GPUs ``slots`` name.
+
+    Slots are NVML indices (:func:`trials._system_metrics.detect_gpus`), which follow the
+    PCI bus order; CUDA numbers ``CUDA_VISIBLE_DEVICES`` fastest first unless told
+    otherwise, so on a machine with GPUs of different kinds slot 0 could be another
+    physical GPU than CUDA's 0.
+
+    Example:
+        >>> gpu_environment((2, 3))
+        {'CUDA_DEVICE_ORDER': 'PCI_BUS_ID', 'CUDA_VISIBLE_DEVICES': '2,3'}
+    """
+    return {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "CUDA_VISIBLE_DEVICES": ",".join(str(slot) for slot in slots),
+    }
+
+
 def torchrun_commands(
     placement: Placement,
     *,
@@ -125,7 +143,7 @@ def torchrun_commands(
             SLOTS_ENV_VAR: ",".join(str(s) for s in node.slots),
         }
         if use_gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s) for s in node.slots)
+            env.update(gpu_environment(node.slots))
         argv = (
             python,
             "-m",

@@ -70,9 +70,12 @@ def plan_mixed_precision(
 
 
 def device_support(device: torch.device) -> tuple[bool, bool]:
-    """``(bf16_supported, fp16_supported)`` natively on ``device``."""
+    """``(bf16_supported, fp16_supported)`` natively on ``device`` (for CUDA: the current
+    device, which :func:`~trials.runtime._distributed.select_device` set to this rank's)."""
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported(), True
+        # Natively: Ampere or newer. torch's default also counts emulation (pre-Ampere
+        # GPUs that merely store bfloat16), which would train slowly instead of warning.
+        return torch.cuda.is_bf16_supported(including_emulation=False), True
     if device.type == "cpu":
         # oneDNN reports whether the CPU has the instructions (AVX512-BF16, AMX, AVX512-FP16).
         mkldnn = torch.ops.mkldnn

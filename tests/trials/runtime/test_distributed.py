@@ -8,6 +8,7 @@ pruned run, and one script run for the checks that need ranks with different dat
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,35 @@ def trial_row(db_url: str, trial_id: int) -> Trial:
 def digests(handle: TrialHandle, rank: int, attempt: int) -> dict[int, dict[str, Any]]:
     path = Path(handle.spec.scratch_dir) / f"rank-{rank}" / f"digests-attempt{attempt}.jsonl"
     return {d["step"]: d for d in map(json.loads, path.read_text().splitlines())}
+
+
+def assert_compression_hooks(hooks: dict[str, Any], *, bf16_hook: str) -> None:
+    """``dist_checks.py``'s report: buckets as configured, and each compression hook
+    registered and computing what it should, against the exact cross-rank mean."""
+    assert hooks["fusion_bucket_bytes_cap"] == int(3.5 * 1024 * 1024)  # tensor_fusion_threshold
+    assert hooks["none"]["bucket_bytes_cap"] == 64 * 1024 * 1024  # the default threshold
+    names = {"none": None, "fp16": "fp16_compress_hook", "bf16": bf16_hook}
+    names |= {"powersgd": "powerSGD_hook", "powersgd_full_rank": "powerSGD_hook"}
+    assert {case: hooks[case]["comm_hook"] for case in names} == names
+    for compression, dtype in (("none", None), ("fp16", torch.float16), ("bf16", torch.bfloat16)):
+        for it in hooks[compression]["iterations"]:
+            ddp, locals_ = torch.tensor(it["ddp"]), [torch.tensor(g) for g in it["locals"]]
+            exact = sum(locals_) / 2
+            if dtype is None:
+                torch.testing.assert_close(ddp, exact, rtol=0, atol=1e-7)
+            else:
+                # What the hook computes: each rank's gradient / 2 in the narrow dtype, summed.
+                compressed = (locals_[0].to(dtype) / 2 + locals_[1].to(dtype) / 2).float()
+                torch.testing.assert_close(ddp, compressed, rtol=0, atol=1e-7)
+                assert not torch.allclose(ddp, exact, rtol=0, atol=1e-7)  # the hook did compress
+    for name, exact_after_warmup in (("powersgd", True), ("powersgd_full_rank", False)):
+        for i, it in enumerate(hooks[name]["iterations"]):
+            ddp, exact = torch.tensor(it["ddp"]), sum(torch.tensor(g) for g in it["locals"]) / 2
+            if i < 2 or exact_after_warmup:
+                # Plain all-reduce during warm-up; afterwards a rank-1 mean is rank-1 exact.
+                torch.testing.assert_close(ddp, exact, rtol=1e-5, atol=1e-6)
+            else:
+                assert (ddp - exact).abs().max() > 1e-3  # a full-rank mean is approximated
 
 
 @pytest.fixture(scope="module")
@@ -285,27 +315,8 @@ def test_optimizations_and_core_api_against_reference_computations(
     assert json.loads((out / "outcomes-rank1.json").read_text()) == ["finished"] * 3
 
     hooks = json.loads((out / "hooks-rank0.json").read_text())
-    assert hooks["fusion_bucket_bytes_cap"] == int(3.5 * 1024 * 1024)  # tensor_fusion_threshold
-    assert hooks["none"]["bucket_bytes_cap"] == 64 * 1024 * 1024  # the default threshold
-    for compression, dtype in (("none", None), ("fp16", torch.float16), ("bf16", torch.bfloat16)):
-        for it in hooks[compression]["iterations"]:
-            ddp, locals_ = torch.tensor(it["ddp"]), [torch.tensor(g) for g in it["locals"]]
-            exact = sum(locals_) / 2
-            if dtype is None:
-                torch.testing.assert_close(ddp, exact, rtol=0, atol=1e-7)
-            else:
-                # What the hook computes: each rank's gradient / 2 in the narrow dtype, summed.
-                compressed = (locals_[0].to(dtype) / 2 + locals_[1].to(dtype) / 2).float()
-                torch.testing.assert_close(ddp, compressed, rtol=0, atol=1e-7)
-                assert not torch.allclose(ddp, exact, rtol=0, atol=1e-7)  # the hook did compress
-    for name, exact_after_warmup in (("powersgd", True), ("powersgd_full_rank", False)):
-        for i, it in enumerate(hooks[name]["iterations"]):
-            ddp, exact = torch.tensor(it["ddp"]), sum(torch.tensor(g) for g in it["locals"]) / 2
-            if i < 2 or exact_after_warmup:
-                # Plain all-reduce during warm-up; afterwards a rank-1 mean is rank-1 exact.
-                torch.testing.assert_close(ddp, exact, rtol=1e-5, atol=1e-6)
-            else:
-                assert (ddp - exact).abs().max() > 1e-3  # a full-rank mean is approximated
+    assert hooks["backend"] == "gloo"
+    assert_compression_hooks(hooks, bf16_hook="_bf16_compress_hook_gloo")
 
     # aggregation_frequency 4 over 2 ranks (DDP no_sync) == one step on the 4x batch.
     weights = []
@@ -324,3 +335,47 @@ def test_optimizations_and_core_api_against_reference_computations(
     for rank in (0, 1):
         seen = json.loads((Path(core.spec.scratch_dir) / f"rank-{rank}" / "core.json").read_text())
         assert seen["rank"] == rank
+
+
+@pytest.mark.gpu(devices=2)
+def test_gradient_compression_hooks_on_nccl(db_url: str, tmp_path: Path) -> None:
+    """The hook checks above on two GPUs over NCCL (where bf16 takes torch's own
+    ``bf16_compress_hook``), then a real trial per compression in the same group: each
+    finishes, its losses are finite, and both ranks hold identical weights every step
+    although their data differ."""
+    handles = {
+        compression: create_trial(
+            db_url,
+            tmp_path,
+            study_name="nccl",
+            hparams={"global_batch_size": 8, "noise_rank_data": True},
+            optimizations={"gradient_compression": compression},
+            **COMMON,
+        )
+        for compression in ("fp16", "bf16", "powersgd")
+    }
+    out = tmp_path / "checks"
+    out.mkdir()
+    result = run_torchrun(
+        [str(FIXTURES / "dist_checks.py")],
+        env={
+            "DIST_CHECKS_OUT": str(out),
+            "DIST_CHECKS_DEVICE": "cuda",
+            "DIST_CHECKS_SPECS": json.dumps([str(h.spec_path) for h in handles.values()]),
+        },
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    for rank in (0, 1):
+        assert json.loads((out / f"outcomes-rank{rank}.json").read_text()) == ["finished"] * 3
+        report = json.loads((out / f"hooks-rank{rank}.json").read_text())
+        assert (report["backend"], report["device"]) == ("nccl", f"cuda:{rank}")
+    assert_compression_hooks(
+        json.loads((out / "hooks-rank0.json").read_text()), bf16_hook="bf16_compress_hook"
+    )
+    for compression, handle in handles.items():
+        trial_id = handle.spec.trial_id
+        assert trial_row(db_url, trial_id).finished_at is not None, compression
+        losses = series(db_url, trial_id, "loss")
+        assert sorted(losses) == list(range(1, 13)), (compression, losses)
+        assert all(v is not None and math.isfinite(v) for v in losses.values()), losses
+        assert digests(handle, 0, 0) == digests(handle, 1, 0), compression
