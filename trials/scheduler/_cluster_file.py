@@ -50,9 +50,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
-from trials._validation import validation_problems
+from trials._validation import ConfigModel, validation_problems
 from trials._yaml import YamlError, read_yaml
 from trials.scheduler._cluster import Agent, Cluster, ResourcePool, SlurmJobSettings
 
@@ -73,14 +73,10 @@ class ClusterConfigError(Exception):
         self.problems = problems
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
 SlotId = Annotated[int, Field(ge=0, lt=MAX_SLOTS_PER_AGENT, strict=True)]
 
 
-class _AgentSpec(_Strict):
+class _AgentSpec(ConfigModel):
     name: str = Field(min_length=1, max_length=200)
     # 253 characters: the longest DNS name.
     host: str = Field(default=LOCAL_HOST, min_length=1, max_length=253)
@@ -116,7 +112,7 @@ def _check_slot_count(count: int) -> None:
         )
 
 
-class _PoolSpec(_Strict):
+class _PoolSpec(ConfigModel):
     name: str = Field(min_length=1, max_length=200)
     allowing_heterogeneous_fits: bool = False
     fitting_policy: Literal["best", "worst"] = "best"
@@ -158,7 +154,7 @@ _MANAGED_SBATCH_OPTIONS = (
 )
 
 
-class _SlurmJobsSpec(_Strict):
+class _SlurmJobsSpec(ConfigModel):
     partition: str = Field(min_length=1, max_length=200)
     time_limit: str = Field(min_length=1, max_length=40)
     account: str | None = Field(default=None, min_length=1, max_length=200)
@@ -198,7 +194,7 @@ class _SlurmJobsSpec(_Strict):
         return value
 
 
-class _ClusterSpec(_Strict):
+class _ClusterSpec(ConfigModel):
     # Where trials run. With "slurm" the agents are the nodes of the Slurm allocation
     # the search runs in, so the file declares no resource pools.
     executor: Literal["local", "slurm"] = "local"

@@ -155,10 +155,21 @@ def test_preemption_fields_must_be_booleans() -> None:
     raw["resource_pools"][0]["preemption"] = "sometimes"
     raw["resource_pools"][1]["preempt_without_checkpoint"] = [True]
     assert problems_of(raw) == [
-        "resource_pools.0.preemption: Input should be a valid boolean, "
-        "unable to interpret input (got 'sometimes')",
-        "resource_pools.1.preempt_without_checkpoint: Input should be a valid boolean",
+        "resource_pools.0.preemption: must be true or false (got 'sometimes')",
+        "resource_pools.1.preempt_without_checkpoint: must be true or false",
     ]
+
+
+@pytest.mark.parametrize("value", [1, 0, "yes", "true", "false", "on", 1.0])
+@pytest.mark.parametrize(
+    "field", ["preemption", "preempt_without_checkpoint", "allowing_heterogeneous_fits"]
+)
+def test_booleans_are_true_or_false_only(field: str, value: Any) -> None:
+    """pydantic's lax mode would read 1, "yes" and "true" as true; a cluster file may not."""
+    raw = two_pools()
+    raw["resource_pools"][1]["preemption"] = True  # preempt_without_checkpoint needs it
+    raw["resource_pools"][1][field] = value
+    assert problems_of(raw) == [f"resource_pools.1.{field}: must be true or false (got {value!r})"]
 
 
 @pytest.mark.parametrize(
