@@ -101,6 +101,13 @@ _CLUSTER_FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "resource_pools.0.agents.0.host": st.sampled_from(["", 7, "h" * 300]),
     "resource_pools.0.preemption": _NOT_A_BOOLEAN,
     "resource_pools.0.allowing_heterogeneous_fits": _NOT_A_BOOLEAN,
+    "dtrain_network_interface": st.sampled_from(
+        ["eth0; rm -rf /", "", "x" * 16, ".", "..", "eth0:1", "a/b", 7]
+    ),
+    "slurm.time_limit": st.sampled_from(["25:99", "99:99:99", "1-25:00:00", "4 hours"]),
+    "slurm.sbatch_options": st.sampled_from(
+        [["--output", "/etc/x"], ["-o/etc/x"], ["-pother"], ["-Jrenamed"], ["--part=x"], ["--mem"]]
+    ),
 }
 
 
