@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     TypeAdapter,
@@ -36,10 +35,10 @@ from trials import CheckpointStorageConfig, Length, OptimizationsConfig, Profili
 from trials._validation import (
     INT32_MAX,
     VALUE_ERROR_PREFIX,
+    ConfigModel,
     allowed_fields,
     field_path,
     format_error,
-    mark_boolean_numbers,
 )
 from trials._yaml import YamlError, read_yaml
 
@@ -68,15 +67,9 @@ class ConfigError(Exception):
         self.problems = problems
 
 
-class _Strict(BaseModel):
+class _Strict(ConfigModel):
     # Infinities and NaN pass ``gt``/``le`` checks oddly and overflow later (Optuna, SQL).
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_boolean_numbers(cls, data: Any) -> Any:
-        # YAML's `true` is not 1, as pydantic's lax mode would read it.
-        return mark_boolean_numbers(cls, data)
+    model_config = ConfigDict(allow_inf_nan=False)
 
 
 def _json_problem(value: Any) -> str | None:

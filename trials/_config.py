@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from trials._validation import INT32_MAX, mark_boolean_numbers
+from trials._validation import INT32_MAX, ConfigModel
 
 # A ``tensor_fusion_threshold`` (DDP's bucket size in MiB) above 1 TiB means a typo.
 _MAX_BUCKET_MB = 1024.0 * 1024.0
@@ -19,17 +19,7 @@ _MAX_BUCKET_MB = 1024.0 * 1024.0
 _MAX_SAMPLE_INTERVAL_S = 86_400.0
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_boolean_numbers(cls, data: Any) -> Any:
-        # YAML's `true` is not 1, as pydantic's lax mode would read it.
-        return mark_boolean_numbers(cls, data)
-
-
-class Length(_Strict):
+class Length(ConfigModel):
     """A training length or period in Determined's units: ``{epochs: N}`` or ``{batches: N}``.
 
     Example:
@@ -60,7 +50,7 @@ class Length(_Strict):
         return self.value * batches_per_epoch if self.unit == "epochs" else self.value
 
 
-class OptimizationsConfig(_Strict):
+class OptimizationsConfig(ConfigModel):
     """Determined's ``optimizations`` section, applied by the managed loop."""
 
     aggregation_frequency: int = Field(default=1, ge=1, le=INT32_MAX)
@@ -74,7 +64,7 @@ class OptimizationsConfig(_Strict):
     )
 
 
-class CheckpointStorageConfig(_Strict):
+class CheckpointStorageConfig(ConfigModel):
     """Where checkpoints go and how many survive garbage collection."""
 
     path: str = Field(default="./checkpoints", min_length=1, max_length=4096)
@@ -83,7 +73,7 @@ class CheckpointStorageConfig(_Strict):
     save_experiment_best: int = Field(default=0, ge=0, le=INT32_MAX)
 
 
-class ProfilingConfig(_Strict):
+class ProfilingConfig(ConfigModel):
     """Timings of the loop's phases, aggregated per window of batches."""
 
     enabled: bool = True
@@ -95,7 +85,7 @@ class ProfilingConfig(_Strict):
     )
 
 
-class PrunerSpec(_Strict):
+class PrunerSpec(ConfigModel):
     """An Optuna pruner by class name and arguments.
 
     Optuna does not store a study's pruner, so every rank 0 that asks ``should_prune``
@@ -116,7 +106,7 @@ class PrunerSpec(_Strict):
         return getattr(optuna.pruners, self.name)(**self.kwargs)
 
 
-class WarmSpec(_Strict):
+class WarmSpec(ConfigModel):
     """How a rank of a warm job (``resources.reuse_workers``) waits for its next trial.
 
     Example:
@@ -132,7 +122,7 @@ class WarmSpec(_Strict):
     driver_lease_s: float = Field(default=30.0, gt=0)
 
 
-class RuntimeSpec(_Strict):
+class RuntimeSpec(ConfigModel):
     """Everything a rank needs to run one trial, written by the driver as JSON.
 
     The driver passes the file's path in ``SLOTSWEEP_TRIAL_SPEC``; each rank reads it

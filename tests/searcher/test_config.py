@@ -191,10 +191,7 @@ def test_every_slots_per_trial_of_an_int_range_is_checked(tmp_path: Path) -> Non
         ),
         (
             {"resources.reuse_workers": "yes please"},
-            [
-                "resources.reuse_workers: Input should be a valid boolean, unable to "
-                "interpret input (got 'yes please')"
-            ],
+            ["resources.reuse_workers: must be true or false (got 'yes please')"],
         ),
         (
             {"resources.weight": 0},
@@ -308,6 +305,50 @@ def test_common_mistakes_get_one_clear_line_each(
     tmp_path: Path, change: dict[str, Any], problems: list[str]
 ) -> None:
     assert _problems(tmp_path, _with(change)) == problems
+
+
+# Every boolean of the experiment config, and a value that would pass it (the other
+# fields it needs set too).
+_BOOLEAN_FIELDS: dict[str, dict[str, Any]] = {
+    "searcher.smaller_is_better": {},
+    "resources.reuse_workers": {},
+    "resources.keep_entrypoint_module": {"resources.reuse_workers": True},
+    "optimizations.average_aggregated_gradients": {},
+    "optimizations.average_training_metrics": {},
+    "profiling.enabled": {},
+}
+
+
+def test_every_boolean_field_is_listed() -> None:
+    """A new boolean field of the config is added to the cases below, or this fails."""
+    found = set()
+
+    def walk(model: Any, prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            if field.annotation is bool:
+                found.add(f"{prefix}{name}")
+            elif isinstance(field.annotation, type) and hasattr(field.annotation, "model_fields"):
+                walk(field.annotation, f"{prefix}{name}.")
+
+    walk(ExperimentConfig, "")
+    assert found == set(_BOOLEAN_FIELDS)
+
+
+@pytest.mark.parametrize("value", [1, 0, 1.0, "yes", "no", "true", "false", "on", "1"])
+@pytest.mark.parametrize("field", sorted(_BOOLEAN_FIELDS))
+def test_booleans_are_true_or_false_only(tmp_path: Path, field: str, value: Any) -> None:
+    """pydantic's lax mode would read 1, "yes" and "true" as booleans; a config may not."""
+    document = _with({**_BOOLEAN_FIELDS[field], field: value})
+    assert _problems(tmp_path, document) == [f"{field}: must be true or false (got {value!r})"]
+    for real in (True, False):
+        load_config(_write(tmp_path, _with({**_BOOLEAN_FIELDS[field], field: real})))
+
+
+def test_a_cost_objective_is_smaller_is_better_true_not_1(tmp_path: Path) -> None:
+    objective = {"name": "slot_seconds", "smaller_is_better": 1}
+    assert _problems(tmp_path, _with({"searcher.objectives": [objective]})) == [
+        "searcher.objectives.0.smaller_is_better: Input should be True (got 1)"
+    ]
 
 
 def test_several_problems_are_all_listed(tmp_path: Path) -> None:

@@ -54,6 +54,7 @@ _HUGE = st.sampled_from([10**30, -(10**30), 1e100, 2**63, 2**31, 1e308])
 _HUGER = st.sampled_from([10**30, -(10**30), 1e100, 2**63, 1e308])
 _NON_FINITE = st.sampled_from([float("inf"), float("-inf"), float("nan")])
 _WRONG_TYPE = st.sampled_from(["many", [], {}, [1, 2], {"a": 1}, True, None])
+_NOT_A_BOOLEAN = st.sampled_from([1, 0, "yes", "true", "false", 1.0, "on"])
 _UNKNOWN_KEY = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=12)
 
 # (path, values that are wrong there whatever else the file holds)
@@ -78,6 +79,10 @@ _EXPERIMENT_FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "searcher.seed": _HUGER | st.just(-1),
     "resources.slots_per_trial": _HUGE | _NON_FINITE | st.sampled_from([0, "two"]),
     "resources.priority": st.sampled_from([0, 100, 10**30]),
+    # Booleans are YAML's true and false only: pydantic's lax mode would take these.
+    "resources.reuse_workers": _NOT_A_BOOLEAN,
+    "searcher.smaller_is_better": _NOT_A_BOOLEAN,
+    "profiling.enabled": _NOT_A_BOOLEAN,
     "profiling.system_metrics_interval_s": _NON_FINITE | _HUGE | st.sampled_from([0, -1]),
     "optimizations": st.sampled_from([{"tensor_fusion_threshold": float("inf")}, [], 1]),
     "max_restarts": _HUGE | st.sampled_from([-1, "often"]),
@@ -94,6 +99,15 @@ _CLUSTER_FIELDS: dict[str, st.SearchStrategy[Any]] = {
     | st.sampled_from([0, -1, "two", [], [0, 0], [0, 5000], [-1], True, 4097]),
     "resource_pools.0.agents.0.name": st.sampled_from(["", 7, None]),
     "resource_pools.0.agents.0.host": st.sampled_from(["", 7, "h" * 300]),
+    "resource_pools.0.preemption": _NOT_A_BOOLEAN,
+    "resource_pools.0.allowing_heterogeneous_fits": _NOT_A_BOOLEAN,
+    "dtrain_network_interface": st.sampled_from(
+        ["eth0; rm -rf /", "", "x" * 16, ".", "..", "eth0:1", "a/b", 7]
+    ),
+    "slurm.time_limit": st.sampled_from(["25:99", "99:99:99", "1-25:00:00", "4 hours"]),
+    "slurm.sbatch_options": st.sampled_from(
+        [["--output", "/etc/x"], ["-o/etc/x"], ["-pother"], ["-Jrenamed"], ["--part=x"], ["--mem"]]
+    ),
 }
 
 

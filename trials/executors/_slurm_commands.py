@@ -255,14 +255,23 @@ def sbatch_argv(
     is never requeued by Slurm: a preempted or timed-out attempt is resubmitted by the
     driver as the trial's next attempt, from its latest checkpoint.
 
+    The cluster file's ``sbatch_options`` come first and slotsweep's own options after
+    them, so where sbatch takes the last of a repeated option, ours win; the cluster
+    file refuses every spelling of the options written here (``MANAGED_SBATCH_OPTIONS``
+    in :mod:`trials.scheduler._sbatch_options`), words sbatch would take as a script,
+    and an option left waiting for a value it would take from ours. No script argument
+    follows: the script comes on stdin.
+
     Example:
         >>> from trials.scheduler import SlurmJobSettings
-        >>> sbatch_argv(SlurmJobSettings("gpu", "60"), nodes=2, slots_per_node=4,
-        ...             use_gpus=True, name="slotsweep-x", log_path="t.log")[5:9]
-        ['--nodes=2', '--ntasks-per-node=1', '--exclusive', '--gpus-per-node=4']
+        >>> sbatch_argv(SlurmJobSettings("gpu", "60", sbatch_options=("--mem=64G",)),
+        ...             nodes=2, slots_per_node=4, use_gpus=True, name="slotsweep-x",
+        ...             log_path="t.log")[:3]
+        ['sbatch', '--mem=64G', '--parsable']
     """
     argv = [
         "sbatch",
+        *settings.sbatch_options,
         "--parsable",
         f"--partition={settings.partition}",
         f"--time={settings.time_limit}",
@@ -285,7 +294,6 @@ def sbatch_argv(
             argv.append(f"{option}={value}")
     return [
         *argv,
-        *settings.sbatch_options,
         f"--output={log_path}",
         "--open-mode=append",
         "--no-requeue",

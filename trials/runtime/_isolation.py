@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import gc
 import importlib
+import os
 import site
 import sys
 import sysconfig
@@ -178,10 +179,16 @@ def reimport_user_modules(model_dir: str) -> list[str]:
     """Drop the modules loaded from ``model_dir`` so that their next import runs afresh.
 
     A module counts as the user's when its file (or, for a namespace package, every
-    directory of its path) lies under ``model_dir``, symlinks resolved. Modules of the
-    interpreter's standard library and site-packages, ``__main__``, and the packages
-    ``trials``, ``searcher``, ``storage``, ``ui``, ``torch`` and ``numpy`` stay, even
-    when ``model_dir`` contains them.
+    directory of its path) lies under ``model_dir`` as the user sees it: both made
+    absolute, symlinks not followed. A module in the folder that is a link to a file
+    elsewhere is the user's (it was imported from the folder, and its globals would
+    leak into the next trial), while a module imported from elsewhere is not, even when
+    it links into the folder. The runtime imports the user's code through ``model_dir``
+    itself (the first entry of ``sys.path``), so its modules' files are spelled as
+    ``model_dir`` is, links in the folder's own path included. Modules of the
+    interpreter's standard library and site-packages (wherever their links lead),
+    ``__main__``, and the packages ``trials``, ``searcher``, ``storage``, ``ui``,
+    ``torch`` and ``numpy`` stay, even when ``model_dir`` contains them.
 
     Returns:
         The dropped module names, sorted.
@@ -194,7 +201,7 @@ def reimport_user_modules(model_dir: str) -> list[str]:
         >>> "json" in sys.modules and "torch" in sys.modules
         True
     """
-    root = str(Path(model_dir).resolve())
+    root = os.path.abspath(model_dir)
     dropped: list[str] = []
     # A snapshot: other threads may import while we look.
     for name, module in list(sys.modules.items()):
@@ -308,19 +315,25 @@ def _module_locations(module: object) -> tuple[str, ...]:
 
 
 # Cached per job: the modules that are not the user's (torch, the standard library, a few
-# thousand) stay loaded from trial to trial, and resolving all their paths again after
+# thousand) stay loaded from trial to trial, and checking all their paths again after
 # every trial cost ~0.15 s, a whole epoch of a small model. A symlink retargeted while the
 # job runs is not seen; the job's next cold start sees it.
 @functools.cache
 def _lies_under(locations: tuple[str, ...], root: str) -> bool:
-    """Whether every one of ``locations`` lies under ``root`` and outside the interpreter's."""
+    """Whether every one of ``locations`` lies under ``root`` and outside the interpreter's.
+
+    Under ``root`` as written (``root`` is absolute, links not followed); outside the
+    interpreter's libraries where the links lead, so a virtual environment inside the
+    user's folder stays loaded.
+    """
     protected_roots = _interpreter_library_dirs()
     model_root = Path(root)
     for entry in locations:
-        location = Path(entry).resolve()
-        if not location.is_relative_to(model_root) or any(
-            location.is_relative_to(lib) for lib in protected_roots
-        ):
+        location = Path(os.path.abspath(entry))
+        if not location.is_relative_to(model_root):
+            return False
+        real = location.resolve()
+        if any(real.is_relative_to(lib) for lib in protected_roots):
             return False
     return True
 

@@ -89,8 +89,10 @@ class SlurmJobSettings:
     """How each trial is submitted as its own Slurm job (``sbatch``), from the cluster file.
 
     ``time_limit`` is in Slurm's formats (``MM``, ``HH:MM:SS``, ``D-HH:MM``...);
-    ``sbatch_options`` are passed as they are (``--mem=64G``); ``slot_type`` says
-    whether a slot is a GPU or a CPU of a node.
+    ``sbatch_options`` are passed as they are (``--mem=64G``), before slotsweep's own
+    options, once the cluster file has checked that none of them reaches those (see
+    :mod:`trials.scheduler._sbatch_options`); ``slot_type`` says whether a slot is a
+    GPU or a CPU of a node.
     """
 
     partition: str

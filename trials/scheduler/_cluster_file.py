@@ -14,6 +14,7 @@
           - {name: a1, host: 127.0.0.1, slots: 2}        # a count: slots 0 and 1
           - {name: a2, host: 127.0.0.1, slots: [0, 1]}   # explicit GPU indices
     dtrain_network_interface: eth0    # optional: NCCL/gloo interface between nodes
+                                      # (a name Linux allows: 1-15 bytes, no space, / or :)
 
 ``executor: slurm`` (or ``--cluster slurm``, or running inside ``salloc``/``sbatch``
 with no cluster file) takes the agents from the Slurm allocation instead. With a
@@ -23,10 +24,11 @@ with no cluster file) takes the agents from the Slurm allocation instead. With a
     slurm:
       partition: gpu
       account: my-project        # optional where the cluster has no accounts
-      time_limit: "04:00:00"     # each job's; a trial that reaches it resumes in a new job
+      time_limit: "04:00:00"     # each job's (MM, HH:MM:SS, D-HH:MM:SS...); a trial
+                                 # that reaches it resumes in a new job
       qos: normal                # optional
       constraint: a100           # optional, sbatch --constraint
-      sbatch_options: ["--mem=64G"]   # optional, passed as they are
+      sbatch_options: ["--mem=64G"]   # optional; not the options slotsweep sets itself
       slot_type: gpu             # gpu | cpu; default: gpu when the nodes have GPUs
 
 Without a file the cluster is one pool ``default`` holding this machine, named after
@@ -50,11 +52,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BeforeValidator, Field, ValidationError, field_validator
 
-from trials._validation import validation_problems
+from trials._validation import ConfigModel, validation_problems
 from trials._yaml import YamlError, read_yaml
 from trials.scheduler._cluster import Agent, Cluster, ResourcePool, SlurmJobSettings
+from trials.scheduler._sbatch_options import sbatch_option_problems
 
 CLUSTER_ENV_VAR = "SLOTSWEEP_CLUSTER"
 #: ``--cluster slurm``: the nodes of the Slurm allocation this process runs in.
@@ -73,14 +76,10 @@ class ClusterConfigError(Exception):
         self.problems = problems
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
 SlotId = Annotated[int, Field(ge=0, lt=MAX_SLOTS_PER_AGENT, strict=True)]
 
 
-class _AgentSpec(_Strict):
+class _AgentSpec(ConfigModel):
     name: str = Field(min_length=1, max_length=200)
     # 253 characters: the longest DNS name.
     host: str = Field(default=LOCAL_HOST, min_length=1, max_length=253)
@@ -116,7 +115,7 @@ def _check_slot_count(count: int) -> None:
         )
 
 
-class _PoolSpec(_Strict):
+class _PoolSpec(ConfigModel):
     name: str = Field(min_length=1, max_length=200)
     allowing_heterogeneous_fits: bool = False
     fitting_policy: Literal["best", "worst"] = "best"
@@ -125,46 +124,58 @@ class _PoolSpec(_Strict):
     agents: list[_AgentSpec] = Field(min_length=1)
 
 
-# Slurm's time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (or unlimited).
+# Slurm's time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or no limit.
+# The leading field may be any size (90 minutes, 36 hours); a field after it is
+# sexagesimal, and hours after days stay below 24.
+_SIXTY = r"[0-5]?\d"
+_HOURS_OF_A_DAY = r"(?:[01]?\d|2[0-3])"
 _TIME_LIMIT = re.compile(
-    r"\d+(?::\d{1,2}){0,2}|\d+-\d+(?::\d{1,2}){0,2}|unlimited|infinite", re.IGNORECASE
+    rf"\d+(?::{_SIXTY}){{0,2}}|\d+-{_HOURS_OF_A_DAY}(?::{_SIXTY}){{0,2}}|unlimited|infinite",
+    re.IGNORECASE | re.ASCII,
+)
+_TIME_LIMIT_RULE = (
+    "must be a Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS "
+    "(minutes and seconds below 60 after the first field, hours below 24 after days), "
+    "or UNLIMITED"
 )
 _SLURM_NAME = re.compile(r"[\w.\-]+")
-# What the Slurm executor sets for every job itself; a user's copy would contradict it.
-_MANAGED_SBATCH_OPTIONS = (
-    "--partition",
-    "--account",
-    "--time",
-    "--qos",
-    "--constraint",
-    "--nodes",
-    "--ntasks",
-    "--ntasks-per-node",
-    "--cpus-per-task",
-    "--gpus",
-    "--gpus-per-node",
-    "--gres",
-    "--exclusive",
-    "--job-name",
-    "--output",
-    "--error",
-    "--open-mode",
-    "--requeue",
-    "--no-requeue",
-    "--export",
-    "--parsable",
-    "--chdir",
-    "--wrap",
-)
+# Linux's rule for a network interface's name (dev_valid_name): at most IFNAMSIZ - 1
+# bytes, none of them a space (the kernel's isspace, 0xa0 included), '/' or ':'.
+_IFNAME_MAX_BYTES = 15
+_IFNAME_FORBIDDEN_BYTES = frozenset(b" \t\n\v\f\r\xa0/:")
 
 
-class _SlurmJobsSpec(_Strict):
+class _RefusedItem:
+    """A list item already found wrong where the whole list was read, with the reason.
+
+    The item's own validation raises the reason, so the problem is reported at the
+    item's path (``slurm.sbatch_options.2``), as pydantic reports any item.
+    """
+
+    def __init__(self, item: str, problem: str) -> None:
+        self.item = item
+        self.problem = problem
+
+    def __repr__(self) -> str:
+        return repr(self.item)
+
+
+def _refuse_marked(value: Any) -> Any:
+    if isinstance(value, _RefusedItem):
+        raise ValueError(value.problem)
+    return value
+
+
+_SbatchItem = Annotated[str, BeforeValidator(_refuse_marked), Field(max_length=4096)]
+
+
+class _SlurmJobsSpec(ConfigModel):
     partition: str = Field(min_length=1, max_length=200)
     time_limit: str = Field(min_length=1, max_length=40)
     account: str | None = Field(default=None, min_length=1, max_length=200)
     qos: str | None = Field(default=None, min_length=1, max_length=200)
     constraint: str | None = Field(default=None, min_length=1, max_length=1000)
-    sbatch_options: list[str] = Field(default_factory=list, max_length=100)
+    sbatch_options: list[_SbatchItem] = Field(default_factory=list, max_length=100)
     slot_type: Literal["gpu", "cpu"] | None = None
 
     @field_validator("partition", "account", "qos")
@@ -180,32 +191,50 @@ class _SlurmJobsSpec(_Strict):
         if isinstance(value, int) and not isinstance(value, bool):
             value = str(value)  # minutes, as Slurm reads a bare number
         if not isinstance(value, str) or not _TIME_LIMIT.fullmatch(value):
-            raise ValueError("must be a Slurm time limit: minutes, HH:MM:SS or D-HH:MM:SS")
+            raise ValueError(_TIME_LIMIT_RULE)
         return value
 
-    @field_validator("sbatch_options")
+    @field_validator("sbatch_options", mode="before")
     @classmethod
-    def _options(cls, value: list[str]) -> list[str]:
-        for option in value:
-            if not option.startswith("-") or any(c in option for c in "\n\r\0"):
-                raise ValueError(f"{option!r} is not an sbatch option (like --mem=64G)")
-            name = option.split("=", 1)[0]
-            if name in _MANAGED_SBATCH_OPTIONS:
-                raise ValueError(
-                    f"{name} is set by slotsweep for every job; use the slurm block's own "
-                    "fields (partition, account, time_limit, qos, constraint) or leave it out"
-                )
-        return value
+    def _options(cls, value: Any) -> Any:
+        # sbatch reads the list as a whole (an option's value may be the next item), so
+        # it is read here, and each refused item marked for its own path.
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            return value  # pydantic says what is not a list of strings
+        problems = sbatch_option_problems(value)
+        return [
+            _RefusedItem(item, problems[index]) if index in problems else item
+            for index, item in enumerate(value)
+        ]
 
 
-class _ClusterSpec(_Strict):
+class _ClusterSpec(ConfigModel):
     # Where trials run. With "slurm" the agents are the nodes of the Slurm allocation
     # the search runs in, so the file declares no resource pools.
     executor: Literal["local", "slurm"] = "local"
-    dtrain_network_interface: str | None = Field(default=None, min_length=1, max_length=64)
+    dtrain_network_interface: str | None = None
     resource_pools: list[_PoolSpec] | None = Field(default=None, min_length=1)
     # One Slurm job per trial (sbatch) instead of job steps of an allocation.
     slurm: _SlurmJobsSpec | None = None
+
+    @field_validator("dtrain_network_interface")
+    @classmethod
+    def _interface_name(cls, value: str | None) -> str | None:
+        # It becomes NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME on every node: a name
+        # no interface can have would fail each trial's rendezvous, not this file.
+        if value is None:
+            return value
+        name = value.encode()
+        if (
+            not 1 <= len(name) <= _IFNAME_MAX_BYTES
+            or value in (".", "..")
+            or any(byte in _IFNAME_FORBIDDEN_BYTES for byte in name)
+        ):
+            raise ValueError(
+                f"must be a network interface name as Linux allows it (like ib0): 1 to "
+                f"{_IFNAME_MAX_BYTES} bytes, no whitespace, '/' or ':', not '.' or '..'"
+            )
+        return value
 
 
 def parse_cluster(raw: Any) -> Cluster:

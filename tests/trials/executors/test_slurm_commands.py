@@ -160,7 +160,8 @@ def test_a_trial_on_several_nodes_is_a_job_of_whole_nodes_never_requeued_by_slur
     argv = sbatch_argv(
         settings, nodes=2, slots_per_node=4, use_gpus=True, name="slotsweep-t", log_path="/l"
     )
-    assert argv[:2] == ["sbatch", "--parsable"]
+    # The user's options first: slotsweep's own, after them, are the ones that count.
+    assert argv[:3] == ["sbatch", "--mem=64G", "--parsable"]
     for expected in (
         "--partition=gpu",
         "--time=4:00:00",
@@ -172,7 +173,6 @@ def test_a_trial_on_several_nodes_is_a_job_of_whole_nodes_never_requeued_by_slur
         "--cpus-per-task=4",
         "--account=proj",
         "--qos=high",
-        "--mem=64G",
         "--output=/l",
         "--open-mode=append",
         "--no-requeue",

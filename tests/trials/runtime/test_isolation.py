@@ -330,19 +330,102 @@ def test_reimport_drops_packages_and_their_submodules(model_dir: Path, namespace
     assert importlib.import_module("isolation_pkg.sub").STATE == []
 
 
-@pytest.mark.parametrize(("imported_via", "dropped_via"), [("link", "real"), ("real", "link")])
-def test_reimport_compares_real_paths(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, imported_via: str, dropped_via: str
+def test_reimport_drops_a_module_that_links_to_a_file_elsewhere(
+    model_dir: Path, tmp_path: Path
 ) -> None:
+    """A link in the folder is the user's module: its globals must not reach the next trial."""
+    _write(tmp_path / "shared" / "counter.py", COUNTER)
+    (model_dir / "isolation_linked_file.py").symlink_to(tmp_path / "shared" / "counter.py")
+    old = importlib.import_module("isolation_linked_file")
+    assert old.bump() == 1
+
+    assert reimport_user_modules(str(model_dir)) == ["isolation_linked_file"]
+
+    assert importlib.import_module("isolation_linked_file").COUNT == 0
+
+
+@pytest.mark.parametrize("namespace", [False, True], ids=["package", "namespace_package"])
+def test_reimport_drops_a_package_whose_folder_links_elsewhere(
+    model_dir: Path, tmp_path: Path, namespace: bool
+) -> None:
+    shared = tmp_path / "shared" / "pkg"
+    if not namespace:
+        _write(shared / "__init__.py", "")
+    _write(shared / "sub.py", "STATE: list[int] = []\n")
+    (model_dir / "isolation_linked_pkg").symlink_to(shared, target_is_directory=True)
+    importlib.import_module("isolation_linked_pkg.sub").STATE.append(1)
+
+    assert reimport_user_modules(str(model_dir)) == [
+        "isolation_linked_pkg",
+        "isolation_linked_pkg.sub",
+    ]
+
+    assert importlib.import_module("isolation_linked_pkg.sub").STATE == []
+
+
+def test_reimport_keeps_a_module_from_elsewhere_that_links_into_model_dir(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """Under the folder means as imported: a link from outside into it is not the user's."""
+    _write(model_dir / "isolation_target.py", "X = 1\n")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "isolation_into.py").symlink_to(model_dir / "isolation_target.py")
+    sys.path.insert(0, str(other))
+    try:
+        into = importlib.import_module("isolation_into")
+        assert reimport_user_modules(str(model_dir)) == []
+        assert sys.modules["isolation_into"] is into
+    finally:
+        sys.path.remove(str(other))
+        sys.modules.pop("isolation_into", None)
+
+
+@pytest.mark.parametrize("spelled", ["link", "real"])
+def test_reimport_compares_the_folder_as_spelled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spelled: str
+) -> None:
+    """A model_dir whose own path holds a link matches its modules spelled the same way.
+
+    The runtime imports the user's code through model_dir itself, so both carry the link.
+    """
     real = tmp_path / "real"
     _write(real / "isolation_linked.py", "X = 1\n")
     (tmp_path / "link").symlink_to(real, target_is_directory=True)
-    monkeypatch.syspath_prepend(str(tmp_path / imported_via))
+    monkeypatch.syspath_prepend(str(tmp_path / spelled))
     try:
         importlib.import_module("isolation_linked")
-        assert reimport_user_modules(str(tmp_path / dropped_via)) == ["isolation_linked"]
+        assert reimport_user_modules(str(tmp_path / spelled)) == ["isolation_linked"]
     finally:
         sys.modules.pop("isolation_linked", None)
+
+
+def test_reimport_takes_a_relative_model_dir_and_module_paths_as_absolute(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(model_dir.parent)
+    _write(model_dir / "isolation_relative.py", "X = 1\n")
+    module = types.ModuleType("isolation_relative")
+    module.__file__ = f"{model_dir.name}/isolation_relative.py"
+    sys.modules["isolation_relative"] = module
+    assert reimport_user_modules(model_dir.name) == ["isolation_relative"]
+
+
+def test_reimport_keeps_a_virtual_environment_inside_model_dir(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """Libraries of the interpreter stay wherever they are reached from, links included."""
+    site_packages = Path(numpy.__file__).parent.parent
+    (model_dir / "venv").symlink_to(site_packages, target_is_directory=True)
+    name = "isolation_site_module"
+    module = types.ModuleType(name)
+    module.__file__ = str(model_dir / "venv" / "numpy" / "__init__.py")
+    sys.modules[name] = module
+    try:
+        assert reimport_user_modules(str(model_dir)) == []
+        assert sys.modules[name] is module
+    finally:
+        sys.modules.pop(name, None)
 
 
 def test_reimport_leaves_modules_outside_model_dir(model_dir: Path, tmp_path: Path) -> None:

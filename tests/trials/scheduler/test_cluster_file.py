@@ -11,16 +11,19 @@ import pytest
 import yaml
 
 from trials._system_metrics import detect_gpus
+from trials.executors._slurm_commands import sbatch_argv
 from trials.scheduler import (
     CLUSTER_ENV_VAR,
     Agent,
     Cluster,
     ClusterConfigError,
     ResourcePool,
+    SlurmJobSettings,
     UnknownPool,
     load_cluster,
     parse_cluster,
 )
+from trials.scheduler._sbatch_options import MANAGED_SBATCH_OPTIONS, sbatch_option_problems
 
 
 def two_pools() -> dict[str, Any]:
@@ -155,10 +158,21 @@ def test_preemption_fields_must_be_booleans() -> None:
     raw["resource_pools"][0]["preemption"] = "sometimes"
     raw["resource_pools"][1]["preempt_without_checkpoint"] = [True]
     assert problems_of(raw) == [
-        "resource_pools.0.preemption: Input should be a valid boolean, "
-        "unable to interpret input (got 'sometimes')",
-        "resource_pools.1.preempt_without_checkpoint: Input should be a valid boolean",
+        "resource_pools.0.preemption: must be true or false (got 'sometimes')",
+        "resource_pools.1.preempt_without_checkpoint: must be true or false",
     ]
+
+
+@pytest.mark.parametrize("value", [1, 0, "yes", "true", "false", "on", 1.0])
+@pytest.mark.parametrize(
+    "field", ["preemption", "preempt_without_checkpoint", "allowing_heterogeneous_fits"]
+)
+def test_booleans_are_true_or_false_only(field: str, value: Any) -> None:
+    """pydantic's lax mode would read 1, "yes" and "true" as true; a cluster file may not."""
+    raw = two_pools()
+    raw["resource_pools"][1]["preemption"] = True  # preempt_without_checkpoint needs it
+    raw["resource_pools"][1][field] = value
+    assert problems_of(raw) == [f"resource_pools.1.{field}: must be true or false (got {value!r})"]
 
 
 @pytest.mark.parametrize(
@@ -333,22 +347,211 @@ def test_a_slurm_block_is_checked_field_by_field_before_slurm_is_asked() -> None
     by_field = {p.split(": ", 1)[0]: p for p in problems}
     assert sorted(by_field) == [
         "slurm.partition",
-        "slurm.sbatch_options",
+        "slurm.sbatch_options.1",
+        "slurm.sbatch_options.2",
         "slurm.slot_type",
         "slurm.time_limit",
     ], problems
     assert "must be a Slurm name" in by_field["slurm.partition"]
     assert "HH:MM:SS" in by_field["slurm.time_limit"]
-    assert "--nodes is set by slotsweep" in by_field["slurm.sbatch_options"]
+    assert "--nodes is set by slotsweep" in by_field["slurm.sbatch_options.1"]
+    assert "'mem' is not an sbatch option" in by_field["slurm.sbatch_options.2"]
     assert problems_of({"slurm": {"partition": "gpu", "time_limit": "60"}}) == [
         "slurm: needs executor: slurm"
     ]
 
 
-@pytest.mark.parametrize("limit", ["30", 30, "30:00", "4:00:00", "1-0", "2-12:30:00", "UNLIMITED"])
+def slurm_problems(**slurm: Any) -> list[str]:
+    """The problems of a slurm block with a wrong partition besides ``slurm``'s fields.
+
+    The wrong partition keeps Slurm from being asked, so a block whose other fields
+    pass still yields one problem: ``slurm.partition``.
+    """
+    return problems_of({"executor": "slurm", "slurm": {"partition": "p!", **slurm}})
+
+
+# Slurm's MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM and D-HH:MM:SS, any size in the first field.
+@pytest.mark.parametrize(
+    "limit",
+    [
+        "30",
+        30,
+        0,
+        "90",
+        "30:00",
+        "59:59",
+        "4:00:00",
+        "36:00:00",
+        "100:59:59",
+        "1-0",
+        "1-23",
+        "14-23:59",
+        "2-12:30:00",
+        "7-0:0:0",
+        "UNLIMITED",
+        "infinite",
+    ],
+)
 def test_every_slurm_time_format_is_a_time_limit(limit: object) -> None:
-    problems = problems_of(
-        {"executor": "slurm", "slurm": {"partition": "p!", "time_limit": limit}}
-    )
     # Only the partition is wrong: the time limit passed.
-    assert [p.split(":")[0] for p in problems] == ["slurm.partition"]
+    assert [p.split(":")[0] for p in slurm_problems(time_limit=limit)] == ["slurm.partition"]
+
+
+@pytest.mark.parametrize(
+    "limit",
+    [
+        "25:99",  # seconds
+        "99:99:99",  # minutes and seconds
+        "4:60:00",
+        "1-25:00:00",  # hours after days
+        "1-24",
+        "1-12:60",
+        "1-12:00:60",
+        "1-",
+        "-5",
+        -5,
+        "1:2:3:4",
+        "1-2-3",
+        "4 hours",
+        "٣٠",  # digits, but not the ones Slurm reads
+        True,
+    ],
+)
+def test_time_limit_fields_stay_in_range(limit: object) -> None:
+    by_field = {p.split(": ", 1)[0]: p for p in slurm_problems(time_limit=limit)}
+    assert sorted(by_field) == ["slurm.partition", "slurm.time_limit"]
+    assert (
+        "must be a Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS "
+        "(minutes and seconds below 60 after the first field, hours below 24 after days), "
+        "or UNLIMITED"
+    ) in by_field["slurm.time_limit"]
+
+
+@pytest.mark.parametrize(
+    ("options", "index", "spelled"),
+    [
+        (["--output=/etc/x"], 0, "--output"),
+        (["--output", "/etc/x"], 0, "--output"),
+        (["--output /etc/x"], 0, "--output"),
+        (["-o/etc/x"], 0, "-o (--output)"),
+        (["-o", "/etc/x"], 0, "-o (--output)"),
+        (["-e/tmp/err"], 0, "-e (--error)"),
+        (["--mem=1G", "-pother"], 1, "-p (--partition)"),
+        (["-p", "other"], 0, "-p (--partition)"),
+        (["-vpother"], 0, "-p (--partition)"),
+        (["-Jrenamed"], 0, "-J (--job-name)"),
+        (["--part=x"], 0, "--part (--partition)"),
+        (["--out=x"], 0, "--out (--output)"),
+        (["--acco=x"], 0, "--acco (--account)"),
+        (["--job=x"], 0, "--job (--job-name)"),
+        (["-t", "5"], 0, "-t (--time)"),
+        (["-N2"], 0, "-N (--nodes)"),
+        (["-n", "8"], 0, "-n (--ntasks)"),
+        (["--tasks-per-node=4"], 0, "--tasks-per-node"),
+        (["-G2"], 0, "-G (--gpus)"),
+        (["--gres=gpu:8"], 0, "--gres"),
+        (["--gpus-per-task=1"], 0, "--gpus-per-task"),
+        (["-c16"], 0, "-c (--cpus-per-task)"),
+        (["-Aother"], 0, "-A (--account)"),
+        (["-q", "high"], 0, "-q (--qos)"),
+        (["-Ca100"], 0, "-C (--constraint)"),
+        (["-D/tmp"], 0, "-D (--chdir)"),
+        (["--requeue"], 0, "--requeue"),
+        (["--no-req"], 0, "--no-req (--no-requeue)"),
+        (["--exclusive=user"], 0, "--exclusive"),
+        (["--export=NONE"], 0, "--export"),
+        (["--wrap=hostname"], 0, "--wrap"),
+    ],
+)
+def test_options_slotsweep_sets_are_refused_in_every_spelling(
+    options: list[str], index: int, spelled: str
+) -> None:
+    problems = slurm_problems(time_limit="60", sbatch_options=options)
+    assert problems == [
+        "slurm.partition: must be a Slurm name (letters, digits, _ . -) (got 'p!')",
+        f"slurm.sbatch_options.{index}: {spelled} is set by slotsweep for every job; use the "
+        "slurm block's own fields (partition, account, time_limit, qos, constraint) or "
+        f"leave it out (got {options[index]!r})",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("options", "index", "problem"),
+    [
+        (["--wait"], 0, "--wait would keep slotsweep from following the job it submits"),
+        (["-W"], 0, "-W (--wait) would keep slotsweep from following the job"),
+        (["-Q"], 0, "-Q (--quiet) would keep slotsweep from following the job"),
+        (["--array=1-4"], 0, "--array would keep slotsweep from following the job"),
+        (["--par=x"], 0, "--par abbreviates several sbatch options (parsable, partition)"),
+        (["--mem"], 0, "--mem needs a value, in the same item or the next"),
+        (["-L"], 0, "-L needs a value, in the same item or the next"),
+        (["--hold=yes"], 0, "--hold takes no value"),
+        (["--mem=1G", "job.sh"], 1, "'job.sh' is not an sbatch option (like --mem=64G)"),
+        (["--hold", "job.sh"], 1, "sbatch would take it as the batch script"),
+        (["--"], 0, "'--' ends sbatch's options"),
+        ([":"], 0, "':' separates the components of a heterogeneous job"),
+        (["--comment", ":"], 1, "':' separates the components"),
+        (["-Z"], 0, "-Z is not an sbatch option"),
+        (["--mem 64G"], 0, "give one option per item"),
+        (["--site-flag"], 0, "--site-flag is not an option sbatch lists; write its value as"),
+        (["--site", "x"], 1, "(if it is the value of --site, write --site=x)"),
+        (["--mem=1G\n--x"], 0, "an option may not hold line breaks"),
+    ],
+)
+def test_sbatch_options_that_would_reach_slotsweeps_own_are_refused(
+    options: list[str], index: int, problem: str
+) -> None:
+    problems = slurm_problems(time_limit="60", sbatch_options=options)
+    assert len(problems) == 2, problems
+    assert problems[1].startswith(f"slurm.sbatch_options.{index}: "), problems
+    assert problem in problems[1]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--mem=64G", "--signal=TERM@120"],
+        ["--mem", "64G", "--signal", "B:USR1@60"],
+        ["-L", "scratch:1", "-x", "n3", "-H"],
+        ["-Lscratch:1", "-vv", "--mail-type=END"],
+        ["--comment", "-p is not an option here, a value"],
+        ["--site-flag", "--mem=1G", "--site=x"],
+        ["--exclude=n1", "--get-user-env", "-k"],
+    ],
+)
+def test_other_sbatch_options_pass_in_every_spelling(options: list[str]) -> None:
+    assert [p.split(":")[0] for p in slurm_problems(time_limit="60", sbatch_options=options)] == [
+        "slurm.partition"
+    ]
+
+
+def test_every_option_on_slotsweeps_sbatch_line_is_refused_in_sbatch_options() -> None:
+    """Adding an option to the line without refusing it from users fails here."""
+    settings = SlurmJobSettings(
+        "gpu", "60", account="a", qos="q", constraint="c", sbatch_options=("--mem=1G",)
+    )
+    argv = sbatch_argv(
+        settings, nodes=2, slots_per_node=4, use_gpus=True, name="slotsweep-t", log_path="/l"
+    )
+    ours = argv[2:]
+    assert argv[:2] == ["sbatch", "--mem=1G"]
+    names = {option.removeprefix("--").partition("=")[0] for option in ours}
+    assert names <= MANAGED_SBATCH_OPTIONS, names - MANAGED_SBATCH_OPTIONS
+    assert all(sbatch_option_problems([option]) for option in ours)
+
+
+@pytest.mark.parametrize("name", ["eth0", "ib0", "enp65s0f1np1", "bond0.100", "x" * 15, "é"])
+def test_a_network_interface_is_named_as_linux_allows(name: str) -> None:
+    cluster = parse_cluster({**two_pools(), "dtrain_network_interface": name})
+    assert cluster.dtrain_network_interface == name
+
+
+@pytest.mark.parametrize(
+    "name", ["eth0; rm -rf /", "", "x" * 16, "é" * 8, ".", "..", "eth0:1", "a/b", "ib 0", "ib\t0"]
+)
+def test_a_network_interface_name_linux_refuses_is_refused(name: str) -> None:
+    assert problems_of({**two_pools(), "dtrain_network_interface": name}) == [
+        "dtrain_network_interface: must be a network interface name as Linux allows it "
+        "(like ib0): 1 to 15 bytes, no whitespace, '/' or ':', not '.' or '..' "
+        f"(got {name!r})"
+    ]
