@@ -18,6 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
+
+# Every run of the suite replays the same generated examples: a failure in CI is then a
+# defect to fix, never a draw of luck. HYPOTHESIS_PROFILE=explore draws new ones (to hunt).
+settings.register_profile("replay", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "replay"))
 
 # slurm_cluster, slurm_postgres fixtures; the gpu marker's skips.
 pytest_plugins = ["tests.slurm_cluster", "tests.gpu"]
