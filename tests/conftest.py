@@ -20,11 +20,18 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
+from trials.timings import TIMINGS_ENV_VAR
+
 # Every run of the suite replays the same generated examples: a failure in CI is then a
 # defect to fix, never a draw of luck. HYPOTHESIS_PROFILE=explore draws new ones (to hunt).
 settings.register_profile("replay", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "replay"))
+
+# Every driver, UI and trial a test starts inherits these clocks (trials/timings.py): a
+# killed driver is noticed, and its leases run out, in seconds rather than the half
+# minute a real cluster is given, so tests wait for the event instead of the default.
+os.environ.setdefault(TIMINGS_ENV_VAR, "heartbeat_every_s=1,lease_s=8,driver_stale_after_s=6")
 
 # slurm_cluster, slurm_postgres fixtures; the gpu marker's skips.
 pytest_plugins = ["tests.slurm_cluster", "tests.gpu"]
