@@ -8,6 +8,9 @@ Ranks that recorded nothing do not count against that: ``torchrun`` ends a rank'
 siblings as soon as it fails, often before they reach the same line. A communication
 error (a peer that left, a collective that timed out) is never taken for a bug: it is
 what the survivors of a killed rank see.
+Nor is a port taken at start-up (``EADDRINUSE`` on the rendezvous store's port or on
+the ranks' ``MASTER_PORT``, picked free a moment earlier and taken by another process
+meanwhile): the run is a *port clash*, and the trial starts again with fresh ports.
 When the first ``fail_fast_trials`` trials of an experiment all failed with the same
 error and none has succeeded, the experiment stops with state ERROR instead of spending
 the rest of its budget on the same mistake.
@@ -26,6 +29,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from storage import TrialFailure
+from trials.launcher import says_address_in_use
+
 
 @dataclass(frozen=True)
 class FailureRecord:
@@ -40,6 +46,11 @@ class FailureRecord:
     def signature(self) -> tuple[str, str]:
         return (self.exception_type, self.message)
 
+    @property
+    def who(self) -> str:
+        """``rank N``, or ``torchrun`` for a failure torchrun recorded itself."""
+        return "torchrun" if self.rank == TrialFailure.TORCHRUN_RANK else f"rank {self.rank}"
+
 
 @dataclass(frozen=True)
 class RunVerdict:
@@ -48,6 +59,8 @@ class RunVerdict:
     reason: str
     deterministic: bool
     signature: tuple[str, str] | None = None
+    #: A port the run was given was taken before it started (see :func:`is_port_clash`).
+    port_clash: bool = False
 
 
 def judge_run(failures: Sequence[FailureRecord], *, world_size: int) -> RunVerdict | None:
@@ -56,6 +69,8 @@ def judge_run(failures: Sequence[FailureRecord], *, world_size: int) -> RunVerdi
     The reason is the first failing rank's exception (the others often only saw it
     leave), naming that rank when the ranks did not all fail alike before any step.
     ``world_size`` is the run's rank count: it says in the reason how many recorded it.
+    The run is a port clash when one failure is (:func:`is_port_clash`) and every other
+    one is a communication error before any step (what its siblings saw).
     """
     if not failures:
         return None
@@ -65,12 +80,43 @@ def judge_run(failures: Sequence[FailureRecord], *, world_size: int) -> RunVerdi
         and len({f.signature for f in failures}) == 1
         and not is_communication_error(first)
     )
+    port_clash = any(is_port_clash(f) for f in failures) and all(
+        is_port_clash(f) or (f.steps_completed == 0 and is_communication_error(f))
+        for f in failures
+    )
     # Which rank came first is chance when they fail alike: leave it out, so the same
     # bug reads the same in every trial (and groups as one reason).
     reason = f"{first.exception_type}: {first.message}"
     if not deterministic:
-        reason += f" (rank {first.rank})"
-    return RunVerdict(reason=reason, deterministic=deterministic, signature=first.signature)
+        reason += f" ({first.who})"
+    return RunVerdict(
+        reason=reason,
+        deterministic=deterministic,
+        signature=first.signature,
+        port_clash=port_clash,
+    )
+
+
+def is_port_clash(failure: FailureRecord) -> bool:
+    """Whether ``failure`` is a port taken before the run started (``EADDRINUSE``).
+
+    torchrun picks its ports free a moment before they are bound (the rendezvous
+    store's, the ranks' ``MASTER_PORT``), and another process may take one meanwhile:
+    torch then fails with a communication error saying so, before any step. The user's
+    own code failing to bind a port (``OSError``) is no clash: it would fail alike again.
+
+    Example:
+        >>> is_port_clash(FailureRecord(0, "DistNetworkError",
+        ...     "... port: 41234, useIpv6: false, code: -98, name: EADDRINUSE ...", 0))
+        True
+        >>> is_port_clash(FailureRecord(0, "OSError", "[Errno 98] Address already in use", 0))
+        False
+    """
+    return (
+        failure.steps_completed == 0
+        and failure.exception_type in (*_COMMUNICATION_TYPES, "RuntimeError")
+        and says_address_in_use(failure.message)
+    )
 
 
 _COMMUNICATION_TYPES = frozenset(

@@ -10,6 +10,12 @@ and stops the experiment when its first trials all failed the same way
 torchrun can exit non-zero after a finished run (gloo teardown), so the record, not
 the exit code, decides.
 
+A port clash (a port the attempt was given taken before it started:
+:func:`searcher.failures.is_port_clash`) is no failure either: the trial is queued
+again at once, its restarts unchanged, and its next attempt gets fresh ports. Only
+:data:`PORT_CLASH_RETRIES` clashes in a row go uncounted: a port that is always taken
+is no race.
+
 Example:
     >>> decision = decide_outcome(OutcomeFacts(
     ...     pruned=False, finished=False, has_metric=False, metric="val_loss",
@@ -50,6 +56,13 @@ _log = driver_log
 #: What Optuna is told: the objective values, PRUNED, or FAIL.
 OptunaTell = Literal["values", "pruned", "fail"]
 
+#: Port clashes in a row that a trial is started again after without counting a restart.
+PORT_CLASH_RETRIES = 3
+PORT_CLASH_NOTE = (
+    "a port it was given was taken before it started (EADDRINUSE); "
+    "starting it again with fresh ports, no restart counted"
+)
+
 
 @dataclass(frozen=True)
 class OutcomeFacts:
@@ -82,6 +95,8 @@ class OutcomeFacts:
     max_restarts: int
     #: The cluster stopped the attempt on its own account (preempted, time limit).
     stopped_by_cluster: str | None = None
+    #: The trial's runs right before this one that ended in a port clash too.
+    port_clashes_before: int = 0
 
 
 @dataclass(frozen=True)
@@ -100,6 +115,9 @@ class OutcomeDecision:
     notify: bool = False
     #: Whether the experiment's first trials are then checked for one shared failure.
     check_fail_fast: bool = False
+    #: A line for the driver's terminal, the trial's log and the run's reason when the
+    #: trial goes on without a failure counted (a port clash).
+    note: str | None = None
 
     @property
     def requeue(self) -> bool:
@@ -114,7 +132,8 @@ def decide_outcome(facts: OutcomeFacts) -> OutcomeDecision:
     on every rank before its first step (a bug: it is failed without restarts). The
     reason is the exception the first failing rank recorded, else the ``cause`` (a
     hang) or the exit code. An attempt the cluster stopped (preemption, time limit) is
-    no failure: the trial resumes from its latest checkpoint, no restart counted.
+    no failure: the trial resumes from its latest checkpoint, no restart counted; nor is
+    a port clash, up to :data:`PORT_CLASH_RETRIES` in a row.
 
     Example:
         >>> facts = OutcomeFacts(pruned=True, finished=False, has_metric=False,
@@ -136,8 +155,16 @@ def decide_outcome(facts: OutcomeFacts) -> OutcomeDecision:
         return OutcomeDecision(state=TrialState.ERROR, error=error, tell="fail")
     if facts.stopped_by_cluster:
         return OutcomeDecision(state=TrialState.QUEUED, restarts=facts.restarts)
-    fallback_reason = facts.cause or f"exit code {facts.exit_code}"
     verdict = facts.verdict
+    if (
+        verdict is not None
+        and verdict.port_clash
+        and facts.port_clashes_before < PORT_CLASH_RETRIES
+    ):
+        return OutcomeDecision(
+            state=TrialState.QUEUED, restarts=facts.restarts, note=PORT_CLASH_NOTE
+        )
+    fallback_reason = facts.cause or f"exit code {facts.exit_code}"
     reason = verdict.reason if verdict is not None else fallback_reason
     if verdict is not None and verdict.deterministic:
         return OutcomeDecision(
@@ -198,6 +225,8 @@ class Outcomes:
             trial.state = TrialState.QUEUED
             if decision.notify:
                 self._notify_failure(trial)
+            if decision.note is not None:
+                self._note(session, trial, decision.note)
             self.pending.queue(trial)
             return
         if decision.state == TrialState.ERROR:
@@ -237,6 +266,7 @@ class Outcomes:
         finished = trial.finished_at is not None
         has_metric = trial.searcher_metric_value is not None
         metric = self.ctx.config.searcher.metric
+        verdict = None if pruned or finished else _run_verdict(session, trial)
         return OutcomeFacts(
             pruned=pruned,
             finished=finished,
@@ -248,12 +278,17 @@ class Outcomes:
                 and not has_metric
                 and _last_validation_is_nan(session, trial.id, metric)
             ),
-            verdict=None if pruned or finished else _run_verdict(session, trial),
+            verdict=verdict,
             exit_code=exit_code,
             cause=cause,
             restarts=trial.restarts,
             max_restarts=self.ctx.config.max_restarts,
             stopped_by_cluster=stopped_by_cluster,
+            port_clashes_before=(
+                _port_clashes_before(session, trial)
+                if verdict is not None and verdict.port_clash
+                else 0
+            ),
         )
 
     def _notify_failure(self, trial: Trial) -> None:
@@ -263,6 +298,17 @@ class Outcomes:
         if trial.log_path:
             with contextlib.suppress(OSError):
                 write_log_line(Path(trial.log_path), f"{label} failed: {trial.error}")
+
+    def _note(self, session: Session, trial: Trial, note: str) -> None:
+        """One line on the driver's terminal and in the trial's log; the latest run's reason."""
+        label = f"trial {self.ctx.label(trial.optuna_trial_number)}"
+        _log.warning("%s: %s", label, note)
+        run = _latest_run(session, trial.id)
+        if run is not None:
+            run.reason = note
+        if trial.log_path:
+            with contextlib.suppress(OSError):
+                write_log_line(Path(trial.log_path), f"{label}: {note}")
 
     def _check_fail_fast(self, session: Session) -> None:
         """Stop the experiment (ERROR) when its first trials all failed the same way."""
@@ -290,16 +336,23 @@ class Outcomes:
             self.control.stop_reason = reason
 
 
-def _failures_of_latest_run(session: Session, trial_id: int) -> list[FailureRecord]:
-    """What the ranks of the trial's latest run recorded, in the order they failed."""
-    run_id = session.scalar(
-        select(TrialRun.id)
+def _latest_run(session: Session, trial_id: int) -> TrialRun | None:
+    return session.scalars(
+        select(TrialRun)
         .where(TrialRun.trial_id == trial_id)
         .order_by(TrialRun.attempt.desc())
         .limit(1)
-    )
-    if run_id is None:
-        return []
+    ).first()
+
+
+def _failures_of_latest_run(session: Session, trial_id: int) -> list[FailureRecord]:
+    """What the ranks of the trial's latest run recorded, in the order they failed."""
+    run = _latest_run(session, trial_id)
+    return [] if run is None else _failures_of_run(session, run.id)
+
+
+def _failures_of_run(session: Session, run_id: int) -> list[FailureRecord]:
+    """What the ranks of one run recorded, in the order they failed."""
     rows = session.scalars(
         select(TrialFailure)
         .where(TrialFailure.run_id == run_id)
@@ -313,6 +366,24 @@ def _failures_of_latest_run(session: Session, trial_id: int) -> list[FailureReco
 
 def _run_verdict(session: Session, trial: Trial) -> RunVerdict | None:
     return judge_run(_failures_of_latest_run(session, trial.id), world_size=trial.slots_per_trial)
+
+
+def _port_clashes_before(session: Session, trial: Trial) -> int:
+    """How many of the trial's runs right before its latest one ended in a port clash."""
+    earlier = session.scalars(
+        select(TrialRun.id)
+        .where(TrialRun.trial_id == trial.id)
+        .order_by(TrialRun.attempt.desc())
+        .offset(1)
+        .limit(PORT_CLASH_RETRIES)
+    )
+    clashes = 0
+    for run_id in earlier:
+        verdict = judge_run(_failures_of_run(session, run_id), world_size=trial.slots_per_trial)
+        if verdict is None or not verdict.port_clash:
+            break
+        clashes += 1
+    return clashes
 
 
 def _last_validation_is_nan(session: Session, trial_id: int, metric: str) -> bool:

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from searcher.config import ConfigError, ConstHP, ExperimentConfig, load_config, parse_config
+from searcher.failures import FailureRecord
 
 if TYPE_CHECKING:
     from trials.scheduler import Cluster
@@ -270,8 +271,11 @@ class _TestRun:
         ).first()
         if failure is None:
             return f"{trial.state.value}, exit code {trial.exit_code}"
+        who = FailureRecord(
+            failure.rank, failure.exception_type, failure.message, failure.steps_completed
+        ).who
         return (
-            f"rank {failure.rank}: {failure.exception_type}: {failure.message} "
+            f"{who}: {failure.exception_type}: {failure.message} "
             f"(after {failure.steps_completed} batches)"
         )
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import enum
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
@@ -191,6 +191,10 @@ class TrialFailure(Base):
 
     __tablename__ = "slotsweep_trial_failures"
 
+    #: The ``rank`` of a failure that a node's ``torchrun`` recorded itself, before it
+    #: started any rank (its rendezvous port was taken, say).
+    TORCHRUN_RANK: ClassVar[int] = -1
+
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(
         ForeignKey("slotsweep_trial_runs.id", ondelete="CASCADE"), index=True
@@ -198,6 +202,7 @@ class TrialFailure(Base):
     trial_id: Mapped[int] = mapped_column(
         ForeignKey("slotsweep_trials.id", ondelete="CASCADE"), index=True
     )
+    # The failing rank, or TORCHRUN_RANK.
     rank: Mapped[int] = mapped_column(Integer)
     # The exception's class name and first line, e.g. "ValueError", "bad shape".
     exception_type: Mapped[str] = mapped_column(String(255))

@@ -22,10 +22,12 @@ namespaces, Slurm's daemons); the fixtures skip otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -197,6 +199,30 @@ class SlurmCluster:
         # Keys are words, some with a colon (``AllocNode:Sid=``); values may hold spaces.
         return dict(re.findall(r"([\w:]+)=(.*?)(?= [\w:]+=|$)", done.stdout.strip()))
 
+    @contextlib.contextmanager
+    def port_taken(self, name: str, port: int) -> Iterator[None]:
+        """Listen on ``port`` of node ``name`` inside the ``with`` block, as a process of its own.
+
+        Whatever on that node wants to bind the port meanwhile fails with ``EADDRINUSE``.
+        """
+        slot = (self.conf_dir / "slot").read_text().strip()
+        holder = subprocess.Popen(
+            ["nsenter", f"--net=/run/netns/ssw{slot}-{name}", sys.executable, "-c", _LISTEN],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PORT": str(port)},
+        )
+        try:
+            assert holder.stdout is not None
+            listening = holder.stdout.readline().strip()
+            if listening != "listening":
+                raise SlurmClusterError(f"could not take port {port} on {name}: {listening!r}")
+            yield
+        finally:
+            holder.kill()
+            holder.communicate()
+
     def wait_node_state(self, name: str, pattern: str, timeout: float = 60) -> str:
         """Wait until the node's state matches the regular expression; return that state."""
         deadline = time.monotonic() + timeout
@@ -207,6 +233,13 @@ class SlurmCluster:
             time.sleep(0.5)
             state = self.node_state(name)
         return state
+
+
+# Binds and listens on $PORT until its stdin closes (:meth:`SlurmCluster.port_taken`).
+_LISTEN = (
+    "import os, socket, sys; s = socket.socket(); s.bind(('', int(os.environ['PORT']))); "
+    "s.listen(); print('listening', flush=True); sys.stdin.read()"
+)
 
 
 def _read_assignments(path: Path) -> dict[str, str]:

@@ -13,6 +13,12 @@ exits once the wrapper is gone (the pipe's last writer). Ranks write to the log 
 not through this prefixer: the wrapper keeps a descriptor of the original output open
 and names it to them in ``SLOTSWEEP_LOG_TARGET`` (torchrun starts ranks with
 ``close_fds``, so a path, ``/proc/PID/fd/N``, travels where a descriptor would not).
+
+A failing rank records its own failure; torchrun failing before it starts any rank
+records nothing, except here: when the port of its rendezvous store was taken
+(``EADDRINUSE``), the wrapper records that under the attempt's run, as the ranks
+would (rank ``storage.TrialFailure.TORCHRUN_RANK``), so the driver starts the trial
+again with fresh ports instead of counting a restart.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import sys
 from collections.abc import Sequence
 
 from trials._prefix import LOG_TARGET_ENV_VAR, run_prefixed
+from trials.launcher import SpecUnreadableError, says_address_in_use, spec_from_environment
 
 PREFIX = "[torchrun] "
 # Ranks check that their parent is still this process once they have asked to die
@@ -43,10 +50,51 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         # A failure (a rank failed: torchrun's error summary) is printed prefixed, as
         # ``python -m torch.distributed.run`` would print it.
-        torchrun_main(args)
+        try:
+            torchrun_main(args)
+        except Exception as error:
+            taken = port_taken(error)
+            if taken is not None:
+                _record_port_taken(taken)
+            raise
         return 0
 
     return run_prefixed(PREFIX, torchrun)
+
+
+def port_taken(error: BaseException) -> BaseException | None:
+    """The error in ``error``'s chain saying that a port torchrun itself binds was taken.
+
+    torchrun wraps it (``RendezvousConnectionError`` from ``DistNetworkError``). A
+    failed rank (``ChildFailedError``, whose summary may quote the rank's own error)
+    is none: the rank recorded its failure itself.
+
+    Example:
+        >>> port_taken(RuntimeError("code: -98, name: EADDRINUSE")) is not None
+        True
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if type(current).__name__ == "ChildFailedError":
+            return None
+        if isinstance(current, RuntimeError) and says_address_in_use(str(current)):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _record_port_taken(error: BaseException) -> None:
+    """Record ``error`` as this torchrun's failure under the attempt's run, if it has one."""
+    from storage import TrialFailure
+    from trials.runtime._failure import record_failure
+
+    try:
+        spec = spec_from_environment()
+    except SpecUnreadableError:
+        return  # not started by a driver: nobody to tell
+    record_failure(spec, TrialFailure.TORCHRUN_RANK, error, 0)
 
 
 if __name__ == "__main__":

@@ -19,11 +19,20 @@ The database URL reaches the ranks through the environment
 ``torchrun`` runs under :mod:`trials._torchrun`, which calls its ``main`` in-process
 (so the process recorded as ``torchrun`` is torchrun) and prefixes torchrun's own log
 lines with ``[torchrun] ``, as the ranks prefix theirs with ``[rank N] ``.
+
+Ports are picked free when an attempt starts (the rendezvous port here, the ranks'
+``MASTER_PORT`` by torchrun), so another process may take one before it is bound. The
+attempt then fails at start-up with ``EADDRINUSE`` (:func:`says_address_in_use`), and
+the driver starts the trial again at once, with fresh ports, counting no restart.
+Which node hosts the c10d store is said, not guessed (:data:`RDZV_CONF_ENV_VAR`):
+torchrun's guess falls back to joining whatever holds a taken port as a client, and
+waits a minute for it instead of failing at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -33,9 +42,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from pydantic import ValidationError
+
 if TYPE_CHECKING:
     from trials.scheduler import Placement
 
+from trials._config import RuntimeSpec
+from trials._validation import validation_problems
 from trials.processes import (
     LAUNCH_TOKEN_ENV_VAR,
     ProcessRef,
@@ -50,6 +63,9 @@ AGENT_ENV_VAR = "SLOTSWEEP_AGENT"
 #: "1": the trial's processes take SIGTERM as "checkpoint and stop" (a cluster engine's
 #: warning before it kills a job; see :mod:`trials.runtime._signals`).
 CHECKPOINT_ON_SIGTERM_ENV_VAR = "SLOTSWEEP_CHECKPOINT_ON_SIGTERM"
+#: torchrun's ``--rdzv-conf`` from the environment: set per node of a multi-node
+#: attempt to :func:`rendezvous_conf`, since every node may run the same command line.
+RDZV_CONF_ENV_VAR = "PET_RDZV_CONF"
 
 
 @dataclass(frozen=True)
@@ -115,6 +131,16 @@ def gpu_environment(slots: Sequence[int]) -> dict[str, str]:
     }
 
 
+def rendezvous_conf(*, hosts_store: bool) -> str:
+    """One node's ``--rdzv-conf``: whether it hosts the c10d store (the endpoint's node).
+
+    Example:
+        >>> rendezvous_conf(hosts_store=True)
+        'is_host=1'
+    """
+    return f"is_host={int(hosts_store)}"
+
+
 def torchrun_commands(
     placement: Placement,
     *,
@@ -137,11 +163,13 @@ def torchrun_commands(
         raise ValueError("a multi-agent placement needs rdzv_port")
     endpoint = f"{nodes[0].agent.host}:{rdzv_port}" if len(nodes) > 1 else None
     commands = []
-    for node in nodes:
+    for index, node in enumerate(nodes):
         env = {
             AGENT_ENV_VAR: node.agent.name,
             SLOTS_ENV_VAR: ",".join(str(s) for s in node.slots),
         }
+        if len(nodes) > 1:
+            env[RDZV_CONF_ENV_VAR] = rendezvous_conf(hosts_store=index == 0)
         if use_gpus:
             env.update(gpu_environment(node.slots))
         argv = (
@@ -168,6 +196,55 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+_ADDRESS_IN_USE = ("eaddrinuse", "address already in use")
+
+
+def says_address_in_use(message: str) -> bool:
+    """Whether an error's ``message`` says a port it wanted to bind was taken (errno 98).
+
+    Example:
+        >>> says_address_in_use("The server socket has failed to listen on any local "
+        ...     "network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE")
+        True
+    """
+    text = message.lower()
+    return any(words in text for words in _ADDRESS_IN_USE)
+
+
+class SpecUnreadableError(ValueError):
+    """The trial's spec is missing from the environment or invalid; ``problems`` says why."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__("\n".join(problems))
+        #: One line per problem, each naming the variable.
+        self.problems = list(problems)
+
+
+def spec_from_environment(environ: Mapping[str, str] | None = None) -> RuntimeSpec:
+    """The trial's spec as the launcher hands it over: :data:`SPEC_ENV_VAR` (JSON) with
+    the database URL from :data:`DB_URL_ENV_VAR`.
+
+    Raises :class:`SpecUnreadableError` when it is missing or invalid.
+    """
+    environ = os.environ if environ is None else environ
+    text = environ.get(SPEC_ENV_VAR)
+    if not text:
+        raise SpecUnreadableError(
+            [f"{SPEC_ENV_VAR}: not set; it must hold the trial's RuntimeSpec as JSON"]
+        )
+    try:
+        fields = json.loads(text)
+    except ValueError as error:
+        raise SpecUnreadableError([f"{SPEC_ENV_VAR}: not JSON: {error}"]) from None
+    if environ.get(DB_URL_ENV_VAR) and isinstance(fields, dict):
+        fields["db_url"] = environ[DB_URL_ENV_VAR]
+    try:
+        return RuntimeSpec.model_validate(fields)
+    except ValidationError as error:
+        problems = validation_problems(error, RuntimeSpec)
+        raise SpecUnreadableError([f"{SPEC_ENV_VAR}: {problem}" for problem in problems]) from None
 
 
 @dataclass

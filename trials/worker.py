@@ -71,32 +71,18 @@ def _fail(message: str) -> int:
 
 
 def _run() -> int:
-    import json
     import signal
 
-    from pydantic import ValidationError
-
-    from trials._config import RuntimeSpec
-    from trials._validation import validation_problems
     from trials.labels import trial_label
-    from trials.launcher import DB_URL_ENV_VAR, SPEC_ENV_VAR
+    from trials.launcher import SpecUnreadableError, spec_from_environment
 
     # The spec travels in the environment (srun and sbatch pass it on to every node),
     # never as a file on the driver's disk that another node could not read.
-    text = os.environ.get(SPEC_ENV_VAR)
-    if not text:
-        return _fail(f"{SPEC_ENV_VAR}: not set; it must hold the trial's RuntimeSpec as JSON")
     try:
-        fields = json.loads(text)
-    except ValueError as error:
-        return _fail(f"{SPEC_ENV_VAR}: not JSON: {error}")
-    if os.environ.get(DB_URL_ENV_VAR) and isinstance(fields, dict):
-        fields["db_url"] = os.environ[DB_URL_ENV_VAR]
-    try:
-        spec = RuntimeSpec.model_validate(fields)
-    except ValidationError as error:
-        for problem in validation_problems(error, RuntimeSpec):
-            _fail(f"{SPEC_ENV_VAR}: {problem}")
+        spec = spec_from_environment()
+    except SpecUnreadableError as error:
+        for problem in error.problems:
+            _fail(problem)
         return 2
 
     def _terminate(signum: int, _frame: object) -> None:
@@ -155,19 +141,14 @@ def _run_warm(spec: RuntimeSpec) -> int:
     from trials._prefix import retarget_output
     from trials.labels import trial_label
     from trials.runtime._context import InvalidTrialError
-    from trials.runtime._distributed import (
-        DistributedInfo,
-        barrier,
-        destroy_process_group,
-        init_process_group,
-        select_device,
-    )
+    from trials.runtime._distributed import DistributedInfo, barrier, destroy_process_group
     from trials.runtime._isolation import TorchGlobals, reset_between_trials
-    from trials.runtime._runner import run_trial
+    from trials.runtime._runner import join_job, run_trial
     from trials.runtime._warm import WarmChannel
 
     info = DistributedInfo.from_env()
-    joined = init_process_group(info, select_device(info))
+    # The group forms once, for the job's first trial: a failure here is that trial's.
+    joined = join_job(spec, info)
     channel = WarmChannel(spec, info)
     settings = TorchGlobals.capture()
     current: RuntimeSpec | None = spec

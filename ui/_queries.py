@@ -1322,6 +1322,11 @@ class RankFailure:
     exception: str
     traceback: str
 
+    @property
+    def who(self) -> str:
+        """``rank N``, or ``torchrun`` for a failure torchrun recorded itself."""
+        return "torchrun" if self.rank == TrialFailure.TORCHRUN_RANK else f"rank {self.rank}"
+
 
 def trial_failure(engine: Engine, trial_id: int) -> RankFailure | None:
     """The first recorded failure of the trial's latest run that has one, if any."""

@@ -17,16 +17,23 @@ from typing import Any
 import optuna
 import pytest
 import yaml
+from sqlalchemy import select
 
 from searcher.config import ExperimentConfig, parse_config
 from searcher.control import Control, install_signal_handlers, restore_signal_handlers
 from searcher.driver_context import DriverContext, Timings
 from searcher.failures import RunVerdict
-from searcher.outcomes import OutcomeFacts, Outcomes, decide_outcome
+from searcher.outcomes import (
+    PORT_CLASH_NOTE,
+    PORT_CLASH_RETRIES,
+    OutcomeFacts,
+    Outcomes,
+    decide_outcome,
+)
 from searcher.placement import PendingQueue
 from searcher.runtime_spec import build_runtime_spec, checkpoint_root
 from searcher.study_side import TellQueue, max_trials, missing_hparams, objective_values
-from storage import Checkpoint, Trial, TrialState, session_scope
+from storage import Checkpoint, Trial, TrialFailure, TrialRun, TrialState, session_scope
 from tests.conftest import EXAMPLES_DIR, add_experiment
 from trials.scheduler import Agent, ResourcePool
 from trials.timings import timings_from_env
@@ -181,6 +188,29 @@ def test_max_restarts_zero_fails_the_first_failure() -> None:
     decision = decide_outcome(_facts(max_restarts=0))
     assert decision.state == TrialState.ERROR
     assert decision.error == "exit code 1; failed after 0 restarts"
+
+
+_CLASH = RunVerdict(
+    reason="DistNetworkError: ... EADDRINUSE ... (rank 0)", deterministic=False, port_clash=True
+)
+
+
+def test_a_port_clash_starts_the_trial_again_counting_no_restart() -> None:
+    decision = decide_outcome(_facts(verdict=_CLASH, restarts=1, max_restarts=1))
+    assert decision.state == TrialState.QUEUED and decision.requeue
+    # Even with no restart left: the run never started.
+    assert decision.restarts == 1 and decision.error is None and decision.tell is None
+    assert decision.note == PORT_CLASH_NOTE
+    assert not decision.notify and not decision.check_fail_fast
+
+
+def test_port_clashes_in_a_row_count_as_failures_past_their_allowance() -> None:
+    last_free = decide_outcome(_facts(verdict=_CLASH, port_clashes_before=PORT_CLASH_RETRIES - 1))
+    assert last_free.restarts == 0 and last_free.note == PORT_CLASH_NOTE
+    # A port that is always taken is no race: the failure counts as any other.
+    counted = decide_outcome(_facts(verdict=_CLASH, port_clashes_before=PORT_CLASH_RETRIES))
+    assert counted.requeue and counted.restarts == 1 and counted.note is None
+    assert counted.error == "DistNetworkError: ... EADDRINUSE ... (rank 0); restart 1 of 2"
 
 
 # ----------------------------------------------------------------- the runtime spec
@@ -346,6 +376,60 @@ def test_a_restart_is_queued_and_written_to_the_trials_log(db_url: str, tmp_path
         assert trial.ended_at is None
     assert len(pending) == 1 and tells.queued == []
     assert f"trial {experiment_id}.0 failed: exit code -9; restart 1 of 2" in log.read_text()
+
+
+def _clashed_run(db_url: str, trial_id: int, attempt: int) -> None:
+    """A run of the trial whose rank 0 found its ``MASTER_PORT`` taken."""
+    with session_scope(db_url) as session:
+        run = TrialRun(trial_id=trial_id, attempt=attempt, executor="local", agents=[])
+        session.add(run)
+        session.flush()
+        session.add(
+            TrialFailure(
+                run_id=run.id,
+                trial_id=trial_id,
+                rank=0,
+                exception_type="DistNetworkError",
+                message="The server socket has failed to listen ... name: EADDRINUSE",
+                traceback="",
+                steps_completed=0,
+            )
+        )
+
+
+def test_a_port_clash_is_queued_noted_and_not_counted_until_it_repeats(
+    db_url: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "trial-0.log"
+    experiment_id, (trial_id,) = add_experiment(db_url, [{"log_path": str(log)}])
+    outcomes, tells, pending = _outcomes(db_url, experiment_id)
+
+    def finalize() -> Trial:
+        with session_scope(db_url) as session:
+            trial = session.get(Trial, trial_id)
+            assert trial is not None
+            outcomes.finalize(session, trial, exit_code=1)
+            session.flush()
+            session.expunge(trial)
+            return trial
+
+    for attempt in range(PORT_CLASH_RETRIES):
+        _clashed_run(db_url, trial_id, attempt)
+        trial = finalize()
+        assert (trial.state, trial.restarts, trial.error) == (TrialState.QUEUED, 0, None)
+    assert len(pending) == 1 and tells.queued == []
+    with session_scope(db_url) as session:
+        reasons = session.scalars(select(TrialRun.reason).where(TrialRun.trial_id == trial_id))
+        assert list(reasons) == [PORT_CLASH_NOTE] * PORT_CLASH_RETRIES
+    lines = log.read_text().splitlines()
+    assert (
+        lines == [f"[slotsweep] trial {experiment_id}.0: {PORT_CLASH_NOTE}"] * PORT_CLASH_RETRIES
+    )
+    # One clash more in a row: a restart is counted.
+    _clashed_run(db_url, trial_id, PORT_CLASH_RETRIES)
+    trial = finalize()
+    assert (trial.state, trial.restarts) == (TrialState.QUEUED, 1)
+    assert trial.error is not None and trial.error.endswith("(rank 0); restart 1 of 2")
 
 
 def test_a_completed_trial_is_told_its_values(db_url: str) -> None:

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from searcher.failures import FailureRecord, TrialOutcome, fail_fast_reason, judge_run
+from searcher.failures import (
+    FailureRecord,
+    TrialOutcome,
+    fail_fast_reason,
+    is_port_clash,
+    judge_run,
+)
+from storage import TrialFailure
 
 
 def _failure(rank: int, message: str = "bad shape", steps: int = 0) -> FailureRecord:
@@ -58,3 +65,41 @@ def test_the_experiment_goes_on_after_a_success_or_different_errors() -> None:
     # Only the first N by number count, whatever order they finished in.
     late = [TrialOutcome(5, False, ("OSError", "disk")), *failed]
     assert fail_fast_reason(late, 3) is not None
+
+
+_CLASH = (
+    "The server socket has failed to listen on any local network address. port: 41234, "
+    "useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use"
+)
+
+
+def test_a_port_taken_before_the_run_started_is_a_port_clash() -> None:
+    rank = FailureRecord(0, "DistNetworkError", _CLASH, 0)
+    assert is_port_clash(rank)
+    # torchrun's own record (its rendezvous port), and an older torch's RuntimeError.
+    torchrun = FailureRecord(TrialFailure.TORCHRUN_RANK, "DistNetworkError", _CLASH, 0)
+    assert is_port_clash(torchrun) and torchrun.who == "torchrun"
+    assert is_port_clash(FailureRecord(0, "RuntimeError", "Address already in use", 0))
+    # The siblings saw their peer leave: still the clash.
+    sibling = FailureRecord(1, "DistStoreError", "Socket Timeout", 0)
+    verdict = judge_run([rank, sibling], world_size=2)
+    assert verdict is not None and verdict.port_clash and not verdict.deterministic
+    assert verdict.reason == f"DistNetworkError: {_CLASH} (rank 0)"
+    alone = judge_run([torchrun], world_size=4)
+    assert alone is not None and alone.port_clash
+    assert alone.reason == f"DistNetworkError: {_CLASH} (torchrun)"
+
+
+def test_a_port_taken_after_steps_or_by_the_users_code_is_no_port_clash() -> None:
+    # After steps, the run had its ports: whatever failed later is no start-up race.
+    assert not is_port_clash(FailureRecord(0, "DistNetworkError", _CLASH, 5))
+    # The user's own server on a fixed port would fail alike every time.
+    users = FailureRecord(0, "OSError", "[Errno 98] Address already in use", 0)
+    assert not is_port_clash(users)
+    assert not judge_run([users], world_size=1).port_clash  # type: ignore[union-attr]
+    # A clash next to another error is that error's run.
+    clash = FailureRecord(0, "DistNetworkError", _CLASH, 0)
+    bug = FailureRecord(1, "ValueError", "bad shape", 0)
+    assert not judge_run([clash, bug], world_size=2).port_clash  # type: ignore[union-attr]
+    gloo = FailureRecord(0, "RuntimeError", "[gloo] Connection reset by peer", 0)
+    assert not judge_run([gloo], world_size=2).port_clash  # type: ignore[union-attr]

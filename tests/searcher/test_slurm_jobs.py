@@ -9,6 +9,7 @@ cpu``), so valid sizes are 1, 2 (one node) and 4 (both nodes, whole).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 from pathlib import Path
@@ -18,11 +19,13 @@ import pytest
 import yaml
 from sqlalchemy import select
 
+from searcher.outcomes import PORT_CLASH_NOTE
 from storage import (
     Checkpoint,
     Metric,
     ProcessRole,
     Trial,
+    TrialFailure,
     TrialProcess,
     TrialRun,
     TrialState,
@@ -39,6 +42,7 @@ from tests.searcher.conftest import (
     write_experiment,
 )
 from tests.slurm_cluster import SlurmCluster
+from trials.executors._slurm_commands import rendezvous_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
@@ -101,8 +105,18 @@ def test_each_trial_is_a_job_of_its_own_and_one_of_four_slots_takes_both_nodes(
         tmp_path,
         resources={"slots_per_trial": 4},
         searcher={"max_trials": 2, "max_concurrent_trials": 2},
+        max_restarts=0,
     )
-    run_to_end(["run", str(path), "--db", slurm_database], login_env, tmp_path)
+    # The rendezvous port of the first trial's first attempt is taken, on whichever
+    # node hosts its store: the trial starts again at once, on another port, and
+    # counts no restart (it would fail with max_restarts 0).
+    taken = rendezvous_port("slotsweep-1-0")
+    assert taken not in (rendezvous_port("slotsweep-1-1"), rendezvous_port("slotsweep-2-0"))
+    with contextlib.ExitStack() as stack:
+        for node, _ in slurm_cluster.nodes:
+            stack.enter_context(slurm_cluster.port_taken(node, taken))
+        output = run_to_end(["run", str(path), "--db", slurm_database], login_env, tmp_path)
+    assert f"trial 1.0: {PORT_CLASH_NOTE}" in output, output[-3000:]
 
     with session_scope(slurm_database) as session:
         trials = list(session.scalars(select(Trial).order_by(Trial.id)))
@@ -110,7 +124,17 @@ def test_each_trial_is_a_job_of_its_own_and_one_of_four_slots_takes_both_nodes(
         assert all(t.state in (TrialState.COMPLETED, TrialState.PRUNED) for t in trials), [
             t.error for t in trials
         ]
-        runs = list(session.scalars(select(TrialRun).order_by(TrialRun.id)))
+        assert [t.restarts for t in trials] == [0, 0]
+        (failure,) = session.scalars(select(TrialFailure))
+        assert failure.rank == TrialFailure.TORCHRUN_RANK and f"port: {taken}," in failure.message
+        clashed = session.get(TrialRun, failure.run_id)
+        assert clashed is not None and clashed.reason == PORT_CLASH_NOTE
+        assert (clashed.trial_id, clashed.attempt) == (trials[0].id, 0) == (1, 0)
+        runs = [
+            run
+            for run in session.scalars(select(TrialRun).order_by(TrialRun.id))
+            if run.id != clashed.id
+        ]
         assert len(runs) == 2 and all(r.executor == "sbatch" for r in runs)
         job_ids = [r.external_id for r in runs]
         assert all(j and j.isdigit() for j in job_ids) and len(set(job_ids)) == 2

@@ -38,7 +38,12 @@ from trials.executors._slurm_commands import (
     steps_named,
     unavailable_nodes,
 )
-from trials.executors._slurm_node import IFNAME_ENV_VAR, NODE_SLOTS_ENV_VAR, RDZV_HOST_ENV_VAR
+from trials.executors._slurm_node import (
+    IFNAME_ENV_VAR,
+    NODE_SLOTS_ENV_VAR,
+    RDZV_HOST_ENV_VAR,
+    RDZV_NODE_ENV_VAR,
+)
 from trials.launcher import SPEC_ENV_VAR, torchrun_args, trial_environment
 from trials.scheduler._cluster import Agent, Cluster, ResourcePool
 from trials.scheduler._cluster_file import DEFAULT_POOL, ClusterConfigError
@@ -308,6 +313,7 @@ class SlurmExecutor:
                 {part.agent.name: list(part.slots) for part in placement.agents}
             ),
             RDZV_HOST_ENV_VAR: rdzv_host,
+            RDZV_NODE_ENV_VAR: nodes[0].name,
         }
         if self.cluster.dtrain_network_interface:
             node_env[IFNAME_ENV_VAR] = self.cluster.dtrain_network_interface

@@ -6,11 +6,13 @@ from Slurm's environment: the agent is ``SLURMD_NODENAME`` and its slots come fr
 that Slurm placed, from the GPUs Slurm gave the step (else CPU slots 0..n-1). There
 the rendezvous host is the job's first node, known only now: with
 ``SLOTSWEEP_RDZV_PORT`` set the wrapper looks it up and hands torchrun
-``PET_RDZV_ENDPOINT``. With ``SLOTSWEEP_CHECKPOINT_ON_SIGTERM=1`` torchrun ignores
-SIGTERM (its ranks checkpoint on it and then exit, which ends torchrun). The network
-interface for NCCL and gloo is the cluster's ``dtrain_network_interface`` when set,
-else the interface that holds this node's address for the rendezvous host, named in
-the trial's log. Then ``torchrun`` runs in this process (:mod:`trials._torchrun`).
+``PET_RDZV_ENDPOINT``. The first node's torchrun hosts the c10d store, the others join
+it (``is_host`` in ``PET_RDZV_CONF``, from ``SLOTSWEEP_RDZV_NODE`` or that look-up):
+torchrun's own guess would wait a minute on a taken port instead of failing. With
+``SLOTSWEEP_CHECKPOINT_ON_SIGTERM=1`` torchrun ignores SIGTERM (its ranks checkpoint
+on it and then exit, which ends torchrun). The network interface for NCCL and gloo is
+the cluster's ``dtrain_network_interface`` when set, else the interface that holds this
+node's address for the rendezvous host, named in the trial's log. Then ``torchrun`` runs in this process (:mod:`trials._torchrun`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ NODE_SLOTS_ENV_VAR = "SLOTSWEEP_NODE_SLOTS"
 IFNAME_ENV_VAR = "SLOTSWEEP_SOCKET_IFNAME"
 RDZV_HOST_ENV_VAR = "SLOTSWEEP_RDZV_HOST"
 RDZV_PORT_ENV_VAR = "SLOTSWEEP_RDZV_PORT"
+#: The Slurm name of the node whose torchrun hosts the rendezvous store.
+RDZV_NODE_ENV_VAR = "SLOTSWEEP_RDZV_NODE"
 
 
 def _interface_towards(host: str) -> str | None:
@@ -48,8 +52,8 @@ def _interface_towards(host: str) -> str | None:
     return None
 
 
-def _first_node_address() -> str:
-    """The address of the job's first node (its ``NodeAddr``), where c10d's store listens."""
+def _first_node() -> tuple[str, str]:
+    """The job's first node, where c10d's store listens: its name and address (``NodeAddr``)."""
     import subprocess
 
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST", "")
@@ -61,7 +65,7 @@ def _first_node_address() -> str:
 
     first = scontrol("show", "hostnames", nodelist).split()[0]
     found = re.search(r"\bNodeAddr=(\S+)", scontrol("-o", "show", "node", first))
-    return found.group(1) if found else first
+    return first, found.group(1) if found else first
 
 
 def _slots_given(args: Sequence[str]) -> list[int]:
@@ -76,7 +80,13 @@ def _slots_given(args: Sequence[str]) -> list[int]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Set this node's agent, slots and network interface, then run ``torchrun``."""
     from trials._torchrun import main as torchrun_main
-    from trials.launcher import AGENT_ENV_VAR, CHECKPOINT_ON_SIGTERM_ENV_VAR, SLOTS_ENV_VAR
+    from trials.launcher import (
+        AGENT_ENV_VAR,
+        CHECKPOINT_ON_SIGTERM_ENV_VAR,
+        RDZV_CONF_ENV_VAR,
+        SLOTS_ENV_VAR,
+        rendezvous_conf,
+    )
 
     args = list(sys.argv[1:] if argv is None else argv)
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
@@ -87,9 +97,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if slots is not None:
         os.environ[SLOTS_ENV_VAR] = ",".join(str(slot) for slot in slots)
     if os.environ.get(RDZV_PORT_ENV_VAR) and not os.environ.get(RDZV_HOST_ENV_VAR):
-        host = _first_node_address()
+        first, host = _first_node()
+        os.environ[RDZV_NODE_ENV_VAR] = first
         os.environ[RDZV_HOST_ENV_VAR] = host
         os.environ["PET_RDZV_ENDPOINT"] = f"{host}:{os.environ[RDZV_PORT_ENV_VAR]}"
+    if os.environ.get(RDZV_NODE_ENV_VAR):
+        hosts_store = node == os.environ[RDZV_NODE_ENV_VAR]
+        os.environ[RDZV_CONF_ENV_VAR] = rendezvous_conf(hosts_store=hosts_store)
     if os.environ.get(CHECKPOINT_ON_SIGTERM_ENV_VAR) == "1":
         # torchrun would answer SIGTERM by killing the ranks; they checkpoint instead,
         # and torchrun ends when they have.

@@ -52,6 +52,7 @@ from trials.runtime._recorder import (
     RankProcess,
     TrialStopped,
 )
+from trials.runtime._signals import sigterm_ends_at_once
 from trials.runtime._trial import PyTorchTrial
 
 
@@ -123,6 +124,21 @@ def this_rank_process(spec: RuntimeSpec, info: DistributedInfo) -> RankProcess:
     )
 
 
+def join_job(spec: RuntimeSpec, info: DistributedInfo) -> bool:
+    """Join the job's process group for good (a warm job's); whether a group was created.
+
+    A rank that cannot join (rank 0's ``MASTER_PORT`` taken meanwhile, say) records why
+    under ``spec``'s run, as :func:`run_trial` does, before the error goes on.
+    """
+    try:
+        with sigterm_ends_at_once():
+            return init_process_group(info, select_device(info))
+    except Exception as error:
+        _finish_before_terminating()
+        record_failure(spec, info.rank, error, 0)
+        raise
+
+
 def run_trial(spec: RuntimeSpec, info: DistributedInfo | None = None) -> str:
     """Run this rank's part of the trial; the outcome (finished, pruned or preempted).
 
@@ -140,7 +156,8 @@ def run_trial(spec: RuntimeSpec, info: DistributedInfo | None = None) -> str:
     failure: BaseException | None = None
     try:
         device = select_device(info)
-        joined = init_process_group(info, device)
+        with sigterm_ends_at_once():
+            joined = init_process_group(info, device)
         recorder = ChiefRecorder(spec) if info.is_chief else None
         # One collective, cheap next to the group's own start-up.
         ranks = gather_to_chief(this_rank_process(spec, info))

@@ -92,7 +92,7 @@ def _summary() -> None:
     failure = _queries.trial_failure(engine, int(info["id"]))
     if failure is not None:
         with st.expander(
-            f"Traceback of rank {failure.rank}, attempt {failure.attempt}: {failure.exception}",
+            f"Traceback of {failure.who}, attempt {failure.attempt}: {failure.exception}",
             expanded=bool(info["error"]),
         ):
             st.code(failure.traceback, language=None)
