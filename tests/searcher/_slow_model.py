@@ -1,7 +1,9 @@
 """A test-only digits trial that runs slowly enough to be interrupted on purpose.
 
 ``data.batch_delay_s`` sleeps in every training batch (of attempts before
-``data.fast_from_attempt`` only, if that is set); ``data.fsync_delay_s`` slows
+``data.fast_from_attempt`` only, if that is set); ``data.gate_file`` holds every trial
+at its start until that file exists (a test opens the gate once it has set the scene);
+``data.fsync_delay_s`` slows
 ``os.fsync`` in the trial's processes, which holds a checkpoint mid-write long enough
 for a test to crash the machine at that moment (fault injection, test code only).
 ``DivergingDigitsTrial`` reports the infinite and NaN losses of a diverged run;
@@ -27,6 +29,9 @@ class SlowDigitsTrial(DigitsTrial):
         fast_from = context.data.get("fast_from_attempt")
         if fast_from is not None and context.attempt >= int(fast_from):
             self._batch_delay_s = 0.0
+        gate = context.data.get("gate_file")
+        while gate is not None and not os.path.exists(gate):
+            time.sleep(0.05)
         fsync_delay_s = float(context.data.get("fsync_delay_s", 0.0))
         if fsync_delay_s:
             real_fsync = os.fsync

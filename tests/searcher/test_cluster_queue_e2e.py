@@ -168,12 +168,18 @@ def test_fair_share_between_two_searches_of_equal_priority(
     common = ["--db", db, "--cluster", str(cluster)]
     # "big" queues five trials at once; "small" arrives later with two. Each trial
     # takes both slots, so they run one at a time.
-    big = _experiment(tmp_path, "big", searcher=_search(trials=5, concurrent=5))
+    # The big search's trials wait at their start until the small search is queued:
+    # the first holds both slots meanwhile, so the order is decided with both waiting.
+    gate = tmp_path / "small-queued"
+    big = _experiment(
+        tmp_path, "big", searcher=_search(trials=5, concurrent=5), data={"gate_file": str(gate)}
+    )
     small = _experiment(tmp_path, "small", searcher=_search(trials=2, concurrent=2))
     big_driver = start_cli(["run", str(big), *common], cli_env, tmp_path)
     wait_for(lambda: len(_starts(db, "big")) == 1, what="the big search running")
     small_driver = start_cli(["run", str(small), *common], cli_env, tmp_path)
     wait_for(lambda: len(_queued_reasons(db, "small")) == 2, what="the small search queued")
+    gate.touch()
     _finish(small_driver)
     _finish(big_driver)
     small_starts = _starts(db, "small")
@@ -197,8 +203,10 @@ def test_preemption_checkpoints_the_lower_priority_trial_and_resumes_it(
         tmp_path,
         "low",
         resources={"slots_per_trial": 2},
-        searcher=_search(trials=1, concurrent=1, epochs=6),
-        data={"batch_delay_s": 0.05},
+        # Long enough that the high-priority driver starts and preempts it even on a
+        # loaded machine; the resumed attempt trains fast.
+        searcher=_search(trials=1, concurrent=1, epochs=30),
+        data={"batch_delay_s": 0.05, "fast_from_attempt": 1},
     )
     high = _experiment(
         tmp_path,

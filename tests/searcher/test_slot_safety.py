@@ -11,13 +11,20 @@ from __future__ import annotations
 import datetime as dt
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select, update
 
-from storage import Allocation, Experiment, ProcessRole, Trial, TrialState, session_scope
+from storage import (
+    Allocation,
+    Experiment,
+    ProcessRole,
+    QueuedTrial,
+    Trial,
+    TrialState,
+    session_scope,
+)
 from tests.searcher.conftest import (
     assert_search_consistent,
     open_runs,
@@ -43,6 +50,28 @@ def _trial_states(db: str, experiment_name: str) -> list[TrialState]:
         )
 
 
+def _decided_at(db: str, experiment_name: str) -> dt.datetime | None:
+    with session_scope(db) as session:
+        return session.scalar(
+            select(QueuedTrial.decided_at)
+            .join(Experiment, Experiment.id == QueuedTrial.experiment_id)
+            .where(Experiment.name == experiment_name)
+        )
+
+
+def _wait_for_decisions(db: str, experiment_name: str, count: int) -> None:
+    """Until ``count`` more placement decisions have looked at the experiment's queued trial."""
+    seen = [_decided_at(db, experiment_name)]
+
+    def another() -> bool:
+        latest = _decided_at(db, experiment_name)
+        if latest != seen[-1]:
+            seen.append(latest)
+        return len(seen) > count
+
+    wait_for(another, timeout=120, what=f"{count} scheduling rounds of {experiment_name}")
+
+
 def test_an_expired_lease_does_not_free_slots_a_dead_drivers_trial_still_uses(
     tmp_path: Path, cli_env: dict[str, str]
 ) -> None:
@@ -53,8 +82,9 @@ def test_an_expired_lease_does_not_free_slots_a_dead_drivers_trial_still_uses(
         entrypoint="slow_model:SlowDigitsTrial",
         resources={"slots_per_trial": 2},
         hyperparameters={"global_batch_size": 256},
-        searcher={"max_trials": 1, "max_length": {"epochs": 10}, "pruner": {"name": "none"}},
-        # Slow while the second driver must wait for it; the resumed attempt trains fast.
+        # Slow, and long enough to outlast the second driver's start on a loaded machine
+        # (a minute at least); the resumed attempt trains fast.
+        searcher={"max_trials": 1, "max_length": {"epochs": 40}, "pruner": {"name": "none"}},
         data={"batch_delay_s": 0.3, "fast_from_attempt": 1},
     )
     second = write_experiment(
@@ -85,7 +115,7 @@ def test_an_expired_lease_does_not_free_slots_a_dead_drivers_trial_still_uses(
         timeout=120,
         what="the second experiment's trial queued",
     )
-    time.sleep(5)  # several scheduling rounds of the second driver
+    _wait_for_decisions(db, "second", count=3)
     assert all(is_alive(rank) for rank in ranks)
     assert other.poll() is None, other.communicate()[1][-3000:]
     assert _trial_states(db, "second") == [TrialState.QUEUED]
