@@ -202,7 +202,18 @@ def _screenshot(driver: Any, shot: str) -> None:
     )
     width = driver.get_window_size()["width"]
     driver.set_window_size(width, min(int(height) + 120, 9000))
-    time.sleep(1.0)  # Charts redraw at the new size.
+    # The page is laid out again at the new size once two frames have been drawn; a
+    # Plotly chart has redrawn once its layout matches the width it is given.
+    driver.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "requestAnimationFrame(() => requestAnimationFrame(() => done(true)));"
+    )
+    _waiter(driver).until(
+        lambda d: d.execute_script(
+            "return [...document.querySelectorAll('.js-plotly-plot')].every("
+            "p => !p._fullLayout || Math.abs(p._fullLayout.width - p.clientWidth) <= 2);"
+        )
+    )
     driver.save_screenshot(str(driver.screenshots / f"{shot}.png"))
     driver.set_window_size(width, 1400)
 
