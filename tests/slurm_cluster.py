@@ -237,7 +237,10 @@ class SlurmCluster:
 
 # Binds and listens on $PORT until its stdin closes (:meth:`SlurmCluster.port_taken`).
 _LISTEN = (
-    "import os, socket, sys; s = socket.socket(); s.bind(('', int(os.environ['PORT']))); "
+    "import os, socket, sys; s = socket.socket(); "
+    # A trial of an earlier test may have left connections to the port in TIME_WAIT.
+    "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+    "s.bind(('', int(os.environ['PORT']))); "
     "s.listen(); print('listening', flush=True); sys.stdin.read()"
 )
 

@@ -114,8 +114,9 @@ def test_a_priority_one_trial_starts_before_later_trials_of_another_search(
         tmp_path,
         low_name,
         searcher=_search(trials=4, concurrent=4, epochs=2),
-        # Long enough that the priority-1 trial is seen waiting, not only placed.
-        data={"batch_delay_s": 0.15},
+        # Long enough that the priority-1 trial is seen waiting, not only placed, on a
+        # loaded machine too (each trial trains for about 14 s).
+        data={"batch_delay_s": 0.3},
     )
     high = _experiment(
         tmp_path,
