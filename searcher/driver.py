@@ -60,6 +60,10 @@ _log = driver_log
 
 HEARTBEAT_EVERY_S = 2.0
 LEASE_S = 30.0
+# Overrides LEASE_S for one driver process (a float, seconds): tests and benchmarks that
+# stop a driver for longer than its lease set it rather than wait 30 s. The heartbeat
+# then comes at least four times per lease.
+LEASE_ENV_VAR = "SLOTSWEEP_LEASE_S"
 # A preempted trial gets this long to checkpoint and exit before it is killed.
 PREEMPT_GRACE_S = 120.0
 # Before its first record a run gets at least this long (see RunningTrials.end_hung).
@@ -111,13 +115,7 @@ class SearchDriver:
             pool=self.pool,
             executor=self.executor,
             run_dir=run_dir,
-            timings=Timings(
-                heartbeat_every_s=HEARTBEAT_EVERY_S,
-                lease_s=LEASE_S,
-                preempt_grace_s=PREEMPT_GRACE_S,
-                startup_allowance_s=STARTUP_ALLOWANCE_S,
-                kill_grace_s=KILL_GRACE_S,
-            ),
+            timings=_timings(),
         )
         self._control = Control()
         self._tells = TellQueue()
@@ -204,6 +202,10 @@ class SearchDriver:
                         continue
                     self._running.wait(self.poll_interval_s)
                 self._refresh_progress(progress)
+        except control.DriverReplacedError:
+            # Another driver owns the experiment now, and with it these trials: it ended
+            # what this one left running before it took over. Nothing here is ours to end.
+            raise
         except BaseException:
             self._kill_running()
             self._finish(ExperimentState.PAUSED)
@@ -218,7 +220,10 @@ class SearchDriver:
         study = self._loaded_study()
         now = time.monotonic()
         if now - self._last_heartbeat >= self.ctx.timings.heartbeat_every_s:
-            control.heartbeat(self.ctx, self._control)
+            if control.heartbeat(self.ctx, self._control):
+                # This driver was stopped for longer than its lease: other drivers may
+                # have reclaimed its slots meanwhile. Its claims and runs come first.
+                self._running.revalidate()
             self._running.end_hung()
             self._last_heartbeat = now
         self._running.reap()
@@ -280,6 +285,28 @@ class SearchDriver:
                 .limit(1)
             ).scalar()
         progress.update(counts, best)
+
+
+def _timings() -> Timings:
+    """The driver's clocks: the module's constants, the lease as ``SLOTSWEEP_LEASE_S`` says."""
+    lease_s = LEASE_S
+    heartbeat_every_s = HEARTBEAT_EVERY_S
+    override = os.environ.get(LEASE_ENV_VAR)
+    if override:
+        try:
+            lease_s = float(override)
+        except ValueError:
+            raise UsageError(f"{LEASE_ENV_VAR}: {override!r} is not a number of seconds") from None
+        if not lease_s > 0:
+            raise UsageError(f"{LEASE_ENV_VAR}: must be a positive number of seconds")
+        heartbeat_every_s = min(HEARTBEAT_EVERY_S, lease_s / 4)
+    return Timings(
+        heartbeat_every_s=heartbeat_every_s,
+        lease_s=lease_s,
+        preempt_grace_s=PREEMPT_GRACE_S,
+        startup_allowance_s=STARTUP_ALLOWANCE_S,
+        kill_grace_s=KILL_GRACE_S,
+    )
 
 
 def _logs_root() -> Path:

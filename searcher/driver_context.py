@@ -38,7 +38,11 @@ class Timings:
     """The driver's clocks, in seconds (``searcher.driver`` holds their values).
 
     They are read when a :class:`~searcher.driver.SearchDriver` is made, so a test that
-    patches ``searcher.driver.LEASE_S`` (or another) before making one is obeyed.
+    patches ``searcher.driver.LEASE_S`` (or another) before making one is obeyed. A
+    driver started as a process (``slotsweep run``) takes its lease from the
+    ``SLOTSWEEP_LEASE_S`` environment variable when it is set (its heartbeat then comes
+    at least four times per lease): the tests and the soak that stop a driver for
+    longer than its lease use it.
     """
 
     #: How often the driver writes its heartbeat and looks for hung trials.

@@ -81,6 +81,20 @@ def is_alive(ref: ProcessRef) -> bool | None:
     return ref.local_process() is not None
 
 
+def pid_running(pid: int) -> bool:
+    """Whether a local process ``pid`` runs (a zombie does not; a stopped one does).
+
+    Without its start time a reused pid counts as running: callers use it where
+    "running" is the cautious answer.
+    """
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    except psutil.AccessDenied:
+        return True
+
+
 def processes_with_token(token: str) -> list[psutil.Process]:
     """Live local processes whose environment carries launch token ``token``."""
     found = []
