@@ -92,14 +92,14 @@ class DriverReplacedError(UsageError):
     """
 
 
-def heartbeat(ctx: DriverContext, control: Control) -> bool:
+def heartbeat(ctx: DriverContext, control: Control) -> float | None:
     """Write the driver's heartbeat, take up a requested pause or kill, renew the slot leases.
 
-    Returns whether the previous heartbeat had gone stale: older than the lease, so
-    this driver was stopped (SIGSTOP, a suspended machine, a long stall) long enough
-    for other drivers to act on its leases, and must re-validate its claims and runs
-    before anything else. Raises :class:`DriverReplacedError` when another driver took
-    the experiment over meanwhile.
+    Returns the previous heartbeat's age in seconds when it was older than the lease,
+    else None: this driver was stopped (SIGSTOP, a suspended machine, a long stall)
+    long enough for other drivers to act on its leases, and must re-validate its
+    claims and runs before anything else. Raises :class:`DriverReplacedError` when
+    another driver took the experiment over meanwhile.
     """
     with session_scope(ctx.db_url) as session:
         experiment = session.get(Experiment, ctx.experiment_id)
@@ -116,20 +116,12 @@ def heartbeat(ctx: DriverContext, control: Control) -> bool:
             )
         now = utcnow()
         previous = experiment.driver_heartbeat_at
-        stale_s = (now - previous).total_seconds() if previous is not None else 0.0
         experiment.driver_heartbeat_at = now
         if experiment.requested_action in ("pause", "kill") and control.action != "kill":
             control.action = experiment.requested_action
         slot_ledger.renew_leases(session, ctx.experiment_id, ctx.timings.lease_s)
-    if stale_s > ctx.timings.lease_s:
-        _log.warning(
-            "this driver's heartbeat was %.0f s old (it was stopped?), past the %g s lease; "
-            "checking its claims and runs",
-            stale_s,
-            ctx.timings.lease_s,
-        )
-        return True
-    return False
+    age_s = (now - previous).total_seconds() if previous is not None else 0.0
+    return age_s if age_s > ctx.timings.lease_s else None
 
 
 def finish(
