@@ -302,17 +302,26 @@ def _release(session: Session, rows: ColumnElement[bool]) -> None:
         return
     session.execute(delete(Allocation).where(rows).execution_options(synchronize_session=False))
     for trial_id, token in claims:
-        session.execute(
-            update(QueuedTrial)
-            .where(
-                QueuedTrial.trial_id == trial_id,
-                QueuedTrial.placement.is_not(None),
-                QueuedTrial.claim_token.is_not_distinct_from(token),
-            )
-            # SQL NULL, not JSON null: "placed" means the column is set.
-            .values(placement=null(), claim_token=None, reason=None)
-            .execution_options(synchronize_session=False)
+        unplace(
+            session,
+            trial_id,
+            QueuedTrial.placement.is_not(None),
+            QueuedTrial.claim_token.is_not_distinct_from(token),
         )
+
+
+def unplace(session: Session, trial_id: int, *conditions: ColumnElement[bool]) -> None:
+    """Clear the queue placement of ``trial_id`` (where ``conditions`` hold): it waits again.
+
+    Its claim's token goes with it, and the reason, which the next decision writes.
+    """
+    session.execute(
+        update(QueuedTrial)
+        .where(QueuedTrial.trial_id == trial_id, *conditions)
+        # SQL NULL, not JSON null: "placed" means the column is set.
+        .values(placement=null(), claim_token=None, reason=None)
+        .execution_options(synchronize_session=False)
+    )
 
 
 def _of_claim(token: str | None) -> ColumnElement[bool]:

@@ -44,7 +44,7 @@ from collections.abc import Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, func, null, or_, select, text, true, update
+from sqlalchemy import delete, func, or_, select, text, true, update
 from sqlalchemy.orm import Session
 
 from storage import (
@@ -728,13 +728,7 @@ def _take_placed(
         placement = ClaimedPlacement(row.trial_id, pool.name, parts, token=row.claim_token)
         if not slot_ledger.holds(session, row.trial_id, placement, row.claim_token):
             slot_ledger.release_claim(session, row.trial_id, row.claim_token)
-            session.execute(
-                update(QueuedTrial)
-                .where(QueuedTrial.trial_id == row.trial_id)
-                # SQL NULL, not JSON null: "placed" means the column is set.
-                .values(placement=null(), claim_token=None, reason=None)
-                .execution_options(synchronize_session=False)
-            )
+            slot_ledger.unplace(session, row.trial_id)
             continue
         placed.append((row.trial_id, placement))
         session.delete(row)

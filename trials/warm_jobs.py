@@ -29,10 +29,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import delete, null, select, update
+from sqlalchemy import delete, select, update
 
 from storage import Allocation, QueuedTrial, Trial, TrialProcess, TrialRun, WarmJob, utcnow
-from trials.allocations import new_claim_token
+from trials.allocations import new_claim_token, unplace
 from trials.labels import trial_label
 
 if TYPE_CHECKING:
@@ -128,12 +128,7 @@ def close_job(session: Session, job_id: int, reason: str | None = None) -> None:
     """
     reserved = session.scalar(select(WarmJob.reserved_trial_id).where(WarmJob.id == job_id))
     if reserved is not None:
-        session.execute(
-            update(QueuedTrial)
-            .where(QueuedTrial.trial_id == reserved)
-            # SQL NULL, not JSON null: "placed" means the column is set.
-            .values(placement=null(), claim_token=None, reason=None)
-        )
+        unplace(session, reserved)
     session.execute(
         update(WarmJob)
         .where(WarmJob.id == job_id, WarmJob.ended_at.is_(None))
