@@ -110,12 +110,12 @@ class _SlotWatcher:
                 self._sample()
 
     def _sample(self) -> None:
-        tokens: dict[str, list[str]] = defaultdict(list)
+        tokens: dict[str, list[psutil.Process]] = defaultdict(list)
         for process in psutil.process_iter():
             with contextlib.suppress(psutil.Error):
                 token = process.environ().get(LAUNCH_TOKEN_ENV_VAR)
-                if token and process.status() != psutil.STATUS_ZOMBIE:
-                    tokens[token].append(f"pid {process.pid}")
+                if token and _alive(process):
+                    tokens[token].append(process)
         if not tokens:
             return
         with session_scope(self.db) as session:
@@ -124,15 +124,25 @@ class _SlotWatcher:
                     TrialRun.launch_token.in_(list(tokens))
                 )
             ).all()
-        users: dict[tuple[str, int], set[int]] = defaultdict(set)
-        for _token, trial_id, agents in runs:
+        users: dict[tuple[str, int], dict[int, list[psutil.Process]]] = defaultdict(dict)
+        for token, trial_id, agents in runs:
             for node in agents or []:
                 for slot in node.get("slots", []):
-                    users[node["agent"], int(slot)].add(trial_id)
+                    users[node["agent"], int(slot)][trial_id] = tokens[token]
         self.samples += 1
         for (agent, slot), trials in users.items():
-            if len(trials) > 1:
-                self.shared.append(f"{agent} slot {slot}: trials {sorted(trials)}")
+            # The scan is not one instant: two trials share the slot only if a process
+            # of each still runs now that both were seen.
+            live = sorted(t for t, found in trials.items() if any(map(_alive, found)))
+            if len(live) > 1:
+                self.shared.append(f"{agent} slot {slot}: trials {live}")
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
