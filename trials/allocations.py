@@ -249,8 +249,9 @@ def confirm_claim(
     raises :class:`ClaimLostError` the caller's transaction must roll back, and the
     trial starts nothing. The update comes before the check so that, on PostgreSQL, it
     locks the claim's rows: a decision reclaiming them concurrently either deleted them
-    first (this finds none) or waits for this transaction and then sees a renewed
-    lease, which it does not reclaim. SQLite's ``BEGIN IMMEDIATE`` serialises the two.
+    first (this finds none) or waits for this transaction (:func:`reclaim_stale` locks
+    what it judges) and then sees the recorded run and the renewed lease. SQLite's
+    ``BEGIN IMMEDIATE`` serialises the two.
     """
     session.execute(
         update(Allocation)
@@ -368,11 +369,19 @@ def reclaim_stale(
     whose processes still run, may still start (a run recorded whose driver may yet
     start it) or cannot be checked keeps its slots, so no second trial is ever placed
     on a slot that is busy. A claim with no run needs nothing more: its owner's launch
-    checks the claim's token, which is gone with the rows. The delete re-checks the
-    lease: a claim renewed meanwhile by a concurrent launch (PostgreSQL) stays.
+    checks the claim's token, which is gone with the rows.
+
+    The expired rows are locked before they are judged (PostgreSQL; SQLite's
+    ``BEGIN IMMEDIATE`` serialises anyway): a launch confirming one of these claims, or
+    a heartbeat renewing it, in a concurrent transaction has committed by then, and
+    the judgement sees its run and its renewed lease. Judged on what was read before
+    that commit, a claim whose run had just been recorded would look runless.
     """
     expired = Allocation.lease_expires_at <= now
-    candidates = sorted(set(session.scalars(select(Allocation.trial_id).where(expired))))
+    locked = session.execute(
+        select(Allocation.id, Allocation.trial_id).where(expired).with_for_update()
+    ).all()
+    candidates = sorted({trial_id for _, trial_id in locked})
     reclaimed = [trial_id for trial_id in candidates if processes_gone(trial_id)]
     if reclaimed:
         _release(session, and_(Allocation.trial_id.in_(reclaimed), expired))
