@@ -40,6 +40,8 @@ LEASE_S = 3.0
 # Each stop outlasts the lease by this much: other drivers see the leases expired.
 STOP_PAST_LEASE_S = 1.5
 FREEZES = 5
+# How long a freeze waits for a trial claimed but not launched yet.
+WINDOW_WAIT_S = 4.0
 FREEZE_SEED = 26
 
 
@@ -47,6 +49,9 @@ def _experiment(folder: Path, name: str, trials: int) -> Path:
     return write_experiment(
         folder,
         name=name,
+        # A few seconds of training per trial, so that the freezes land while it runs.
+        entrypoint="slow_model:SlowDigitsTrial",
+        data={"batch_delay_s": 0.1},
         resources={"slots_per_trial": 1},
         hyperparameters={"global_batch_size": 64},
         searcher={
@@ -167,10 +172,11 @@ def test_a_driver_stopped_past_its_lease_never_shares_a_slot(
         try:
             while freezes < FREEZES and frozen.poll() is None:
                 if freezes % 2:
-                    time.sleep(rng.uniform(0.2, 3.0))  # a random moment of its tick
+                    time.sleep(rng.uniform(0.2, 2.0))  # a random moment of its tick
                 else:
-                    # As soon as one of its trials is claimed but not launched.
-                    deadline = time.monotonic() + 30
+                    # As soon as one of its trials is claimed but not launched (or
+                    # at a random moment, if none is within a few seconds).
+                    deadline = time.monotonic() + WINDOW_WAIT_S
                     while time.monotonic() < deadline and frozen.poll() is None:
                         with contextlib.suppress(Exception):
                             if _claimed_not_launched(db, "frozen"):
@@ -199,7 +205,7 @@ def test_a_driver_stopped_past_its_lease_never_shares_a_slot(
     )
     assert frozen.returncode == 0, frozen_err[-4000:]
     assert other.returncode == 0, other_err[-4000:]
-    assert freezes >= 3, f"the search ended after {freezes} freezes"
+    assert freezes >= 3, f"the search ended after {freezes} freezes: {frozen_err[-3000:]}"
     assert "checking its claims and runs" in frozen_err
     assert watcher.samples > 0
     assert watcher.shared == [], watcher.shared[:10]
