@@ -349,6 +349,8 @@ def live_processes(db_url: str, role: ProcessRole) -> list[LiveProcess]:
     """The recorded processes of ``role`` that still run (pid and start time both match)."""
     import psutil
 
+    from trials.processes import start_time
+
     with session_scope(get_engine(db_url, read_only=True)) as session:
         rows = session.execute(
             select(TrialProcess.pid, TrialProcess.create_time, TrialProcess.trial_id).where(
@@ -360,7 +362,7 @@ def live_processes(db_url: str, role: ProcessRole) -> list[LiveProcess]:
         with contextlib.suppress(psutil.Error):
             process = psutil.Process(pid)
             if (
-                abs(process.create_time() - create_time) < 0.01
+                abs(start_time(process) - create_time) < 0.01
                 and process.status() != psutil.STATUS_ZOMBIE
             ):
                 alive.append(LiveProcess(int(pid), int(trial_id)))

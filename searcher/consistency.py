@@ -68,6 +68,10 @@ _OPTUNA_STATE = {
 }
 # Experiments that will never run a trial again; their trials must all be terminal.
 _CLOSED = (ExperimentState.COMPLETED, ExperimentState.CANCELED)
+# A process row's start is the kernel's, counted in clock ticks (1/100 s on Linux): up
+# to a tick early. A process that started within a tick of another's recorded end is
+# not taken to overlap it.
+_START_RESOLUTION = dt.timedelta(seconds=0.01)
 
 
 @dataclass
@@ -398,7 +402,7 @@ def _attempt_overlaps(runs: Sequence[TrialRun], processes: Iterable[TrialProcess
                     continue  # one warm job's process, handed from one attempt to the next
                 if process.ended_at is None:
                     reasons.append(f"{_describe(process)} never ended")
-                elif process.ended_at > next_start:
+                elif process.ended_at > next_start + _START_RESOLUTION:
                     reasons.append(f"{_describe(process)} ended at {process.ended_at}")
             if reasons:
                 problems.append(
@@ -429,7 +433,7 @@ def _slot_overlaps(session: Session, chosen_trials: set[int]) -> list[str]:
             first_end = first.ended_at or now
             # Sorted by start: once a later process starts after ``first`` ended, so do the rest.
             for since, second in users[i + 1 :]:
-                if since >= first_end:
+                if since + _START_RESOLUTION >= first_end:
                     break
                 if second.trial_id == first.trial_id or _same_process(first, second):
                     # One process serves one trial at a time: a warm job's, handed over.
