@@ -338,7 +338,9 @@ class RunningTrials:
                 if running.warm_job_id is None
                 else by_job.get(running.warm_job_id, 0)
             )
-            if held < running.slots:
+            # Reclaimed once its processes were seen gone: normally it has exited, and
+            # is reaped as usual. Anything of it still running must not share the slots.
+            if held < running.slots and running.job.poll() is None:
                 _log.warning(
                     "trial %s: its slots were reclaimed while this driver was stopped; "
                     "ending what is left of attempt %d",

@@ -74,6 +74,9 @@ class _Job:
     def __init__(self) -> None:
         self.ended = False
 
+    def poll(self) -> int | None:
+        return 0 if self.ended else None
+
     def end(self, *, grace_s: float) -> bool:
         self.ended = True
         return True
