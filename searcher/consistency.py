@@ -56,6 +56,7 @@ from storage import (
     session_scope,
     utcnow,
 )
+from trials.processes import ProcessRef
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -447,29 +448,31 @@ def _slot_overlaps(session: Session, chosen_trials: set[int]) -> list[str]:
     return problems
 
 
-_ProcessKey = tuple[str, int, float]
-
-
-def _key(process: TrialProcess) -> _ProcessKey:
-    """One operating-system process, whichever run's row names it."""
-    return (process.host, process.pid, process.create_time)
-
-
 def _same_process(first: TrialProcess, second: TrialProcess) -> bool:
     """Whether two rows name one operating-system process (a warm job's, under two runs)."""
-    return _key(first) == _key(second)
+    return _ref(first).same_as(_ref(second))
 
 
-def _handed_on(processes: Iterable[TrialProcess]) -> set[_ProcessKey]:
-    """The processes recorded under more than one run: a warm job's, handed from trial to trial."""
-    runs: dict[_ProcessKey, set[int]] = defaultdict(set)
+def _ref(process: TrialProcess) -> ProcessRef:
+    return ProcessRef(process.host, process.pid, process.create_time)
+
+
+def _handed_on(processes: Iterable[TrialProcess]) -> set[int]:
+    """The rows of processes recorded under more than one run: a warm job's, handed from
+    trial to trial (by row id)."""
+    by_pid: dict[tuple[str, int], list[TrialProcess]] = defaultdict(list)
     for process in processes:
-        runs[_key(process)].add(process.run_id)
-    return {key for key, run_ids in runs.items() if len(run_ids) > 1}
+        by_pid[process.host, process.pid].append(process)
+    handed: set[int] = set()
+    for rows in by_pid.values():
+        for first, second in itertools.combinations(rows, 2):
+            if first.run_id != second.run_id and _same_process(first, second):
+                handed.update((first.id, second.id))
+    return handed
 
 
 def _serving_since(
-    process: TrialProcess, run_started: dt.datetime, handed_on: set[_ProcessKey]
+    process: TrialProcess, run_started: dt.datetime, handed_on: set[int]
 ) -> dt.datetime:
     """When a process began to serve the run its row is under.
 
@@ -477,7 +480,7 @@ def _serving_since(
     serve one trial after another and are recorded under each run they serve: such a
     row serves its run from the run's start at the earliest.
     """
-    if _key(process) in handed_on:
+    if process.id in handed_on:
         return max(process.started_at, run_started)
     return process.started_at
 

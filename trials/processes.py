@@ -82,13 +82,31 @@ class ProcessRef:
         """The reference of the live local process ``pid`` (raises if it is gone)."""
         return cls(host or socket.gethostname(), pid, start_time(psutil.Process(pid)))
 
+    def same_as(self, other: ProcessRef) -> bool:
+        """Whether ``other`` names the same process (a reused pid starts later).
+
+        Start times of one process taken at two moments may differ a little (the boot
+        time is read from the clocks each time), so they are compared with a tolerance.
+
+        Example:
+            >>> ProcessRef("h", 7, 100.0).same_as(ProcessRef("h", 7, 100.000004))
+            True
+            >>> ProcessRef("h", 7, 100.0).same_as(ProcessRef("h", 7, 160.0))
+            False
+        """
+        return (
+            self.host == other.host
+            and self.pid == other.pid
+            and abs(self.create_time - other.create_time) <= _START_TIME_TOLERANCE_S
+        )
+
     def local_process(self) -> psutil.Process | None:
         """The live process this names on this machine, or None (gone or elsewhere)."""
         if not is_local_host(self.host):
             return None
         try:
             process = psutil.Process(self.pid)
-            if abs(start_time(process) - self.create_time) > _START_TIME_TOLERANCE_S:
+            if not self.same_as(ProcessRef(self.host, self.pid, start_time(process))):
                 return None  # the pid was reused
             if process.status() == psutil.STATUS_ZOMBIE:
                 return None
