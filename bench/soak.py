@@ -1,4 +1,4 @@
-"""Soak: many short trials under random kills of drivers, torchruns and ranks, then the check.
+"""Soak: many short trials under random kills (drivers, torchruns, ranks) and driver freezes.
 
 Several experiments (``--experiments``, default 4) search the digits example's space at
 once with random search, on one SQLite database and one local agent of ``--slots`` CPU
@@ -8,22 +8,29 @@ experiments take turns on the same slots. A trial is short: ``max_length: {batch
 30}`` with a checkpoint every 10 batches, so most of its life is process start-up, the
 part of a trial a crash most often hits.
 
-While they run, a killer (seeded by ``--seed``) sends SIGKILL every ``--kill-every``
-seconds on average (exponential gaps) to one of:
+While they run, a killer (seeded by ``--seed``) strikes every ``--kill-every``
+seconds on average (exponential gaps), one of:
 
-- a driver (``slotsweep run`` or ``resume``) of a random unfinished experiment; it is
-  resumed at once with ``slotsweep resume``, which must end or adopt the dead driver's
-  trial processes before their slots are used again;
-- a trial's ``torchrun``, or one rank, chosen among the processes that the database
-  records as running (pid and kernel start time both match, so a reused pid is never
-  killed) of trials killed fewer than twice so far (on a loaded machine a trial's
-  start-up alone can outlast the gap between kills); the driver must restart that
-  trial from its latest checkpoint.
+- SIGKILL to a driver (``slotsweep run`` or ``resume``) of a random unfinished
+  experiment; it is resumed at once with ``slotsweep resume``, which must end or adopt
+  the dead driver's trial processes before their slots are used again;
+- SIGKILL to a trial's ``torchrun``, or one rank, chosen among the processes that the
+  database records as running (pid and kernel start time both match, so a reused pid
+  is never killed) of trials killed fewer than twice so far (on a loaded machine a
+  trial's start-up alone can outlast the gap between kills); the driver must restart
+  that trial from its latest checkpoint;
+- a freeze: SIGSTOP to a running driver for ``--freeze-for`` seconds (default: the
+  lease and 5 s more), then SIGCONT. Its leases run out meanwhile and the other
+  drivers reclaim what they no longer protect; continued, it must start nothing on
+  slots it lost (its claims are fenced) and go on. Its trials run on while it is
+  stopped. A frozen driver may be killed too (then it is resumed as any other).
 
-The first three kills are one of each kind (in a seeded order); later kinds are drawn
-with weights 1 (driver) : 2 (torchrun) : 2 (rank). A driver that exits on its own with
-an error is resumed too (and counted). When every experiment has ended, the whole
-database goes through :func:`searcher.check_consistency`.
+``--lease`` sets every driver's slot lease (``SLOTSWEEP_TIMINGS``; default 30 s, 5 s
+with ``--quick``), so freezes past it need not be long. The first four strikes are one of each kind (in a
+seeded order); later kinds are drawn with weights 1 (driver) : 2 (torchrun) : 2
+(rank) : 1 (freeze). A driver that exits on its own with an error is resumed too (and
+counted). When every experiment has ended, the whole database goes through
+:func:`searcher.check_consistency`.
 
 Figures: ``trials`` is the number of trials recorded (terminal or not),
 ``trials_per_min`` those per minute of wall time from the first driver's start to the
@@ -38,6 +45,7 @@ Run:
     .venv/bin/python bench/soak.py                       # 200 trials, 4 experiments, 4 slots
     .venv/bin/python bench/soak.py --trials 400 --seed 3 --keep
     .venv/bin/python bench/soak.py --quick               # 6 trials, 2 experiments (~2 min)
+    .venv/bin/python bench/soak.py --seed 7 --lease 5    # freezes of 10 s instead of 35 s
 Last line (machine-readable):
     trials=<n> trials_per_min=<x> utilization=<u> restarts=<r> overlaps=<o> consistent=<true|false>
 """
@@ -73,11 +81,16 @@ from storage import (
     session_scope,
     upgrade_schema,
 )
+from trials.timings import TIMINGS_ENV_VAR, Timings, lease_timings
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "digits"
-KINDS = ("driver", "torchrun", "rank")
-KIND_WEIGHTS = (1, 2, 2)
+KINDS = ("driver", "torchrun", "rank", "freeze")
+KIND_WEIGHTS = (1, 2, 2, 1)
+# The lease a driver takes when --lease is not given.
+DEFAULT_LEASE_S = Timings().lease_s
+# A freeze outlasts the lease by this much unless --freeze-for says otherwise.
+FREEZE_PAST_LEASE_S = 5.0
 # A trial's torchrun or ranks are killed at most this often, so that a trial slowed down
 # by a loaded machine still finishes instead of being killed at every start.
 MAX_KILLS_PER_TRIAL = 2
@@ -127,6 +140,8 @@ class _Driver:
     starts: int = 0
     self_exits: int = 0
     done: bool = False
+    # When a frozen (SIGSTOPped) driver is continued; None while it is not frozen.
+    frozen_until: float | None = None
 
 
 @dataclass
@@ -151,10 +166,26 @@ class SoakResult:
 
 
 class _Soak:
-    def __init__(self, root: Path, *, slots: int, seed: int, kill_every_s: float) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        slots: int,
+        seed: int,
+        kill_every_s: float,
+        lease_s: float | None = None,
+        freeze_s: float | None = None,
+    ) -> None:
         self.root = root
         self.db_url = f"sqlite:///{root / 'soak.db'}"
         self.env = bench_env(root)
+        if lease_s is not None:
+            self.env[TIMINGS_ENV_VAR] = lease_timings(lease_s)
+        self.freeze_s = (
+            freeze_s
+            if freeze_s is not None
+            else (lease_s if lease_s is not None else DEFAULT_LEASE_S) + FREEZE_PAST_LEASE_S
+        )
         self.slots = slots
         self.rng = random.Random(seed)
         self.kill_every_s = kill_every_s
@@ -187,6 +218,7 @@ class _Soak:
             stdout=driver.log,
             stderr=subprocess.STDOUT,
         )
+        driver.frozen_until = None
         driver.starts += 1
 
     def reap(self) -> None:
@@ -220,7 +252,8 @@ class _Soak:
 
     # ----------------------------------------------------------------- kills
     def kill_one(self) -> str | None:
-        """SIGKILL one driver, torchrun or rank; the kind killed, or None if none was alive."""
+        """SIGKILL one driver, torchrun or rank, or freeze a driver; the kind, or None if
+        nothing of that kind was alive."""
         first = bool(self._first_kinds)
         kind = (
             self._first_kinds.pop() if first else self.rng.choices(KINDS, weights=KIND_WEIGHTS)[0]
@@ -234,6 +267,8 @@ class _Soak:
         return kind
 
     def _kill(self, kind: str) -> bool:
+        if kind == "freeze":
+            return self._freeze()
         if kind == "driver":
             running = [
                 d
@@ -262,6 +297,34 @@ class _Soak:
                 os.kill(victim.pid, signal.SIGKILL)
         return True
 
+    def _freeze(self) -> bool:
+        """SIGSTOP a running driver that is not frozen yet; :meth:`thaw` continues it."""
+        running = [
+            d
+            for d in self.drivers
+            if not d.done
+            and d.frozen_until is None
+            and d.process is not None
+            and d.process.poll() is None
+        ]
+        if not running:
+            return False
+        driver = self.rng.choice(running)
+        assert driver.process is not None
+        driver.process.send_signal(signal.SIGSTOP)
+        driver.frozen_until = time.monotonic() + self.freeze_s
+        return True
+
+    def thaw(self) -> None:
+        """SIGCONT the frozen drivers whose freeze is over."""
+        now = time.monotonic()
+        for driver in self.drivers:
+            if driver.frozen_until is None or driver.frozen_until > now:
+                continue
+            driver.frozen_until = None
+            if driver.process is not None and driver.process.poll() is None:
+                driver.process.send_signal(signal.SIGCONT)
+
     def stop_everything(self) -> None:
         """SIGKILL every driver, then every trial process the database records as running."""
         for driver in self.drivers:
@@ -287,6 +350,8 @@ def live_processes(db_url: str, role: ProcessRole) -> list[LiveProcess]:
     """The recorded processes of ``role`` that still run (pid and start time both match)."""
     import psutil
 
+    from trials.processes import start_time
+
     with session_scope(get_engine(db_url, read_only=True)) as session:
         rows = session.execute(
             select(TrialProcess.pid, TrialProcess.create_time, TrialProcess.trial_id).where(
@@ -298,7 +363,7 @@ def live_processes(db_url: str, role: ProcessRole) -> list[LiveProcess]:
         with contextlib.suppress(psutil.Error):
             process = psutil.Process(pid)
             if (
-                abs(process.create_time() - create_time) < 0.01
+                abs(start_time(process) - create_time) < 0.01
                 and process.status() != psutil.STATUS_ZOMBIE
             ):
                 alive.append(LiveProcess(int(pid), int(trial_id)))
@@ -332,11 +397,20 @@ def run_soak(
     seed: int,
     kill_every_s: float,
     timeout_s: float,
+    lease_s: float | None = None,
+    freeze_s: float | None = None,
 ) -> SoakResult:
     """Run the soak in ``root`` and check the database; see the module docstring."""
     from searcher import check_consistency
 
-    soak = _Soak(root, slots=slots, seed=seed, kill_every_s=kill_every_s)
+    soak = _Soak(
+        root,
+        slots=slots,
+        seed=seed,
+        kill_every_s=kill_every_s,
+        lease_s=lease_s,
+        freeze_s=freeze_s,
+    )
     upgrade_schema(soak.db_url)
     shutil.copy(EXAMPLE / "model.py", root / "model.py")
     per_experiment = [
@@ -357,6 +431,7 @@ def run_soak(
         while not all(d.done for d in soak.drivers):
             if time.monotonic() - started > timeout_s:
                 raise TimeoutError(f"the soak ran longer than {timeout_s:.0f} s")
+            soak.thaw()
             soak.reap()
             if time.monotonic() >= next_kill:
                 soak.kill_one()
@@ -407,7 +482,7 @@ def soak_line(result: SoakResult) -> str:
 def print_summary(result: SoakResult) -> None:
     report = result.report
     kills = " ".join(f"{kind}={result.kills[kind]}" for kind in KINDS)
-    print(f"kills: {kills}; drivers that exited by themselves: {result.self_exits}")
+    print(f"kills and freezes: {kills}; drivers that exited by themselves: {result.self_exits}")
     if result.gave_up:
         print(f"gave up resuming: {', '.join(result.gave_up)}")
     print(
@@ -436,6 +511,18 @@ def main(argv: list[str] | None = None) -> None:
         help="mean seconds between kills (default 15; 5 with --quick)",
     )
     parser.add_argument(
+        "--lease",
+        type=float,
+        default=None,
+        help=f"every driver's slot lease in seconds (default {DEFAULT_LEASE_S:g}; 5 with --quick)",
+    )
+    parser.add_argument(
+        "--freeze-for",
+        type=float,
+        default=None,
+        help=f"seconds a frozen driver stays stopped (default: the lease + {FREEZE_PAST_LEASE_S:g})",
+    )
+    parser.add_argument(
         "--timeout", type=float, default=7200.0, help="give up after this many seconds"
     )
     parser.add_argument("--quick", action="store_true", help="6 trials, 2 experiments")
@@ -454,9 +541,16 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--slots: must be at least 2 (experiments alternate 1 and 2 slots per trial)")
     if kill_every_s <= 0:
         parser.error("--kill-every: must be positive")
+    if args.lease is not None and args.lease <= 0:
+        parser.error("--lease: must be positive")
+    if args.freeze_for is not None and args.freeze_for <= 0:
+        parser.error("--freeze-for: must be positive")
+    lease_s = args.lease if args.lease is not None else (5.0 if args.quick else DEFAULT_LEASE_S)
+    freeze_s = args.freeze_for if args.freeze_for is not None else lease_s + FREEZE_PAST_LEASE_S
     print(
         f"soak: {trials} trials in {experiments} experiments on {args.slots} slots, "
-        f"a kill every {kill_every_s:g} s on average, seed {args.seed}",
+        f"a kill or freeze every {kill_every_s:g} s on average (freezes of {freeze_s:g} s, "
+        f"lease {lease_s:g} s), seed {args.seed}",
         flush=True,
     )
     with scratch_folder("slotsweep-soak-", keep=args.keep) as root:
@@ -468,6 +562,8 @@ def main(argv: list[str] | None = None) -> None:
             seed=args.seed,
             kill_every_s=kill_every_s,
             timeout_s=args.timeout,
+            lease_s=lease_s,
+            freeze_s=freeze_s,
         )
     print_summary(result)
 

@@ -56,6 +56,7 @@ from storage import (
     session_scope,
     utcnow,
 )
+from trials.processes import ProcessRef
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -68,6 +69,10 @@ _OPTUNA_STATE = {
 }
 # Experiments that will never run a trial again; their trials must all be terminal.
 _CLOSED = (ExperimentState.COMPLETED, ExperimentState.CANCELED)
+# A process row's start is the kernel's, counted in clock ticks (1/100 s on Linux): up
+# to a tick early. A process that started within a tick of another's recorded end is
+# not taken to overlap it.
+_START_RESOLUTION = dt.timedelta(seconds=0.01)
 
 
 @dataclass
@@ -372,6 +377,8 @@ def _attempt_overlaps(runs: Sequence[TrialRun], processes: Iterable[TrialProcess
     the first process of the next attempt started, or than the next run's start when it
     recorded no process.
     """
+    processes = list(processes)
+    handed_on = _handed_on(processes)
     by_attempt: dict[tuple[int, int], list[TrialProcess]] = defaultdict(list)
     for process in processes:
         by_attempt[process.trial_id, process.attempt].append(process)
@@ -387,11 +394,16 @@ def _attempt_overlaps(runs: Sequence[TrialRun], processes: Iterable[TrialProcess
             elif earlier.ended_at > later.started_at:
                 reasons.append(f"its run ended at {earlier.ended_at}")
             next_processes = by_attempt[trial_id, later.attempt]
-            next_start = min((p.started_at for p in next_processes), default=later.started_at)
+            next_start = min(
+                (_serving_since(p, later.started_at, handed_on) for p in next_processes),
+                default=later.started_at,
+            )
             for process in by_attempt[trial_id, earlier.attempt]:
+                if any(_same_process(process, p) for p in next_processes):
+                    continue  # one warm job's process, handed from one attempt to the next
                 if process.ended_at is None:
                     reasons.append(f"{_describe(process)} never ended")
-                elif process.ended_at > next_start:
+                elif process.ended_at > next_start + _START_RESOLUTION:
                     reasons.append(f"{_describe(process)} ended at {process.ended_at}")
             if reasons:
                 problems.append(
@@ -403,33 +415,74 @@ def _attempt_overlaps(runs: Sequence[TrialRun], processes: Iterable[TrialProcess
 
 def _slot_overlaps(session: Session, chosen_trials: set[int]) -> list[str]:
     """Ranks of two different trials on one (agent, slot) at the same time."""
-    ranks = session.scalars(
-        select(TrialProcess)
+    ranks = session.execute(
+        select(TrialProcess, TrialRun.started_at)
+        .join(TrialRun, TrialRun.id == TrialProcess.run_id)
         .where(TrialProcess.role == ProcessRole.RANK)
-        .order_by(TrialProcess.started_at, TrialProcess.id)
-    )
+    ).all()
+    handed_on = _handed_on(process for process, _ in ranks)
     now = utcnow()
-    by_slot: dict[tuple[str, int], list[TrialProcess]] = defaultdict(list)
-    for process in ranks:
+    by_slot: dict[tuple[str, int], list[tuple[dt.datetime, TrialProcess]]] = defaultdict(list)
+    for process, run_started in ranks:
+        since = _serving_since(process, run_started, handed_on)
         for slot in process.slots:
-            by_slot[process.agent, int(slot)].append(process)
+            by_slot[process.agent, int(slot)].append((since, process))
     problems = []
     for (agent, slot), users in by_slot.items():
-        for i, first in enumerate(users):
+        users.sort(key=lambda user: (user[0], user[1].id))
+        for i, (_, first) in enumerate(users):
             first_end = first.ended_at or now
             # Sorted by start: once a later process starts after ``first`` ended, so do the rest.
-            for second in users[i + 1 :]:
-                if second.started_at >= first_end:
+            for since, second in users[i + 1 :]:
+                if since + _START_RESOLUTION >= first_end:
                     break
-                if second.trial_id == first.trial_id:
+                if second.trial_id == first.trial_id or _same_process(first, second):
+                    # One process serves one trial at a time: a warm job's, handed over.
                     continue
                 if not {first.trial_id, second.trial_id} & chosen_trials:
                     continue
                 problems.append(
                     f"slot {slot} of agent '{agent}': {_describe(first)} and "
-                    f"{_describe(second)} held it at the same time (from {second.started_at})"
+                    f"{_describe(second)} held it at the same time (from {since})"
                 )
     return problems
+
+
+def _same_process(first: TrialProcess, second: TrialProcess) -> bool:
+    """Whether two rows name one operating-system process (a warm job's, under two runs)."""
+    return _ref(first).same_as(_ref(second))
+
+
+def _ref(process: TrialProcess) -> ProcessRef:
+    return ProcessRef(process.host, process.pid, process.create_time)
+
+
+def _handed_on(processes: Iterable[TrialProcess]) -> set[int]:
+    """The rows of processes recorded under more than one run: a warm job's, handed from
+    trial to trial (by row id)."""
+    by_pid: dict[tuple[str, int], list[TrialProcess]] = defaultdict(list)
+    for process in processes:
+        by_pid[process.host, process.pid].append(process)
+    handed: set[int] = set()
+    for rows in by_pid.values():
+        for first, second in itertools.combinations(rows, 2):
+            if first.run_id != second.run_id and _same_process(first, second):
+                handed.update((first.id, second.id))
+    return handed
+
+
+def _serving_since(
+    process: TrialProcess, run_started: dt.datetime, handed_on: set[int]
+) -> dt.datetime:
+    """When a process began to serve the run its row is under.
+
+    A process row's start is the kernel's start of the process. A warm job's processes
+    serve one trial after another and are recorded under each run they serve: such a
+    row serves its run from the run's start at the earliest.
+    """
+    if process.id in handed_on:
+        return max(process.started_at, run_started)
+    return process.started_at
 
 
 def _describe(process: TrialProcess) -> str:

@@ -83,15 +83,45 @@ def claim_ownership(ctx: DriverContext) -> None:
         experiment.driver_heartbeat_at = utcnow()
 
 
-def heartbeat(ctx: DriverContext, control: Control) -> None:
-    """Write the driver's heartbeat, take up a requested pause or kill, renew the slot leases."""
+class DriverReplacedError(UsageError):
+    """Another driver owns the experiment now (this one was stopped, and was resumed).
+
+    While a driver is stopped (SIGSTOP, a suspended machine) its heartbeat goes stale and
+    ``slotsweep resume`` may take the experiment over, ending what it left running. The
+    stopped driver, once continued, must leave everything to the new owner.
+    """
+
+
+def heartbeat(ctx: DriverContext, control: Control) -> float | None:
+    """Write the driver's heartbeat, take up a requested pause or kill, renew the slot leases.
+
+    Returns the previous heartbeat's age in seconds when it was older than the lease,
+    else None: this driver was stopped (SIGSTOP, a suspended machine, a long stall)
+    long enough for other drivers to act on its leases, and must re-validate its
+    claims and runs before anything else. Raises :class:`DriverReplacedError` when
+    another driver took the experiment over meanwhile.
+    """
     with session_scope(ctx.db_url) as session:
         experiment = session.get(Experiment, ctx.experiment_id)
         assert experiment is not None
-        experiment.driver_heartbeat_at = utcnow()
+        if (experiment.driver_host, experiment.driver_pid) != (socket.gethostname(), os.getpid()):
+            owner = (
+                f"pid {experiment.driver_pid} on {experiment.driver_host}"
+                if experiment.driver_pid is not None
+                else "no driver (it was paused or killed)"
+            )
+            raise DriverReplacedError(
+                f"experiment: '{experiment.name}' (id {experiment.id}) is run by {owner} now; "
+                "this driver was stopped for too long and leaves it"
+            )
+        now = utcnow()
+        previous = experiment.driver_heartbeat_at
+        experiment.driver_heartbeat_at = now
         if experiment.requested_action in ("pause", "kill") and control.action != "kill":
             control.action = experiment.requested_action
         slot_ledger.renew_leases(session, ctx.experiment_id, ctx.timings.lease_s)
+    age_s = (now - previous).total_seconds() if previous is not None else 0.0
+    return age_s if age_s > ctx.timings.lease_s else None
 
 
 def finish(

@@ -156,6 +156,9 @@ class SearchDriver:
             trials_so_far = trial_counts(session, self.experiment_id).total
         self._study = StudySide.load(self.ctx, trials_so_far, self._tells)
         self._recover(self._study)
+        # Ending a dead driver's leftovers may take longer than the lease: that old
+        # heartbeat is no sign of this driver having been stopped (nothing of it runs yet).
+        control.heartbeat(self.ctx, self._control)
         progress = SearchProgress(
             total=max_trials(self.config),
             enabled=self.show_progress,
@@ -190,6 +193,10 @@ class SearchDriver:
                         continue
                     self._running.wait(self.poll_interval_s)
                 self._refresh_progress(progress)
+        except control.DriverReplacedError:
+            # Another driver owns the experiment now, and with it these trials: it ended
+            # what this one left running before it took over. Nothing here is ours to end.
+            raise
         except BaseException:
             self._kill_running()
             self._finish(ExperimentState.PAUSED)
@@ -204,7 +211,17 @@ class SearchDriver:
         study = self._loaded_study()
         now = time.monotonic()
         if now - self._last_heartbeat >= self.ctx.timings.heartbeat_every_s:
-            control.heartbeat(self.ctx, self._control)
+            stale_s = control.heartbeat(self.ctx, self._control)
+            if stale_s is not None:
+                # This driver was stopped for longer than its lease: other drivers may
+                # have reclaimed its slots meanwhile. Its claims and runs come first.
+                _log.warning(
+                    "this driver's heartbeat was %.0f s old (was it stopped?), past its "
+                    "%g s lease; checking its claims and runs",
+                    stale_s,
+                    self.ctx.timings.lease_s,
+                )
+                self._running.revalidate()
             self._running.end_hung()
             self._last_heartbeat = now
         self._running.reap()

@@ -7,7 +7,8 @@ waiting trials (:func:`trials.cluster_queue.decide`, one decision at a time unde
 the database's lock), which claims the slots of whatever it places in the shared
 ledger (:mod:`trials.allocations`, leased). This driver then starts the trials placed
 for its own experiment; a launch that fails for good gives the slots back and fails
-the trial.
+the trial, and one whose claim was lost meanwhile (this driver was stopped past its
+lease) starts nothing and waits for a new placement.
 
 Example:
     >>> pending = PendingQueue(ctx)  # doctest: +SKIP
@@ -26,8 +27,8 @@ from searcher.running import EarlierAttemptRunning
 from storage import Trial, is_transient_error, session_scope
 from trials import allocations as slot_ledger
 from trials import cluster_queue
+from trials.allocations import ClaimedPlacement, ClaimLostError
 from trials.attempts import trial_processes_gone
-from trials.scheduler import Placement
 
 if TYPE_CHECKING:
     from searcher.outcomes import Outcomes
@@ -68,7 +69,9 @@ class PendingQueue:
             )
         )
 
-    def place(self, launch: Callable[[int, Placement | None], None], outcomes: Outcomes) -> None:
+    def place(
+        self, launch: Callable[[int, ClaimedPlacement | None], None], outcomes: Outcomes
+    ) -> None:
         """Start every pending trial that the cluster's placement decision placed.
 
         The decision (one at a time, over every experiment's queue) claims the slots;
@@ -132,14 +135,23 @@ class PendingQueue:
     def _start(
         self,
         pending: _Pending,
-        placement: Placement | None,
-        launch: Callable[[int, Placement | None], None],
+        placement: ClaimedPlacement | None,
+        launch: Callable[[int, ClaimedPlacement | None], None],
         outcomes: Outcomes,
     ) -> None:
         """``launch`` one trial whose slots are claimed (or left to the cluster engine)."""
         ctx = self.ctx
         try:
             launch(pending.trial_id, placement)
+        except ClaimLostError as exc:
+            # This driver was stopped between the decision and the launch, and the
+            # claim was reclaimed (or released by a resume) meanwhile: the slots may be
+            # another trial's now. Nothing started; the trial waits for a new placement.
+            driver_log.warning("%s; nothing started, the trial waits for a new placement", exc)
+            assert placement is not None
+            with session_scope(ctx.db_url) as session:
+                slot_ledger.release_claim(session, pending.trial_id, placement.token)
+            self._pending.append(pending)
         except EarlierAttemptRunning as exc:
             # Not a failure of the trial: it waits, its slots go back meanwhile.
             driver_log.warning("%s", exc)

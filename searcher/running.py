@@ -1,8 +1,11 @@
 """The search driver's running attempts: start them, watch them, end them, reap them.
 
 Each attempt is started through the executor seam (:mod:`trials.executors`): its run
-row is written first (the launch token finds every process it starts, should the
-driver die), then ``executor.launch`` starts it, then what finds it again is recorded.
+row is written first, in the transaction that confirms the slot claim behind its
+placement (:func:`trials.allocations.confirm_claim`: a claim lost while this driver
+was stopped starts nothing), and the launch token finds every process it starts,
+should the driver die; then ``executor.launch`` starts it, then what finds it again
+is recorded.
 :class:`RunningTrials` holds the :class:`~trials.executors.TrialJob` of each attempt
 this driver started, reaps those that exited (the outcome goes to
 :class:`~searcher.outcomes.Outcomes`), ends those that hang, and preempts (pause) or
@@ -49,11 +52,11 @@ from storage import (
 )
 from trials import allocations as slot_ledger
 from trials import per_slot_batch_size, warm_jobs
+from trials.allocations import ClaimedPlacement
 from trials.attempts import end_run, mark_processes_ended, open_runs, request_stop
 from trials.executors import LaunchRequest, TrialJob
 from trials.labels import trial_log_name
 from trials.launcher import DB_URL_ENV_VAR, write_log_line
-from trials.scheduler import Placement
 
 _log = driver_log
 
@@ -119,16 +122,22 @@ class RunningTrials:
         return bool(self._idle)
 
     # ----------------------------------------------------------------- starting
-    def launch(self, trial_id: int, placement: Placement | None) -> None:
+    def launch(self, trial_id: int, placement: ClaimedPlacement | None) -> None:
         """Start the trial's next attempt on ``placement`` (its slots are claimed).
 
         ``placement`` is None for an executor whose cluster engine places trials
         (``executor.places_trials``): the attempt is submitted there and waits in
-        that engine's queue until it starts.
+        that engine's queue until it starts. Raises
+        :class:`~trials.allocations.ClaimLostError`, having recorded and started
+        nothing, when the claim behind ``placement`` no longer holds.
         """
         ctx = self.ctx
         self._check_reserved_job(trial_id)
         with session_scope(ctx.db_url) as session:
+            if placement is not None:
+                # First, in the transaction that records the run: every executor's
+                # launch is fenced by the claim's token, warm reservations included.
+                slot_ledger.confirm_claim(session, trial_id, placement, ctx.timings.lease_s)
             trial = session.get(Trial, trial_id)
             assert trial is not None
             missing = missing_hparams(ctx.config, trial.hparams)
@@ -301,6 +310,47 @@ class RunningTrials:
         raise EarlierAttemptRunning(
             f"trial {trial_id} waits: the warm job reserved for it is ending"
         )
+
+    def revalidate(self) -> None:
+        """After this driver was stopped past its lease: end attempts whose slots were reclaimed.
+
+        While it was stopped, another driver's decision may have reclaimed the claim of
+        an attempt whose processes it saw gone and given the slots to another trial.
+        Whatever of such an attempt still runs here must not share them: it is ended at
+        once and reaped as any exit (the trial restarts from its latest checkpoint). An
+        idle warm job whose slots were reclaimed is closed. Placements not launched yet
+        need nothing: their launch confirms the claim's token.
+        """
+        if self.ctx.executor.places_trials:
+            return  # the cluster engine keeps the ledger
+        placed = [r for r in self._running.values() if r.waiting is None]
+        jobs = [*self._idle, *(r.warm_job_id for r in placed if r.warm_job_id is not None)]
+        with session_scope(self.ctx.db_url) as session:
+            by_trial = slot_ledger.held_counts(
+                session, trial_ids=[r.trial_id for r in placed if r.warm_job_id is None]
+            )
+            by_job = slot_ledger.held_counts(session, warm_job_ids=jobs)
+        for running in placed:
+            # A warm job's rows move to the next trial it is reserved for: the job's
+            # processes hold the slots, whichever trial the rows name.
+            held = (
+                by_trial.get(running.trial_id, 0)
+                if running.warm_job_id is None
+                else by_job.get(running.warm_job_id, 0)
+            )
+            # Reclaimed once its processes were seen gone: normally it has exited, and
+            # is reaped as usual. Anything of it still running must not share the slots.
+            if held < running.slots and running.job.poll() is None:
+                _log.warning(
+                    "trial %s: its slots were reclaimed while this driver was stopped; "
+                    "ending what is left of attempt %d",
+                    self.ctx.label(running.optuna_number),
+                    running.attempt,
+                )
+                running.job.end(grace_s=0.0)
+        for idle in list(self._idle.values()):
+            if by_job.get(idle.job_id, 0) < idle.slots:
+                self._close_idle(idle, "its slots were reclaimed while its driver was stopped")
 
     # ----------------------------------------------------------------- reaping
     def reap(self) -> None:
@@ -662,6 +712,8 @@ def end_leftovers(ctx: DriverContext, session: Session, trial: Trial) -> None:
 
     The leftover attempt is over before anything else happens to the trial: its
     next attempt never overlaps it, and its slots are released only once it is gone.
+    Releasing clears a queue placement made with the claim too (a decision had placed
+    the trial, and its driver died before taking it): no decision hands it out again.
     Raises :class:`~searcher.experiments.UsageError` when processes on other hosts
     cannot be ended from here.
     """

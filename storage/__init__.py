@@ -37,6 +37,7 @@ from storage._models import (
     TrialRun,
     TrialState,
     WarmJob,
+    utc_from_timestamp,
     utcnow,
 )
 from storage._open import DatabaseUrlError, check_database_url
@@ -93,5 +94,6 @@ __all__ = [
     "stop_requested",
     "upgrade_schema",
     "url_secrets",
+    "utc_from_timestamp",
     "utcnow",
 ]

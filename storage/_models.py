@@ -32,6 +32,27 @@ def utcnow() -> _dt.datetime:
     return _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None)
 
 
+def utc_from_timestamp(seconds: float) -> _dt.datetime:
+    """A POSIX timestamp (psutil's ``create_time``) as the database stores time: naive UTC.
+
+    Example:
+        >>> utc_from_timestamp(0.0)
+        datetime.datetime(1970, 1, 1, 0, 0)
+    """
+    return _dt.datetime.fromtimestamp(seconds, _dt.timezone.utc).replace(tzinfo=None)
+
+
+def _kernel_start_time(context: Any) -> _dt.datetime:
+    """``TrialProcess.started_at`` unless given: the process's own start, from the kernel.
+
+    Not the insert's time: a process may be recorded long after it started (rank 0
+    records the ranks once the process group formed; a driver stopped by SIGSTOP
+    records a ``torchrun`` that may have exited meanwhile), and the consistency check
+    compares these times across trials.
+    """
+    return utc_from_timestamp(float(context.get_current_parameters()["create_time"]))
+
+
 class Base(DeclarativeBase):
     """Declarative base of slotsweep's tables (never Optuna's)."""
 
@@ -247,7 +268,8 @@ class TrialProcess(Base):
     local_rank: Mapped[int | None] = mapped_column(Integer)
     pid: Mapped[int] = mapped_column(Integer)
     create_time: Mapped[float] = mapped_column(Float)
-    started_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+    # The kernel's start time of the process (``create_time``), whenever it is recorded.
+    started_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=_kernel_start_time)
     ended_at: Mapped[_dt.datetime | None] = mapped_column(DateTime)
 
     run: Mapped[TrialRun] = relationship(back_populates="processes")
@@ -309,6 +331,11 @@ class Allocation(Base):
     allocated_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
     # Renewed by the owning driver; past it, another driver may reclaim the slot.
     lease_expires_at: Mapped[_dt.datetime] = mapped_column(DateTime, index=True)
+    # Fences the claim: written by the decision (or warm reservation) that made it, and
+    # checked by the launch in the transaction that records the trial's run. A launch
+    # whose claim was reclaimed, or taken over by a later claim, finds no row with its
+    # token and starts nothing (``trials.allocations.confirm_claim``).
+    claim_token: Mapped[str | None] = mapped_column(String(64))
     # The warm job whose processes hold the slot (``resources.reuse_workers``). While
     # the job is idle ``trial_id`` is the last trial it ran; when a decision hands it
     # the next trial, the rows move to that trial, so the slot is never free between.
@@ -383,6 +410,8 @@ class QueuedTrial(Base):
     queued_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
     # One entry per agent ({"agent", "host", "slots"}) once a decision placed it.
     placement: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    # The token of the slot claim behind ``placement`` (set and cleared with it).
+    claim_token: Mapped[str | None] = mapped_column(String(64))
     reason: Mapped[str | None] = mapped_column(Text)
     decided_at: Mapped[_dt.datetime | None] = mapped_column(DateTime)
 

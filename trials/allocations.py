@@ -9,28 +9,42 @@ A driver renews its leases while it runs (:func:`renew_leases`). One that dies l
 rows whose lease runs out. An expired lease alone does not free a slot: the dead
 driver's trial may still be training on it (its processes outlive the driver). So
 :func:`reclaim_stale` deletes an expired row only once the caller has confirmed that
-the processes of its trial are gone; until then the slot stays held, and
-:func:`claim` never takes over a row, expired or not.
+the processes of its trial are gone and that none can still start; until then the slot
+stays held, and :func:`claim` never takes over a row, expired or not.
+
+Every claim is fenced. :func:`claim` gives it a fresh token, which the placement
+carries to the trial's driver (:class:`ClaimedPlacement`); the launch re-checks it
+(:func:`confirm_claim`) in the transaction that records the trial's run. A driver
+stopped between the decision and the launch (SIGSTOP, a suspended machine) whose claim
+was reclaimed meanwhile, and perhaps given to another trial, finds no row with its
+token and starts nothing. That is what makes reclaiming a claim without a run safe: its
+owner can no longer record one. Releasing a claim (:func:`release`,
+:func:`release_claim`, :func:`reclaim_stale`) clears the queue placement made with it
+in the same transaction, so no placement outlives its claim.
 
 Example:
     >>> with session_scope(url) as session:  # doctest: +SKIP
     ...     reclaim_stale(session, utcnow(), processes_gone=lambda trial_id: True)
     ...     free = free_slots(session, pool)
-    ...     won = claim(session, placement, trial_id=7, experiment_id=1, lease_s=30.0)
+    ...     token = claim(session, placement, trial_id=7, experiment_id=1, lease_s=30.0)
+    >>> with session_scope(url) as session:  # doctest: +SKIP
+    ...     confirm_claim(session, 7, ClaimedPlacement(7, pool.name, parts, token=token), 30.0)
+    ...     session.add(TrialRun(trial_id=7, attempt=0))
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, case, delete, null, or_, select, update
+from sqlalchemy import ColumnElement, and_, case, delete, func, null, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from storage import Allocation, Experiment, Trial, WarmJob, utcnow
+from storage import Allocation, Experiment, QueuedTrial, Trial, WarmJob, utcnow
 from trials.scheduler import Cluster, Placement, ResourcePool
 
 WARM_RUNNING = "running"
@@ -41,6 +55,36 @@ WARM_IDLE = "idle"
 """The job's ranks wait for the next trial of their shape; no trial holds the slot."""
 WARM_ENDING = "ending"
 """The job was asked to end (or has ended): its slots free once its processes are gone."""
+
+
+class ClaimLostError(RuntimeError):
+    """The claim behind a placement is gone or was taken over: nothing may start on it.
+
+    Its driver was stopped for longer than the lease (or its claim was released by a
+    resume), and another decision may have given the slots to another trial.
+    """
+
+    def __init__(self, trial_id: int, placement: Placement) -> None:
+        self.trial_id = trial_id
+        where = "; ".join(
+            f"{part.agent.name} slots {','.join(str(slot) for slot in part.slots)}"
+            for part in placement.agents
+        )
+        super().__init__(
+            f"the slot claim for trial {trial_id} on {where} is gone or was taken over"
+        )
+
+
+@dataclass(frozen=True)
+class ClaimedPlacement(Placement):
+    """A placement whose slots the ledger holds for its trial under the claim ``token``.
+
+    What a placement decision hands the trial's driver. The launch re-checks the token
+    (:func:`confirm_claim`) in the transaction that records the run; ``None`` stands
+    for a claim made before claims had tokens.
+    """
+
+    token: str | None = None
 
 
 @dataclass(frozen=True)
@@ -121,15 +165,17 @@ def free_slots(session: Session, pool: ResourcePool) -> dict[str, frozenset[int]
 
 def claim(
     session: Session, placement: Placement, *, trial_id: int, experiment_id: int, lease_s: float
-) -> bool:
-    """Hold every slot of ``placement`` for ``trial_id``, or none of them.
+) -> str | None:
+    """Hold every slot of ``placement`` for ``trial_id``, or none of them; the claim's token.
 
-    Returns False, having written nothing, when any of the slots is held, including
+    Returns None, having written nothing, when any of the slots is held, including
     by another driver that claimed it a moment earlier or under an expired lease that
     :func:`reclaim_stale` has not released. Runs in a savepoint of the caller's
-    transaction; the caller commits (``session_scope`` does).
+    transaction; the caller commits (``session_scope`` does). The token is new for
+    every claim, so a launch can tell its own claim from a later one of the same trial.
     """
     now = utcnow()
+    token = new_claim_token()
     wanted = {(part.agent.name, slot) for part in placement.agents for slot in part.slots}
     agents = {part.agent.name for part in placement.agents}
     savepoint = session.begin_nested()
@@ -145,7 +191,7 @@ def claim(
         ]
         if any(row.trial_id != trial_id for row in existing):
             savepoint.rollback()
-            return False
+            return None
         # The trial's own rows (a claim whose commit was retried) are replaced.
         for row in existing:
             session.delete(row)
@@ -163,6 +209,7 @@ def claim(
                 experiment_id=experiment_id,
                 allocated_at=now,
                 lease_expires_at=expires,
+                claim_token=token,
             )
             for part in placement.agents
             for slot in part.slots
@@ -171,21 +218,137 @@ def claim(
     except IntegrityError as exc:
         savepoint.rollback()
         if _is_unique_violation(exc):
-            return False  # another driver's insert won the race (PostgreSQL)
+            return None  # another driver's insert won the race (PostgreSQL)
         raise
     savepoint.commit()
-    return True
+    return token
+
+
+def new_claim_token() -> str:
+    """A fresh claim token (:func:`claim`, and a warm job's reservation)."""
+    return uuid.uuid4().hex
+
+
+def holds(session: Session, trial_id: int, placement: Placement, token: str | None) -> bool:
+    """Whether the ledger holds every slot of ``placement`` for ``trial_id`` under ``token``."""
+    rows = session.execute(
+        select(Allocation.resource_pool, Allocation.agent, Allocation.slot).where(
+            Allocation.trial_id == trial_id, _of_claim(token)
+        )
+    )
+    held = {(pool, agent, slot) for pool, agent, slot in rows}
+    return _slot_keys(placement) <= held
+
+
+def confirm_claim(
+    session: Session, trial_id: int, placement: ClaimedPlacement, lease_s: float
+) -> None:
+    """Check that the claim behind ``placement`` still holds, and renew its lease.
+
+    Call it in the transaction that records the trial's run, before the run: when it
+    raises :class:`ClaimLostError` the caller's transaction must roll back, and the
+    trial starts nothing. The update comes before the check so that, on PostgreSQL, it
+    locks the claim's rows: a decision reclaiming them concurrently either deleted them
+    first (this finds none) or waits for this transaction (:func:`reclaim_stale` locks
+    what it judges) and then sees the recorded run and the renewed lease. SQLite's
+    ``BEGIN IMMEDIATE`` serialises the two.
+    """
+    session.execute(
+        update(Allocation)
+        .where(Allocation.trial_id == trial_id, _of_claim(placement.token))
+        .values(lease_expires_at=utcnow() + _dt.timedelta(seconds=lease_s))
+        .execution_options(synchronize_session=False)
+    )
+    if not holds(session, trial_id, placement, placement.token):
+        raise ClaimLostError(trial_id, placement)
 
 
 def release(session: Session, trial_id: int) -> None:
     """Free every slot ``trial_id`` holds (it finished, failed or was never launched).
 
     Slots of a warm job stay held: its processes may outlive the trial, and they are
-    freed with the job (:func:`trials.warm_jobs.close_job`) once those are gone.
+    freed with the job (:func:`trials.warm_jobs.close_job`) once those are gone. A
+    queue placement made with a released claim is cleared with it.
+    """
+    _release(session, and_(Allocation.trial_id == trial_id, Allocation.warm_job_id.is_(None)))
+
+
+def release_claim(session: Session, trial_id: int, token: str | None) -> None:
+    """Free what is left of one claim of ``trial_id`` (a launch found it lost or broken).
+
+    A later claim of the same trial, under another token, is left alone.
+    """
+    _release(
+        session,
+        and_(
+            Allocation.trial_id == trial_id,
+            _of_claim(token),
+            Allocation.warm_job_id.is_(None),
+        ),
+    )
+
+
+def _release(session: Session, rows: ColumnElement[bool]) -> None:
+    """Delete the ledger ``rows`` and clear the queue placements of their claims.
+
+    One transaction does both, whoever releases (a finished trial, a resume ending a
+    dead driver's leftovers, a reclaim): a placement whose claim is gone would otherwise
+    be handed to its driver while another decision gives the same slots to another
+    trial.
+    """
+    claims = session.execute(
+        select(Allocation.trial_id, Allocation.claim_token).where(rows).distinct()
+    ).all()
+    if not claims:
+        return
+    session.execute(delete(Allocation).where(rows).execution_options(synchronize_session=False))
+    for trial_id, token in claims:
+        unplace(
+            session,
+            trial_id,
+            QueuedTrial.placement.is_not(None),
+            QueuedTrial.claim_token.is_not_distinct_from(token),
+        )
+
+
+def unplace(session: Session, trial_id: int, *conditions: ColumnElement[bool]) -> None:
+    """Clear the queue placement of ``trial_id`` (where ``conditions`` hold): it waits again.
+
+    Its claim's token goes with it, and the reason, which the next decision writes.
     """
     session.execute(
-        delete(Allocation).where(Allocation.trial_id == trial_id, Allocation.warm_job_id.is_(None))
+        update(QueuedTrial)
+        .where(QueuedTrial.trial_id == trial_id, *conditions)
+        # SQL NULL, not JSON null: "placed" means the column is set.
+        .values(placement=null(), claim_token=None, reason=None)
+        .execution_options(synchronize_session=False)
     )
+
+
+def _of_claim(token: str | None) -> ColumnElement[bool]:
+    """The ledger rows of the claim ``token`` (None: rows written before tokens existed)."""
+    return Allocation.claim_token.is_not_distinct_from(token)
+
+
+def _slot_keys(placement: Placement) -> set[tuple[str, str, int]]:
+    return {
+        (placement.pool, part.agent.name, slot) for part in placement.agents for slot in part.slots
+    }
+
+
+def held_counts(
+    session: Session, *, trial_ids: Collection[int] = (), warm_job_ids: Collection[int] = ()
+) -> dict[int, int]:
+    """How many slots the ledger holds for each of ``trial_ids``, or each of ``warm_job_ids``.
+
+    Give one of the two; an id the ledger holds nothing for is absent.
+    """
+    column = Allocation.trial_id if trial_ids else Allocation.warm_job_id
+    ids = list(trial_ids or warm_job_ids)
+    if not ids:
+        return {}
+    rows = session.execute(select(column, func.count()).where(column.in_(ids)).group_by(column))
+    return {key: int(count) for key, count in rows if key is not None}
 
 
 def renew_leases(session: Session, experiment_id: int, lease_s: float) -> None:
@@ -203,14 +366,25 @@ def reclaim_stale(
     """Release expired allocations whose trial's processes are gone; those trials' ids.
 
     ``processes_gone(trial_id)`` is asked once per trial with an expired lease; a trial
-    whose processes still run (or cannot be checked) keeps its slots, so no second
-    trial is ever placed on a slot that is busy.
+    whose processes still run, may still start (a run recorded whose driver may yet
+    start it) or cannot be checked keeps its slots, so no second trial is ever placed
+    on a slot that is busy. A claim with no run needs nothing more: its owner's launch
+    checks the claim's token, which is gone with the rows.
+
+    The expired rows are locked before they are judged (PostgreSQL; SQLite's
+    ``BEGIN IMMEDIATE`` serialises anyway): a launch confirming one of these claims, or
+    a heartbeat renewing it, in a concurrent transaction has committed by then, and
+    the judgement sees its run and its renewed lease. Judged on what was read before
+    that commit, a claim whose run had just been recorded would look runless.
     """
     expired = Allocation.lease_expires_at <= now
-    candidates = sorted(set(session.scalars(select(Allocation.trial_id).where(expired))))
+    locked = session.execute(
+        select(Allocation.id, Allocation.trial_id).where(expired).with_for_update()
+    ).all()
+    candidates = sorted({trial_id for _, trial_id in locked})
     reclaimed = [trial_id for trial_id in candidates if processes_gone(trial_id)]
     if reclaimed:
-        session.execute(delete(Allocation).where(Allocation.trial_id.in_(reclaimed)))
+        _release(session, and_(Allocation.trial_id.in_(reclaimed), expired))
     return reclaimed
 
 

@@ -11,7 +11,8 @@ later driver act safely after a crash:
   before the trial's next attempt starts, so two attempts never overlap;
 - :func:`trial_processes_gone` tells the slot ledger whether an expired lease may be
   released, so a slot is never given to a second trial while the first still runs
-  on it.
+  on it, or may still start on it (a run recorded by a driver that was stopped
+  before it started the run's processes).
 
 Example:
     >>> with session_scope(url) as session:  # doctest: +SKIP
@@ -25,12 +26,22 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 
-from storage import Allocation, ProcessRole, TrialProcess, TrialRun, WarmJob, utcnow
+from storage import (
+    Allocation,
+    Experiment,
+    ProcessRole,
+    Trial,
+    TrialProcess,
+    TrialRun,
+    WarmJob,
+    utcnow,
+)
 from trials.processes import (
     ProcessRef,
     end_processes,
     is_alive,
     is_local_host,
+    pid_running,
     processes_with_token,
 )
 
@@ -159,9 +170,39 @@ def trial_processes_gone(session: Session, trial_id: int) -> bool:
             runs.append(newest)
     gone = True
     for run in runs:
-        if not executor_named(run.executor).leftovers_gone(session, run):
+        if _may_still_start(session, run) or not executor_named(run.executor).leftovers_gone(
+            session, run
+        ):
             gone = False
     return gone
+
+
+def _may_still_start(session: Session, run: TrialRun) -> bool:
+    """Whether ``run`` is recorded, not started, and its driver may still start it.
+
+    A driver records a run (its claim checked) before it starts the run's processes.
+    Stopped in between (SIGSTOP, a suspended machine) for longer than its lease, it
+    starts them once continued, whatever happened meanwhile; none of them exists yet,
+    so no executor can see them. Until the run's processes are recorded (pids, or the
+    executor's own id) only a driver confirmed gone means they never start: none owns
+    the experiment, or its pid no longer runs on this machine. A driver on another
+    host cannot be checked from here; its run keeps its slots until a resume ends it.
+    """
+    if run.ended_at is not None or run.external_id is not None:
+        return False
+    started = session.scalar(select(TrialProcess.id).where(TrialProcess.run_id == run.id).limit(1))
+    if started is not None:
+        return False
+    driver = session.execute(
+        select(Experiment.driver_host, Experiment.driver_pid)
+        .join(Trial, Trial.experiment_id == Experiment.id)
+        .where(Trial.id == run.trial_id)
+    ).first()
+    if driver is None or driver.driver_pid is None:
+        return False
+    if driver.driver_host is None or not is_local_host(driver.driver_host):
+        return True
+    return pid_running(driver.driver_pid)
 
 
 def request_stop(session: Session, run: TrialRun) -> None:

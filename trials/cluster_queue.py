@@ -16,14 +16,17 @@ transaction-scoped advisory lock. Inside that transaction the decision
    scheduling, whole-agent fits and the backfilling reservation;
 4. claims the slots of every placement, whichever experiment it belongs to (the
    ledger row carries the trial and experiment; the owner's heartbeat renews it), and
-   writes the placement on the queue row;
+   writes the placement and the claim's token on the queue row;
 5. with ``preemption: true`` in the pool, asks the fewest lower-priority running trials
    that let the blocked head fit to checkpoint and stop;
 6. writes each waiting trial's reason in plain words.
 
 The calling driver gets back the placed trials of its own experiment (placed by this
 decision or an earlier one of another driver) and starts them; every other driver
-starts its own on its next tick.
+starts its own on its next tick. A placed row is handed out only while the ledger
+still holds every one of its slots for its trial under its claim's token; one whose
+claim is gone goes back to waiting. The launch checks the token once more, in the
+transaction that records the run (:func:`trials.allocations.confirm_claim`).
 
 Example:
     >>> with session_scope(url) as session:  # doctest: +SKIP
@@ -57,6 +60,7 @@ from storage import (
 )
 from trials import allocations as slot_ledger
 from trials import warm_jobs
+from trials.allocations import ClaimedPlacement
 from trials.attempts import request_stop
 from trials.labels import trial_label
 from trials.scheduler import (
@@ -220,12 +224,13 @@ def decide(
     processes_gone: Callable[[int], bool],
     unavailable_agents: Collection[str] = (),
     now: _dt.datetime | None = None,
-) -> list[tuple[int, Placement]]:
+) -> list[tuple[int, ClaimedPlacement]]:
     """Place the whole queue of ``pool`` once; the placed trials of ``experiment_id``.
 
     Runs in the caller's transaction (``session_scope``: the caller commits). The
-    returned trials' queue rows are deleted: the caller starts them now, or gives
-    their slots back (:func:`trials.allocations.release`) and queues them again.
+    returned trials' queue rows are deleted: the caller starts them now (the launch
+    confirms each claim's token), or gives their slots back
+    (:func:`trials.allocations.release`) and queues them again.
     ``processes_gone(trial_id)`` confirms an expired lease's trial has ended
     (:func:`trials.allocations.reclaim_stale`); ``unavailable_agents`` take no
     trial (a lost or drained node).
@@ -347,7 +352,8 @@ def _drop_dead_experiments(session: Session, now: _dt.datetime, lease_s: float) 
     """Delete the queue rows of experiments no live driver runs.
 
     A dead driver's heartbeat stops; after ``lease_s`` its queued trials leave the
-    queue (their claims, if a decision placed them, expire with their leases).
+    queue, and the claims of those a decision had placed are released with them: the
+    driver took none of them (taking deletes the row), so none can start.
     """
     cutoff = now - _dt.timedelta(seconds=lease_s)
     dead = select(Experiment.id).where(
@@ -357,6 +363,13 @@ def _drop_dead_experiments(session: Session, now: _dt.datetime, lease_s: float) 
             Experiment.driver_heartbeat_at < cutoff,
         )
     )
+    placed = session.execute(
+        select(QueuedTrial.trial_id, QueuedTrial.claim_token).where(
+            QueuedTrial.experiment_id.in_(dead), QueuedTrial.placement.is_not(None)
+        )
+    ).all()
+    for trial_id, token in placed:
+        slot_ledger.release_claim(session, trial_id, token)
     session.execute(
         delete(QueuedTrial)
         .where(QueuedTrial.experiment_id.in_(dead))
@@ -433,22 +446,21 @@ def _place(
     for placement in placements:
         trial_id = placement.request_id
         assert isinstance(trial_id, int)
-        if not slot_ledger.claim(
+        token = slot_ledger.claim(
             session,
             placement,
             trial_id=trial_id,
             experiment_id=experiment_of[trial_id],
             lease_s=lease_s,
-        ):
+        )
+        if token is None:
             continue  # cannot happen under the queue lock; the next decision retries
         session.execute(
             update(QueuedTrial)
             .where(QueuedTrial.trial_id == trial_id)
             .values(
-                placement=[
-                    {"agent": part.agent.name, "host": part.agent.host, "slots": list(part.slots)}
-                    for part in placement.agents
-                ],
+                placement=warm_jobs.placement_record(placement),
+                claim_token=token,
                 reason=None,
                 decided_at=now,
             )
@@ -685,7 +697,13 @@ def _agent(pool: ResourcePool, name: str, host: str, slots: Sequence[int]) -> Ag
 
 def _take_placed(
     session: Session, pool: ResourcePool, experiment_id: int
-) -> list[tuple[int, Placement]]:
+) -> list[tuple[int, ClaimedPlacement]]:
+    """The experiment's placed trials whose claims hold; their queue rows are deleted.
+
+    A placed row whose claim no longer holds every one of its slots (released by a
+    resume, reclaimed after its lease expired) goes back to waiting for a decision,
+    and what is left of its claim is freed: the same slots may be another trial's now.
+    """
     rows = list(
         session.scalars(
             select(QueuedTrial)
@@ -697,7 +715,7 @@ def _take_placed(
             .order_by(QueuedTrial.priority, QueuedTrial.trial_id)
         )
     )
-    placed: list[tuple[int, Placement]] = []
+    placed: list[tuple[int, ClaimedPlacement]] = []
     for row in rows:
         assert row.placement is not None
         parts = tuple(
@@ -707,7 +725,12 @@ def _take_placed(
             )
             for part in row.placement
         )
-        placed.append((row.trial_id, Placement(row.trial_id, pool.name, parts)))
+        placement = ClaimedPlacement(row.trial_id, pool.name, parts, token=row.claim_token)
+        if not slot_ledger.holds(session, row.trial_id, placement, row.claim_token):
+            slot_ledger.release_claim(session, row.trial_id, row.claim_token)
+            slot_ledger.unplace(session, row.trial_id)
+            continue
+        placed.append((row.trial_id, placement))
         session.delete(row)
     return placed
 

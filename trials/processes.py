@@ -6,9 +6,11 @@ own (so signalling ``torchrun``'s process group misses them), each with a line
 prefixer and perhaps DataLoader workers of its own. They are one unit: ending a trial
 ends every one of them, and a slot is free only once all of them are gone.
 
-A process is named by :class:`ProcessRef`: host, pid and the kernel's start time.
-Comparing the start time is what makes a pid safe to act on after a driver crash:
-the pid of a long-dead rank may belong to someone else's process by then. Every
+A process is named by :class:`ProcessRef`: host, pid and the kernel's start time
+(:func:`start_time`). Comparing the start time is what makes a pid safe to act on
+after a driver crash: the pid of a long-dead rank may belong to someone else's process
+by then. The same time is the process row's ``started_at``, compared with times the
+database records. Every
 process of an attempt also carries the attempt's launch token in its environment
 (:data:`LAUNCH_TOKEN_ENV_VAR`), which finds processes whose pid was never recorded
 (a driver killed between starting ``torchrun`` and writing its pid).
@@ -36,9 +38,30 @@ import psutil
 
 LAUNCH_TOKEN_ENV_VAR = "SLOTSWEEP_LAUNCH_TOKEN"
 _LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
-# psutil derives start times from boot time and clock ticks; a clock adjustment can
-# shift them a little, while a reused pid starts at least this much later.
+# Start times come from boot time and clock ticks; a clock adjustment can shift them a
+# little (and rows written before start_time() existed are up to a second early),
+# while a reused pid starts at least this much later.
 _START_TIME_TOLERANCE_S = 1.0
+
+
+def start_time(process: psutil.Process) -> float:
+    """When ``process`` started, in seconds since the epoch, to the kernel's clock tick.
+
+    The kernel counts a process's start in clock ticks since boot. psutil's
+    ``create_time`` adds them to the boot time of ``/proc/stat``, which is whole
+    seconds: up to a second early, enough to put a relaunch before the end of the
+    attempt it replaced. The boot time is taken from the clocks instead (the wall
+    clock less the time since boot, suspend included).
+
+    Example:
+        >>> abs(start_time(psutil.Process()) - time.time()) < 3600 * 24 * 365
+        True
+    """
+    boot_clock = getattr(time, "CLOCK_BOOTTIME", None)
+    if boot_clock is None:
+        return float(process.create_time())
+    booted = time.time() - time.clock_gettime(boot_clock)
+    return float(process.create_time() - psutil.boot_time() + booted)
 
 
 def is_local_host(host: str) -> bool:
@@ -57,7 +80,25 @@ class ProcessRef:
     @classmethod
     def of(cls, pid: int, host: str | None = None) -> ProcessRef:
         """The reference of the live local process ``pid`` (raises if it is gone)."""
-        return cls(host or socket.gethostname(), pid, psutil.Process(pid).create_time())
+        return cls(host or socket.gethostname(), pid, start_time(psutil.Process(pid)))
+
+    def same_as(self, other: ProcessRef) -> bool:
+        """Whether ``other`` names the same process (a reused pid starts later).
+
+        Start times of one process taken at two moments may differ a little (the boot
+        time is read from the clocks each time), so they are compared with a tolerance.
+
+        Example:
+            >>> ProcessRef("h", 7, 100.0).same_as(ProcessRef("h", 7, 100.000004))
+            True
+            >>> ProcessRef("h", 7, 100.0).same_as(ProcessRef("h", 7, 160.0))
+            False
+        """
+        return (
+            self.host == other.host
+            and self.pid == other.pid
+            and abs(self.create_time - other.create_time) <= _START_TIME_TOLERANCE_S
+        )
 
     def local_process(self) -> psutil.Process | None:
         """The live process this names on this machine, or None (gone or elsewhere)."""
@@ -65,7 +106,7 @@ class ProcessRef:
             return None
         try:
             process = psutil.Process(self.pid)
-            if abs(process.create_time() - self.create_time) > _START_TIME_TOLERANCE_S:
+            if not self.same_as(ProcessRef(self.host, self.pid, start_time(process))):
                 return None  # the pid was reused
             if process.status() == psutil.STATUS_ZOMBIE:
                 return None
@@ -79,6 +120,20 @@ def is_alive(ref: ProcessRef) -> bool | None:
     if not is_local_host(ref.host):
         return None
     return ref.local_process() is not None
+
+
+def pid_running(pid: int) -> bool:
+    """Whether a local process ``pid`` runs (a zombie does not; a stopped one does).
+
+    Without its start time a reused pid counts as running: callers use it where
+    "running" is the cautious answer.
+    """
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    except psutil.AccessDenied:
+        return True
 
 
 def processes_with_token(token: str) -> list[psutil.Process]:

@@ -100,5 +100,24 @@ def timings_from_env(env: Mapping[str, str] | None = None) -> Timings:
     return _parse_once((os.environ if env is None else env).get(TIMINGS_ENV_VAR, ""))
 
 
+def lease_timings(lease_s: float) -> str:
+    """The ``SLOTSWEEP_TIMINGS`` value for a lease of ``lease_s`` seconds.
+
+    The heartbeat comes at least four times per lease, and a driver is taken as gone
+    after as long as the lease (or the default, when that is longer), so a short lease
+    is renewed in time. For tests and benchmarks that stop drivers on purpose.
+
+    Example:
+        >>> lease_timings(3)
+        'lease_s=3,heartbeat_every_s=0.75,driver_stale_after_s=20'
+    """
+    defaults = Timings()
+    heartbeat_s = min(defaults.heartbeat_every_s, lease_s / 4)
+    stale_s = max(defaults.driver_stale_after_s, lease_s)
+    return (
+        f"lease_s={lease_s:g},heartbeat_every_s={heartbeat_s:g},driver_stale_after_s={stale_s:g}"
+    )
+
+
 # Read on every liveness check: each distinct value is parsed once.
 _parse_once = functools.lru_cache(maxsize=8)(parse_timings)

@@ -29,9 +29,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import delete, null, select, update
+from sqlalchemy import delete, select, update
 
 from storage import Allocation, QueuedTrial, Trial, TrialProcess, TrialRun, WarmJob, utcnow
+from trials.allocations import new_claim_token, unplace
 from trials.labels import trial_label
 
 if TYPE_CHECKING:
@@ -127,12 +128,7 @@ def close_job(session: Session, job_id: int, reason: str | None = None) -> None:
     """
     reserved = session.scalar(select(WarmJob.reserved_trial_id).where(WarmJob.id == job_id))
     if reserved is not None:
-        session.execute(
-            update(QueuedTrial)
-            .where(QueuedTrial.trial_id == reserved)
-            # SQL NULL, not JSON null: "placed" means the column is set.
-            .values(placement=null(), reason=None)
-        )
+        unplace(session, reserved)
     session.execute(
         update(WarmJob)
         .where(WarmJob.id == job_id, WarmJob.ended_at.is_(None))
@@ -277,17 +273,25 @@ def idle_jobs(session: Session, pool: str) -> list[IdleJob]:
 
 def reserve(session: Session, job_id: int, trial_id: int, now: _dt.datetime) -> None:
     """Hold idle job ``job_id`` for ``trial_id``: its slots move to the trial, and the
-    trial's queue row is placed on the job's agents (its driver hands it over)."""
+    trial's queue row is placed on the job's agents (its driver hands it over).
+
+    The reservation is a claim like a decision's: a fresh token on the job's ledger rows
+    and on the queue row, which the launch re-checks (a job closed meanwhile, its rows
+    gone, starts nothing).
+    """
     job = session.get(WarmJob, job_id)
     assert job is not None
+    token = new_claim_token()
     session.execute(
-        update(Allocation).where(Allocation.warm_job_id == job_id).values(trial_id=trial_id)
+        update(Allocation)
+        .where(Allocation.warm_job_id == job_id)
+        .values(trial_id=trial_id, claim_token=token)
     )
     job.reserved_trial_id = trial_id
     session.execute(
         update(QueuedTrial)
         .where(QueuedTrial.trial_id == trial_id)
-        .values(placement=job.placement, reason=None, decided_at=now)
+        .values(placement=job.placement, claim_token=token, reason=None, decided_at=now)
     )
 
 

@@ -7,7 +7,7 @@ import datetime as _dt
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from storage import (
     Allocation,
@@ -261,3 +261,97 @@ def test_the_decision_runs_on_postgresql(postgres_url: str) -> None:  # noqa: F8
     (placed,) = decide(postgres_url, high)
     assert placed[0] == big
     assert reasons(postgres_url)[f"{low}.0"] == "no agent in pool default has 1 free slot"
+
+
+ONE_SLOT = ResourcePool("default", (Agent("a0", "127.0.0.1", (0,)),))
+
+
+def _decide_on(db_url: str, pool: ResourcePool, experiment_id: int) -> list[tuple[int, Any]]:
+    with session_scope(db_url) as session:
+        return cluster_queue.decide(
+            session, pool, experiment_id=experiment_id, lease_s=30, processes_gone=lambda t: True
+        )
+
+
+def _slot_users(placed: list[tuple[int, Placement]]) -> dict[tuple[str, int], list[int]]:
+    users: dict[tuple[str, int], list[int]] = {}
+    for trial_id, placement in placed:
+        for part in placement.agents:
+            for slot in part.slots:
+                users.setdefault((part.agent.name, slot), []).append(trial_id)
+    return users
+
+
+def test_a_resume_s_release_never_leaves_a_placement_that_shares_slots_with_a_new_one(
+    db_url: str,
+) -> None:
+    # Issue 26, without processes: another search's decision places trial X of "mine";
+    # X's driver is SIGKILLed before it starts X; the resume's recovery releases X's
+    # claim (what `end_leftovers` does); the resumed driver queues Y and decides.
+    mine, (x, y) = experiment(db_url, "mine", 2)
+    other, _ = experiment(db_url, "other", 0)
+    entry = cluster_queue.QueueEntry(trial_id=x, experiment_id=mine, pool=ONE_SLOT.name, slots=1)
+    with session_scope(db_url) as session:
+        cluster_queue.enqueue(session, [entry])
+    assert _decide_on(db_url, ONE_SLOT, other) == []  # X is placed for its own driver
+    with session_scope(db_url) as session:
+        allocations.release(session, x)  # the resume ends X's leftovers
+    with session_scope(db_url) as session:
+        cluster_queue.enqueue(session, [entry, dataclasses.replace(entry, trial_id=y)])
+    placed = _decide_on(db_url, ONE_SLOT, mine)
+    # One trial on the one slot, and the ledger holds it for that trial.
+    assert [users for users in _slot_users(placed).values() if len(users) > 1] == []
+    assert len(placed) == 1
+    with session_scope(db_url) as session:
+        holders = {(a.agent, a.slot): a.trial_id for a in session.scalars(select(Allocation))}
+    assert holders == {("a0", 0): placed[0][0]}
+
+
+def test_a_placement_whose_claim_is_gone_waits_for_a_new_decision(db_url: str) -> None:
+    # Whatever removed the claim (here: the rows deleted by hand), the placed row is
+    # not handed out; it waits, and the next decision places it again.
+    mine, (x,) = experiment(db_url, "mine", 1)
+    other, _ = experiment(db_url, "other", 0)
+    queue(db_url, mine, [x])
+    assert decide(db_url, other) == []
+    with session_scope(db_url) as session:
+        session.execute(delete(Allocation))
+    assert decide(db_url, mine) == []
+    with session_scope(db_url) as session:
+        row = session.get(QueuedTrial, x)
+        assert row is not None and row.placement is None and row.claim_token is None
+    ((placed_id, placement),) = decide(db_url, mine)
+    assert placed_id == x
+    with session_scope(db_url) as session:
+        assert allocations.holds(session, x, placement, placement.token)
+
+
+def test_releasing_a_claim_clears_its_placement_in_the_same_transaction(db_url: str) -> None:
+    mine, (x,) = experiment(db_url, "mine", 1)
+    other, _ = experiment(db_url, "other", 0)
+    queue(db_url, mine, [x])
+    decide(db_url, other)
+    with session_scope(db_url) as session:
+        row = session.get(QueuedTrial, x)
+        assert row is not None and row.placement and row.claim_token
+        allocations.release(session, x)
+        session.flush()
+        session.refresh(row)
+        assert (row.placement, row.claim_token, row.reason) == (None, None, None)
+
+
+def test_a_dead_driver_s_placed_trials_give_their_claims_back(db_url: str) -> None:
+    dead, (x,) = experiment(db_url, "dead", 1)
+    live, (y,) = experiment(db_url, "live", 1)
+    queue(db_url, dead, [x])
+    decide(db_url, live)  # places the dead experiment's X (its driver was alive then)
+    with session_scope(db_url) as session:
+        row = session.get(Experiment, dead)
+        assert row is not None
+        row.driver_heartbeat_at = utcnow() - _dt.timedelta(seconds=60)
+    queue(db_url, live, [y])
+    decide(db_url, live)
+    with session_scope(db_url) as session:
+        owners = {a.trial_id for a in session.scalars(select(Allocation))}
+        assert session.get(QueuedTrial, x) is None
+    assert owners == {y}

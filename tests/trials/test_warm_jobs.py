@@ -211,3 +211,21 @@ def test_closing_a_reserved_job_puts_its_trial_back_in_the_queue(db_url: str) ->
     assert _ledger(db_url) == {}
     # The next decision places it like any waiting trial.
     assert [trial_id for trial_id, _ in decide(db_url, search)] == [waiting]
+
+
+def test_a_reservation_is_a_fenced_claim_like_a_decision_s(db_url: str) -> None:
+    # The reserved trial's driver gets the reservation's token; once the job is closed
+    # (its ranks exited between the decision and the hand-over) the launch is refused.
+    search, (last, waiting) = experiment(db_url, "warm", 2, slots=2)
+    job = _idle_job(db_url, search, last, (0, 1))
+    queue(db_url, search, [waiting], slots=2)
+    ((trial_id, placement),) = decide(db_url, search)
+    assert trial_id == waiting and placement.token
+    with session_scope(db_url) as session:
+        tokens = set(session.scalars(select(Allocation.claim_token)))
+        assert tokens == {placement.token}
+        allocations.confirm_claim(session, waiting, placement, lease_s=30)
+    with session_scope(db_url) as session:
+        warm_jobs.close_job(session, job, "its ranks exited")
+    with pytest.raises(allocations.ClaimLostError), session_scope(db_url) as session:
+        allocations.confirm_claim(session, waiting, placement, lease_s=30)
