@@ -76,6 +76,31 @@ def _signal_dispositions_restored() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+@pytest.fixture(autouse=True)
+def _no_process_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """SIGKILL what a slow test left running in its temporary folder once it ends.
+
+    A test that fails half-way leaves its drivers, ``torchrun``s and ranks behind (they
+    run in sessions of their own); with several xdist workers on two cores they would
+    slow every later test into a flake. Each of them works in the test's folder.
+    """
+    if request.node.get_closest_marker("slow") is None or "tmp_path" not in request.fixturenames:
+        yield
+        return
+    import psutil
+
+    # Asked for here, tmp_path is set up before this fixture and so torn down after it.
+    root = str(request.getfixturevalue("tmp_path"))
+    yield
+    for process in psutil.process_iter():
+        try:
+            cwd = process.cwd()
+            if process.pid != os.getpid() and (cwd == root or cwd.startswith(root + os.sep)):
+                process.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES_DIR = REPO_ROOT / "examples"
 POSTGRES_SCRIPT = REPO_ROOT / ".ci" / "postgres.sh"
