@@ -228,6 +228,47 @@ class PostgresServer:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """``postgresql://`` URL of one server on 127.0.0.1 for the whole session, stopped by PID."""
+    folder = Path(tempfile.mkdtemp(prefix="slotsweep-pg-"))
+    port = free_port()
+    started = subprocess.run(
+        ["bash", str(POSTGRES_SCRIPT), "start", str(folder), str(port)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if started.returncode != 0:
+        pytest.fail(f"PostgreSQL did not start: {started.stderr[-2000:]}")
+    try:
+        yield f"postgresql://slotsweep@127.0.0.1:{port}/slotsweep"
+    finally:
+        subprocess.run(
+            ["bash", str(POSTGRES_SCRIPT), "stop", str(folder)], check=False, timeout=60
+        )
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_url(postgres_server: str) -> str:
+    """A database of this test's own on the session's server: nothing another test left
+    (a killed driver's queued trials, say) is in it."""
+    import sqlalchemy as sa
+
+    name = f"test_{uuid.uuid4().hex[:16]}"
+    admin = sa.create_engine(
+        postgres_server.replace("postgresql://", "postgresql+psycopg://", 1),
+        isolation_level="AUTOCOMMIT",
+    )
+    try:
+        with admin.connect() as connection:
+            connection.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    finally:
+        admin.dispose()
+    return f"{postgres_server.rsplit('/', 1)[0]}/{name}"
+
+
 @pytest.fixture
 def postgres() -> Iterator[PostgresServer]:
     """A server of this test's own, to stop and restart (the shared one must not be)."""

@@ -31,7 +31,12 @@ from sqlalchemy import select
 
 from storage import Allocation, Experiment, TrialRun, session_scope
 from tests.conftest import PostgresServer
-from tests.searcher.conftest import assert_search_consistent, start_cli, write_experiment
+from tests.searcher.conftest import (
+    assert_search_consistent,
+    start_cli,
+    wait_for,
+    write_experiment,
+)
 from trials.processes import LAUNCH_TOKEN_ENV_VAR
 from trials.timings import TIMINGS_ENV_VAR, lease_timings
 
@@ -151,6 +156,13 @@ def _alive(process: psutil.Process) -> bool:
         return False
 
 
+def _heartbeat_written(db: str, name: str) -> bool:
+    with session_scope(db) as session:
+        return bool(
+            session.scalar(select(Experiment.driver_heartbeat_at).where(Experiment.name == name))
+        )
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_a_driver_stopped_past_its_lease_never_shares_a_slot(
     tmp_path: Path, cli_env: dict[str, str], backend: str, request: pytest.FixtureRequest
@@ -170,6 +182,9 @@ def test_a_driver_stopped_past_its_lease_never_shares_a_slot(
         frozen = start_cli(["run", str(frozen_yaml), *common], env, tmp_path)
         other = start_cli(["run", str(other_yaml), *common], env, tmp_path)
         freezes = in_window = 0
+        # A freeze is noticed against the driver's previous heartbeat: the first one
+        # comes after its start, however slowly a loaded machine starts it.
+        wait_for(lambda: _heartbeat_written(db, "frozen"), what="the frozen driver's heartbeat")
         try:
             while freezes < FREEZES and frozen.poll() is None:
                 if freezes % 2:
