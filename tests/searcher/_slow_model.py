@@ -1,8 +1,11 @@
 """A test-only digits trial that runs slowly enough to be interrupted on purpose.
 
 ``data.batch_delay_s`` sleeps in every training batch (of attempts before
-``data.fast_from_attempt`` only, if that is set); ``data.gate_file`` holds every trial
-at its start until that file exists (a test opens the gate once it has set the scene);
+``data.fast_from_attempt`` only, if that is set); ``data.gate_file`` holds a trial at
+its start, with its slots, until that file exists (a test opens the gate once it has set
+the scene). Both apply to the trials whose Optuna numbers ``data.slow_trials`` lists
+only, if that is set: a test holds or slows the trials it interrupts and lets the others
+train at full speed.
 ``data.fsync_delay_s`` slows
 ``os.fsync`` in the trial's processes, which holds a checkpoint mid-write long enough
 for a test to crash the machine at that moment (fault injection, test code only).
@@ -25,11 +28,13 @@ from trials.runtime import PyTorchTrialContext
 class SlowDigitsTrial(DigitsTrial):
     def __init__(self, context: PyTorchTrialContext) -> None:
         super().__init__(context)
-        self._batch_delay_s = float(context.data.get("batch_delay_s", 0.0))
-        fast_from = context.data.get("fast_from_attempt")
-        if fast_from is not None and context.attempt >= int(fast_from):
-            self._batch_delay_s = 0.0
-        gate = context.data.get("gate_file")
+        data = context.data
+        slow_trials = data.get("slow_trials")
+        chosen = slow_trials is None or context.spec.optuna_trial_number in slow_trials
+        fast_from = data.get("fast_from_attempt")
+        slow = chosen and (fast_from is None or context.attempt < int(fast_from))
+        self._batch_delay_s = float(data.get("batch_delay_s", 0.0)) if slow else 0.0
+        gate = data.get("gate_file") if chosen else None
         while gate is not None and not os.path.exists(gate):
             time.sleep(0.05)
         fsync_delay_s = float(context.data.get("fsync_delay_s", 0.0))

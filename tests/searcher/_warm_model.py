@@ -12,7 +12,9 @@ Every trial records in the worker's ``context.cache`` that it ran, and prints ho
 many trials the cache saw before it: the one place state crosses trials on purpose.
 
 ``data.fail_trial`` (a trial number) makes that trial raise after its first epoch;
-``data.batch_delay_s`` slows every batch down (a trial long enough to interrupt).
+``data.batch_delay_s`` slows every batch down (a trial long enough to interrupt): of the
+trials whose numbers ``data.slow_trials`` lists only, and of attempts before
+``data.fast_from_attempt`` only, where those are set.
 """
 
 from __future__ import annotations
@@ -48,7 +50,13 @@ class MutatingTrial(PyTorchTrial):
         print(f"cache saw trials {list(seen)} before trial {number}", flush=True)
         seen.append(number)
         self.fail = context.spec.data.get("fail_trial") == number
-        self.delay_s = float(context.spec.data.get("batch_delay_s", 0.0))
+        data = context.spec.data
+        slow_trials = data.get("slow_trials")
+        fast_from = data.get("fast_from_attempt")
+        slow = (slow_trials is None or number in slow_trials) and (
+            fast_from is None or context.attempt < int(fast_from)
+        )
+        self.delay_s = float(data.get("batch_delay_s", 0.0)) if slow else 0.0
         if context.get_hparam("mutate_first") and number == 0:
             _mutate_process()
         # Built after any mutation, as a careless trial's next neighbour would be.

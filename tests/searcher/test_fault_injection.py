@@ -61,7 +61,7 @@ pytestmark = pytest.mark.slow
 
 # Driver kills happen at moments drawn from this seed, so a failure can be replayed.
 KILL_SEED = 13
-DRIVER_KILLS = 10
+DRIVER_KILLS = 6
 # Trials of the search that the driver is crashed in.
 SEARCH_TRIALS = 4
 # How long the ranks of a killed torchrun may outlive it.

@@ -210,15 +210,16 @@ def test_resume_after_a_killed_driver_ends_its_warm_job_and_runs_nothing_twice(
     tmp_path: Path, cli_env: dict[str, str]
 ) -> None:
     db = f"sqlite:///{tmp_path / 'sweep.db'}"
-    # About 16 s a trial: the driver is killed while the second trains on the warm job,
-    # once it has a checkpoint to go on from.
+    # The second trial's first attempt takes about 16 s: the driver is killed while it
+    # trains on the warm job, once it has a checkpoint to go on from. The other trials,
+    # and that trial's next attempt, train at full speed.
     path = _experiment(
         tmp_path / "exp",
         seed=5,
         trials=3,
         epochs=8,
         reuse_workers=True,
-        data={"batch_delay_s": 0.25},
+        data={"batch_delay_s": 0.25, "slow_trials": [1], "fast_from_attempt": 1},
     )
     driver = start_cli(["run", str(path), "--db", db, "--slots", "2"], cli_env, tmp_path)
 

@@ -186,8 +186,12 @@ def _open(driver: Any, url: str, title: str, ready: Callable[[Any], bool], shot:
         wait.until(ready)
     except TimeoutException:
         driver.save_screenshot(str(driver.screenshots / f"{shot}-timeout.png"))
+        # The screenshot's folder is gone once pytest prunes old runs: the page's text
+        # (and any exception box in it) goes into the failure itself.
+        shown = driver.find_element(By.TAG_NAME, "body").text
         pytest.fail(
-            f"{url}: the page did not show {title!r} and its content within {WAIT_S:.0f} s"
+            f"{url}: the page did not show {title!r} and its content within {WAIT_S:.0f} s; "
+            f"it showed:\n{shown[:3000]}"
         )
     errors = driver.find_elements(By.CSS_SELECTOR, '[data-testid="stException"]')
     _screenshot(driver, shot)

@@ -229,6 +229,17 @@ def release_accelerator_memory() -> None:
     """
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return
+    # cuBLAS keeps a workspace per handle and stream for the life of the process,
+    # allocated through the caching allocator wherever the trial's first matrix product
+    # found room: often inside the largest block the trial had freed, which then cannot
+    # be returned (seen on an H100: a 32 MiB workspace pinned a 1 GiB block into the
+    # next trial). Dropped here, the next trial's first product allocates a new one.
+    # torch has no public call for it; without the private one the cache is emptied
+    # around the workspaces, as before.
+    clear_cublas_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear_cublas_workspaces is not None:
+        torch.cuda.synchronize()
+        clear_cublas_workspaces()
     # One call empties every device's cache; entering each device instead would create
     # a CUDA context on GPUs this rank never used.
     torch.cuda.empty_cache()
