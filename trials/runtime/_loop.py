@@ -42,7 +42,7 @@ from trials.runtime._data import ResumableDistributedSampler, ShardSampler, batc
 from trials.runtime._distributed import gather_to_chief
 from trials.runtime._metrics import MetricAccumulator, reduce_means, unpack_means
 from trials.runtime._outcome import TrialOutcome
-from trials.runtime._timing import PhaseProfiler, WindowedTimings
+from trials.runtime._timing import NO_PROFILER, PhaseProfiler, Profiler, WindowedTimings
 from trials.runtime._trial import PyTorchTrial
 
 
@@ -95,11 +95,16 @@ class ManagedLoop:
         self.last_report_step = 0
         self._restored_rng: Any = None
         self._train_metrics = MetricAccumulator()
-        self._timings = (
-            WindowedTimings(self.spec.profiling.window_batches)
-            if self.spec.profiling.enabled and context.is_chief
-            else None
-        )
+        self.profiler = self._profiler()
+        if self.spec.restore_checkpoint_path:
+            self._restore(self.spec.restore_checkpoint_path)
+
+    # -- set-up --------------------------------------------------------------------------
+
+    def _profiler(self) -> Profiler:
+        """Rank 0's phase timings when profiling is on; the stand-in elsewhere."""
+        if not (self.spec.profiling.enabled and self.context.is_chief):
+            return NO_PROFILER
         sync: Callable[[], None] | None = None
         sample_every = 1
         if self.device.type == "cuda":
@@ -109,11 +114,11 @@ class ManagedLoop:
                 torch.cuda.synchronize(device)
 
             sample_every = self.spec.profiling.sync_every
-        self.profiler = PhaseProfiler(self._timings, sample_every=sample_every, sync=sync)
-        if self.spec.restore_checkpoint_path:
-            self._restore(self.spec.restore_checkpoint_path)
-
-    # -- set-up --------------------------------------------------------------------------
+        return PhaseProfiler(
+            WindowedTimings(self.spec.profiling.window_batches),
+            sample_every=sample_every,
+            sync=sync,
+        )
 
     def _build_data(self) -> None:
         ctx = self.context
