@@ -13,6 +13,11 @@ a crash leaves only a ``.tmp-*`` directory behind. A write that fails (the disk 
 full, the folder read-only) removes its temporary directory, leaves the checkpoints
 written before it untouched, and raises :class:`CheckpointStorageError`: one line
 naming the folder and the operating system's reason.
+
+Who writes: rank 0 holds a :class:`TrialCheckpoints`, which writes the files and
+records the checkpoint's row; every other rank holds :data:`NO_CHECKPOINTS`, which
+writes nothing (the trial's checkpoint is rank 0's state, gathered where it must be).
+Callers save on every rank alike; the choice is made once, where the context is built.
 """
 
 from __future__ import annotations
@@ -21,11 +26,14 @@ import json
 import os
 import random
 import shutil
-from collections.abc import Mapping
+import uuid as uuid_lib
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
+
+from trials.runtime._recording import Recorder
 
 STATE_FILE = "state.pt"
 METADATA_FILE = "metadata.json"
@@ -115,6 +123,95 @@ def _write(
         raise
     size = sum(p.stat().st_size for p in final.iterdir() if p.is_file())
     return final, size
+
+
+class CheckpointWriter(Protocol):
+    """Where a rank's checkpoints go: rank 0 writes and records them, the others nothing."""
+
+    def write(
+        self,
+        build_state: Callable[[], Mapping[str, Any]],
+        *,
+        steps_completed: int,
+        epoch: float | None,
+        metrics: Mapping[str, float],
+    ) -> str | None:
+        """Write what ``build_state()`` returns as a new checkpoint; its uuid, if written.
+
+        ``metrics`` are the validation metrics reported at ``steps_completed``.
+        """
+        ...
+
+
+class TrialCheckpoints:
+    """Rank 0's writer: the files under the trial's folder, then the row, then garbage.
+
+    The row is recorded synchronously: once :meth:`write` returns, a restart finds the
+    checkpoint.
+    """
+
+    def __init__(
+        self, directory: Path, *, experiment_id: int, trial_id: int, recorder: Recorder
+    ) -> None:
+        self.directory = directory
+        self._experiment_id = experiment_id
+        self._trial_id = trial_id
+        self._recorder = recorder
+
+    def write(
+        self,
+        build_state: Callable[[], Mapping[str, Any]],
+        *,
+        steps_completed: int,
+        epoch: float | None,
+        metrics: Mapping[str, float],
+    ) -> str:
+        uuid = str(uuid_lib.uuid4())
+        path, size = write_checkpoint(
+            self.directory,
+            uuid,
+            build_state(),
+            {
+                "uuid": uuid,
+                "trial_id": self._trial_id,
+                "experiment_id": self._experiment_id,
+                "steps_completed": steps_completed,
+                "epoch": epoch,
+                "metrics": dict(metrics),
+                "format": FORMAT_VERSION,
+            },
+        )
+        self._recorder.checkpoint(
+            uuid=uuid,
+            step=steps_completed,
+            epoch=epoch,
+            path=path,
+            size_bytes=size,
+            metrics=metrics,
+        )
+        return uuid
+
+
+class NoCheckpoints:
+    """The writer of a rank that writes no checkpoint: its state is not built at all.
+
+    Example:
+        >>> NO_CHECKPOINTS.write(dict, steps_completed=4, epoch=None, metrics={}) is None
+        True
+    """
+
+    def write(
+        self,
+        build_state: Callable[[], Mapping[str, Any]],
+        *,
+        steps_completed: int,
+        epoch: float | None,
+        metrics: Mapping[str, float],
+    ) -> None:
+        return None
+
+
+NO_CHECKPOINTS = NoCheckpoints()
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:

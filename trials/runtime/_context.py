@@ -15,8 +15,8 @@ aggregation and mixed precision work without the user's code knowing about them.
 from __future__ import annotations
 
 import contextlib
+import enum
 import math
-import uuid as uuid_lib
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -29,9 +29,11 @@ from trials._batching import per_slot_batch_size
 from trials._config import Length, RuntimeSpec
 from trials.runtime._checkpoint import (
     FORMAT_VERSION,
+    NO_CHECKPOINTS,
+    CheckpointWriter,
+    TrialCheckpoints,
     read_checkpoint,
     trial_checkpoint_dir,
-    write_checkpoint,
 )
 from trials.runtime._data import batches_per_epoch
 from trials.runtime._distributed import (
@@ -41,9 +43,19 @@ from trials.runtime._distributed import (
 )
 from trials.runtime._metrics import MetricAccumulator, reduce_means, unpack_means
 from trials.runtime._precision import PrecisionPlan, resolve_mixed_precision
-from trials.runtime._recorder import ChiefRecorder
+from trials.runtime._preemption import NO_PREEMPTION, ChiefPreemption, Preemption
+from trials.runtime._recording import NO_RECORDER, Recorder
 
+# What user code passes to ``wrap_lr_scheduler``; the runtime keeps an LRStepMode.
 StepMode = Literal["optimizer_step", "epoch", "manual"]
+
+
+class LRStepMode(str, enum.Enum):
+    """When the managed loop steps a wrapped LR scheduler."""
+
+    OPTIMIZER_STEP = "optimizer_step"  # after every optimizer step
+    EPOCH = "epoch"  # at every epoch's end
+    MANUAL = "manual"  # never: the user's code calls step()
 
 
 class InvalidTrialError(ValueError):
@@ -97,12 +109,24 @@ class TrialContext:
         spec: RuntimeSpec,
         info: DistributedInfo,
         device: torch.device,
-        recorder: ChiefRecorder | None = None,
+        recorder: Recorder = NO_RECORDER,
     ) -> None:
         self.spec = spec
         self.distributed = info
         self.device = device
+        # The optional parts, chosen here once: rank 0 writes checkpoints and decides on
+        # preemption, the other ranks hold stand-ins and follow rank 0's collectives.
         self._recorder = recorder
+        self._checkpoints: CheckpointWriter = NO_CHECKPOINTS
+        self._preemption: Preemption = NO_PREEMPTION
+        if info.is_chief:
+            self._checkpoints = TrialCheckpoints(
+                self.checkpoint_dir,
+                experiment_id=spec.experiment_id,
+                trial_id=spec.trial_id,
+                recorder=recorder,
+            )
+            self._preemption = ChiefPreemption(recorder)
         if "global_batch_size" not in spec.hparams:
             raise InvalidTrialError(
                 "hyperparameters.global_batch_size: required (a positive integer, at least "
@@ -243,8 +267,7 @@ class TrialContext:
             metrics, self.spec.optimizations.average_training_metrics or self.is_chief
         )
         self.steps_reported = max(self.steps_reported, steps_completed)
-        if self._recorder is not None:
-            self._recorder.training_metrics(steps_completed, None, means)
+        self._recorder.training_metrics(steps_completed, None, means)
 
     def report_validation_metrics(
         self, steps_completed: int, metrics: Mapping[str, Any], *, epoch: float | None = None
@@ -272,8 +295,6 @@ class TrialContext:
             )
         self._latest_validation = (steps_completed, means)
         self.steps_reported = max(self.steps_reported, steps_completed)
-        if self._recorder is None:
-            return
         self._recorder.validation_metrics(steps_completed, epoch, means)
         if self.spec.pruning:
             if self.spec.max_length.unit == "epochs" and epoch is not None:
@@ -290,12 +311,10 @@ class TrialContext:
         """
         if not self.spec.pruning:
             return False
-        decision = self._recorder.should_prune() if self._recorder is not None else False
-        decision = broadcast_flag(decision, self.device)
+        decision = broadcast_flag(self._recorder.should_prune(), self.device)
         if decision and not self.pruned:
             self.pruned = True
-            if self._recorder is not None:
-                self._recorder.pruned(self.steps_reported)
+            self._recorder.pruned(self.steps_reported)
         return decision
 
     # -- checkpoints -----------------------------------------------------------------
@@ -312,41 +331,21 @@ class TrialContext:
 
     def _write_checkpoint(
         self,
-        state: Mapping[str, Any],
+        build_state: Callable[[], Mapping[str, Any]],
         *,
         steps_completed: int,
         epoch: float | None,
-    ) -> str:
-        """Rank 0 only: write ``state`` atomically, record it, collect garbage; the uuid."""
-        if self._recorder is None:
-            raise RuntimeError("only rank 0 writes checkpoints")
+    ) -> str | None:
+        """Write the state as a checkpoint where this rank writes one (rank 0); its uuid.
+
+        The checkpoint keeps the validation metrics reported at the same step.
+        """
         metrics: dict[str, float] = {}
         if self._latest_validation is not None and self._latest_validation[0] == steps_completed:
             metrics = self._latest_validation[1]
-        uuid = str(uuid_lib.uuid4())
-        path, size = write_checkpoint(
-            self.checkpoint_dir,
-            uuid,
-            state,
-            {
-                "uuid": uuid,
-                "trial_id": self.trial_id,
-                "experiment_id": self.experiment_id,
-                "steps_completed": steps_completed,
-                "epoch": epoch,
-                "metrics": metrics,
-                "format": FORMAT_VERSION,
-            },
+        return self._checkpoints.write(
+            build_state, steps_completed=steps_completed, epoch=epoch, metrics=metrics
         )
-        self._recorder.checkpoint(
-            uuid=uuid,
-            step=steps_completed,
-            epoch=epoch,
-            path=path,
-            size_bytes=size,
-            metrics=metrics,
-        )
-        return uuid
 
     def save_checkpoint(
         self, state: Mapping[str, Any], steps_completed: int, *, epoch: float | None = None
@@ -356,15 +355,16 @@ class TrialContext:
         Returns the checkpoint's uuid on every rank. Only rank 0's ``state`` is written;
         the checkpoint records the validation metrics reported at the same step.
         """
-        uuid = None
-        if self.is_chief:
-            payload = {
+        uuid = self._write_checkpoint(
+            lambda: {
                 "format": FORMAT_VERSION,
                 "kind": "core",
                 "steps_completed": steps_completed,
                 "user_state": dict(state),
-            }
-            uuid = self._write_checkpoint(payload, steps_completed=steps_completed, epoch=epoch)
+            },
+            steps_completed=steps_completed,
+            epoch=epoch,
+        )
         return str(broadcast_object(uuid))
 
     def load_latest_checkpoint(self) -> LoadedCheckpoint | None:
@@ -383,8 +383,7 @@ class TrialContext:
                 "save_checkpoint"
             )
         steps = int(state["steps_completed"])
-        if self._recorder is not None:
-            self._recorder.rewind(steps)
+        self._recorder.rewind(steps)
         self.steps_reported = steps
         return LoadedCheckpoint(state=state["user_state"], steps_completed=steps, path=str(path))
 
@@ -412,13 +411,13 @@ class PyTorchTrialContext(TrialContext):
         spec: RuntimeSpec,
         info: DistributedInfo,
         device: torch.device,
-        recorder: ChiefRecorder | None = None,
+        recorder: Recorder = NO_RECORDER,
     ) -> None:
         super().__init__(spec, info, device, recorder)
         self.models: list[torch.nn.Module] = []
         self.wrapped_models: list[torch.nn.Module] = []
         self.optimizers: list[torch.optim.Optimizer] = []
-        self.lr_schedulers: list[tuple[torch.optim.lr_scheduler.LRScheduler, StepMode]] = []
+        self.lr_schedulers: list[tuple[torch.optim.lr_scheduler.LRScheduler, LRStepMode]] = []
         self.precision: PrecisionPlan = resolve_mixed_precision(
             spec.optimizations.mixed_precision, device
         )
@@ -466,11 +465,13 @@ class PyTorchTrialContext(TrialContext):
         """Register ``scheduler``; the loop steps it after every optimizer step (default),
         at every epoch end (``"epoch"``), or never (``"manual"``: you call ``step()``).
         """
-        if step_mode not in ("optimizer_step", "epoch", "manual"):
+        try:
+            mode = LRStepMode(step_mode)
+        except ValueError:
             raise InvalidTrialError(
                 f"wrap_lr_scheduler: step_mode must be optimizer_step, epoch or manual, got {step_mode!r}"
-            )
-        self.lr_schedulers.append((scheduler, step_mode))
+            ) from None
+        self.lr_schedulers.append((scheduler, mode))
         return scheduler
 
     # -- the step --------------------------------------------------------------------

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -37,15 +37,13 @@ from trials.runtime._checkpoint import (
     read_checkpoint,
     restore_rng_state,
 )
-from trials.runtime._context import InvalidTrialError, PyTorchTrialContext
+from trials.runtime._context import InvalidTrialError, LRStepMode, PyTorchTrialContext
 from trials.runtime._data import ResumableDistributedSampler, ShardSampler, batch_sizes
 from trials.runtime._distributed import gather_to_chief
 from trials.runtime._metrics import MetricAccumulator, reduce_means, unpack_means
-from trials.runtime._signals import stop_asked
-from trials.runtime._timing import PhaseProfiler, WindowedTimings
+from trials.runtime._outcome import TrialOutcome
+from trials.runtime._timing import NO_PROFILER, PhaseProfiler, Profiler, WindowedTimings
 from trials.runtime._trial import PyTorchTrial
-
-Outcome = Literal["finished", "pruned", "preempted"]
 
 
 @dataclass(frozen=True)
@@ -97,11 +95,16 @@ class ManagedLoop:
         self.last_report_step = 0
         self._restored_rng: Any = None
         self._train_metrics = MetricAccumulator()
-        self._timings = (
-            WindowedTimings(self.spec.profiling.window_batches)
-            if self.spec.profiling.enabled and context.is_chief
-            else None
-        )
+        self.profiler = self._profiler()
+        if self.spec.restore_checkpoint_path:
+            self._restore(self.spec.restore_checkpoint_path)
+
+    # -- set-up --------------------------------------------------------------------------
+
+    def _profiler(self) -> Profiler:
+        """Rank 0's phase timings when profiling is on; the stand-in elsewhere."""
+        if not (self.spec.profiling.enabled and self.context.is_chief):
+            return NO_PROFILER
         sync: Callable[[], None] | None = None
         sample_every = 1
         if self.device.type == "cuda":
@@ -111,11 +114,11 @@ class ManagedLoop:
                 torch.cuda.synchronize(device)
 
             sample_every = self.spec.profiling.sync_every
-        self.profiler = PhaseProfiler(self._timings, sample_every=sample_every, sync=sync)
-        if self.spec.restore_checkpoint_path:
-            self._restore(self.spec.restore_checkpoint_path)
-
-    # -- set-up --------------------------------------------------------------------------
+        return PhaseProfiler(
+            WindowedTimings(self.spec.profiling.window_batches),
+            sample_every=sample_every,
+            sync=sync,
+        )
 
     def _build_data(self) -> None:
         ctx = self.context
@@ -188,14 +191,11 @@ class ManagedLoop:
     def _checkpoint(self) -> None:
         # Every rank's RNG goes into the checkpoint, so a restore resumes each rank's stream.
         rng_states = gather_to_chief(capture_rng_state(self.device))
-        if self.context.is_chief:
-            state = self._state()
-            state["rng"] = rng_states
-            self.context._write_checkpoint(
-                state,
-                steps_completed=self.step,
-                epoch=self.step / self.schedule.batches_per_epoch,
-            )
+        self.context._write_checkpoint(
+            lambda: {**self._state(), "rng": rng_states},
+            steps_completed=self.step,
+            epoch=self.step / self.schedule.batches_per_epoch,
+        )
         self.last_checkpoint_step = self.step
 
     def _restore(self, path: str) -> None:
@@ -238,10 +238,9 @@ class ManagedLoop:
         if ctx.rank < len(rng) and state.get("world_size") == ctx.world_size:
             # Applied right before the first batch, after everything that draws at set-up.
             self._restored_rng = rng[ctx.rank]
-        if self._timings is not None:
-            self._timings.flush(self.step)
-        if ctx._recorder is not None:
-            ctx._recorder.rewind(self.step)
+        # The profiling window starts at the restored step (its samples are none yet).
+        self.profiler.flush(self.step)
+        ctx._recorder.rewind(self.step)
         ctx.steps_reported = self.step
 
     # -- reports and validation -------------------------------------------------------------
@@ -251,12 +250,8 @@ class ManagedLoop:
         ctx = self.context
         profiler = self.profiler
         accumulator = self._train_metrics
-        preempt = 0.0
-        if ctx.is_chief and ctx._recorder is not None:
-            if stop_asked():
-                ctx._recorder.stop_asked_by_cluster()
-            if ctx._recorder.stop_requested:
-                preempt = 1.0
+        # Rank 0's answer reaches every rank in this report's collective.
+        preempt = 1.0 if ctx._preemption.requested() else 0.0
         names = accumulator.names()
         packed = reduce_means(
             accumulator.sums(self.device),
@@ -268,10 +263,9 @@ class ManagedLoop:
         host = packed.tolist()
         profiler.lap("from_device")
         means, _, extras = unpack_means(names, host)
-        if ctx._recorder is not None:
-            ctx._recorder.training_metrics(
-                self.step, self.step / self.schedule.batches_per_epoch, means
-            )
+        ctx._recorder.training_metrics(
+            self.step, self.step / self.schedule.batches_per_epoch, means
+        )
         ctx.steps_reported = max(ctx.steps_reported, self.step)
         accumulator.reset()
         self.last_report_step = self.step
@@ -302,7 +296,7 @@ class ManagedLoop:
             return False
         return ctx.should_prune()
 
-    def _after_optimizer_step(self, epoch_end: bool) -> Outcome | None:
+    def _after_optimizer_step(self, epoch_end: bool) -> TrialOutcome | None:
         s = self.schedule
         step = self.step
         end = step >= s.max_batches
@@ -325,16 +319,16 @@ class ManagedLoop:
             and self.last_validation_step != step
             and self._validate(final=end)
         ):
-            return "pruned"
+            return TrialOutcome.PRUNED
         if checkpoint_due or end or preempt:
             self._checkpoint()
         if preempt:
-            return "preempted"
+            return TrialOutcome.PREEMPTED
         return None
 
     # -- the loop ------------------------------------------------------------------------
 
-    def run(self) -> Outcome:
+    def run(self) -> TrialOutcome:
         ctx = self.context
         s = self.schedule
         trial = self.trial
@@ -344,14 +338,16 @@ class ManagedLoop:
         no_sync = ctx._no_sync if ctx.distributed.distributed else contextlib.nullcontext
         autocast = ctx.precision.autocast
         scaler = ctx.grad_scaler
-        step_schedulers = [sched for sched, mode in ctx.lr_schedulers if mode == "optimizer_step"]
-        epoch_schedulers = [sched for sched, mode in ctx.lr_schedulers if mode == "epoch"]
+        step_schedulers = [
+            sched for sched, mode in ctx.lr_schedulers if mode is LRStepMode.OPTIMIZER_STEP
+        ]
+        epoch_schedulers = [sched for sched, mode in ctx.lr_schedulers if mode is LRStepMode.EPOCH]
         for m in ctx.wrapped_models:
             m.train()
         if self._restored_rng is not None:
             restore_rng_state(self._restored_rng, self.device)
         iterator = None
-        outcome: Outcome | None = None
+        outcome: TrialOutcome | None = None
         while self.step < s.max_batches:
             if iterator is None:
                 self.train_sampler.set_epoch(self.epoch_idx)
@@ -390,12 +386,11 @@ class ManagedLoop:
                 profiler.lap("step_lr_schedulers")
                 outcome = self._after_optimizer_step(epoch_end)
             windows = profiler.end_batch(self.step)
-            if windows and ctx._recorder is not None:
+            if windows:
                 ctx._recorder.timings(windows)
             if outcome is not None:
                 break
-        if ctx._recorder is not None:
-            ctx._recorder.timings(profiler.flush(self.step))
+        ctx._recorder.timings(profiler.flush(self.step))
         if outcome is None:
-            outcome = "finished"
+            outcome = TrialOutcome.FINISHED
         return outcome

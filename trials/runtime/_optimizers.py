@@ -106,6 +106,15 @@ def build_optimizer(
         raise ValueError(
             f"hparam 'optimizer' must be one of {', '.join(OPTIMIZERS)}; got {name!r}"
         )
+    lr = _scaled_lr_of(hparams, global_batch_size=global_batch_size, world_size=world_size)
+    weight_decay = _number(hparams, "weight_decay", 0.0, low=0.0)
+    if name in ("sgd", "lars"):
+        return _momentum_optimizer(name, params, hparams, lr=lr, weight_decay=weight_decay)
+    return _adaptive_optimizer(name, params, hparams, lr=lr, weight_decay=weight_decay)
+
+
+def _scaled_lr_of(hparams: Mapping[str, Any], *, global_batch_size: int, world_size: int) -> float:
+    """The learning rate ``hparams`` ask for (``lr``, ``lr_scaling``, ``reference_batch_size``)."""
     if "lr" not in hparams:
         raise ValueError("hparam 'lr' is required (a positive number, the base learning rate)")
     base_lr = _number(hparams, "lr", low=0.0, low_open=True)
@@ -117,44 +126,50 @@ def build_optimizer(
     reference_batch_size = _integer(
         hparams, "reference_batch_size", DEFAULT_REFERENCE_BATCH_SIZE, low=1
     )
-    lr = scaled_lr(
+    return scaled_lr(
         base_lr,
         lr_scaling,
         global_batch_size=global_batch_size,
         reference_batch_size=reference_batch_size,
         world_size=world_size,
     )
-    weight_decay = _number(hparams, "weight_decay", 0.0, low=0.0)
 
-    if name in ("sgd", "lars"):
-        momentum = _number(
-            hparams, "momentum", DEFAULT_MOMENTUM, low=0.0, high=1.0, high_open=True
+
+def _momentum_optimizer(
+    name: str, params: ParamsT, hparams: Mapping[str, Any], *, lr: float, weight_decay: float
+) -> torch.optim.Optimizer:
+    """SGD or LARS, with ``momentum``, ``nesterov`` (and LARS's ``trust_coefficient``)."""
+    momentum = _number(hparams, "momentum", DEFAULT_MOMENTUM, low=0.0, high=1.0, high_open=True)
+    nesterov = hparams.get("nesterov", False)
+    if not isinstance(nesterov, bool):
+        raise ValueError(f"hparam 'nesterov' must be true or false; got {nesterov!r}")
+    if nesterov and momentum == 0.0:
+        raise ValueError("hparam 'nesterov' needs a 'momentum' above 0 (got momentum 0)")
+    if name == "sgd":
+        return torch.optim.SGD(
+            params, lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay
         )
-        nesterov = hparams.get("nesterov", False)
-        if not isinstance(nesterov, bool):
-            raise ValueError(f"hparam 'nesterov' must be true or false; got {nesterov!r}")
-        if nesterov and momentum == 0.0:
-            raise ValueError("hparam 'nesterov' needs a 'momentum' above 0 (got momentum 0)")
-        if name == "sgd":
-            return torch.optim.SGD(
-                params, lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay
-            )
-        from pytorch_optimizer import LARS  # lazy: costs ~1 s to import
+    from pytorch_optimizer import LARS  # lazy: costs ~1 s to import
 
-        lars_kwargs: dict[str, Any] = {}
-        if "trust_coefficient" in hparams:
-            lars_kwargs["trust_coefficient"] = _number(
-                hparams, "trust_coefficient", low=0.0, low_open=True
-            )
-        return LARS(
-            params,
-            lr=lr,
-            momentum=momentum,
-            nesterov=nesterov,
-            weight_decay=weight_decay,
-            **lars_kwargs,
+    lars_kwargs: dict[str, Any] = {}
+    if "trust_coefficient" in hparams:
+        lars_kwargs["trust_coefficient"] = _number(
+            hparams, "trust_coefficient", low=0.0, low_open=True
         )
+    return LARS(
+        params,
+        lr=lr,
+        momentum=momentum,
+        nesterov=nesterov,
+        weight_decay=weight_decay,
+        **lars_kwargs,
+    )
 
+
+def _adaptive_optimizer(
+    name: str, params: ParamsT, hparams: Mapping[str, Any], *, lr: float, weight_decay: float
+) -> torch.optim.Optimizer:
+    """Adam, AdamW, RAdam or LAMB, with ``betas`` and ``eps`` when given."""
     adam_kwargs: dict[str, Any] = {}
     if "betas" in hparams:
         adam_kwargs["betas"] = _betas(hparams["betas"])

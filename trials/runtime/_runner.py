@@ -28,7 +28,7 @@ import contextlib
 import importlib
 import os
 import sys
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -46,12 +46,14 @@ from trials.runtime._distributed import (
 )
 from trials.runtime._failure import record_failure
 from trials.runtime._loop import ManagedLoop
+from trials.runtime._outcome import TrialOutcome
 from trials.runtime._recorder import (
     FAILURE_EXIT_CODE,
     ChiefRecorder,
     RankProcess,
     TrialStopped,
 )
+from trials.runtime._recording import NO_RECORDER, Recorder
 from trials.runtime._signals import sigterm_ends_at_once
 from trials.runtime._trial import PyTorchTrial
 
@@ -87,7 +89,23 @@ def load_entrypoint(spec: RuntimeSpec) -> Any:
     return target
 
 
-def _start_system_metrics(spec: RuntimeSpec) -> Any:
+class _Sampler(Protocol):
+    """What the runner holds of a system-metrics sampler: something to stop at the end."""
+
+    def stop(self) -> None: ...
+
+
+class _NoSampler:
+    """The system-metrics sampler of a rank that samples none."""
+
+    def stop(self) -> None:
+        """Nothing was started."""
+
+
+def _start_system_metrics(spec: RuntimeSpec, info: DistributedInfo) -> _Sampler:
+    """The node's sampler of host and GPU metrics: its first rank's, with profiling on."""
+    if not (spec.profiling.enabled and info.is_local_chief):
+        return _NoSampler()
     from trials._system_metrics import SystemMetricsSampler
 
     sampler = SystemMetricsSampler(
@@ -139,7 +157,7 @@ def join_job(spec: RuntimeSpec, info: DistributedInfo) -> bool:
         raise
 
 
-def run_trial(spec: RuntimeSpec, info: DistributedInfo | None = None) -> str:
+def run_trial(spec: RuntimeSpec, info: DistributedInfo | None = None) -> TrialOutcome:
     """Run this rank's part of the trial; the outcome (finished, pruned or preempted).
 
     Raises :class:`InvalidTrialError` for a trial that cannot run as configured, and
@@ -147,8 +165,8 @@ def run_trial(spec: RuntimeSpec, info: DistributedInfo | None = None) -> str:
     """
     info = info or DistributedInfo.from_env()
     joined = False
-    recorder: ChiefRecorder | None = None
-    system_metrics = None
+    recorder: Recorder = NO_RECORDER
+    system_metrics: _Sampler = _NoSampler()
     context: PyTorchTrialContext | None = None
     loop: ManagedLoop | None = None
     restored_step = 0
@@ -158,26 +176,24 @@ def run_trial(spec: RuntimeSpec, info: DistributedInfo | None = None) -> str:
         device = select_device(info)
         with sigterm_ends_at_once():
             joined = init_process_group(info, device)
-        recorder = ChiefRecorder(spec) if info.is_chief else None
-        # One collective, cheap next to the group's own start-up.
-        ranks = gather_to_chief(this_rank_process(spec, info))
-        if recorder is not None and ranks is not None:
-            recorder.register(ranks)
-        if spec.profiling.enabled and info.is_local_chief:
-            system_metrics = _start_system_metrics(spec)
+        # Which rank records is chosen here, once: rank 0 writes to the database.
+        recorder = ChiefRecorder(spec) if info.is_chief else NO_RECORDER
+        # One collective, cheap next to the group's own start-up; only rank 0 gets a list.
+        recorder.register(gather_to_chief(this_rank_process(spec, info)) or [])
+        system_metrics = _start_system_metrics(spec, info)
         target = load_entrypoint(spec)
         context = PyTorchTrialContext(spec, info, device, recorder)
         _seed_everything(context.seed + info.rank)
         if isinstance(target, type) and issubclass(target, PyTorchTrial):
             loop = ManagedLoop(target, context)
             restored_step = loop.step
-            outcome: str = loop.run()
+            outcome = loop.run()
         else:
             target(context)
-            outcome = "pruned" if context.pruned else "finished"
-        if recorder is not None and outcome == "finished":
+            outcome = TrialOutcome.PRUNED if context.pruned else TrialOutcome.FINISHED
+        if outcome is TrialOutcome.FINISHED:
             recorder.finished(context.steps_reported)
-        elif recorder is not None:
+        else:
             recorder.flush()
         return outcome
     except TrialStopped as stop:
@@ -195,10 +211,8 @@ def run_trial(spec: RuntimeSpec, info: DistributedInfo | None = None) -> str:
         _finish_before_terminating()
         raise
     finally:
-        if system_metrics is not None:
-            system_metrics.stop()
-        if recorder is not None:
-            recorder.close()
+        system_metrics.stop()
+        recorder.close()
         if joined:
             destroy_process_group()
         if failure is not None:

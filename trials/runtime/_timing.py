@@ -13,6 +13,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 PHASES = (
     "dataloader_next",
@@ -123,16 +124,44 @@ class WindowedTimings:
         return windows
 
 
+class Profiler(Protocol):
+    """What the training loop calls around its phases, on every batch."""
+
+    @property
+    def active(self) -> bool:
+        """Whether laps are timed at all."""
+        ...
+
+    def begin_batch(self) -> None: ...
+
+    def lap(self, name: str) -> None:
+        """Record the time since the previous lap (or batch start) as phase ``name``."""
+        ...
+
+    def skip(self) -> None:
+        """Restart the lap clock without recording (around work that is not a phase)."""
+        ...
+
+    def end_batch(self, step: int) -> list[TimingWindow]:
+        """Close one batch; the finished windows' aggregates, if a window is full."""
+        ...
+
+    def flush(self, step: int) -> list[TimingWindow]:
+        """The current window's aggregates; the next window starts at ``step``."""
+        ...
+
+
 class PhaseProfiler:
     """Laps of the loop's phases on sampled batches, fed into :class:`WindowedTimings`.
 
     ``sync`` (``torch.cuda.synchronize`` on a GPU) runs before each clock read, but only
-    on sampled batches. An inactive profiler (profiling off, or not rank 0) does nothing.
+    on sampled batches. A rank that does not profile (profiling off, or not rank 0)
+    holds :data:`NO_PROFILER` instead.
     """
 
     def __init__(
         self,
-        timings: WindowedTimings | None,
+        timings: WindowedTimings,
         *,
         sample_every: int = 1,
         sync: Callable[[], None] | None = None,
@@ -148,11 +177,9 @@ class PhaseProfiler:
 
     @property
     def active(self) -> bool:
-        return self.timings is not None
+        return True
 
     def begin_batch(self) -> None:
-        if self.timings is None:
-            return
         self._sampled = self._batch_index % self.sample_every == 0
         self._batch_index += 1
         if self._sampled:
@@ -162,7 +189,7 @@ class PhaseProfiler:
 
     def lap(self, name: str) -> None:
         """Record the time since the previous lap (or batch start) as phase ``name``."""
-        if not self._sampled or self.timings is None:
+        if not self._sampled:
             return
         if self._sync is not None:
             self._sync()
@@ -176,11 +203,36 @@ class PhaseProfiler:
             self._last = self._clock()
 
     def end_batch(self, step: int) -> list[TimingWindow]:
-        if self.timings is None:
-            return []
         return self.timings.end_batch(step)
 
     def flush(self, step: int) -> list[TimingWindow]:
-        if self.timings is None:
-            return []
         return self.timings.flush(step)
+
+
+class NoProfiler:
+    """The profiler of a rank that times nothing: profiling off, or not rank 0.
+
+    No clock read and no synchronisation: each call returns at once.
+    """
+
+    @property
+    def active(self) -> bool:
+        return False
+
+    def begin_batch(self) -> None:
+        """Nothing: no batch is sampled."""
+
+    def lap(self, name: str) -> None:
+        """Nothing: no batch is sampled."""
+
+    def skip(self) -> None:
+        """Nothing: no clock runs."""
+
+    def end_batch(self, step: int) -> list[TimingWindow]:
+        return []
+
+    def flush(self, step: int) -> list[TimingWindow]:
+        return []
+
+
+NO_PROFILER = NoProfiler()

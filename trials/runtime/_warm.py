@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import time
@@ -36,9 +37,13 @@ KEEPALIVE_S = 1.0
 # How often, while idle, rank 0 checks that the driver still heartbeats.
 DRIVER_CHECK_S = 2.0
 
-_WAIT = "wait"
-_RUN = "run"
-_END = "end"
+
+class _Message(enum.Enum):
+    """What rank 0 tells the other ranks of a warm job, with a payload beside it."""
+
+    WAIT = "wait"  # no trial yet: keep waiting (payload None)
+    RUN = "run"  # the next trial (payload: its spec as JSON)
+    END = "end"  # the job ends (payload: why)
 
 
 class WarmChannel:
@@ -85,13 +90,13 @@ class WarmChannel:
 
         return retry_transient(write)
 
-    def _poll(self) -> tuple[str, Any]:
+    def _poll(self) -> tuple[_Message, Any]:
         """Rank 0: one look at the job's row; the message for the other ranks."""
         from sqlalchemy import select, update
 
         from storage import WarmJob, retry_transient, session_scope
 
-        def read() -> tuple[str, Any]:
+        def read() -> tuple[_Message, Any]:
             with session_scope(self.db_url) as session:
                 row = session.execute(
                     select(
@@ -103,17 +108,17 @@ class WarmChannel:
                     ).where(WarmJob.id == self.job_id)
                 ).one_or_none()
                 if row is None or row.ended_at is not None:
-                    return _END, "its warm job is over"
+                    return _Message.END, "its warm job is over"
                 if row.end_requested_at is not None:
-                    return _END, row.end_reason or "its driver ended the warm job"
+                    return _Message.END, row.end_reason or "its driver ended the warm job"
                 if row.next_run_id is None or row.next_spec is None:
-                    return _WAIT, None
+                    return _Message.WAIT, None
                 session.execute(
                     update(WarmJob)
                     .where(WarmJob.id == self.job_id, WarmJob.next_run_id == row.next_run_id)
                     .values(next_run_id=None, next_spec=None)
                 )
-                return _RUN, json.dumps(row.next_spec)
+                return _Message.RUN, json.dumps(row.next_spec)
 
         return retry_transient(read)
 
@@ -134,20 +139,20 @@ class WarmChannel:
             return False
         return utcnow() - row.driver_heartbeat_at < _dt.timedelta(seconds=self.driver_lease_s)
 
-    def _next_message(self) -> tuple[str, Any]:
+    def _next_message(self) -> tuple[_Message, Any]:
         """Rank 0: wait for the next trial or the end, telling the others to wait meanwhile."""
         last_keepalive = last_driver_check = time.monotonic()
         while True:
             kind, payload = self._poll()
-            if kind != _WAIT:
+            if kind is not _Message.WAIT:
                 return kind, payload
             now = time.monotonic()
             if now - last_driver_check >= DRIVER_CHECK_S:
                 last_driver_check = now
                 if not self._driver_alive():
-                    return _END, "its driver stopped heartbeating"
+                    return _Message.END, "its driver stopped heartbeating"
             if now - last_keepalive >= KEEPALIVE_S and self.info.distributed:
-                broadcast_object((_WAIT, None))
+                broadcast_object((_Message.WAIT, None))
                 last_keepalive = now
             time.sleep(POLL_INTERVAL_S)
 
@@ -166,7 +171,11 @@ class WarmChannel:
             staying = self.hand_back(trial_id)
             if meanwhile is not None:
                 meanwhile()
-            message = self._next_message() if staying else (_END, "its driver ended the warm job")
+            message = (
+                self._next_message()
+                if staying
+                else (_Message.END, "its driver ended the warm job")
+            )
             if self.info.distributed:
                 broadcast_object(message)
         else:
@@ -174,10 +183,10 @@ class WarmChannel:
                 meanwhile()
             while True:
                 message = broadcast_object(None)
-                if message[0] != _WAIT:
+                if message[0] is not _Message.WAIT:
                     break
         kind, payload = message
-        if kind == _END:
+        if kind is _Message.END:
             self.end_reason = str(payload)
             return None
         fields = json.loads(payload)

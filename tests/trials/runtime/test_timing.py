@@ -4,7 +4,14 @@ import itertools
 
 import pytest
 
-from trials.runtime._timing import PHASES, PhaseProfiler, WindowedTimings, percentile, summarize
+from trials.runtime._timing import (
+    NO_PROFILER,
+    PHASES,
+    PhaseProfiler,
+    WindowedTimings,
+    percentile,
+    summarize,
+)
 
 
 def test_percentile_matches_numpy_linear_interpolation() -> None:
@@ -85,7 +92,7 @@ def test_profiler_syncs_and_times_only_sampled_batches() -> None:
 
 
 def test_inactive_profiler_records_nothing() -> None:
-    profiler = PhaseProfiler(None)
+    profiler = NO_PROFILER
     profiler.begin_batch()
     profiler.lap("train_batch")
     assert not profiler.active
