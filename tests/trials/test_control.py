@@ -17,7 +17,6 @@ import pytest
 from sqlalchemy import select
 
 from searcher import samplers
-from searcher.config import load_config
 from searcher.experiments import UsageError, create_experiment
 from searcher.experiments import request_action as cli_request_action
 from storage import (
@@ -31,6 +30,7 @@ from storage import (
 )
 from tests.searcher.conftest import write_experiment
 from trials import control
+from trials.config import load_config
 from ui import _actions
 
 STATES = ("never-started", "running", "paused", "COMPLETED", "CANCELED", "ERROR")
