@@ -481,15 +481,17 @@ def _cmd_describe(args: argparse.Namespace) -> int:
 
 def _cmd_pause(args: argparse.Namespace) -> int:
     from searcher.experiments import request_action
+    from trials.control import Action
 
-    print(request_action(_db_url(args, need_schema=True), args.experiment, "pause"))
+    print(request_action(_db_url(args, need_schema=True), args.experiment, Action.PAUSE))
     return 0
 
 
 def _cmd_kill(args: argparse.Namespace) -> int:
     from searcher.experiments import request_action
+    from trials.control import Action
 
-    print(request_action(_db_url(args, need_schema=True), args.experiment, "kill"))
+    print(request_action(_db_url(args, need_schema=True), args.experiment, Action.KILL))
     return 0
 
 

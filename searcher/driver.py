@@ -34,7 +34,7 @@ from pathlib import Path
 from sqlalchemy import select
 
 from searcher import control
-from searcher.control import Control
+from searcher.control import Control, Stop
 from searcher.driver_context import DriverContext, driver_log
 from searcher.experiments import UsageError, executor_problem, trial_counts
 from searcher.outcomes import Outcomes
@@ -226,14 +226,14 @@ class SearchDriver:
             self._last_heartbeat = now
         self._running.reap()
         study.flush_tells()
-        if self._control.action in ("kill", "error"):
+        if self._control.action in (Stop.KILL, Stop.ERROR):
             self._kill_running()
             return (
                 ExperimentState.CANCELED
-                if self._control.action == "kill"
+                if self._control.action == Stop.KILL
                 else ExperimentState.ERROR
             )
-        if self._control.action == "pause":
+        if self._control.action == Stop.PAUSE:
             self._running.preempt()
             if not self._running and not self._running.has_warm_jobs:
                 return ExperimentState.PAUSED

@@ -180,7 +180,7 @@ def best_trials(session: Session, experiment: Experiment, limit: int = 5) -> lis
     )
 
 
-def request_action(db_url: str, ref: str, action: str) -> str:
+def request_action(db_url: str, ref: str, action: control.Action) -> str:
     """``pause``, ``activate`` or ``kill`` the experiment ``ref`` (id or name), from any terminal.
 
     Resolves ``ref`` as every command does, then takes the one path the UI also takes
