@@ -77,6 +77,12 @@ def test_an_unreadable_config_draws_against_batches_without_rungs() -> None:
     assert _curves.asha_rungs(None) == []
 
 
+def test_an_unreadable_stored_config_shows_what_it_can() -> None:
+    assert _queries.typed_config({"searcher": {"metric": "x"}}) is None
+    assert _queries.metric_name(None) == "metric"
+    assert _queries.smaller_is_better(None) is True  # the searcher's default direction
+
+
 def test_hparam_diff_puts_differing_values_first() -> None:
     trials = pd.DataFrame(
         {

@@ -68,8 +68,10 @@ def read_stored_hyperparameters(stored: Any) -> dict[str, Hyperparameter]:
     try:
         return _SPACE.validate_python(space or {})
     except ValidationError as exc:
-        problem = format_config_error(exc.errors()[0])
-        raise StoredConfigError(f"stored experiment config: hyperparameters: {problem}") from None
+        # Located as in the whole config, so the line names the field as users wrote it.
+        error = exc.errors()[0]
+        problem = format_config_error({**error, "loc": ("hyperparameters", *error["loc"])})
+        raise StoredConfigError(f"stored experiment config: {problem}") from None
 
 
 _SPACE: TypeAdapter[dict[str, Hyperparameter]] = TypeAdapter(dict[str, Hyperparameter])
