@@ -14,7 +14,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from searcher.config import ConfigError, ExperimentConfig, load_config, parse_config
     from searcher.consistency import ConsistencyReport, check_consistency
     from searcher.driver import SearchDriver
     from searcher.experiments import UsageError, create_experiment, find_experiment
@@ -26,14 +25,15 @@ if TYPE_CHECKING:
         parse_enqueue_params,
         suggest_hparams,
     )
+    from trials.config import ConfigError, ExperimentConfig, load_config, parse_config
 
 _EXPORTS = {
     "ConsistencyReport": "searcher.consistency",
     "check_consistency": "searcher.consistency",
-    "ConfigError": "searcher.config",
-    "ExperimentConfig": "searcher.config",
-    "load_config": "searcher.config",
-    "parse_config": "searcher.config",
+    "ConfigError": "trials.config",
+    "ExperimentConfig": "trials.config",
+    "load_config": "trials.config",
+    "parse_config": "trials.config",
     "SearchDriver": "searcher.driver",
     "UsageError": "searcher.experiments",
     "create_experiment": "searcher.experiments",

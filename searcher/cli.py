@@ -87,7 +87,7 @@ def _int_in(name: str, low: int, high: int | Callable[[], int]) -> Callable[[str
 
 def _max_trials_limit() -> int:
     # Imported when the option is given, not whenever the parser is built (pydantic is slow).
-    from searcher.config import MAX_TRIALS
+    from trials.config import MAX_TRIALS
 
     return MAX_TRIALS
 
@@ -226,9 +226,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _usage_message(exc: Exception) -> str | None:
     """The one-line (or one line per problem) text of a user mistake, else None."""
-    from searcher.config import ConfigError
     from searcher.experiments import UsageError
     from storage import DatabaseUrlError
+    from trials.config import ConfigError
     from trials.scheduler import ClusterConfigError, UnknownPool, Unschedulable
     from trials.timings import TimingsError
 
@@ -338,9 +338,9 @@ def _print_json(data: object) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from searcher import samplers
-    from searcher.config import load_config
     from searcher.experiments import create_experiment
     from searcher.preflight import check_entrypoint
+    from trials.config import load_config
 
     config_path = Path(args.config)
     if args.test:
@@ -384,16 +384,16 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _cmd_continue(args: argparse.Namespace) -> int:
-    from searcher.config import ExperimentConfig
     from searcher.experiments import extend_experiment, find_experiment
     from storage import session_scope
+    from trials.config import read_stored_config
 
     cluster = _cluster(args)
     _check_database(cluster, args)
     db_url = _db_url(args, need_schema=True)
     with session_scope(db_url) as session:
         experiment = find_experiment(session, args.experiment)
-        _check_fits(cluster, ExperimentConfig.model_validate(experiment.config))
+        _check_fits(cluster, read_stored_config(experiment.config))
     experiment_id, budget = extend_experiment(
         db_url, args.experiment, max_trials=args.max_trials, more_trials=args.more_trials
     )
@@ -419,13 +419,14 @@ def _print_summary(db_url: str, experiment_id: int, state: str) -> None:
     from searcher.experiments import best_trials, trial_counts
     from searcher.tables import best_trials_table
     from storage import Experiment, session_scope
+    from trials.config import read_stored_config
 
     with session_scope(db_url) as session:
         experiment = session.get(Experiment, experiment_id)
         assert experiment is not None
         counts = trial_counts(session, experiment_id)
         best = best_trials(session, experiment)
-        metric = experiment.config["searcher"]["metric"]
+        metric = read_stored_config(experiment.config).searcher.metric
         console = _console()
         console.print(
             f"experiment {experiment_id} {state}: {counts.completed} completed, "
@@ -480,15 +481,17 @@ def _cmd_describe(args: argparse.Namespace) -> int:
 
 def _cmd_pause(args: argparse.Namespace) -> int:
     from searcher.experiments import request_action
+    from trials.control import Action
 
-    print(request_action(_db_url(args, need_schema=True), args.experiment, "pause"))
+    print(request_action(_db_url(args, need_schema=True), args.experiment, Action.PAUSE))
     return 0
 
 
 def _cmd_kill(args: argparse.Namespace) -> int:
     from searcher.experiments import request_action
+    from trials.control import Action
 
-    print(request_action(_db_url(args, need_schema=True), args.experiment, "kill"))
+    print(request_action(_db_url(args, need_schema=True), args.experiment, Action.KILL))
     return 0
 
 
@@ -496,14 +499,14 @@ def _cmd_enqueue(args: argparse.Namespace) -> int:
     import optuna
 
     from searcher import space
-    from searcher.config import ExperimentConfig
     from searcher.experiments import UsageError, find_experiment
     from storage import Experiment, ExperimentState, optuna_storage, session_scope
+    from trials.config import read_stored_config
 
     db_url = _db_url(args, need_schema=True)
     with session_scope(db_url) as session:
         experiment = find_experiment(session, args.experiment)
-        config = ExperimentConfig.model_validate(experiment.config)
+        config = read_stored_config(experiment.config)
         study_name = experiment.study_name
         if experiment.state.is_terminal:
             raise UsageError(

@@ -56,6 +56,7 @@ from storage import (
     session_scope,
     utcnow,
 )
+from trials.config import StoredConfigError, read_stored_hyperparameters
 from trials.processes import ProcessRef
 
 if TYPE_CHECKING:
@@ -260,24 +261,18 @@ def _optuna_trials(db_url: str, study_name: str) -> list[FrozenTrial] | None:
     return list(storage.get_all_trials(study_id, deepcopy=False))
 
 
-def _searched_hyperparameters(config: dict[str, Any]) -> set[str] | None:
+def _searched_hyperparameters(stored_config: Any) -> set[str] | None:
     """The names Optuna suggests: the stored space's non-constant hyperparameters.
 
     Parsed with the config's own types and :func:`searcher.space.distributions`, so what
     counts as searched is decided in one place. None when the stored space does not parse.
     """
-    from pydantic import TypeAdapter, ValidationError
-
-    from searcher.config import Hyperparameter
     from searcher.space import distributions
 
     try:
-        parsed = TypeAdapter(dict[str, Hyperparameter]).validate_python(
-            config.get("hyperparameters") or {}
-        )
-    except ValidationError:
+        return set(distributions(read_stored_hyperparameters(stored_config)))
+    except StoredConfigError:
         return None
-    return set(distributions(parsed))
 
 
 def _same_value(optuna_value: float | None, ours: float) -> bool:

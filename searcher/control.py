@@ -13,12 +13,13 @@ Example:
     >>> install_signal_handlers(control)  # doctest: +SKIP
     >>> heartbeat(ctx, control)  # doctest: +SKIP
     >>> control.action  # doctest: +SKIP
-    'pause'
+    <Stop.PAUSE: 'pause'>
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import os
 import signal
 import socket
@@ -33,6 +34,7 @@ from searcher.experiments import UsageError, driver_alive
 from storage import Experiment, ExperimentState, Trial, TrialState, session_scope, utcnow
 from trials import allocations as slot_ledger
 from trials import cluster_queue
+from trials.control import Action
 from trials.retention import collect_garbage
 
 if TYPE_CHECKING:
@@ -41,14 +43,27 @@ if TYPE_CHECKING:
 _log = driver_log
 
 
+class Stop(str, enum.Enum):
+    """How the driver ends its search early: what Ctrl-C, ``slotsweep pause|kill`` or
+    fail-fast asked for (its values are :class:`~trials.control.Action`'s where they meet).
+    """
+
+    #: No new trials; running ones checkpoint and stop; the experiment is PAUSED.
+    PAUSE = "pause"
+    #: Running trials stop now and fail; the experiment is CANCELED.
+    KILL = "kill"
+    #: The experiment must stop (fail-fast): trials fail with its reason; it is ERROR.
+    ERROR = "error"
+
+
 @dataclass
 class Control:
     """What Ctrl-C and ``slotsweep pause|kill`` asked for."""
 
     interrupts: int = 0
-    action: str | None = None  # "pause", "kill", or "error" (the experiment must stop)
+    action: Stop | None = None
     handlers: dict[int, Any] = field(default_factory=dict)
-    #: Why the experiment must stop (action "error"), for the failed trials' errors.
+    #: Why the experiment must stop (action ERROR), for the failed trials' errors.
     stop_reason: str = ""
 
 
@@ -117,8 +132,11 @@ def heartbeat(ctx: DriverContext, control: Control) -> float | None:
         now = utcnow()
         previous = experiment.driver_heartbeat_at
         experiment.driver_heartbeat_at = now
-        if experiment.requested_action in ("pause", "kill") and control.action != "kill":
-            control.action = experiment.requested_action
+        if (
+            experiment.requested_action in (Action.PAUSE, Action.KILL)
+            and control.action != Stop.KILL
+        ):
+            control.action = Stop(experiment.requested_action)
         slot_ledger.renew_leases(session, ctx.experiment_id, ctx.timings.lease_s)
     age_s = (now - previous).total_seconds() if previous is not None else 0.0
     return age_s if age_s > ctx.timings.lease_s else None
@@ -180,7 +198,7 @@ def install_signal_handlers(control: Control) -> None:
                 "Ctrl-C: no new trials; running trials checkpoint and stop "
                 "(Ctrl-C again to stop now)"
             )
-            control.action = "pause"
+            control.action = Stop.PAUSE
         else:
             raise KeyboardInterrupt
 

@@ -34,8 +34,7 @@ from pathlib import Path
 from sqlalchemy import select
 
 from searcher import control
-from searcher.config import ExperimentConfig
-from searcher.control import Control
+from searcher.control import Control, Stop
 from searcher.driver_context import DriverContext, driver_log
 from searcher.experiments import UsageError, executor_problem, trial_counts
 from searcher.outcomes import Outcomes
@@ -53,6 +52,7 @@ from storage import (
     session_scope,
 )
 from storage._engine import TRANSIENT_DEADLINE_S, DatabaseUnavailableError
+from trials.config import read_stored_config
 from trials.executors import Executor, database_problem, executor_for
 from trials.scheduler import Cluster, check_schedulable
 from trials.timings import timings_from_env
@@ -83,7 +83,7 @@ class SearchDriver:
             self.experiment_id = experiment.id
             self.study_name = experiment.study_name
             self.model_dir = Path(experiment.model_dir)
-            self.config = ExperimentConfig.model_validate(experiment.config)
+            self.config = read_stored_config(experiment.config)
         self.pool = cluster.pool(self.config.resources.resource_pool)
         for slots in self.config.possible_slots_per_trial():
             check_schedulable(self.pool, slots)
@@ -226,14 +226,14 @@ class SearchDriver:
             self._last_heartbeat = now
         self._running.reap()
         study.flush_tells()
-        if self._control.action in ("kill", "error"):
+        if self._control.action in (Stop.KILL, Stop.ERROR):
             self._kill_running()
             return (
                 ExperimentState.CANCELED
-                if self._control.action == "kill"
+                if self._control.action == Stop.KILL
                 else ExperimentState.ERROR
             )
-        if self._control.action == "pause":
+        if self._control.action == Stop.PAUSE:
             self._running.preempt()
             if not self._running and not self._running.has_warm_jobs:
                 return ExperimentState.PAUSED

@@ -22,7 +22,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from searcher.config import ExperimentConfig
+from trials.config import ExperimentConfig
 from trials.executors import Executor
 from trials.labels import trial_label
 from trials.scheduler import ResourcePool

@@ -11,7 +11,6 @@ from typing import Any, Literal
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from searcher.config import ExperimentConfig
 from storage import (
     Experiment,
     ExperimentState,
@@ -23,6 +22,7 @@ from storage import (
     utcnow,
 )
 from trials import control
+from trials.config import ExperimentConfig, SearcherConfig, read_stored_config
 from trials.control import driver_alive
 
 __all__ = [
@@ -164,7 +164,7 @@ def trial_counts(session: Session, experiment_id: int) -> TrialCounts:
 
 def best_trials(session: Session, experiment: Experiment, limit: int = 5) -> list[Trial]:
     """Completed trials ordered best first by the searcher metric."""
-    smaller = bool(experiment.config["searcher"].get("smaller_is_better", True))
+    smaller = read_stored_config(experiment.config).searcher.smaller_is_better
     value = Trial.searcher_metric_value
     return list(
         session.scalars(
@@ -180,7 +180,7 @@ def best_trials(session: Session, experiment: Experiment, limit: int = 5) -> lis
     )
 
 
-def request_action(db_url: str, ref: str, action: str) -> str:
+def request_action(db_url: str, ref: str, action: control.Action) -> str:
     """``pause``, ``activate`` or ``kill`` the experiment ``ref`` (id or name), from any terminal.
 
     Resolves ``ref`` as every command does, then takes the one path the UI also takes
@@ -236,20 +236,22 @@ def extend_experiment(
                 f"{source}: experiment {experiment.id} already has {so_far} trials; the new "
                 f"budget must be more than that, got {max_trials}"
             )
-        config = dict(experiment.config)
-        config["searcher"] = {**config["searcher"], "max_trials": max_trials}
+        stored = read_stored_config(experiment.config)
         try:
-            parsed = ExperimentConfig.model_validate(config)
+            searcher = SearcherConfig.model_validate(
+                {**stored.searcher.model_dump(), "max_trials": max_trials}
+            )
         except ValidationError as exc:
             reason = exc.errors()[0]["msg"]
             raise UsageError(f"{source}: {reason}, got {max_trials}") from None
+        parsed = stored.model_copy(update={"searcher": searcher})
         if parsed.searcher.name == "grid" and space.grid_size(parsed.hyperparameters) <= so_far:
             raise UsageError(
                 f"{source}: all {so_far} points of experiment {experiment.id}'s grid have "
                 "run; a grid search cannot be extended"
             )
         # A new dict (not an in-place change) so SQLAlchemy sees the JSON column change.
-        experiment.config = config
+        experiment.config = parsed.model_dump(mode="json")
         experiment.max_trials = max_trials
         experiment.state = ExperimentState.PAUSED
         experiment.ended_at = None

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Literal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from searcher.control import Control, Stop
 from searcher.driver_context import DriverContext, driver_log
 from searcher.failures import (
     FailureRecord,
@@ -48,7 +49,6 @@ from storage import Metric, MetricKind, Trial, TrialFailure, TrialRun, TrialStat
 from trials.launcher import write_log_line
 
 if TYPE_CHECKING:
-    from searcher.control import Control
     from searcher.placement import PendingQueue
 
 _log = driver_log
@@ -332,7 +332,7 @@ class Outcomes:
         reason = fail_fast_reason(outcomes, limit)
         if reason is not None:
             _log.warning("stopping the experiment: %s (fail_fast_trials: %d)", reason, limit)
-            self.control.action = "error"
+            self.control.action = Stop.ERROR
             self.control.stop_reason = reason
 
 

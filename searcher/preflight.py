@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from searcher._entrypoint_probe import MARKER
 
 if TYPE_CHECKING:
-    from searcher.config import ExperimentConfig
+    from trials.config import ExperimentConfig
 
 # Importing torch costs 1-2 s; a module that takes minutes to import is a problem too.
 TIMEOUT_S = 120.0

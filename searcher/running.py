@@ -32,7 +32,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from searcher.control import Control
+from searcher.control import Control, Stop
 from searcher.driver_context import DriverContext, driver_log
 from searcher.experiments import UsageError
 from searcher.outcomes import Outcomes
@@ -654,7 +654,7 @@ class RunningTrials:
     def kill(self, control: Control) -> None:
         """End every running trial's processes; requeue them, or fail them on kill.
 
-        On ``control.action`` "kill" the trials fail ("killed by user"), on "error" they
+        On ``control.action`` KILL the trials fail ("killed by user"), on ERROR they
         fail with the experiment's stop reason, else they wait QUEUED for a resume.
         Optuna's tells are queued in :attr:`outcomes`: flush them after this returns.
         """
@@ -673,10 +673,10 @@ class RunningTrials:
                     slot_ledger.release(session, running.trial_id)
                     if running.warm_job_id is not None:
                         warm_jobs.close_job(session, running.warm_job_id, "the search stopped")
-                if control.action == "kill":
+                if control.action == Stop.KILL:
                     trial.error = "killed by user"
                     self.outcomes.fail(trial)
-                elif control.action == "error":
+                elif control.action == Stop.ERROR:
                     trial.error = f"experiment stopped: {control.stop_reason}"
                     self.outcomes.fail(trial)
                 else:

@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from searcher import samplers
-from searcher.config import ExperimentConfig
 from searcher.driver_context import DriverContext
 from storage import Checkpoint, Trial
 from trials import RuntimeSpec
-from trials._config import WarmSpec
+from trials.config import ExperimentConfig, WarmSpec
 
 
 def checkpoint_root(config: ExperimentConfig, model_dir: Path) -> Path:

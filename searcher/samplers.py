@@ -15,7 +15,7 @@ seed fixes the shuffled order of the grid that stored trials' grid ids refer to,
 keeps the config's seed (a running grid trial's number picks its point).
 
 Example:
-    >>> from searcher.config import parse_config
+    >>> from trials.config import parse_config
     >>> cfg = parse_config({
     ...     "name": "demo", "entrypoint": "model:Trial",
     ...     "hyperparameters": {"global_batch_size": 64,
@@ -35,9 +35,9 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any, Literal
 
-from searcher.config import ExperimentConfig
 from searcher.space import grid_search_space
 from trials import PrunerSpec
+from trials.config import ExperimentConfig
 
 if TYPE_CHECKING:
     import optuna
@@ -76,7 +76,7 @@ def build_sampler(
     resumed; it shifts the seed (module docstring).
 
     Example:
-        >>> from searcher.config import parse_config
+        >>> from trials.config import parse_config
         >>> cfg = parse_config({
         ...     "name": "demo", "entrypoint": "model:Trial",
         ...     "hyperparameters": {"global_batch_size": 64},
@@ -142,7 +142,7 @@ def pruner_spec(config: ExperimentConfig) -> PrunerSpec | None:
       step 0, so ``n_warmup_steps: 2`` keeps two completed epochs from being pruned.
 
     Example:
-        >>> from searcher.config import parse_config
+        >>> from trials.config import parse_config
         >>> cfg = parse_config({
         ...     "name": "demo", "entrypoint": "model:Trial",
         ...     "hyperparameters": {"global_batch_size": 64},
@@ -188,7 +188,7 @@ def build_pruner(config: ExperimentConfig) -> optuna.pruners.BasePruner:
     """The driver's pruner: :func:`pruner_spec` built, or ``NopPruner`` for none.
 
     Example:
-        >>> from searcher.config import parse_config
+        >>> from trials.config import parse_config
         >>> cfg = parse_config({
         ...     "name": "demo", "entrypoint": "model:Trial",
         ...     "hyperparameters": {"global_batch_size": 64},
@@ -211,7 +211,7 @@ def study_directions(config: ExperimentConfig) -> list[Direction]:
     """Optuna directions: the searcher metric first, then each cost objective (minimized).
 
     Example:
-        >>> from searcher.config import parse_config
+        >>> from trials.config import parse_config
         >>> cfg = parse_config({
         ...     "name": "demo", "entrypoint": "model:Trial",
         ...     "hyperparameters": {"global_batch_size": 64},

@@ -9,7 +9,7 @@ Mapping, by hyperparameter type:
 
 - ``const``: not an Optuna parameter; its value is copied into every trial's hparams.
 - ``int``: ``IntDistribution(minval, maxval)``. With ``count`` the range is restricted to
-  ``count`` evenly spaced integers (:meth:`searcher.config.IntHP.points`) for every
+  ``count`` evenly spaced integers (:meth:`trials.config.IntHP.points`) for every
   searcher, not only grid: when the points are equally spaced (``count - 1`` divides
   ``maxval - minval``) this is a stepped ``IntDistribution``, otherwise a
   ``CategoricalDistribution`` of the rounded points, e.g. ``minval: 1, maxval: 8,
@@ -23,7 +23,7 @@ Mapping, by hyperparameter type:
 
 Example:
     >>> import optuna
-    >>> from searcher.config import parse_config
+    >>> from trials.config import parse_config
     >>> cfg = parse_config({
     ...     "name": "demo", "entrypoint": "model:Trial",
     ...     "hyperparameters": {
@@ -48,22 +48,23 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from searcher.config import (
+from trials.config import (
     CategoricalHP,
     ConfigError,
     ConstHP,
     DoubleHP,
     IntHP,
     LogHP,
+    YamlError,
     grid_count_problems,
+    parse_yaml,
 )
-from trials._yaml import YamlError, parse_yaml
 
 if TYPE_CHECKING:
     import optuna
     from optuna.distributions import BaseDistribution
 
-    from searcher.config import Hyperparameter
+    from trials.config import Hyperparameter
 
 # The choice types Optuna stores as they are (``optuna.distributions.CategoricalChoiceType``).
 _OPTUNA_CHOICE_TYPES = (type(None), bool, int, float, str)
@@ -73,7 +74,7 @@ def distributions(hyperparameters: Mapping[str, Hyperparameter]) -> dict[str, Ba
     """The Optuna distribution of every searched (non-constant) hyperparameter.
 
     Example:
-        >>> from searcher.config import LogHP
+        >>> from trials.config import LogHP
         >>> distributions({"lr": LogHP(type="log", minval=1e-4, maxval=1e-1)})
         {'lr': FloatDistribution(high=0.1, log=True, low=0.0001, step=None)}
     """
@@ -95,7 +96,7 @@ def suggest_hparams(
 
     Example:
         >>> import optuna
-        >>> from searcher.config import ConstHP, IntHP
+        >>> from trials.config import ConstHP, IntHP
         >>> hps = {"warmup": IntHP(type="int", minval=0, maxval=4, count=3),
         ...        "scaling": ConstHP(type="const", val="linear")}
         >>> suggest_hparams(optuna.trial.FixedTrial({"warmup": 2}), hps)
@@ -134,11 +135,11 @@ def grid_search_space(hyperparameters: Mapping[str, Hyperparameter]) -> dict[str
     to hold ``count`` distinct numbers), every value of a categorical (in Optuna's
     representation, see the module docstring). Constants are left out: they
     are not Optuna parameters, never reach the sampler, and multiply the grid by one.
-    Raises :class:`~searcher.config.ConfigError` naming each numeric hyperparameter
+    Raises :class:`~trials.config.ConfigError` naming each numeric hyperparameter
     without ``count`` (a validated grid config never has one).
 
     Example:
-        >>> from searcher.config import DoubleHP, LogHP
+        >>> from trials.config import DoubleHP, LogHP
         >>> grid_search_space({"lr": LogHP(type="log", minval=1e-3, maxval=1e-1, count=3),
         ...                    "dropout": DoubleHP(type="double", minval=0, maxval=0.5, count=2)})
         {'lr': [0.001, 0.01, 0.1], 'dropout': [0.0, 0.5]}
@@ -164,7 +165,7 @@ def grid_size(hyperparameters: Mapping[str, Hyperparameter]) -> int:
     """How many distinct trials a grid search has (the product of the axes' lengths).
 
     Example:
-        >>> from searcher.config import CategoricalHP, IntHP
+        >>> from trials.config import CategoricalHP, IntHP
         >>> grid_size({"opt": CategoricalHP(type="categorical", vals=["sgd", "adamw"]),
         ...            "warmup": IntHP(type="int", minval=0, maxval=4, count=3)})
         6
@@ -188,7 +189,7 @@ def parse_enqueue_params(
     one line naming the key and what is allowed.
 
     Example:
-        >>> from searcher.config import CategoricalHP, LogHP
+        >>> from trials.config import CategoricalHP, LogHP
         >>> hps = {"lr": LogHP(type="log", minval=1e-4, maxval=1e-1),
         ...        "opt": CategoricalHP(type="categorical", vals=["sgd", "adamw"])}
         >>> parse_enqueue_params(hps, ["lr=0.01", "opt=adamw"])

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 
 from searcher import samplers, space
-from searcher.config import ExperimentConfig
 from searcher.driver_context import DriverContext, driver_log
 from searcher.experiments import trial_counts
 from storage import (
@@ -33,6 +32,7 @@ from storage import (
     session_scope,
     utcnow,
 )
+from trials.config import ExperimentConfig
 
 if TYPE_CHECKING:
     import optuna

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from searcher.experiments import best_trials, trial_counts
 from storage import Checkpoint, CheckpointState, Experiment, Trial, TrialState
 from trials.cluster_queue import queue_view, waiting_reason
+from trials.config import read_stored_config
 from trials.labels import trial_label
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ def experiment_rows(session: Session) -> list[dict[str, Any]]:
                 "completed": counts.completed,
                 "pruned": counts.pruned,
                 "failed": counts.errored,
-                "metric": experiment.config["searcher"]["metric"],
+                "metric": read_stored_config(experiment.config).searcher.metric,
                 "best": best[0].searcher_metric_value if best else None,
             }
         )
@@ -118,7 +119,7 @@ def describe_rows(session: Session, experiment: Experiment) -> dict[str, Any]:
         .where(Trial.experiment_id == experiment.id)
         .order_by(Trial.optuna_trial_number)
     ).all()
-    metric = experiment.config["searcher"]["metric"]
+    metric = read_stored_config(experiment.config).searcher.metric
     queued = {view.trial_id: view for view in queue_view(session, experiment_id=experiment.id)}
     trials = [
         {

@@ -20,7 +20,7 @@ claims of other searches, so run the test when the slots are free.
 
 Exit codes: 0 when every phase passed, 1 when the trial failed (with the exception of
 the rank that failed first), 2 for a config that cannot run (raised as
-:class:`~searcher.config.ConfigError` or the scheduler's errors, which the CLI turns
+:class:`~trials.config.ConfigError` or the scheduler's errors, which the CLI turns
 into one line per problem and exit code 2).
 """
 
@@ -37,8 +37,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from searcher.config import ConfigError, ConstHP, ExperimentConfig, load_config, parse_config
 from searcher.failures import FailureRecord
+from trials.config import ConfigError, ConstHP, ExperimentConfig, load_config, parse_config
 
 if TYPE_CHECKING:
     from trials.scheduler import Cluster
@@ -91,7 +91,7 @@ def first_point(config: ExperimentConfig) -> dict[str, str]:
         >>> first_point(config)  # doctest: +SKIP
         {'global_batch_size': '32', 'lr': '0.0001', 'optimizer': 'sgd'}
     """
-    from searcher.config import CategoricalHP
+    from trials.config import CategoricalHP
 
     point: dict[str, str] = {}
     for name, hp in config.hyperparameters.items():

@@ -4,7 +4,7 @@ Test and benchmark fixtures, not part of the shipped packages. What they write c
 from the code that writes it in a real search, so it cannot drift from it:
 
 - experiments: :func:`searcher.experiments.create_experiment` with a config validated
-  by :func:`searcher.config.parse_config`; samplers and pruners from
+  by :func:`trials.config.parse_config`; samplers and pruners from
   :mod:`searcher.samplers`, hyperparameters from :func:`searcher.space.suggest_hparams`;
 - everything rank 0 records: the runtime's own :class:`trials.runtime.TrialContext`
   with a :class:`trials.runtime._recorder.ChiefRecorder`, as ``run_trial`` builds them
@@ -95,9 +95,9 @@ if TYPE_CHECKING:
     import optuna
     import torch
 
-    from searcher.config import ExperimentConfig
     from trials import RuntimeSpec
     from trials._system_metrics import HostCounters
+    from trials.config import ExperimentConfig
     from trials.runtime import TrialContext
     from trials.runtime._recorder import ChiefRecorder
     from trials.runtime._timing import PhaseProfiler, TimingWindow
@@ -141,7 +141,7 @@ def experiment_config(
     epochs: int = 3,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """An experiment config as a user writes it (validated by ``searcher.config``).
+    """An experiment config as a user writes it (validated by ``trials.config``).
 
     Retention keeps each trial's 2 newest checkpoints and no "best" one, so a trial
     that checkpointed 3 times always has its oldest deleted.
@@ -197,9 +197,9 @@ def _create_experiment(url: str, raw_config: dict[str, Any], model_dir: Path) ->
     The experiment is left ACTIVE with this process as its live driver (a fresh
     heartbeat), as the driver claims it when it starts.
     """
-    from searcher.config import parse_config
     from searcher.experiments import create_experiment
     from searcher.samplers import study_directions
+    from trials.config import parse_config
 
     config = parse_config(raw_config)
     experiment_id = create_experiment(

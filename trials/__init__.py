@@ -4,14 +4,14 @@
 each rank keeps heavy imports (Optuna, SQLAlchemy) lazy so a trial starts fast.
 """
 
-from trials._batching import per_slot_batch_size
-from trials._config import (
+from trials.config import (
     CheckpointStorageConfig,
     Length,
     OptimizationsConfig,
     ProfilingConfig,
     PrunerSpec,
     RuntimeSpec,
+    per_slot_batch_size,
 )
 from trials.retention import CheckpointRecord, checkpoints_to_delete, collect_garbage
 

@@ -62,9 +62,15 @@ from trials import allocations as slot_ledger
 from trials import warm_jobs
 from trials.allocations import ClaimedPlacement
 from trials.attempts import request_stop
+from trials.config import (
+    DEFAULT_PRIORITY,
+    DEFAULT_WEIGHT,
+    ResourcesConfig,
+    StoredConfigError,
+    read_stored_config,
+)
 from trials.labels import trial_label
 from trials.scheduler import (
-    DEFAULT_PRIORITY,
     Agent,
     AgentSlots,
     Placement,
@@ -101,7 +107,7 @@ class QueueEntry:
     pool: str
     slots: int
     priority: int = DEFAULT_PRIORITY
-    weight: float = 1.0
+    weight: float = DEFAULT_WEIGHT
 
 
 @dataclass(frozen=True)
@@ -633,13 +639,16 @@ def _running_requests(
             )
         )
     )
+    rows = session.execute(
+        select(Trial.id, Experiment.id, Experiment.config)
+        .join(Experiment, Experiment.id == Trial.experiment_id)
+        .where(Trial.id.in_(list(by_trial)))
+    ).all()
+    # One parse per experiment, not per trial.
+    configs = {experiment_id: config for _, experiment_id, config in rows}
+    resources = {experiment_id: _resources_of(config) for experiment_id, config in configs.items()}
     priorities = {
-        trial_id: _priority_of(config)
-        for trial_id, config in session.execute(
-            select(Trial.id, Experiment.config)
-            .join(Experiment, Experiment.id == Trial.experiment_id)
-            .where(Trial.id.in_(list(by_trial)))
-        )
+        trial_id: resources[experiment_id].priority for trial_id, experiment_id, _ in rows
     }
     result: dict[int, tuple[RunningRequest, TrialRun]] = {}
     # In the order they started: among equal candidates, the latest started is
@@ -664,9 +673,15 @@ def _running_requests(
     return result
 
 
-def _priority_of(config: dict[str, Any]) -> int:
-    resources = config.get("resources") or {}
-    return int(resources.get("priority", DEFAULT_PRIORITY))
+def _resources_of(stored_config: Any) -> ResourcesConfig:
+    """An experiment's resources; the defaults when its stored config does not read.
+
+    One unreadable row must not stop every driver's placement decisions.
+    """
+    try:
+        return read_stored_config(stored_config).resources
+    except StoredConfigError:
+        return ResourcesConfig()
 
 
 def _placement_of(

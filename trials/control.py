@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import enum
 import os
 import socket
 
@@ -35,7 +36,20 @@ from trials import allocations
 from trials.attempts import end_run, open_runs
 from trials.timings import timings_from_env
 
-ACTIONS = ("pause", "kill", "activate")
+
+class Action(str, enum.Enum):
+    """What a user may ask of a running experiment (``slotsweep pause|kill``, the UI).
+
+    A ``str`` enum: a driver reads ``pause`` and ``kill`` from
+    ``Experiment.requested_action`` as these values (``activate`` is never stored: it
+    withdraws a pause, or is answered at once).
+    """
+
+    PAUSE = "pause"
+    KILL = "kill"
+    ACTIVATE = "activate"
+
+
 # Seconds a leftover rank of a dead driver gets to exit after SIGTERM before SIGKILL.
 _KILL_GRACE_S = 5.0
 
@@ -61,15 +75,18 @@ def driver_alive(experiment: Experiment) -> bool:
     return True
 
 
-def request_action(db_url: str, experiment_id: int, action: str) -> str:
+def request_action(db_url: str, experiment_id: int, action: Action | str) -> str:
     """Carry out ``action`` (pause, activate or kill) on an experiment; what happened, in words.
 
     Raises:
-        ValueError: ``action`` is not one of :data:`ACTIONS`.
+        ValueError: ``action`` is not an :class:`Action` (nor one's value).
         ActionRefused: no such experiment, or it has ended (the message names its state).
     """
-    if action not in ACTIONS:
-        raise ValueError(f"action: must be one of {', '.join(ACTIONS)}, got {action!r}")
+    try:
+        action = Action(action)
+    except ValueError:
+        allowed = ", ".join(member.value for member in Action)
+        raise ValueError(f"action: must be one of {allowed}, got {action!r}") from None
     study_name: str | None = None
     with session_scope(db_url) as session:
         experiment = session.get(Experiment, experiment_id)
@@ -79,14 +96,14 @@ def request_action(db_url: str, experiment_id: int, action: str) -> str:
             raise ActionRefused(_terminal_message(experiment, action))
         if driver_alive(experiment):
             message = _ask_driver(experiment, action)
-        elif action == "kill":
+        elif action == Action.KILL:
             _cancel(session, experiment)
             study_name = experiment.study_name
             message = (
                 f"Experiment {experiment_id} killed: it is CANCELED and its unfinished "
                 "trials are failed (no driver was running)."
             )
-        elif action == "pause":
+        elif action == Action.PAUSE:
             message = _pause_without_driver(experiment)
         else:
             message = (
@@ -100,19 +117,19 @@ def request_action(db_url: str, experiment_id: int, action: str) -> str:
     return message
 
 
-def _terminal_message(experiment: Experiment, action: str) -> str:
+def _terminal_message(experiment: Experiment, action: Action) -> str:
     text = f"Experiment {experiment.id} is already {experiment.state.value}; nothing to do."
-    if action == "activate" and experiment.state == ExperimentState.COMPLETED:
+    if action == Action.ACTIVATE and experiment.state == ExperimentState.COMPLETED:
         text += (
             f" `slotsweep continue {experiment.id} --more-trials K` extends it with K more trials."
         )
     return text
 
 
-def _ask_driver(experiment: Experiment, action: str) -> str:
+def _ask_driver(experiment: Experiment, action: Action) -> str:
     driver = f"its driver (pid {experiment.driver_pid} on {experiment.driver_host})"
-    if action == "activate":
-        if experiment.requested_action == "pause":
+    if action == Action.ACTIVATE:
+        if experiment.requested_action == Action.PAUSE:
             # Withdrawn in time only if the driver has not read it yet; say so.
             experiment.requested_action = None
             return (
@@ -121,15 +138,15 @@ def _ask_driver(experiment: Experiment, action: str) -> str:
                 "once it is PAUSED."
             )
         return f"Experiment {experiment.id} is already running under {driver}; nothing to do."
-    if experiment.requested_action == "kill" and action == "pause":
+    if experiment.requested_action == Action.KILL and action == Action.PAUSE:
         return f"Experiment {experiment.id}: a kill is already requested; it outranks a pause."
-    experiment.requested_action = action
+    experiment.requested_action = action.value
     then = (
         "running trials checkpoint and stop, then it is PAUSED"
-        if action == "pause"
+        if action == Action.PAUSE
         else "running trials stop now, then it is CANCELED"
     )
-    return f"Requested {action} of experiment {experiment.id}; {driver} acts on it at its next poll ({then})."
+    return f"Requested {action.value} of experiment {experiment.id}; {driver} acts on it at its next poll ({then})."
 
 
 def _pause_without_driver(experiment: Experiment) -> str:

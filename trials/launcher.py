@@ -47,8 +47,7 @@ from pydantic import ValidationError
 if TYPE_CHECKING:
     from trials.scheduler import Placement
 
-from trials._config import RuntimeSpec
-from trials._validation import validation_problems
+from trials.config import RuntimeSpec, validation_problems
 from trials.processes import (
     LAUNCH_TOKEN_ENV_VAR,
     ProcessRef,

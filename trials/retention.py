@@ -20,7 +20,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from trials._config import CheckpointStorageConfig
+from trials.config import CheckpointStorageConfig
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, NoReturn
 from trials._prefix import run_prefixed, write_to_log_target
 
 if TYPE_CHECKING:
-    from trials._config import RuntimeSpec
+    from trials.config import RuntimeSpec
 
 
 def die_with_parent() -> None:

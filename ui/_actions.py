@@ -17,10 +17,15 @@ import secrets
 
 from trials import control
 
+# Keyed by the actions' values: the page's radio shows and returns plain text.
 ACTIONS = {
-    "pause": "Pause: start no new trials; running trials stop at their next checkpoint.",
-    "kill": "Kill: stop every running trial now and end the experiment.",
-    "activate": "Activate: withdraw a pending pause, or say how to run a paused experiment.",
+    control.Action.PAUSE.value: (
+        "Pause: start no new trials; running trials stop at their next checkpoint."
+    ),
+    control.Action.KILL.value: "Kill: stop every running trial now and end the experiment.",
+    control.Action.ACTIVATE.value: (
+        "Activate: withdraw a pending pause, or say how to run a paused experiment."
+    ),
 }
 TOKEN_ENV_VAR = "SLOTSWEEP_UI_TOKEN"
 TOKEN_QUERY_PARAM = "token"

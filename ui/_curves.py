@@ -6,43 +6,42 @@ unit and ASHA's rungs fall on it: rung ``k`` is at ``min_resource x
 reduction_factor ** (min_early_stopping_rate + k)``, below ``max_length``.
 
 Example:
-    >>> config = {"searcher": {"max_length": {"epochs": 30}, "pruner": {
-    ...     "name": "asha", "min_resource": 1, "reduction_factor": 3}}}
-    >>> curve_axis(config), asha_rungs(config)
+    >>> from trials.config import SearcherConfig
+    >>> searcher = SearcherConfig.model_validate({
+    ...     "metric": "loss", "max_trials": 4, "max_length": {"epochs": 30},
+    ...     "pruner": {"name": "asha", "min_resource": 1, "reduction_factor": 3}})
+    >>> curve_axis(searcher), asha_rungs(searcher)
     ('epoch', [1.0, 3.0, 9.0, 27.0])
 """
 
 from __future__ import annotations
 
-from typing import Any
+from trials.config import SearcherConfig
 
 
-def _max_length(config: dict[str, Any]) -> tuple[str, float | None]:
-    length = config.get("searcher", {}).get("max_length") or {}
-    if length.get("epochs") is not None:
-        return "epoch", float(length["epochs"])
-    if length.get("batches") is not None:
-        return "step", float(length["batches"])
-    return "step", None
+def curve_axis(searcher: SearcherConfig | None) -> str:
+    """``'epoch'`` or ``'step'`` (batches): the field the curves are drawn against.
+
+    ``searcher`` is None when the experiment's stored config does not read: batches are
+    always recorded.
+    """
+    if searcher is not None and searcher.max_length.unit == "epochs":
+        return "epoch"
+    return "step"
 
 
-def curve_axis(config: dict[str, Any]) -> str:
-    """``'epoch'`` or ``'step'`` (batches): the field the curves are drawn against."""
-    return _max_length(config)[0]
-
-
-def asha_rungs(config: dict[str, Any]) -> list[float]:
+def asha_rungs(searcher: SearcherConfig | None) -> list[float]:
     """The rungs of an ASHA pruner in the curve axis' unit; empty for any other pruner."""
-    pruner = config.get("searcher", {}).get("pruner") or {}
-    if pruner.get("name") != "asha":
+    if searcher is None or searcher.pruner.name != "asha":
         return []
-    _, limit = _max_length(config)
-    resource = float(pruner.get("min_resource", 1))
-    factor = float(pruner.get("reduction_factor", 3))
-    rung = resource * factor ** int(pruner.get("min_early_stopping_rate", 0) or 0)
+    pruner = searcher.pruner
+    limit = float(searcher.max_length.value)
+    # The config bounds reduction_factor >= 2 and max_length, so the rungs are few.
+    factor = float(pruner.reduction_factor)
+    rung = float(pruner.min_resource) * factor**pruner.min_early_stopping_rate
     rungs: list[float] = []
     # A rung at max_length itself decides nothing: training ends there anyway.
-    while (limit is None or rung < limit) and len(rungs) < 32 and factor > 1:
+    while rung < limit:
         rungs.append(rung)
         rung *= factor
     return rungs

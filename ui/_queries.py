@@ -44,8 +44,14 @@ from storage import (
 )
 from trials.allocations import WARM_RESERVED, WARM_RUNNING, trial_holds, warm_state_column
 from trials.cluster_queue import QueuedView, queue_view, waiting_reason
+from trials.config import (
+    ExperimentConfig,
+    ResourcesConfig,
+    SearcherConfig,
+    StoredConfigError,
+    read_stored_config,
+)
 from trials.labels import trial_label
-from trials.scheduler import DEFAULT_PRIORITY
 from ui._units import duration_words
 
 _E = Experiment.__table__
@@ -94,7 +100,10 @@ class ExperimentSummary:
     max_trials: int
     created_at: _dt.datetime
     ended_at: _dt.datetime | None
-    config: dict[str, Any]
+    #: The stored config, typed; None when this version cannot read it.
+    config: ExperimentConfig | None
+    #: The config as stored, shown as it is.
+    stored_config: dict[str, Any]
     requested_action: str | None
     driver_host: str | None
     driver_pid: int | None
@@ -105,15 +114,39 @@ class ExperimentSummary:
 
     @property
     def metric(self) -> str:
-        return str(self.config.get("searcher", {}).get("metric", "metric"))
+        return metric_name(self.config)
 
     @property
     def smaller_is_better(self) -> bool:
-        return bool(self.config.get("searcher", {}).get("smaller_is_better", True))
+        return smaller_is_better(self.config)
 
     @property
     def finished(self) -> int:
         return sum(self.counts.get(s.value, 0) for s in TrialState if s.is_terminal)
+
+
+def typed_config(stored: Any) -> ExperimentConfig | None:
+    """An experiment's stored config, typed; None when this version cannot read it.
+
+    A page shows what it can of such an experiment (its config edited by hand, or
+    written by a newer version) rather than failing.
+    """
+    try:
+        return read_stored_config(stored)
+    except StoredConfigError:
+        return None
+
+
+def metric_name(config: ExperimentConfig | None) -> str:
+    """The searcher metric's name; ``"metric"`` when the config does not read."""
+    return "metric" if config is None else config.searcher.metric
+
+
+def smaller_is_better(config: ExperimentConfig | None) -> bool:
+    """The searcher metric's direction; the model's default when the config does not read."""
+    if config is None:
+        return bool(SearcherConfig.model_fields["smaller_is_better"].default)
+    return config.searcher.smaller_is_better
 
 
 def _frame(result: sa.CursorResult[Any]) -> pd.DataFrame:
@@ -207,7 +240,8 @@ def list_experiments(
     for exp in experiments:
         agg = counts.get(exp.id)
         count = _count_dict(agg) if agg is not None else {s.value: 0 for s in TrialState}
-        smaller = bool((exp.config or {}).get("searcher", {}).get("smaller_is_better", True))
+        config = typed_config(exp.config)
+        smaller = smaller_is_better(config)
         best = None if agg is None else (agg["min_value"] if smaller else agg["max_value"])
         finished = sum(count[s.value] for s in TrialState if s.is_terminal)
         rows.append(
@@ -223,7 +257,7 @@ def list_experiments(
                 "pruned": count["PRUNED"],
                 "failed": count["ERROR"],
                 "best": best,
-                "metric": (exp.config or {}).get("searcher", {}).get("metric"),
+                "metric": None if config is None else config.searcher.metric,
                 "slots_in_use": int(slots.get(exp.id, 0)),
                 "started": exp.created_at,
                 "ended": exp.ended_at,
@@ -298,8 +332,7 @@ def experiment_summary(engine: Engine, experiment_id: int) -> ExperimentSummary 
         slots = conn.execute(
             sa.select(sa.func.count()).select_from(_A).where(_A.c.experiment_id == experiment_id)
         ).scalar_one()
-    config = dict(exp.config or {})
-    smaller = bool(config.get("searcher", {}).get("smaller_is_better", True))
+    config = typed_config(exp.config)
     return ExperimentSummary(
         id=exp.id,
         name=exp.name,
@@ -309,13 +342,14 @@ def experiment_summary(engine: Engine, experiment_id: int) -> ExperimentSummary 
         created_at=exp.created_at,
         ended_at=exp.ended_at,
         config=config,
+        stored_config=dict(exp.config or {}),
         requested_action=exp.requested_action,
         driver_host=exp.driver_host,
         driver_pid=exp.driver_pid,
         driver_heartbeat_at=exp.driver_heartbeat_at,
         counts=_count_dict(agg),
         slots_in_use=int(slots),
-        best_value=agg["min_value"] if smaller else agg["max_value"],
+        best_value=agg["min_value"] if smaller_is_better(config) else agg["max_value"],
     )
 
 
@@ -461,7 +495,7 @@ def latest_trial_id(engine: Engine) -> int | None:
 
 
 def trial_detail(engine: Engine, trial_id: int) -> dict[str, Any] | None:
-    """The trial row with its experiment's name and config."""
+    """The trial row with its experiment's name and typed config (``experiment_config``)."""
     with engine.connect() as conn:
         row = (
             conn.execute(
@@ -480,6 +514,7 @@ def trial_detail(engine: Engine, trial_id: int) -> dict[str, Any] | None:
         return None
     detail = dict(row)
     detail["state"] = _enum_value(detail["state"])
+    detail["experiment_config"] = typed_config(row["experiment_config"])
     return detail
 
 
@@ -965,8 +1000,8 @@ def waiting_trials(
     order = {trial_id: position for position, trial_id in enumerate(views)}
     state = _enum_value(experiment.state)
     # The driver queues its trials at the experiment's priority (``resources.priority``).
-    resources = (experiment.config or {}).get("resources") or {}
-    priority = int(resources.get("priority", DEFAULT_PRIORITY))
+    config = typed_config(experiment.config)
+    priority = (ResourcesConfig() if config is None else config.resources).priority
     rows = []
     for trial in sorted(
         trials, key=lambda t: (order.get(t.id, len(order)), t.optuna_trial_number)

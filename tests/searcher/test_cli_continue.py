@@ -10,9 +10,9 @@ import pytest
 from sqlalchemy import func, select
 
 from searcher import samplers, space
-from searcher.config import ExperimentConfig
 from storage import Experiment, Metric, Trial, optuna_storage, session_scope
 from tests.searcher.conftest import run_cli, write_experiment
+from trials.config import ExperimentConfig
 
 
 def _old_trials_record(db: str) -> list[tuple[int, str, float | None, int]]:

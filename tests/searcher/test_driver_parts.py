@@ -19,7 +19,6 @@ import pytest
 import yaml
 from sqlalchemy import select
 
-from searcher.config import ExperimentConfig, parse_config
 from searcher.control import Control, install_signal_handlers, restore_signal_handlers
 from searcher.driver_context import DriverContext, Timings
 from searcher.failures import RunVerdict
@@ -35,6 +34,7 @@ from searcher.runtime_spec import build_runtime_spec, checkpoint_root
 from searcher.study_side import TellQueue, max_trials, missing_hparams, objective_values
 from storage import Checkpoint, Trial, TrialFailure, TrialRun, TrialState, session_scope
 from tests.conftest import EXAMPLES_DIR, add_experiment
+from trials.config import ExperimentConfig, parse_config
 from trials.scheduler import Agent, ResourcePool
 from trials.timings import timings_from_env
 

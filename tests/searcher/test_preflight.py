@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from searcher._entrypoint_probe import resolve
-from searcher.config import ExperimentConfig, load_config, parse_config
 from searcher.preflight import check_entrypoint
+from trials.config import ExperimentConfig, load_config, parse_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DIGITS = REPO_ROOT / "examples" / "digits"

@@ -11,10 +11,10 @@ from typing import Any
 import optuna
 import pytest
 
-from searcher.config import ExperimentConfig, parse_config
 from searcher.samplers import build_pruner, build_sampler, pruner_spec, study_directions
 from searcher.space import grid_size, suggest_hparams
 from storage import optuna_storage
+from trials.config import ExperimentConfig, parse_config
 
 _HPARAMS: dict[str, Any] = {
     "global_batch_size": {"type": "categorical", "vals": [32, 64]},

@@ -11,7 +11,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from searcher.config import (
+from searcher.space import (
+    distributions,
+    grid_search_space,
+    grid_size,
+    parse_enqueue_params,
+    suggest_hparams,
+)
+from trials.config import (
     CategoricalHP,
     ConfigError,
     ConstHP,
@@ -19,13 +26,6 @@ from searcher.config import (
     Hyperparameter,
     IntHP,
     LogHP,
-)
-from searcher.space import (
-    distributions,
-    grid_search_space,
-    grid_size,
-    parse_enqueue_params,
-    suggest_hparams,
 )
 
 HPS: dict[str, Hyperparameter] = {

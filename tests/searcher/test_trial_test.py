@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from searcher.config import ConfigError
 from searcher.trial_test import first_point, run_trial_test
+from trials.config import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DIGITS = REPO_ROOT / "examples" / "digits"
@@ -47,7 +47,7 @@ def _left_behind(root: Path) -> list[Path]:
 
 
 def test_first_point_is_the_first_value_or_the_lower_bound() -> None:
-    from searcher.config import load_config
+    from trials.config import load_config
 
     point = first_point(load_config(DIGITS / "experiment.yaml"))
     assert point == {

@@ -17,7 +17,6 @@ import pytest
 from sqlalchemy import select
 
 from searcher import samplers
-from searcher.config import load_config
 from searcher.experiments import UsageError, create_experiment
 from searcher.experiments import request_action as cli_request_action
 from storage import (
@@ -31,6 +30,7 @@ from storage import (
 )
 from tests.searcher.conftest import write_experiment
 from trials import control
+from trials.config import load_config
 from ui import _actions
 
 STATES = ("never-started", "running", "paused", "COMPLETED", "CANCELED", "ERROR")
@@ -169,7 +169,7 @@ EXPECTED: dict[tuple[str, str], tuple[str, str | None, list[str], list[str], str
     ),
 }
 for _state in TERMINAL:
-    for _action in control.ACTIONS:
+    for _action in control.Action:
         EXPECTED[(_state, _action)] = (
             _state,
             None,
@@ -180,7 +180,7 @@ for _state in TERMINAL:
 
 
 @pytest.mark.parametrize("path", [_via_ui, _via_cli], ids=["ui", "cli"])
-@pytest.mark.parametrize("action", control.ACTIONS)
+@pytest.mark.parametrize("action", [action.value for action in control.Action])
 @pytest.mark.parametrize("state", STATES)
 def test_every_action_in_every_state(
     db_url: str,
@@ -207,7 +207,7 @@ def test_refusals_raise_from_the_function_and_read_as_sentences(
     assert _actions.request_action(db_url, 9999, "kill") == "Experiment 9999 does not exist."
     with pytest.raises(ValueError, match="action: must be one of pause, kill, activate"):
         _actions.request_action(db_url, finished, "delete")
-    assert list(_actions.ACTIONS) == list(control.ACTIONS)
+    assert list(_actions.ACTIONS) == [action.value for action in control.Action]
 
 
 def test_activate_withdraws_a_pause_the_driver_has_not_read(db_url: str, tmp_path: Path) -> None:

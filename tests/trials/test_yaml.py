@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 import yaml
 
-from trials._yaml import MAX_DEPTH, MAX_FILE_BYTES, MAX_VALUES, YamlError, parse_yaml, read_yaml
+from trials.config._yaml import (
+    MAX_DEPTH,
+    MAX_FILE_BYTES,
+    MAX_VALUES,
+    YamlError,
+    parse_yaml,
+    read_yaml,
+)
 
 
 def _problem(text: str) -> str:
@@ -113,7 +120,7 @@ def test_deep_nesting_is_refused_without_recursion(
 ) -> None:
     # libyaml refuses past its own limit (1000 levels, PyYAML >= 6.0.3) before slotsweep
     # sees that deep: the same line comes out whichever parser refuses first.
-    monkeypatch.setattr("trials._yaml._LOADER", loader)
+    monkeypatch.setattr("trials.config._yaml._LOADER", loader)
     text = "a: " + "[" * depth + "]" * depth + "\n"
     problem = _problem(text)
     assert problem == "a" + ".0" * (MAX_DEPTH - 1) + f": nested more than {MAX_DEPTH} levels deep"
@@ -125,7 +132,7 @@ def test_deep_nesting_is_refused_without_recursion(
 
 def test_a_large_document_stops_at_the_value_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     # A smaller limit keeps the test fast; the alias bomb above meets the real one.
-    monkeypatch.setattr("trials._yaml.MAX_VALUES", 1000)
+    monkeypatch.setattr("trials.config._yaml.MAX_VALUES", 1000)
     text = "".join(f"k{i}: {i}\n" for i in range(499))  # 1 mapping, 998 scalars
     assert len(parse_yaml(text, source="doc")) == 499
     problem = _problem(text + "k499: 1\n")

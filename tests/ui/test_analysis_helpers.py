@@ -7,6 +7,7 @@ import pytest
 
 from storage import get_engine
 from tests._demo_data import DemoSearch
+from trials.config import SearcherConfig
 from ui import _charts, _compare, _curves, _queries, _units
 
 
@@ -66,9 +67,20 @@ def test_axis_titles_name_the_unit() -> None:
 def test_asha_rungs_in_the_axis_unit(
     searcher: dict[str, object], axis: str, rungs: list[float]
 ) -> None:
-    config = {"searcher": searcher}
+    config = SearcherConfig.model_validate({"metric": "loss", "max_trials": 4, **searcher})
     assert _curves.curve_axis(config) == axis
     assert _curves.asha_rungs(config) == rungs
+
+
+def test_an_unreadable_config_draws_against_batches_without_rungs() -> None:
+    assert _curves.curve_axis(None) == "step"
+    assert _curves.asha_rungs(None) == []
+
+
+def test_an_unreadable_stored_config_shows_what_it_can() -> None:
+    assert _queries.typed_config({"searcher": {"metric": "x"}}) is None
+    assert _queries.metric_name(None) == "metric"
+    assert _queries.smaller_is_better(None) is True  # the searcher's default direction
 
 
 def test_hparam_diff_puts_differing_values_first() -> None:

@@ -25,8 +25,7 @@ from typing import Any, Literal
 
 import torch
 
-from trials._batching import per_slot_batch_size
-from trials._config import Length, RuntimeSpec
+from trials.config import Length, RuntimeSpec, per_slot_batch_size
 from trials.runtime._checkpoint import (
     FORMAT_VERSION,
     NO_CHECKPOINTS,

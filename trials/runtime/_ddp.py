@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from trials._config import OptimizationsConfig
+from trials.config import OptimizationsConfig
 
 # PowerSGD runs plain all-reduce for its first iterations (torch requires at least 2
 # with error feedback); a short warm-up suits the short trials of a search.

@@ -20,7 +20,7 @@ import sys
 import threading
 import traceback
 
-from trials._config import RuntimeSpec
+from trials.config import RuntimeSpec
 
 # A message is one line; tracebacks keep their last frames (where the error happened).
 MESSAGE_MAX_CHARS = 1000

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from trials._config import RuntimeSpec
+from trials.config import RuntimeSpec
 from trials.retention import collect_garbage
 from trials.runtime._timing import TimingWindow
 

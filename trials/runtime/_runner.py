@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import torch
 
-from trials._config import RuntimeSpec
+from trials.config import RuntimeSpec
 from trials.launcher import AGENT_ENV_VAR, SLOTS_ENV_VAR
 from trials.processes import ProcessRef
 from trials.runtime._checkpoint import CheckpointStorageError

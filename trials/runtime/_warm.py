@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from trials._config import RuntimeSpec
+from trials.config import RuntimeSpec
 from trials.launcher import DB_URL_ENV_VAR
 from trials.runtime._distributed import DistributedInfo, broadcast_object
 

@@ -29,7 +29,6 @@ from trials.scheduler._cluster_file import (
     parse_cluster,
 )
 from trials.scheduler._core import (
-    DEFAULT_PRIORITY,
     AgentSlots,
     Placement,
     SlotRequest,
@@ -49,7 +48,6 @@ from trials.scheduler._preemption import RunningRequest, choose_preemptions
 __all__ = [
     "CLUSTER_ENV_VAR",
     "DEFAULT_POOL",
-    "DEFAULT_PRIORITY",
     "Agent",
     "AgentSlots",
     "Cluster",

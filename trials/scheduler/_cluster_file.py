@@ -54,8 +54,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError, field_validator
 
-from trials._validation import ConfigModel, validation_problems
-from trials._yaml import YamlError, read_yaml
+from trials.config import ConfigModel, YamlError, read_yaml, validation_problems
 from trials.scheduler._cluster import Agent, Cluster, ResourcePool, SlurmJobSettings
 from trials.scheduler._sbatch_options import sbatch_option_problems
 

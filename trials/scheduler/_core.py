@@ -60,10 +60,9 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from trials.config import DEFAULT_PRIORITY
 from trials.scheduler._cluster import Agent, ResourcePool
 from trials.scheduler._fitting import check_schedulable, size_counts
-
-DEFAULT_PRIORITY = 42
 
 
 @dataclass(frozen=True)

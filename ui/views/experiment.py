@@ -203,9 +203,9 @@ def _header() -> None:
         )
         return
     study = study if study is not None else _study(url, summary.study_name, signature)
-    objectives = [
-        o.get("name", "") for o in summary.config.get("searcher", {}).get("objectives", [])
-    ]
+    objectives = (
+        [] if summary.config is None else [o.name for o in summary.config.searcher.objectives]
+    )
     names = tuple(_plots.objective_names(study, summary.metric, objectives))
     params: tuple[str, ...] | None = None
     if kind in (_plots.CONTOUR, _plots.RANK, _plots.SLICE):
@@ -271,10 +271,11 @@ def _learning_curves(
             else f"No trial has recorded `{summary.metric}` yet."
         )
         return
-    axis = _curves.curve_axis(summary.config)
+    searcher = None if summary.config is None else summary.config.searcher
+    axis = _curves.curve_axis(searcher)
     if axis == "epoch" and curves.points["epoch"].isna().any():
         axis = "step"  # Epochs were not recorded for every point: batches always are.
-    rungs = _curves.asha_rungs(summary.config) if axis == "epoch" or axis == "step" else []
+    rungs = _curves.asha_rungs(searcher) if axis == "epoch" or axis == "step" else []
     x_title = "epoch" if axis == "epoch" else "batch"
     event = st.vega_lite_chart(
         curves.points,
@@ -466,7 +467,7 @@ def _config() -> None:
     if summary is not None:
         with st.expander("Configuration"):
             st.caption(f"Database: `{redact_url(url)}`")
-            st.json(summary.config, expanded=False)
+            st.json(summary.stored_config, expanded=False)
 
 
 _context.live(_header)

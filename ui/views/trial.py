@@ -69,7 +69,7 @@ def _summary() -> None:
     if info is None:
         st.warning(f"Trial {trial_id} no longer exists.")
         return
-    metric = (info["experiment_config"] or {}).get("searcher", {}).get("metric", "metric")
+    metric = _queries.metric_name(info["experiment_config"])
     st.subheader(f"Trial #{info['optuna_trial_number']} of {info['experiment_name']}")
     # The state and the metric in a row of two, the counts in a row of four: at 1000 px
     # a column of a row of three cut "COMPLETED" short.

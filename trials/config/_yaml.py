@@ -30,7 +30,7 @@ Example:
     >>> parse_yaml("a: 1\\na: 2\\n", source="text")
     Traceback (most recent call last):
     ...
-    trials._yaml.YamlError: a: key given twice (first at line 1); each key may appear once
+    trials.config._yaml.YamlError: a: key given twice (first at line 1); each key may appear once
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import yaml
 from yaml.constructor import SafeConstructor
 from yaml.resolver import Resolver
 
-from trials._validation import field_path
+from trials.config._validation import field_path
 
 # A config or cluster file is a few kilobytes; these bound what hostile input may cost.
 MAX_FILE_BYTES = 16 * 1024 * 1024

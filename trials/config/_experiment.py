@@ -31,8 +31,13 @@ from pydantic import (
     model_validator,
 )
 
-from trials import CheckpointStorageConfig, Length, OptimizationsConfig, ProfilingConfig
-from trials._validation import (
+from trials.config._sections import (
+    CheckpointStorageConfig,
+    Length,
+    OptimizationsConfig,
+    ProfilingConfig,
+)
+from trials.config._validation import (
     INT32_MAX,
     VALUE_ERROR_PREFIX,
     ConfigModel,
@@ -40,7 +45,7 @@ from trials._validation import (
     field_path,
     format_error,
 )
-from trials._yaml import YamlError, read_yaml
+from trials.config._yaml import YamlError, read_yaml
 
 SEARCHER_NAMES = ("random", "grid", "tpe", "cmaes", "gp", "nsga2")
 PRUNER_NAMES = ("asha", "hyperband", "median", "none")
@@ -57,6 +62,11 @@ MAX_GRID_POINTS = 1_000_000
 MAX_RESTARTS = 10_000
 # One week: longer than any step of a trial that still makes progress.
 MAX_HANG_TIMEOUT_S = 604_800.0
+# Determined's default priority (1..99, lower runs first): an experiment's, and the
+# scheduler's for a request that names none.
+DEFAULT_PRIORITY = 42
+# Fair-share weight of an experiment, and of a queued trial that names none.
+DEFAULT_WEIGHT = 1.0
 
 
 class ConfigError(Exception):
@@ -296,11 +306,11 @@ class SearcherConfig(_Strict):
 class ResourcesConfig(_Strict):
     slots_per_trial: int = Field(default=1, ge=1, le=INT32_MAX)
     resource_pool: str = Field(default="default", min_length=1, max_length=200)
-    # Determined's convention: a lower number runs first (1..99, default 42).
-    priority: int = Field(default=42, ge=1, le=99)
+    # Determined's convention: a lower number runs first (1..99).
+    priority: int = Field(default=DEFAULT_PRIORITY, ge=1, le=99)
     # Determined's fair share: among experiments of equal priority, slots are divided
     # in proportion to their weights (and their demand).
-    weight: float = Field(default=1.0, gt=0, le=1000)
+    weight: float = Field(default=DEFAULT_WEIGHT, gt=0, le=1000)
     # Warm workers: a trial's torchrun job stays alive for the next trial of its shape.
     reuse_workers: bool = False
     # With reuse_workers: keep the entrypoint's module between trials instead of
@@ -485,7 +495,7 @@ def _possible_values(hp: Any) -> list[Any]:
     return [hp.minval, hp.maxval]
 
 
-def _format_error(error: Any) -> str:
+def format_config_error(error: Any) -> str:
     """Hyperparameter-aware wording on top of the shared one-line pydantic format."""
     loc = tuple(error["loc"])
     # Discriminated unions put the chosen tag in the path; users never wrote it.
@@ -516,7 +526,7 @@ def parse_config(raw: Any, config_dir: Path | None = None) -> ExperimentConfig:
     try:
         config = ExperimentConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(sorted({_format_error(e) for e in exc.errors()})) from None
+        raise ConfigError(sorted({format_config_error(e) for e in exc.errors()})) from None
     if config_dir is not None:
         module = config.entrypoint.partition(":")[0]
         module_path = config_dir / Path(*module.split("."))

@@ -1,8 +1,8 @@
-"""Configuration sections that the in-worker runtime reads.
+"""Configuration sections that the in-worker runtime reads, and the rank's spec.
 
-These are the parts of an experiment config that matter inside a rank. They live in
-``trials`` (not ``searcher``) because the runtime must not import the driver; the
-experiment config in ``searcher`` is composed from them.
+These are the parts of an experiment config that matter inside a rank, kept apart from
+the experiment model (``_experiment``, composed from them) so a rank loads only these
+at start-up.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from trials._validation import INT32_MAX, ConfigModel
+from trials.config._validation import INT32_MAX, ConfigModel
 
 # A ``tensor_fusion_threshold`` (DDP's bucket size in MiB) above 1 TiB means a typo.
 _MAX_BUCKET_MB = 1024.0 * 1024.0
