@@ -528,7 +528,7 @@ def _cmd_task(args: argparse.Namespace) -> int:
     """Every slot and its holder, then the cluster's queue in order with each reason."""
     from searcher.tables import queue_rows, queue_table, task_rows, tasks_table
     from storage import session_scope, upgrade_schema, utcnow
-    from trials import allocations, cluster_queue
+    from trials.coordination import allocations, cluster_queue
 
     db_url = _db_url(args, need_schema=True)
     upgrade_schema(db_url)
@@ -555,7 +555,7 @@ def _cmd_agents(args: argparse.Namespace) -> int:
     from searcher.experiments import UsageError
     from searcher.tables import agents_table
     from storage import DB_ENV_VAR, DatabaseUrlError, session_scope
-    from trials import allocations
+    from trials.coordination import allocations
 
     cluster = _cluster(args)
     busy: Counter[tuple[str, str]] | None = None

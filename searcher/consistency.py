@@ -56,7 +56,7 @@ from storage import (
     session_scope,
     utcnow,
 )
-from trials.processes import ProcessRef
+from trials.launch.processes import ProcessRef
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial

@@ -295,7 +295,7 @@ class _TestRun:
         from storage import Trial, TrialRun, session_scope
         from trials import RuntimeSpec
         from trials.executors import LaunchRequest, executor_for
-        from trials.launcher import DB_URL_ENV_VAR
+        from trials.launch.launcher import DB_URL_ENV_VAR
         from trials.scheduler import AgentSlots, Placement
 
         executor = executor_for(self.cluster)

@@ -30,7 +30,7 @@ from storage import (
     utcnow,
 )
 from tests.searcher.conftest import write_experiment
-from trials import control
+from trials.coordination import control
 from ui import _actions
 
 STATES = ("never-started", "running", "paused", "COMPLETED", "CANCELED", "ERROR")

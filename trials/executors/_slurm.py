@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trials.attempts import mark_processes_ended
+from trials.coordination.attempts import mark_processes_ended
 from trials.executors._base import JobEnding
 from trials.executors._slurm_commands import (
     expand_counts,
@@ -44,7 +44,7 @@ from trials.executors._slurm_node import (
     RDZV_HOST_ENV_VAR,
     RDZV_NODE_ENV_VAR,
 )
-from trials.launcher import SPEC_ENV_VAR, torchrun_args, trial_environment
+from trials.launch.launcher import SPEC_ENV_VAR, torchrun_args, trial_environment
 from trials.scheduler._cluster import Agent, Cluster, ResourcePool
 from trials.scheduler._cluster_file import DEFAULT_POOL, ClusterConfigError
 

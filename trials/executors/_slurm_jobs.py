@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trials.attempts import mark_processes_ended
+from trials.coordination.attempts import mark_processes_ended
 from trials.executors._base import JobEnding
 from trials.executors._slurm import SlurmError, hostnames, slurm_command
 from trials.executors._slurm_commands import (
@@ -45,7 +45,7 @@ from trials.executors._slurm_commands import (
     step_name,
 )
 from trials.executors._slurm_node import IFNAME_ENV_VAR, RDZV_PORT_ENV_VAR
-from trials.launcher import (
+from trials.launch.launcher import (
     CHECKPOINT_ON_SIGTERM_ENV_VAR,
     SPEC_ENV_VAR,
     torchrun_args,

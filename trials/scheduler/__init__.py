@@ -2,7 +2,7 @@
 
 The core (:func:`schedule`) is a pure function of a pool, its free slots and the queue
 of waiting requests; :func:`load_cluster` is the only I/O here. Slot ownership across
-drivers lives in the database (:mod:`trials.allocations`).
+drivers lives in the database (:mod:`trials.coordination.allocations`).
 
 Example:
     >>> from trials.scheduler import Agent, ResourcePool, SlotRequest, schedule

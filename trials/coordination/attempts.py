@@ -36,7 +36,7 @@ from storage import (
     WarmJob,
     utcnow,
 )
-from trials.processes import (
+from trials.launch.processes import (
     ProcessRef,
     end_processes,
     is_alive,
@@ -48,7 +48,7 @@ from trials.processes import (
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
-    from trials.launcher import TrialProcesses
+    from trials.launch.launcher import TrialProcesses
 
 
 def record_launch(session: Session, run: TrialRun, processes: TrialProcesses) -> None:
