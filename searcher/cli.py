@@ -62,7 +62,7 @@ def _add_cluster(parser: argparse.ArgumentParser) -> None:
 
 def _max_slots_per_agent() -> int:
     # Imported when --slots is given, not whenever the parser is built (pydantic is slow).
-    from trials.scheduler._cluster_file import MAX_SLOTS_PER_AGENT
+    from trials.scheduler import MAX_SLOTS_PER_AGENT
 
     return MAX_SLOTS_PER_AGENT
 
@@ -291,7 +291,7 @@ def _db_url(args: argparse.Namespace, *, need_schema: bool = False) -> str:
 
 
 def _cluster(args: argparse.Namespace) -> Any:
-    from trials.scheduler import load_cluster
+    from trials.executors import load_cluster
 
     return load_cluster(args.cluster, slots=args.slots)
 

@@ -54,8 +54,8 @@ from trials import per_slot_batch_size
 from trials.coordination import allocations as slot_ledger
 from trials.coordination import warm_jobs
 from trials.coordination.allocations import ClaimedPlacement
-from trials.coordination.attempts import end_run, mark_processes_ended, open_runs, request_stop
-from trials.executors import LaunchRequest, TrialJob
+from trials.coordination.attempts import end_run, open_runs, request_stop
+from trials.executors import LaunchRequest, TrialJob, mark_processes_ended
 from trials.labels import trial_log_name
 from trials.launch.launcher import DB_URL_ENV_VAR, write_log_line
 

@@ -61,10 +61,11 @@ def run_trial_test(
     """Run the test trial of the experiment at ``config_path``; the exit code (see module).
 
     ``cluster`` and ``slots`` are the CLI's ``--cluster`` and ``--slots``
-    (:func:`trials.scheduler.load_cluster`). Lines go to ``out`` (default stdout).
+    (:func:`trials.executors.load_cluster`). Lines go to ``out`` (default stdout).
     """
     from searcher.preflight import check_entrypoint
-    from trials.scheduler import check_schedulable, load_cluster
+    from trials.executors import load_cluster
+    from trials.scheduler import check_schedulable
 
     out = out or sys.stdout
     config_path = Path(config_path)

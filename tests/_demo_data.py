@@ -1022,7 +1022,7 @@ def _decide(experiment: _Experiment, cluster_file: Path) -> list[tuple[int, Plac
     Returns this experiment's placed trials (their queue rows are gone: start them).
     """
     from trials.coordination import cluster_queue
-    from trials.scheduler import load_cluster
+    from trials.executors import load_cluster
 
     pool = load_cluster(cluster_file).pool(experiment.config.resources.resource_pool)
     with session_scope(experiment.url) as session:

@@ -197,7 +197,7 @@ def test_task_list_shows_warm_jobs_idle_or_running_which_trial_in_80_columns(
 ) -> None:
     from searcher.cli import main
     from trials.coordination import allocations
-    from trials.scheduler import load_cluster
+    from trials.executors import load_cluster
 
     cluster, jobs = _warm_slots(db_url, tmp_path)
     capsys.readouterr()

@@ -13,8 +13,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trials._system_metrics import detect_gpus
-from trials.coordination.attempts import end_local_processes, local_processes_gone, record_launch
 from trials.executors._base import JobEnding
+from trials.executors._process_rows import (
+    end_local_processes,
+    local_processes_gone,
+    record_launch,
+)
 from trials.launch.launcher import (
     SPEC_ENV_VAR,
     TrialProcesses,
