@@ -337,7 +337,7 @@ def _print_json(data: object) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from searcher import samplers
+    import searcher.samplers as samplers
     from searcher.config import load_config
     from searcher.experiments import create_experiment
     from searcher.preflight import check_entrypoint
@@ -495,7 +495,7 @@ def _cmd_kill(args: argparse.Namespace) -> int:
 def _cmd_enqueue(args: argparse.Namespace) -> int:
     import optuna
 
-    from searcher import space
+    import searcher.space as space
     from searcher.config import ExperimentConfig
     from searcher.experiments import UsageError, find_experiment
     from storage import Experiment, ExperimentState, optuna_storage, session_scope

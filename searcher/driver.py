@@ -33,7 +33,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from searcher import control
+import searcher.control as control
 from searcher.config import ExperimentConfig
 from searcher.control import Control
 from searcher.driver_context import DriverContext, driver_log
@@ -44,6 +44,8 @@ from searcher.progress import SearchProgress
 from searcher.running import RunningTrials, end_leftover_warm_jobs, end_leftovers
 from searcher.study_side import StudySide, TellQueue, max_trials
 from storage import (
+    TRANSIENT_DEADLINE_S,
+    DatabaseUnavailableError,
     Experiment,
     ExperimentState,
     Trial,
@@ -52,7 +54,6 @@ from storage import (
     is_transient_error,
     session_scope,
 )
-from storage._engine import TRANSIENT_DEADLINE_S, DatabaseUnavailableError
 from trials.executors import Executor, database_problem, executor_for
 from trials.scheduler import Cluster, check_schedulable
 from trials.timings import timings_from_env

@@ -209,7 +209,7 @@ def extend_experiment(
     """
     from pydantic import ValidationError
 
-    from searcher import space
+    import searcher.space as space
 
     with session_scope(db_url) as session:
         experiment = find_experiment(session, ref)

@@ -175,7 +175,8 @@ class _TestRun:
     def _create(self) -> int:
         import optuna
 
-        from searcher import samplers, space
+        import searcher.samplers as samplers
+        import searcher.space as space
         from searcher.experiments import create_experiment
         from storage import optuna_storage, session_scope
 

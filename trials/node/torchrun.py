@@ -88,7 +88,7 @@ def port_taken(error: BaseException) -> BaseException | None:
 def _record_port_taken(error: BaseException) -> None:
     """Record ``error`` as this torchrun's failure under the attempt's run, if it has one."""
     from storage import TrialFailure
-    from trials.runtime._failure import record_failure
+    from trials.runtime import record_failure
 
     try:
         spec = spec_from_environment()

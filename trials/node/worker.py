@@ -89,7 +89,7 @@ def _run() -> int:
         # Unwind normally, so rank 0 commits its queued records and the group is left.
         raise SystemExit(128 + signum)
 
-    from trials.runtime._signals import install_checkpoint_on_sigterm
+    from trials.runtime import install_checkpoint_on_sigterm
 
     if not install_checkpoint_on_sigterm():
         signal.signal(signal.SIGTERM, _terminate)
@@ -105,8 +105,7 @@ def _run() -> int:
 
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from trials.runtime._context import InvalidTrialError
-    from trials.runtime._runner import run_trial
+    from trials.runtime import InvalidTrialError, run_trial
 
     if spec.warm is not None:
         return _run_warm(spec)
@@ -140,11 +139,17 @@ def _run_warm(spec: RuntimeSpec) -> int:
 
     from trials.labels import trial_label
     from trials.node._prefix import retarget_output
-    from trials.runtime._context import InvalidTrialError
-    from trials.runtime._distributed import DistributedInfo, barrier, destroy_process_group
-    from trials.runtime._isolation import TorchGlobals, reset_between_trials
-    from trials.runtime._runner import join_job, run_trial
-    from trials.runtime._warm import WarmChannel
+    from trials.runtime import (
+        DistributedInfo,
+        InvalidTrialError,
+        TorchGlobals,
+        WarmChannel,
+        barrier,
+        destroy_process_group,
+        join_job,
+        reset_between_trials,
+        run_trial,
+    )
 
     info = DistributedInfo.from_env()
     # The group forms once, for the job's first trial: a failure here is that trial's.
