@@ -377,7 +377,7 @@ def sbatch_site(test_site: SlurmTestSite, cluster_file: Path) -> Site:
 
 
 def trial_env(stamps: Path) -> dict[str, str]:
-    """The environment ``trials.launcher.start_trial`` gives torchrun, plus the stamps."""
+    """The environment ``trials.launch.launcher.start_trial`` gives torchrun, plus the stamps."""
     return bench_env(
         stamps.parent,
         OMP_NUM_THREADS="1",

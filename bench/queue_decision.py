@@ -1,7 +1,7 @@
 """Latency of the cluster-wide placement decision on a real database with a huge queue.
 
 ``bench/scheduler_sim.py --experiments N`` measures the scheduler core alone; this
-measures what a driver pays per tick: :func:`trials.cluster_queue.decide` in one
+measures what a driver pays per tick: :func:`trials.coordination.cluster_queue.decide` in one
 transaction of a real SQLite file (the queue lock, dropping dead drivers' rows,
 reclaiming leases, reading the queue and the slot ledger, the decision, claims, reasons).
 
@@ -38,7 +38,7 @@ from storage import (
     upgrade_schema,
     utcnow,
 )
-from trials import allocations, cluster_queue
+from trials.coordination import allocations, cluster_queue
 from trials.scheduler import Agent, AgentSlots, Placement, ResourcePool
 
 

@@ -350,7 +350,7 @@ def live_processes(db_url: str, role: ProcessRole) -> list[LiveProcess]:
     """The recorded processes of ``role`` that still run (pid and start time both match)."""
     import psutil
 
-    from trials.processes import start_time
+    from trials.launch.processes import start_time
 
     with session_scope(get_engine(db_url, read_only=True)) as session:
         rows = session.execute(

@@ -28,8 +28,7 @@ MARKER = "slotsweep-entrypoint-check:"
 
 def resolve(model_dir: str, entrypoint: str) -> str | None:
     """The problem with ``entrypoint`` in ``model_dir`` (imports it); ``None`` if it resolves."""
-    from trials.runtime._context import InvalidTrialError
-    from trials.runtime._runner import load_entrypoint
+    from trials.runtime import InvalidTrialError, load_entrypoint
 
     module_name, _, attr = entrypoint.partition(":")
     try:

@@ -62,7 +62,7 @@ def _add_cluster(parser: argparse.ArgumentParser) -> None:
 
 def _max_slots_per_agent() -> int:
     # Imported when --slots is given, not whenever the parser is built (pydantic is slow).
-    from trials.scheduler._cluster_file import MAX_SLOTS_PER_AGENT
+    from trials.scheduler import MAX_SLOTS_PER_AGENT
 
     return MAX_SLOTS_PER_AGENT
 
@@ -291,7 +291,7 @@ def _db_url(args: argparse.Namespace, *, need_schema: bool = False) -> str:
 
 
 def _cluster(args: argparse.Namespace) -> Any:
-    from trials.scheduler import load_cluster
+    from trials.executors import load_cluster
 
     return load_cluster(args.cluster, slots=args.slots)
 
@@ -337,7 +337,7 @@ def _print_json(data: object) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from searcher import samplers
+    import searcher.samplers as samplers
     from searcher.experiments import create_experiment
     from searcher.preflight import check_entrypoint
     from trials.config import load_config
@@ -481,7 +481,7 @@ def _cmd_describe(args: argparse.Namespace) -> int:
 
 def _cmd_pause(args: argparse.Namespace) -> int:
     from searcher.experiments import request_action
-    from trials.control import Action
+    from trials.coordination.control import Action
 
     print(request_action(_db_url(args, need_schema=True), args.experiment, Action.PAUSE))
     return 0
@@ -489,7 +489,7 @@ def _cmd_pause(args: argparse.Namespace) -> int:
 
 def _cmd_kill(args: argparse.Namespace) -> int:
     from searcher.experiments import request_action
-    from trials.control import Action
+    from trials.coordination.control import Action
 
     print(request_action(_db_url(args, need_schema=True), args.experiment, Action.KILL))
     return 0
@@ -498,7 +498,7 @@ def _cmd_kill(args: argparse.Namespace) -> int:
 def _cmd_enqueue(args: argparse.Namespace) -> int:
     import optuna
 
-    from searcher import space
+    import searcher.space as space
     from searcher.experiments import UsageError, find_experiment
     from storage import Experiment, ExperimentState, optuna_storage, session_scope
     from trials.config import read_stored_config
@@ -531,7 +531,7 @@ def _cmd_task(args: argparse.Namespace) -> int:
     """Every slot and its holder, then the cluster's queue in order with each reason."""
     from searcher.tables import queue_rows, queue_table, task_rows, tasks_table
     from storage import session_scope, upgrade_schema, utcnow
-    from trials import allocations, cluster_queue
+    from trials.coordination import allocations, cluster_queue
 
     db_url = _db_url(args, need_schema=True)
     upgrade_schema(db_url)
@@ -558,7 +558,7 @@ def _cmd_agents(args: argparse.Namespace) -> int:
     from searcher.experiments import UsageError
     from searcher.tables import agents_table
     from storage import DB_ENV_VAR, DatabaseUrlError, session_scope
-    from trials import allocations
+    from trials.coordination import allocations
 
     cluster = _cluster(args)
     busy: Counter[tuple[str, str]] | None = None

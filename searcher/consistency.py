@@ -57,7 +57,7 @@ from storage import (
     utcnow,
 )
 from trials.config import StoredConfigError, read_stored_hyperparameters
-from trials.processes import ProcessRef
+from trials.launch.processes import ProcessRef
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial

@@ -3,7 +3,7 @@
 A driver owns its experiment through the experiment row (its host, pid and heartbeat;
 :func:`claim_ownership`). Every heartbeat (:func:`heartbeat`) renews that claim and its
 slot leases, and picks up what ``slotsweep pause|kill`` or the UI wrote into
-``requested_action`` (:mod:`trials.control` writes it). Ctrl-C asks for a pause, a
+``requested_action`` (:mod:`trials.coordination.control` writes it). Ctrl-C asks for a pause, a
 second one stops at once (:func:`install_signal_handlers`). Both end up in one
 :class:`Control`, which the driver's tick loop reads. :func:`finish` writes the final
 state.
@@ -32,9 +32,9 @@ from sqlalchemy import select
 from searcher.driver_context import DriverContext, driver_log
 from searcher.experiments import UsageError, driver_alive
 from storage import Experiment, ExperimentState, Trial, TrialState, session_scope, utcnow
-from trials import allocations as slot_ledger
-from trials import cluster_queue
-from trials.control import Action
+from trials.coordination import allocations as slot_ledger
+from trials.coordination import cluster_queue
+from trials.coordination.control import Action
 from trials.retention import collect_garbage
 
 if TYPE_CHECKING:

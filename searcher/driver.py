@@ -33,7 +33,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from searcher import control
+import searcher.control as control
 from searcher.control import Control, Stop
 from searcher.driver_context import DriverContext, driver_log
 from searcher.experiments import UsageError, executor_problem, trial_counts
@@ -43,6 +43,8 @@ from searcher.progress import SearchProgress
 from searcher.running import RunningTrials, end_leftover_warm_jobs, end_leftovers
 from searcher.study_side import StudySide, TellQueue, max_trials
 from storage import (
+    TRANSIENT_DEADLINE_S,
+    DatabaseUnavailableError,
     Experiment,
     ExperimentState,
     Trial,
@@ -51,7 +53,6 @@ from storage import (
     is_transient_error,
     session_scope,
 )
-from storage._engine import TRANSIENT_DEADLINE_S, DatabaseUnavailableError
 from trials.config import read_stored_config
 from trials.executors import Executor, database_problem, executor_for
 from trials.scheduler import Cluster, check_schedulable

@@ -21,9 +21,9 @@ from storage import (
     upgrade_schema,
     utcnow,
 )
-from trials import control
 from trials.config import ExperimentConfig, SearcherConfig, read_stored_config
-from trials.control import driver_alive
+from trials.coordination import control
+from trials.coordination.control import driver_alive
 
 __all__ = [
     "TrialCounts",
@@ -184,7 +184,7 @@ def request_action(db_url: str, ref: str, action: control.Action) -> str:
     """``pause``, ``activate`` or ``kill`` the experiment ``ref`` (id or name), from any terminal.
 
     Resolves ``ref`` as every command does, then takes the one path the UI also takes
-    (:func:`trials.control.request_action`); returns what happened, in words.
+    (:func:`trials.coordination.control.request_action`); returns what happened, in words.
     """
     with session_scope(db_url) as session:
         experiment_id = find_experiment(session, ref).id
@@ -209,7 +209,7 @@ def extend_experiment(
     """
     from pydantic import ValidationError
 
-    from searcher import space
+    import searcher.space as space
 
     with session_scope(db_url) as session:
         experiment = find_experiment(session, ref)

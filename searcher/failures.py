@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from storage import TrialFailure
-from trials.launcher import says_address_in_use
+from trials.launch.launcher import says_address_in_use
 
 
 @dataclass(frozen=True)

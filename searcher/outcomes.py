@@ -46,7 +46,7 @@ from searcher.failures import (
 )
 from searcher.study_side import TellQueue, objective_values
 from storage import Metric, MetricKind, Trial, TrialFailure, TrialRun, TrialState, utcnow
-from trials.launcher import write_log_line
+from trials.launch.launcher import write_log_line
 
 if TYPE_CHECKING:
     from searcher.placement import PendingQueue

@@ -3,9 +3,9 @@
 Trials wait here (QUEUED) until the scheduler finds them slots. The queue is the
 cluster's, not this driver's: each tick writes this experiment's waiting trials to
 the shared queue table and runs one placement decision over every experiment's
-waiting trials (:func:`trials.cluster_queue.decide`, one decision at a time under
+waiting trials (:func:`trials.coordination.cluster_queue.decide`, one decision at a time under
 the database's lock), which claims the slots of whatever it places in the shared
-ledger (:mod:`trials.allocations`, leased). This driver then starts the trials placed
+ledger (:mod:`trials.coordination.allocations`, leased). This driver then starts the trials placed
 for its own experiment; a launch that fails for good gives the slots back and fails
 the trial, and one whose claim was lost meanwhile (this driver was stopped past its
 lease) starts nothing and waits for a new placement.
@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING
 from searcher.driver_context import DriverContext, driver_log
 from searcher.running import EarlierAttemptRunning
 from storage import Trial, is_transient_error, session_scope
-from trials import allocations as slot_ledger
-from trials import cluster_queue
-from trials.allocations import ClaimedPlacement, ClaimLostError
-from trials.attempts import trial_processes_gone
+from trials.coordination import allocations as slot_ledger
+from trials.coordination import cluster_queue
+from trials.coordination.allocations import ClaimedPlacement, ClaimLostError
+from trials.coordination.attempts import trial_processes_gone
 
 if TYPE_CHECKING:
     from searcher.outcomes import Outcomes

@@ -2,7 +2,7 @@
 
 Each attempt is started through the executor seam (:mod:`trials.executors`): its run
 row is written first, in the transaction that confirms the slot claim behind its
-placement (:func:`trials.allocations.confirm_claim`: a claim lost while this driver
+placement (:func:`trials.coordination.allocations.confirm_claim`: a claim lost while this driver
 was stopped starts nothing), and the launch token finds every process it starts,
 should the driver die; then ``executor.launch`` starts it, then what finds it again
 is recorded.
@@ -50,13 +50,14 @@ from storage import (
     session_scope,
     utcnow,
 )
-from trials import allocations as slot_ledger
-from trials import per_slot_batch_size, warm_jobs
-from trials.allocations import ClaimedPlacement
-from trials.attempts import end_run, mark_processes_ended, open_runs, request_stop
-from trials.executors import LaunchRequest, TrialJob
+from trials import per_slot_batch_size
+from trials.coordination import allocations as slot_ledger
+from trials.coordination import warm_jobs
+from trials.coordination.allocations import ClaimedPlacement
+from trials.coordination.attempts import end_run, open_runs, request_stop
+from trials.executors import LaunchRequest, TrialJob, mark_processes_ended
 from trials.labels import trial_log_name
-from trials.launcher import DB_URL_ENV_VAR, write_log_line
+from trials.launch.launcher import DB_URL_ENV_VAR, write_log_line
 
 _log = driver_log
 
@@ -128,7 +129,7 @@ class RunningTrials:
         ``placement`` is None for an executor whose cluster engine places trials
         (``executor.places_trials``): the attempt is submitted there and waits in
         that engine's queue until it starts. Raises
-        :class:`~trials.allocations.ClaimLostError`, having recorded and started
+        :class:`~trials.coordination.allocations.ClaimLostError`, having recorded and started
         nothing, when the claim behind ``placement`` no longer holds.
         """
         ctx = self.ctx

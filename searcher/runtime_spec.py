@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from searcher import samplers
+import searcher.samplers as samplers
 from searcher.driver_context import DriverContext
 from storage import Checkpoint, Trial
 from trials import RuntimeSpec

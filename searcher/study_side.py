@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
-from searcher import samplers, space
+import searcher.samplers as samplers
+import searcher.space as space
 from searcher.driver_context import DriverContext, driver_log
 from searcher.experiments import trial_counts
 from storage import (

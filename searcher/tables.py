@@ -24,13 +24,13 @@ from sqlalchemy.orm import Session
 
 from searcher.experiments import best_trials, trial_counts
 from storage import Checkpoint, CheckpointState, Experiment, Trial, TrialState
-from trials.cluster_queue import queue_view, waiting_reason
 from trials.config import read_stored_config
+from trials.coordination.cluster_queue import queue_view, waiting_reason
 from trials.labels import trial_label
 
 if TYPE_CHECKING:
-    from trials.allocations import SlotHolder
-    from trials.cluster_queue import QueuedView
+    from trials.coordination.allocations import SlotHolder
+    from trials.coordination.cluster_queue import QueuedView
     from trials.scheduler import Cluster
 
 # Columns of ids, states and counts: never wrapped, never cut (the text column folds).

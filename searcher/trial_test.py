@@ -61,10 +61,11 @@ def run_trial_test(
     """Run the test trial of the experiment at ``config_path``; the exit code (see module).
 
     ``cluster`` and ``slots`` are the CLI's ``--cluster`` and ``--slots``
-    (:func:`trials.scheduler.load_cluster`). Lines go to ``out`` (default stdout).
+    (:func:`trials.executors.load_cluster`). Lines go to ``out`` (default stdout).
     """
     from searcher.preflight import check_entrypoint
-    from trials.scheduler import check_schedulable, load_cluster
+    from trials.executors import load_cluster
+    from trials.scheduler import check_schedulable
 
     out = out or sys.stdout
     config_path = Path(config_path)
@@ -174,7 +175,8 @@ class _TestRun:
     def _create(self) -> int:
         import optuna
 
-        from searcher import samplers, space
+        import searcher.samplers as samplers
+        import searcher.space as space
         from searcher.experiments import create_experiment
         from storage import optuna_storage, session_scope
 
@@ -295,7 +297,7 @@ class _TestRun:
         from storage import Trial, TrialRun, session_scope
         from trials import RuntimeSpec
         from trials.executors import LaunchRequest, executor_for
-        from trials.launcher import DB_URL_ENV_VAR
+        from trials.launch.launcher import DB_URL_ENV_VAR
         from trials.scheduler import AgentSlots, Placement
 
         executor = executor_for(self.cluster)

@@ -9,6 +9,7 @@ Example:
 """
 
 from storage._engine import (
+    TRANSIENT_DEADLINE_S,
     DatabaseUnavailableError,
     get_engine,
     is_transient_error,
@@ -56,6 +57,7 @@ from storage._url import (
 __all__ = [
     "DB_ENV_VAR",
     "DEFAULT_DB_URL",
+    "TRANSIENT_DEADLINE_S",
     "Allocation",
     "AttemptSupersededError",
     "Base",

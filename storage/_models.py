@@ -334,7 +334,7 @@ class Allocation(Base):
     # Fences the claim: written by the decision (or warm reservation) that made it, and
     # checked by the launch in the transaction that records the trial's run. A launch
     # whose claim was reclaimed, or taken over by a later claim, finds no row with its
-    # token and starts nothing (``trials.allocations.confirm_claim``).
+    # token and starts nothing (``trials.coordination.allocations.confirm_claim``).
     claim_token: Mapped[str | None] = mapped_column(String(64))
     # The warm job whose processes hold the slot (``resources.reuse_workers``). While
     # the job is idle ``trial_id`` is the last trial it ran; when a decision hands it

@@ -14,8 +14,8 @@ from the code that writes it in a real search, so it cannot drift from it:
 - system metrics: :func:`trials._system_metrics.host_metrics` and
   :func:`~trials._system_metrics.system_metric_rows`, fenced as the sampler fences them;
 - a rank's exception: :func:`trials.runtime._failure.record_failure`;
-- runs: ended by :func:`trials.attempts.end_run`; slots held by
-  :func:`trials.allocations.claim`.
+- runs: ended by :func:`trials.coordination.attempts.end_run`; slots held by
+  :func:`trials.coordination.allocations.claim`.
 
 Only the driver's own bookkeeping (a trial's row, a run's row, a trial's final state)
 is written here the way ``searcher/driver.py`` writes it, since that code lives in the
@@ -40,7 +40,7 @@ from the runtime's row builders: :func:`storage.metric_rows`,
 
 :func:`seed_cluster_queue` puts searches sharing a small pool in the cluster's queue as
 their drivers do (``searcher/placement.py``: queue rows, launches, a pause) and lets
-the real placement decision, :func:`trials.cluster_queue.decide`, place them or hold
+the real placement decision, :func:`trials.coordination.cluster_queue.decide`, place them or hold
 them back: each waiting trial's reason is the scheduler's own.
 
 Example (from the repository's root)::
@@ -296,7 +296,7 @@ def _launch(url: str, trial_id: int, attempt: int, restore: Checkpoint | None) -
 
 def _end_run(url: str, run_id: int, exit_code: int, reason: str | None = None) -> None:
     """``torchrun`` exited with ``exit_code``: the run is ended (no process of it is left)."""
-    from trials.attempts import end_run
+    from trials.coordination.attempts import end_run
 
     with session_scope(url) as session:
         run = session.get_one(TrialRun, run_id)
@@ -347,7 +347,7 @@ def _finish_trial(
 
 def _hold_slots(url: str, experiment_id: int, trial_id: int) -> None:
     """The trial's slots claimed in the ledger, as the scheduler claims them at launch."""
-    from trials.allocations import claim
+    from trials.coordination.allocations import claim
     from trials.scheduler import Agent, AgentSlots, Placement
 
     agent = Agent(AGENT, HOST, AGENT_SLOTS)
@@ -906,7 +906,7 @@ def write_cluster_file(path: Path) -> Path:
 # --- The cluster's queue ----------------------------------------------------------------
 # Searches sharing a small pool, each driver's bookkeeping as searcher/ writes it, and
 # the waiting trials placed (or held back) by the real decision,
-# :func:`trials.cluster_queue.decide`. No trial trains: only the queue matters here.
+# :func:`trials.coordination.cluster_queue.decide`. No trial trains: only the queue matters here.
 
 QUEUE_POOL = "default"
 QUEUE_AGENTS = ("a0", "a1")  # 2 slots each
@@ -998,7 +998,7 @@ def _queued_trial(experiment: _Experiment, study: optuna.Study) -> tuple[int, st
 
 def _enqueue(experiment: _Experiment, trial_ids: Sequence[int]) -> None:
     """The driver's tick puts its waiting trials in the cluster's queue."""
-    from trials import cluster_queue
+    from trials.coordination import cluster_queue
 
     resources = experiment.config.resources
     entries = [
@@ -1021,8 +1021,8 @@ def _decide(experiment: _Experiment, cluster_file: Path) -> list[tuple[int, Plac
 
     Returns this experiment's placed trials (their queue rows are gone: start them).
     """
-    from trials import cluster_queue
-    from trials.scheduler import load_cluster
+    from trials.coordination import cluster_queue
+    from trials.executors import load_cluster
 
     pool = load_cluster(cluster_file).pool(experiment.config.resources.resource_pool)
     with session_scope(experiment.url) as session:
@@ -1055,7 +1055,7 @@ def _start_trial(url: str, trial_id: int, placement: Placement) -> None:
 
 def _pause(experiment: _Experiment) -> None:
     """The driver pauses: its trials leave the queue and it gives up the experiment."""
-    from trials import cluster_queue
+    from trials.coordination import cluster_queue
 
     with session_scope(experiment.url) as session:
         cluster_queue.leave(session, experiment.experiment_id)
@@ -1128,7 +1128,7 @@ def seed_cluster_queue(url: str, root: Path) -> QueueDemo:
 # --- Warm jobs ---------------------------------------------------------------------------
 # A search with ``resources.reuse_workers``: its trials' jobs outlive them. The jobs are
 # opened, handed back, reserved, handed over and asked to end by the code that does it
-# in a real search (trials.warm_jobs, rank 0's trials.runtime._warm.WarmChannel and
+# in a real search (trials.coordination.warm_jobs, rank 0's trials.runtime._warm.WarmChannel and
 # the real placement decision); no process runs.
 
 WARM_POOL = "default"
@@ -1168,7 +1168,7 @@ def write_warm_cluster_file(path: Path) -> Path:
 
 def _start_warm(url: str, experiment_id: int, trial_id: int, placement: Placement) -> int:
     """The driver launches a trial of a ``reuse_workers`` search: a new warm job; its id."""
-    from trials import warm_jobs
+    from trials.coordination import warm_jobs
 
     with session_scope(url) as session:
         trial = session.get_one(Trial, trial_id)
@@ -1209,7 +1209,7 @@ def _hand_back(url: str, experiment_id: int, job_id: int, trial_id: int) -> None
 
 def _hand_over(url: str, trial_id: int) -> None:
     """The driver takes its trial placed on a reserved warm job and hands the job its run."""
-    from trials import warm_jobs
+    from trials.coordination import warm_jobs
 
     with session_scope(url) as session:
         job = warm_jobs.reserved_job(session, trial_id)
@@ -1244,7 +1244,7 @@ def seed_warm_jobs(url: str, root: Path) -> WarmDemo:
     """
     import optuna
 
-    from trials import warm_jobs
+    from trials.coordination import warm_jobs
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     root.mkdir(parents=True, exist_ok=True)

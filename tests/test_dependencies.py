@@ -9,13 +9,21 @@ and every import in it is checked: at module level, inside functions and
 ``TYPE_CHECKING`` blocks, ``import x.y``, ``from x import y``, relative imports resolved
 against the module's package, and ``importlib.import_module("x")`` with a literal name.
 Running a package as a program (``python -m ui``) is not an import and is allowed.
+
+The same imports also make the module graph, which must have no cycle (an import
+inside a function hides one, it does not remove it), must not reach into another
+package's private module (a sub-package is a package of its own here: re-export the
+name from its ``__init__``), and must follow the layers of ``trials``' sub-packages
+that their ``__init__`` docstrings state.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
-from dataclasses import dataclass
+import itertools
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -36,10 +44,14 @@ NOT_SHIPPED_RULE = "no shipped package imports the tests or the benchmarks (not 
 
 @dataclass(frozen=True)
 class Import:
-    """One imported module (its full dotted name) and where the import is."""
+    """One imported module (its full dotted name) and where the import is.
+
+    ``names`` are what a ``from module import a, b`` takes (a name may be a submodule).
+    """
 
     module: str
     line: int
+    names: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def top(self) -> str:
@@ -91,10 +103,11 @@ def imports_of(source: str, module: str, *, is_package: bool = False) -> Iterato
         if isinstance(node, ast.Import):
             yield from (Import(alias.name, node.lineno) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
+            names = tuple(alias.name for alias in node.names)
             if node.level:
-                yield Import(_resolve_relative(node, module, is_package), node.lineno)
+                yield Import(_resolve_relative(node, module, is_package), node.lineno, names)
             else:
-                yield Import(node.module or "", node.lineno)
+                yield Import(node.module or "", node.lineno, names)
         elif isinstance(node, ast.Call):
             name = _literal_import(node)
             if name is not None and not name.startswith("."):
@@ -173,4 +186,311 @@ def test_a_broken_rule_is_named_with_its_file_and_line() -> None:
     assert violations(source, "storage/mod.py", "storage.mod") == [
         "storage/mod.py:4: storage imports trials (storage imports none of them)",
         f"storage/mod.py:5: storage imports bench._common ({NOT_SHIPPED_RULE})",
+    ]
+
+
+# Layers of trials' sub-packages: what each may import besides ``storage`` and itself.
+# "trials" is the package's own top-level modules (the experiment config, YAML and
+# validation helpers, timings, labels, checkpoint retention, GPU detection), which
+# every sub-package builds on. Each sub-package's ``__init__`` docstring says the same.
+TRIALS_LAYERS: dict[str, frozenset[str]] = {
+    "trials.config": frozenset(),
+    "trials": frozenset({"trials.config"}),
+    "trials.scheduler": frozenset({"trials", "trials.config"}),
+    "trials.launch": frozenset({"trials", "trials.config", "trials.scheduler"}),
+    "trials.runtime": frozenset({"trials", "trials.config", "trials.launch"}),
+    "trials.node": frozenset({"trials", "trials.config", "trials.launch", "trials.runtime"}),
+    "trials.executors": frozenset(
+        {"trials", "trials.config", "trials.scheduler", "trials.launch", "trials.node"}
+    ),
+    "trials.coordination": frozenset(
+        {"trials", "trials.config", "trials.scheduler", "trials.launch", "trials.executors"}
+    ),
+}
+
+# Known and owned by other work of issue 27; each entry fails the test once it is gone,
+# so the list only shrinks: the driver's tick as a pipeline (item 4) removes the
+# type-only back-references between its parts.
+KNOWN_PRIVATE_IMPORTS: frozenset[tuple[str, str]] = frozenset()
+KNOWN_CYCLES = frozenset(
+    {
+        frozenset(
+            {
+                "searcher.control",
+                "searcher.outcomes",
+                "searcher.placement",
+                "searcher.running",
+                "searcher.study_side",
+            }
+        )
+    }
+)
+
+
+@dataclass(frozen=True)
+class Edge:
+    """``importer`` imports ``imported`` at ``where`` (``file:line``)."""
+
+    importer: str
+    imported: str
+    where: str
+
+
+def _target(modules: Mapping[str, Path], name: str) -> str | None:
+    """The product module that importing ``name`` runs: itself, else its nearest package."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def edges_of(modules: Mapping[str, Path], module: str, source: str, where: str) -> list[Edge]:
+    """The product modules ``module`` imports; ``from p import m`` of a submodule is ``p.m``.
+
+    A package's ``__init__`` runs before any of its submodules, so it is an edge only
+    where a name is taken from the package itself.
+
+    Example:
+        >>> mods = {m: Path() for m in ("p", "p.a", "p.b", "p._c")}
+        >>> [e.imported for e in edges_of(mods, "p.a", "from p import b, X\\nimport p._c", "a.py")]
+        ['p.b', 'p', 'p._c']
+    """
+    found: list[Edge] = []
+    is_package = modules[module].name == "__init__.py"
+    for imported in imports_of(source, module, is_package=is_package):
+        candidates = [f"{imported.module}.{name}" for name in imported.names]
+        targets = [
+            _target(modules, name) if name in modules else _target(modules, imported.module)
+            for name in candidates
+        ] or [_target(modules, imported.module)]
+        for target in dict.fromkeys(targets):
+            if target is not None and target != module:
+                found.append(Edge(module, target, f"{where}:{imported.line}"))
+    return found
+
+
+def product_modules() -> dict[str, Path]:
+    """Every module of the four packages, by dotted name."""
+    return {module_name(path): path for package in PACKAGES for path in package_modules(package)}
+
+
+def product_edges(modules: Mapping[str, Path]) -> list[Edge]:
+    """Every import between product modules, wherever it is in the importing module."""
+    return [
+        edge
+        for module, path in modules.items()
+        for edge in edges_of(
+            modules,
+            module,
+            path.read_text(encoding="utf-8"),
+            str(path.relative_to(REPO_ROOT)),
+        )
+    ]
+
+
+def strongly_connected(nodes: Iterable[str], edges: Iterable[Edge]) -> list[frozenset[str]]:
+    """The groups of two or more modules that import each other, directly or not (Tarjan)."""
+    graph: dict[str, set[str]] = {node: set() for node in nodes}
+    for edge in edges:
+        graph.setdefault(edge.importer, set()).add(edge.imported)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[frozenset[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        # Iterative depth-first search: (node, its successors still to visit).
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, successors = work[-1]
+            step = next(successors, None)
+            if step is not None:
+                if step not in index:
+                    index[step] = low[step] = len(index)
+                    stack.append(step)
+                    on_stack.add(step)
+                    work.append((step, iter(sorted(graph.get(step, ())))))
+                elif step in on_stack:
+                    low[node] = min(low[node], index[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.add(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    groups.append(frozenset(group))
+    return groups
+
+
+def describe_cycle(group: frozenset[str], edges: Iterable[Edge]) -> str:
+    """One shortest cycle through ``group``: ``a (file:line) -> b (file:line) -> ... -> a``.
+
+    Each ``file:line`` is where that module imports the next one.
+
+    Example:
+        >>> e = [Edge("a", "b", "a.py:3"), Edge("b", "a", "b.py:9")]
+        >>> describe_cycle(frozenset({"a", "b"}), e)
+        'a (a.py:3) -> b (b.py:9) -> a'
+    """
+    inside: dict[str, dict[str, str]] = {}
+    for edge in edges:
+        if edge.importer in group and edge.imported in group:
+            inside.setdefault(edge.importer, {}).setdefault(edge.imported, edge.where)
+    start = min(group)
+    came_from: dict[str, str] = {}
+    queue = deque([start])
+    while queue:
+        node = queue.popleft()
+        if start in inside.get(node, {}):
+            path = [node]
+            while path[-1] != start:
+                path.append(came_from[path[-1]])
+            path.reverse()
+            path.append(start)
+            return " -> ".join(
+                [f"{a} ({inside[a][b]})" for a, b in itertools.pairwise(path)] + [start]
+            )
+        for successor in sorted(inside.get(node, {})):
+            if successor not in came_from and successor != start:
+                came_from[successor] = node
+                queue.append(successor)
+    raise AssertionError(f"no cycle through {sorted(group)}")
+
+
+def private_owner(imported: str) -> str | None:
+    """The package whose private module ``imported`` is (None: nothing private in it).
+
+    Example:
+        >>> private_owner("trials.scheduler._cluster"), private_owner("trials.scheduler")
+        ('trials.scheduler', None)
+    """
+    parts = imported.split(".")
+    for at, part in enumerate(parts):
+        if part.startswith("_") and not part.startswith("__"):
+            return ".".join(parts[:at])
+    return None
+
+
+def private_imports(edges: Iterable[Edge]) -> list[str]:
+    """Each import of another package's private module, with its file and line."""
+    found = []
+    for edge in edges:
+        owner = private_owner(edge.imported)
+        if owner is None or edge.importer == owner or edge.importer.startswith(owner + "."):
+            continue
+        if (edge.importer, edge.imported) not in KNOWN_PRIVATE_IMPORTS:
+            found.append(
+                f"{edge.where}: {edge.importer} imports {edge.imported}, private to {owner} "
+                f"(re-export the name from {owner.replace('.', '/')}/__init__.py)"
+            )
+    return found
+
+
+def trials_layer(module: str, subpackages: Iterable[str]) -> str | None:
+    """The layer of ``trials`` that ``module`` belongs to, or None outside ``trials``."""
+    if module != "trials" and not module.startswith("trials."):
+        return None
+    return next(
+        (sub for sub in subpackages if module == sub or module.startswith(sub + ".")), "trials"
+    )
+
+
+def layer_violations(edges: Iterable[Edge], layers: Mapping[str, frozenset[str]]) -> list[str]:
+    """Each import between ``trials``' layers that its layer may not make.
+
+    Example:
+        >>> layer_violations([Edge("trials.scheduler._core", "trials.launch.launcher", "x.py:4")],
+        ...                  {"trials": frozenset(), "trials.scheduler": frozenset({"trials"}),
+        ...                   "trials.launch": frozenset({"trials", "trials.scheduler"})})
+        ['x.py:4: trials.scheduler imports trials.launch (it may import trials)']
+    """
+    subpackages = sorted((name for name in layers if name != "trials"), key=len, reverse=True)
+    found = []
+    for edge in edges:
+        source = trials_layer(edge.importer, subpackages)
+        target = trials_layer(edge.imported, subpackages)
+        if source is None or target is None or source == target:
+            continue
+        if target not in layers[source]:
+            allowed = ", ".join(sorted(layers[source])) or "nothing else of trials"
+            found.append(f"{edge.where}: {source} imports {target} (it may import {allowed})")
+    return found
+
+
+def test_no_import_cycle_between_product_modules() -> None:
+    modules = product_modules()
+    edges = product_edges(modules)
+    groups = strongly_connected(modules, edges)
+    new = [describe_cycle(group, edges) for group in groups if group not in KNOWN_CYCLES]
+    assert not new, "import cycles (imports inside functions included):\n" + "\n".join(new)
+    gone = [sorted(group) for group in KNOWN_CYCLES if group not in groups]
+    assert not gone, f"cycles no longer there: drop them from KNOWN_CYCLES: {gone}"
+
+
+def test_no_import_of_another_packages_private_module() -> None:
+    edges = product_edges(product_modules())
+    broken = private_imports(edges)
+    assert not broken, "imports of another package's private module:\n" + "\n".join(broken)
+    seen = {(edge.importer, edge.imported) for edge in edges}
+    gone = sorted(KNOWN_PRIVATE_IMPORTS - seen)
+    assert not gone, f"no longer imported: drop them from KNOWN_PRIVATE_IMPORTS: {gone}"
+
+
+def test_trials_subpackages_follow_their_layers() -> None:
+    subpackages = {
+        module_name(path.parent) for path in (REPO_ROOT / "trials").glob("*/__init__.py")
+    }
+    assert subpackages == set(TRIALS_LAYERS) - {"trials"}, "every sub-package needs a layer"
+    for package in subpackages:
+        init = REPO_ROOT / package.replace(".", "/") / "__init__.py"
+        docstring = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        assert "May import" in docstring, f"{init}: the docstring must say what it may import"
+    broken = layer_violations(product_edges(product_modules()), TRIALS_LAYERS)
+    assert not broken, "imports across trials' layers:\n" + "\n".join(broken)
+
+
+def test_a_cycle_is_named_with_every_import_on_it() -> None:
+    modules = {name: Path(f"{name}.py") for name in ("a", "b", "c", "d")}
+    sources = {
+        "a": "import b\n",
+        "b": "def later():\n    from c import x\n",
+        "c": "if TYPE_CHECKING:\n    import a\n",
+        "d": "import a\n",
+    }
+    edges = [
+        edge
+        for name, source in sources.items()
+        for edge in edges_of(modules, name, source, f"{name}.py")
+    ]
+    (group,) = strongly_connected(modules, edges)
+    assert describe_cycle(group, edges) == "a (a.py:1) -> b (b.py:2) -> c (c.py:2) -> a"
+
+
+def test_a_private_import_is_named_with_its_file_and_line() -> None:
+    edges = [
+        Edge(
+            "trials.executors._slurm", "trials.scheduler._cluster", "trials/executors/_slurm.py:48"
+        ),
+        Edge(
+            "trials.scheduler._core", "trials.scheduler._cluster", "trials/scheduler/_core.py:63"
+        ),
+        Edge(
+            "trials.scheduler._cluster_file", "trials._yaml", "trials/scheduler/_cluster_file.py:9"
+        ),
+    ]
+    assert private_imports(edges) == [
+        "trials/executors/_slurm.py:48: trials.executors._slurm imports "
+        "trials.scheduler._cluster, private to trials.scheduler "
+        "(re-export the name from trials/scheduler/__init__.py)"
     ]

@@ -1,4 +1,12 @@
-"""slotsweep's trials: the scheduler, the launcher and the in-worker runtime.
+"""slotsweep's trials: scheduling, launching and running trials, and what drivers share.
+
+Its sub-packages, each building only on those before it: :mod:`trials.scheduler`
+(the pure scheduler core), :mod:`trials.launch` (command lines, the environment the
+ranks read, process identity), :mod:`trials.runtime` (inside every rank),
+:mod:`trials.node` (the programs on each node), :mod:`trials.executors` (where attempts
+run) and :mod:`trials.coordination` (what drivers share in the database). The modules
+at this level (the experiment config, YAML and validation helpers, timings, labels,
+checkpoint retention, GPU detection) import none of them; every sub-package may.
 
 ``trials`` may import ``storage``, never ``searcher`` or ``ui``. Code that runs inside
 each rank keeps heavy imports (Optuna, SQLAlchemy) lazy so a trial starts fast.

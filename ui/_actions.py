@@ -1,7 +1,7 @@
 """The UI's only writes: a confirmed pause, activate or kill of an experiment, and who may.
 
 The request takes the one path ``slotsweep pause|kill`` also takes
-(:func:`trials.control.request_action`): a running experiment's driver is asked
+(:func:`trials.coordination.control.request_action`): a running experiment's driver is asked
 through ``Experiment.requested_action``; one with no driver is changed directly.
 
 The UI has no login. Served on a loopback address only this machine's users reach
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import secrets
 
-from trials import control
+from trials.coordination import control
 
 # Keyed by the actions' values: the page's radio shows and returns plain text.
 ACTIONS = {
@@ -56,7 +56,7 @@ def token_accepted(expected: str | None, given: str | None) -> bool:
 def request_action(url: str, experiment_id: int, action: str) -> str:
     """Pause, activate or kill an experiment; returns what happened, in words.
 
-    The same path ``slotsweep pause|kill`` takes (:func:`trials.control.request_action`),
+    The same path ``slotsweep pause|kill`` takes (:func:`trials.coordination.control.request_action`),
     so a request is honoured in every state (a running experiment's driver is asked;
     one with no driver is changed directly); a refusal (an ended experiment) is shown
     as its reason.

@@ -1,7 +1,7 @@
 """The cluster's full slot list, from the scheduler's cluster model when it is installed.
 
 Allocations in the database only name the slots that are held; which slots exist
-comes from the scheduler's cluster description (``trials.scheduler.load_cluster``:
+comes from the scheduler's cluster description (``trials.executors.load_cluster``:
 pools -> agents -> slots). Without it the Cluster page shows held slots only.
 
 Example:
@@ -44,10 +44,10 @@ def cluster_layout(cluster: Any) -> list[AgentLayout]:
 def load_layout() -> tuple[list[AgentLayout] | None, str | None]:
     """The cluster's agents, or ``(None, why not)`` when the layout cannot be known."""
     try:
-        from trials.scheduler import load_cluster
+        from trials.executors import load_cluster
     except ImportError:
         return None, (
-            "The cluster layout is not available here (the scheduler's `load_cluster` "
+            "The cluster layout is not available here (`trials.executors.load_cluster` "
             "is not installed), so free slots are not listed: below are the slots held "
             "in the database."
         )

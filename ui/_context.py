@@ -19,8 +19,7 @@ import sqlalchemy.exc
 import streamlit as st
 from sqlalchemy.engine import Engine, make_url
 
-from storage import get_engine, redact_url, resolve_db_url
-from storage._url import redact_secrets
+from storage import get_engine, redact_secrets, redact_url, resolve_db_url
 from ui._actions import TOKEN_ENV_VAR, TOKEN_QUERY_PARAM, token_accepted
 from ui._units import duration_words
 

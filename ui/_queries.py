@@ -42,8 +42,6 @@ from storage import (
     WarmJob,
     utcnow,
 )
-from trials.allocations import WARM_RESERVED, WARM_RUNNING, trial_holds, warm_state_column
-from trials.cluster_queue import QueuedView, queue_view, waiting_reason
 from trials.config import (
     ExperimentConfig,
     ResourcesConfig,
@@ -51,6 +49,13 @@ from trials.config import (
     StoredConfigError,
     read_stored_config,
 )
+from trials.coordination.allocations import (
+    WARM_RESERVED,
+    WARM_RUNNING,
+    trial_holds,
+    warm_state_column,
+)
+from trials.coordination.cluster_queue import QueuedView, queue_view, waiting_reason
 from trials.labels import trial_label
 from ui._units import duration_words
 
@@ -745,7 +750,7 @@ def system_metric_series(
 
 
 def _warm_state() -> sa.ColumnElement[Any]:
-    # What a warm job does with the slot (``trials.allocations.SlotHolder.warm_state``);
+    # What a warm job does with the slot (``trials.coordination.allocations.SlotHolder.warm_state``);
     # the query outer-joins ``_W`` on the row's ``warm_job_id``.
     return warm_state_column().label("warm_state")
 
@@ -891,7 +896,7 @@ def _waited_s(view: QueuedView, now: _dt.datetime) -> float:
 
 
 def _queue_views(engine: Engine, experiment_id: int | None = None) -> list[QueuedView]:
-    # The queue table is read only through trials.cluster_queue, so the UI orders and
+    # The queue table is read only through trials.coordination.cluster_queue, so the UI orders and
     # words it exactly as ``slotsweep task list`` does.
     with Session(engine) as session:
         return queue_view(session, experiment_id=experiment_id)

@@ -33,7 +33,7 @@ from storage import (
     session_scope,
 )
 from tests.conftest import EXAMPLES_DIR
-from trials.processes import ProcessRef, is_alive
+from trials.launch.processes import ProcessRef, is_alive
 
 # Where trials run. Every fault-injection test here runs once per executor that runs
 # on this machine's process table, and once more with warm workers. The Slurm executors keep the same promises on a

@@ -40,10 +40,10 @@ from storage import (
 )
 from tests.conftest import add_experiment
 from tests.searcher.test_driver_parts import _ctx
-from trials import allocations, cluster_queue
-from trials.allocations import ClaimedPlacement, ClaimLostError
-from trials.attempts import trial_processes_gone
-from trials.processes import ProcessRef
+from trials.coordination import allocations, cluster_queue
+from trials.coordination.allocations import ClaimedPlacement, ClaimLostError
+from trials.coordination.attempts import trial_processes_gone
+from trials.launch.processes import ProcessRef
 from trials.scheduler import Agent, AgentSlots, Placement, ResourcePool
 
 A0 = Agent("a0", "127.0.0.1", (0,))

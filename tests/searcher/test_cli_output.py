@@ -26,8 +26,8 @@ from searcher.tables import (
 from storage import Experiment, Trial, TrialState, session_scope
 from tests.searcher.conftest import run_cli
 from tests.trials.test_control import make_experiment
-from trials.allocations import SlotHolder
-from trials.cluster_queue import QueuedView
+from trials.coordination.allocations import SlotHolder
+from trials.coordination.cluster_queue import QueuedView
 
 LR = 0.03833332156156663
 
@@ -110,7 +110,7 @@ def test_task_list_names_trials_by_experiment_and_number() -> None:
 
 def _warm_slots(db_url: str, tmp_path: Path) -> tuple[Path, dict[str, int]]:
     """Slots of warm jobs in each state on long-named agents, their rows inserted as the
-    ledger and ``trials.warm_jobs`` leave them; the cluster file and the job ids.
+    ledger and ``trials.coordination.warm_jobs`` leave them; the cluster file and the job ids.
 
     Trial and job numbers run to 5 digits, so the table's widest cells are tried.
     """
@@ -196,8 +196,8 @@ def test_task_list_shows_warm_jobs_idle_or_running_which_trial_in_80_columns(
     db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from searcher.cli import main
-    from trials import allocations
-    from trials.scheduler import load_cluster
+    from trials.coordination import allocations
+    from trials.executors import load_cluster
 
     cluster, jobs = _warm_slots(db_url, tmp_path)
     capsys.readouterr()

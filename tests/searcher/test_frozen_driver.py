@@ -37,7 +37,7 @@ from tests.searcher.conftest import (
     wait_for,
     write_experiment,
 )
-from trials.processes import LAUNCH_TOKEN_ENV_VAR
+from trials.launch.processes import LAUNCH_TOKEN_ENV_VAR
 from trials.timings import TIMINGS_ENV_VAR, lease_timings
 
 pytestmark = pytest.mark.slow

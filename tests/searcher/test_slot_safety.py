@@ -34,7 +34,7 @@ from tests.searcher.conftest import (
     wait_for,
     write_experiment,
 )
-from trials.processes import ProcessRef, is_alive
+from trials.launch.processes import ProcessRef, is_alive
 
 pytestmark = pytest.mark.slow
 

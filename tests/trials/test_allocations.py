@@ -19,7 +19,7 @@ from storage import (
 )
 from tests.conftest import add_experiment
 from tests.storage.conftest import postgres_url  # noqa: F401  (a real server for the race)
-from trials import allocations
+from trials.coordination import allocations
 from trials.scheduler import Agent, AgentSlots, Cluster, Placement, ResourcePool
 
 A0 = Agent("a0", "127.0.0.1", (0, 1))
@@ -269,7 +269,7 @@ def test_holders_list_every_slot_of_the_cluster(db_url: str) -> None:
 
 def _warm_job(db_url: str, experiment_id: int, trial_id: int, agent: Agent, **fields: Any) -> int:
     """Trial ``trial_id``'s claimed slots on ``agent`` made a warm job's, as
-    ``trials.warm_jobs.open_job`` makes them; the job's id."""
+    ``trials.coordination.warm_jobs.open_job`` makes them; the job's id."""
     with session_scope(db_url) as session:
         job = WarmJob(
             experiment_id=experiment_id,

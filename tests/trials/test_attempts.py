@@ -12,8 +12,8 @@ from sqlalchemy import select
 
 from storage import ProcessRole, TrialProcess, TrialRun, session_scope, upgrade_schema
 from tests.conftest import add_experiment
-from trials.attempts import end_run, open_runs, trial_processes_gone
-from trials.processes import LAUNCH_TOKEN_ENV_VAR, ProcessRef
+from trials.coordination.attempts import end_run, open_runs, trial_processes_gone
+from trials.launch.processes import LAUNCH_TOKEN_ENV_VAR, ProcessRef
 
 pytestmark = pytest.mark.slow  # starts real processes
 

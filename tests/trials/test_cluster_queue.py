@@ -22,7 +22,7 @@ from storage import (
 )
 from tests.conftest import add_experiment
 from tests.storage.conftest import postgres_url  # noqa: F401  (a real server)
-from trials import allocations, cluster_queue
+from trials.coordination import allocations, cluster_queue
 from trials.scheduler import Agent, AgentSlots, Placement, ResourcePool
 
 A0 = Agent("a0", "127.0.0.1", (0, 1))

@@ -29,8 +29,8 @@ from storage import (
     utcnow,
 )
 from tests.searcher.conftest import write_experiment
-from trials import control
 from trials.config import load_config
+from trials.coordination import control
 from ui import _actions
 
 STATES = ("never-started", "running", "paused", "COMPLETED", "CANCELED", "ERROR")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trials.launcher import torchrun_commands
+from trials.launch.launcher import torchrun_commands
 from trials.scheduler import Agent, AgentSlots, Placement
 
 

@@ -19,10 +19,10 @@ from torch.distributed import DistNetworkError
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
-import trials._torchrun
-from trials._torchrun import port_taken
+import trials.node.torchrun
 from trials.executors import _slurm_node
-from trials.launcher import RDZV_CONF_ENV_VAR, torchrun_commands
+from trials.launch.launcher import RDZV_CONF_ENV_VAR, torchrun_commands
+from trials.node.torchrun import port_taken
 from trials.runtime._signals import install_checkpoint_on_sigterm, sigterm_ends_at_once
 from trials.scheduler import Agent, AgentSlots, Placement
 
@@ -76,10 +76,10 @@ def _node_wrapper_env(monkeypatch: pytest.MonkeyPatch, **env: str) -> dict[str, 
         seen.update(os.environ)
         return 0
 
-    monkeypatch.setattr(trials._torchrun, "main", torchrun)
+    monkeypatch.setattr(trials.node.torchrun, "main", torchrun)
     monkeypatch.setattr(_slurm_node, "_first_node", lambda: ("ssnode1", "10.9.0.11"))
     monkeypatch.setattr(_slurm_node, "_interface_towards", lambda host: None)
-    assert _slurm_node.main(["--nnodes=2", "-m", "trials.worker"]) == 0
+    assert _slurm_node.main(["--nnodes=2", "-m", "trials.node.worker"]) == 0
     return seen
 
 
@@ -116,7 +116,7 @@ def test_torchruns_own_bind_error_is_found_a_failed_ranks_is_not() -> None:
     assert port_taken(RendezvousConnectionError("timed out")) is None
     # A rank that failed so recorded it itself; torchrun's summary quotes it.
     failure = ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file="/nonexistent")
-    child = ChildFailedError("trials.worker", {0: failure})
+    child = ChildFailedError("trials.node.worker", {0: failure})
     assert port_taken(_raised_from(child, DistNetworkError(_TAKEN))) is None
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from trials.processes import (
+from trials.launch.processes import (
     LAUNCH_TOKEN_ENV_VAR,
     ProcessRef,
     end_processes,
@@ -102,13 +102,13 @@ def test_the_launch_token_finds_processes_whose_pid_was_never_recorded(tmp_path:
 @pytest.mark.slow
 def test_a_rank_dies_with_its_parent() -> None:
     # The parent starts a "rank" that asks for SIGKILL on its parent's death (as
-    # trials.worker does first thing), then the parent is SIGKILLed.
+    # trials.node.worker does first thing), then the parent is SIGKILLed.
     script = textwrap.dedent(
         """
         import subprocess, sys
         rank = subprocess.Popen(
             [sys.executable, "-c",
-             "import time; from trials.worker import die_with_parent;"
+             "import time; from trials.node.worker import die_with_parent;"
              "die_with_parent(); print('ready', flush=True); time.sleep(600)"],
             start_new_session=True, stdout=subprocess.PIPE, text=True,
         )

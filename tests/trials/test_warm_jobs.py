@@ -7,10 +7,10 @@ from sqlalchemy import select
 
 from storage import Allocation, QueuedTrial, TrialRun, WarmJob, session_scope
 from tests.trials.test_cluster_queue import A0, A1, POOL, decide, experiment, queue, running
-from trials import allocations, warm_jobs
-from trials.attempts import trial_processes_gone
+from trials.coordination import allocations, warm_jobs
+from trials.coordination.attempts import trial_processes_gone
+from trials.coordination.warm_jobs import IdleJob, WaitingTrial, match_idle_jobs
 from trials.scheduler import AgentSlots, Placement
-from trials.warm_jobs import IdleJob, WaitingTrial, match_idle_jobs
 
 # ----------------------------------------------------------------- pure matching
 
@@ -168,7 +168,7 @@ def test_a_reserved_trials_processes_are_the_jobs(db_url: str) -> None:
     import os
 
     from storage import ProcessRole, TrialProcess
-    from trials.processes import ProcessRef
+    from trials.launch.processes import ProcessRef
 
     search, trials = experiment(db_url, "warm", 2, slots=2)
     job = _idle_job(db_url, search, trials[0], (0, 1))

@@ -2,7 +2,7 @@
 
 SYNTHETIC: the database of ``queued_search`` (:func:`tests._demo_data.seed_cluster_queue`),
 whose waiting trials were placed or held back by the real placement decision
-(:func:`trials.cluster_queue.decide`). The pages must say what ``slotsweep task list``
+(:func:`trials.coordination.cluster_queue.decide`). The pages must say what ``slotsweep task list``
 says, word for word. ``warm_search`` (:func:`tests._demo_data.seed_warm_jobs`) holds
 slots by warm jobs in each state.
 """

@@ -7,7 +7,7 @@ queue, the CLI and the UI), the bounded YAML reader and the one-line pydantic er
 format every slotsweep file shares, and the batch-size split of driver and ranks.
 
 It lives in ``trials``, the lowest package every reader (``searcher``, ``trials``,
-``ui``) may import, and imports only pydantic and PyYAML: no other slotsweep package
+``ui``) may import. May import: pydantic and PyYAML only; no other slotsweep package
 or sub-package, no Optuna, no SQLAlchemy. Ranks import :class:`RuntimeSpec` from here
 at start-up, so the experiment model, the stored-config reader and the YAML reader
 load on first use (as ``searcher``'s names do), not with it.

@@ -4,7 +4,14 @@
 attempt as a Slurm job step inside the allocation the search runs in;
 ``SbatchExecutor`` submits each attempt as a Slurm job of its own. The driver
 talks to :class:`Executor` only; :func:`executor_for` picks one for a cluster and
-:func:`executor_named` finds the one that started a recorded run.
+:func:`executor_named` finds the one that started a recorded run. Which cluster a
+search runs on is decided here too (:func:`load_cluster`): a Slurm cluster's agents are
+what Slurm says, and only these executors ask it. Each executor records and ends the
+rows of the processes it starts (:func:`mark_processes_ended`).
+
+May import ``storage``, the base modules of ``trials``, :mod:`trials.scheduler`,
+:mod:`trials.launch` and :mod:`trials.node` (a Slurm node runs the ``torchrun``
+wrapper); :mod:`trials.coordination` builds on it, nothing else in ``trials`` imports it.
 """
 
 from __future__ import annotations
@@ -12,7 +19,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from trials.executors._base import Executor, JobEnding, LaunchRequest, TrialJob
+from trials.executors._clusters import load_cluster, parse_cluster, slurm_cluster
 from trials.executors._local import LocalExecutor
+from trials.executors._process_rows import mark_processes_ended
+from trials.executors._slurm import SlurmExecutor
+from trials.executors._slurm_jobs import SbatchExecutor
 
 if TYPE_CHECKING:
     from trials.scheduler import Cluster
@@ -22,22 +33,24 @@ __all__ = [
     "JobEnding",
     "LaunchRequest",
     "LocalExecutor",
+    "SbatchExecutor",
+    "SlurmExecutor",
     "TrialJob",
     "database_problem",
     "executor_for",
     "executor_named",
+    "load_cluster",
+    "mark_processes_ended",
+    "parse_cluster",
+    "slurm_cluster",
 ]
 
 
 def executor_for(cluster: Cluster) -> Executor:
     """The executor that runs ``cluster``'s trials (its ``executor`` field)."""
     if cluster.executor == "slurm":
-        from trials.executors._slurm import SlurmExecutor
-
         return SlurmExecutor(cluster)
     if cluster.executor == "sbatch":
-        from trials.executors._slurm_jobs import SbatchExecutor
-
         return SbatchExecutor(cluster)
     return LocalExecutor(use_gpus=cluster.gpu_slots)
 
@@ -45,12 +58,8 @@ def executor_for(cluster: Cluster) -> Executor:
 def executor_named(name: str) -> Executor:
     """The executor recorded as ``TrialRun.executor``, to end a crashed driver's leftovers."""
     if name == "slurm":
-        from trials.executors._slurm import SlurmExecutor
-
         return SlurmExecutor(None)
     if name == "sbatch":
-        from trials.executors._slurm_jobs import SbatchExecutor
-
         return SbatchExecutor(None)
     if name == "local":
         return LocalExecutor()

@@ -5,7 +5,7 @@ executor decides *how* the processes get there: this machine's process table
 (:class:`~trials.executors.LocalExecutor`) or a Slurm allocation's job steps
 (:class:`~trials.executors.SlurmExecutor`). Every executor runs ``torchrun`` with
 c10d rendezvous on the placement's first agent, passes the spec and the database URL
-in the environment, and keeps the reliability rules of :mod:`trials.attempts`: an
+in the environment, and keeps the reliability rules of :mod:`trials.coordination.attempts`: an
 attempt's processes are one unit, and they are confirmed gone before its slots are
 freed or its next attempt starts.
 

@@ -3,7 +3,7 @@
 Agents must be this machine (any address of it): a placement on another host is
 refused with a clear error. Leftovers of a crashed driver are found by their recorded
 pids (checked against their kernel start time) and by the launch token every process
-carries in its environment (:mod:`trials.processes`).
+carries in its environment (:mod:`trials.launch.processes`).
 """
 
 from __future__ import annotations
@@ -13,9 +13,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trials._system_metrics import detect_gpus
-from trials.attempts import end_local_processes, local_processes_gone, record_launch
 from trials.executors._base import JobEnding
-from trials.launcher import (
+from trials.executors._process_rows import (
+    end_local_processes,
+    local_processes_gone,
+    record_launch,
+)
+from trials.launch.launcher import (
     SPEC_ENV_VAR,
     TrialProcesses,
     free_port,

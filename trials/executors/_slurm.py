@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trials.attempts import mark_processes_ended
 from trials.executors._base import JobEnding
+from trials.executors._process_rows import mark_processes_ended
 from trials.executors._slurm_commands import (
     expand_counts,
     gpu_indices,
@@ -44,9 +44,8 @@ from trials.executors._slurm_node import (
     RDZV_HOST_ENV_VAR,
     RDZV_NODE_ENV_VAR,
 )
-from trials.launcher import SPEC_ENV_VAR, torchrun_args, trial_environment
-from trials.scheduler._cluster import Agent, Cluster, ResourcePool
-from trials.scheduler._cluster_file import DEFAULT_POOL, ClusterConfigError
+from trials.launch.launcher import SPEC_ENV_VAR, torchrun_args, trial_environment
+from trials.scheduler import DEFAULT_POOL, Agent, Cluster, ClusterConfigError, ResourcePool
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session

@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trials.attempts import mark_processes_ended
 from trials.executors._base import JobEnding
+from trials.executors._process_rows import mark_processes_ended
 from trials.executors._slurm import SlurmError, hostnames, slurm_command
 from trials.executors._slurm_commands import (
     SINFO_NODE_FORMAT,
@@ -45,15 +45,22 @@ from trials.executors._slurm_commands import (
     step_name,
 )
 from trials.executors._slurm_node import IFNAME_ENV_VAR, RDZV_PORT_ENV_VAR
-from trials.launcher import (
+from trials.launch.launcher import (
     CHECKPOINT_ON_SIGTERM_ENV_VAR,
     SPEC_ENV_VAR,
     torchrun_args,
     trial_environment,
 )
-from trials.scheduler._cluster import Agent, Cluster, ResourcePool, SlotType, SlurmJobSettings
-from trials.scheduler._cluster_file import DEFAULT_POOL, ClusterConfigError
-from trials.scheduler._fitting import job_shape
+from trials.scheduler import (
+    DEFAULT_POOL,
+    Agent,
+    Cluster,
+    ClusterConfigError,
+    ResourcePool,
+    SlotType,
+    SlurmJobSettings,
+    job_shape,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session

@@ -12,7 +12,7 @@ torchrun's own guess would wait a minute on a taken port instead of failing. Wit
 ``SLOTSWEEP_CHECKPOINT_ON_SIGTERM=1`` torchrun ignores SIGTERM (its ranks checkpoint
 on it and then exit, which ends torchrun). The network interface for NCCL and gloo is
 the cluster's ``dtrain_network_interface`` when set, else the interface that holds this
-node's address for the rendezvous host, named in the trial's log. Then ``torchrun`` runs in this process (:mod:`trials._torchrun`).
+node's address for the rendezvous host, named in the trial's log. Then ``torchrun`` runs in this process (:mod:`trials.node.torchrun`).
 """
 
 from __future__ import annotations
@@ -79,14 +79,14 @@ def _slots_given(args: Sequence[str]) -> list[int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Set this node's agent, slots and network interface, then run ``torchrun``."""
-    from trials._torchrun import main as torchrun_main
-    from trials.launcher import (
+    from trials.launch.launcher import (
         AGENT_ENV_VAR,
         CHECKPOINT_ON_SIGTERM_ENV_VAR,
         RDZV_CONF_ENV_VAR,
         SLOTS_ENV_VAR,
         rendezvous_conf,
     )
+    from trials.node.torchrun import main as torchrun_main
 
     args = list(sys.argv[1:] if argv is None else argv)
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()

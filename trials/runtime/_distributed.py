@@ -92,7 +92,7 @@ def destroy_process_group() -> None:
     """Leave the job cleanly, so no peer is left waiting on this rank.
 
     gloo's threads outlive this call: end the process with
-    :func:`trials.worker.exit_without_teardown`, not the interpreter's teardown.
+    :func:`trials.node.worker.exit_without_teardown`, not the interpreter's teardown.
     """
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

@@ -33,8 +33,8 @@ from typing import Any, Protocol
 import torch
 
 from trials.config import RuntimeSpec
-from trials.launcher import AGENT_ENV_VAR, SLOTS_ENV_VAR
-from trials.processes import ProcessRef
+from trials.launch.launcher import AGENT_ENV_VAR, SLOTS_ENV_VAR
+from trials.launch.processes import ProcessRef
 from trials.runtime._checkpoint import CheckpointStorageError
 from trials.runtime._context import InvalidTrialError, PyTorchTrialContext
 from trials.runtime._distributed import (

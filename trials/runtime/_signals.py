@@ -30,7 +30,7 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
-from trials.launcher import CHECKPOINT_ON_SIGTERM_ENV_VAR
+from trials.launch.launcher import CHECKPOINT_ON_SIGTERM_ENV_VAR
 
 _asked = threading.Event()
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trials.config import RuntimeSpec
-from trials.launcher import DB_URL_ENV_VAR
+from trials.launch.launcher import DB_URL_ENV_VAR
 from trials.runtime._distributed import DistributedInfo, broadcast_object
 
 # How often rank 0 looks for the next trial: the warm hand-over's latency floor.

@@ -1,8 +1,13 @@
 """slotsweep's slot-aware scheduler: agents, resource pools, fits and the cluster file.
 
 The core (:func:`schedule`) is a pure function of a pool, its free slots and the queue
-of waiting requests; :func:`load_cluster` is the only I/O here. Slot ownership across
-drivers lives in the database (:mod:`trials.allocations`).
+of waiting requests; :func:`read_cluster` validates a cluster file and
+:func:`local_cluster` (which asks NVML for this machine's GPUs) is the only I/O here.
+Slot ownership across drivers lives in the database (:mod:`trials.coordination.allocations`).
+
+May import the base modules of ``trials`` only: every other part of ``trials`` builds on
+it. Which cluster a search runs on, where Slurm must be asked, is the executors' part
+(:func:`trials.executors.load_cluster`).
 
 Example:
     >>> from trials.scheduler import Agent, ResourcePool, SlotRequest, schedule
@@ -23,10 +28,12 @@ from trials.scheduler._cluster import (
 from trials.scheduler._cluster_file import (
     CLUSTER_ENV_VAR,
     DEFAULT_POOL,
+    MAX_SLOTS_PER_AGENT,
+    SLURM_CLUSTER,
     ClusterConfigError,
-    load_cluster,
+    SlurmNodes,
     local_cluster,
-    parse_cluster,
+    read_cluster,
 )
 from trials.scheduler._core import (
     AgentSlots,
@@ -48,6 +55,8 @@ from trials.scheduler._preemption import RunningRequest, choose_preemptions
 __all__ = [
     "CLUSTER_ENV_VAR",
     "DEFAULT_POOL",
+    "MAX_SLOTS_PER_AGENT",
+    "SLURM_CLUSTER",
     "Agent",
     "AgentSlots",
     "Cluster",
@@ -60,6 +69,7 @@ __all__ = [
     "SlotScheduler",
     "SlotType",
     "SlurmJobSettings",
+    "SlurmNodes",
     "UnknownPool",
     "Unschedulable",
     "WaitReason",
@@ -67,9 +77,8 @@ __all__ = [
     "choose_preemptions",
     "format_values",
     "job_shape",
-    "load_cluster",
     "local_cluster",
-    "parse_cluster",
+    "read_cluster",
     "schedule",
     "valid_slots_per_trial",
 ]

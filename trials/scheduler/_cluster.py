@@ -1,7 +1,8 @@
 """The cluster model: resource pools of agents, each agent with a fixed set of slots.
 
 These are plain frozen dataclasses (no I/O) so the scheduler core can be a pure function
-of them; :mod:`trials.scheduler._cluster_file` builds them from YAML or the local machine.
+of them; :mod:`trials.scheduler._cluster_file` builds them from a cluster file or the
+local machine.
 
 Example:
     >>> agent = Agent(name="a1", host="127.0.0.1", slots=(0, 1))

@@ -34,10 +34,12 @@ with no cluster file) takes the agents from the Slurm allocation instead. With a
 Without a file the cluster is one pool ``default`` holding this machine, named after
 its hostname, with its GPUs as slots (found through NVML) or else one slot per CPU.
 Every problem in a file becomes one line naming the field path; :class:`ClusterConfigError`
-holds them all so the CLI can print them and exit 2.
+holds them all so the CLI can print them and exit 2. A Slurm cluster's nodes come from
+Slurm itself, which the executors ask (:func:`trials.executors.load_cluster` reads the
+file, the environment and Slurm; this module only validates).
 
 Example:
-    >>> cluster = parse_cluster({"resource_pools": [{"name": "default",
+    >>> cluster = read_cluster({"resource_pools": [{"name": "default",
     ...     "agents": [{"name": "a1", "slots": 2}, {"name": "a2", "slots": [0, 1]}]}]})
     >>> [(a.name, a.host, a.slots) for a in cluster.pool("default").agents]
     [('a1', '127.0.0.1', (0, 1)), ('a2', '127.0.0.1', (0, 1))]
@@ -49,13 +51,13 @@ import os
 import re
 import socket
 from collections import Counter
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError, field_validator
 
-from trials.config import ConfigModel, YamlError, read_yaml, validation_problems
-from trials.scheduler._cluster import Agent, Cluster, ResourcePool, SlurmJobSettings
+from trials.config import ConfigModel, validation_problems
+from trials.scheduler._cluster import Agent, Cluster, ResourcePool, SlotType, SlurmJobSettings
 from trials.scheduler._sbatch_options import sbatch_option_problems
 
 CLUSTER_ENV_VAR = "SLOTSWEEP_CLUSTER"
@@ -73,6 +75,20 @@ class ClusterConfigError(Exception):
     def __init__(self, problems: list[str]) -> None:
         super().__init__("\n".join(problems))
         self.problems = problems
+
+
+@dataclass(frozen=True)
+class SlurmNodes:
+    """A cluster file's ``executor: slurm``: the agents are nodes that only Slurm knows.
+
+    With ``jobs`` (a ``slurm:`` block) they are the partition's nodes and each trial is
+    a Slurm job of its own; without, the nodes of the allocation this process runs in.
+    The Slurm executors ask Slurm for them (:func:`trials.executors.parse_cluster`).
+    """
+
+    jobs: SlurmJobSettings | None = None
+    slot_type: SlotType | None = None
+    dtrain_network_interface: str | None = None
 
 
 SlotId = Annotated[int, Field(ge=0, lt=MAX_SLOTS_PER_AGENT, strict=True)]
@@ -236,8 +252,12 @@ class _ClusterSpec(ConfigModel):
         return value
 
 
-def parse_cluster(raw: Any) -> Cluster:
-    """Validate a loaded cluster document; raises :class:`ClusterConfigError` listing every problem."""
+def read_cluster(raw: Any) -> Cluster | SlurmNodes:
+    """Validate a loaded cluster document; raises :class:`ClusterConfigError` listing every problem.
+
+    A file with ``executor: slurm`` declares no agents: it is returned as the
+    :class:`SlurmNodes` to ask Slurm for (:func:`trials.executors.parse_cluster` does).
+    """
     if not isinstance(raw, dict):
         raise ClusterConfigError(["<top level>: must be a mapping with a 'resource_pools' list"])
     try:
@@ -255,10 +275,8 @@ def parse_cluster(raw: Any) -> Cluster:
                 ]
             )
         if spec.slurm is not None:
-            from trials.executors._slurm_jobs import partition_cluster
-
-            return partition_cluster(
-                SlurmJobSettings(
+            return SlurmNodes(
+                jobs=SlurmJobSettings(
                     partition=spec.slurm.partition,
                     time_limit=spec.slurm.time_limit,
                     account=spec.slurm.account,
@@ -269,9 +287,7 @@ def parse_cluster(raw: Any) -> Cluster:
                 slot_type=spec.slurm.slot_type,
                 dtrain_network_interface=spec.dtrain_network_interface,
             )
-        from trials.executors._slurm import allocation_cluster
-
-        return allocation_cluster(dtrain_network_interface=spec.dtrain_network_interface)
+        return SlurmNodes(dtrain_network_interface=spec.dtrain_network_interface)
     if spec.resource_pools is None:
         raise ClusterConfigError(["resource_pools: required field is missing"])
     problems: list[str] = []
@@ -344,47 +360,3 @@ def local_cluster(slots: int | None = None) -> Cluster:
         ids = gpus[:slots] if gpus else list(range(slots))
     agent = Agent(name=socket.gethostname() or "localhost", host=LOCAL_HOST, slots=tuple(ids))
     return Cluster(pools=(ResourcePool(name=DEFAULT_POOL, agents=(agent,)),))
-
-
-def load_cluster(path: str | Path | None = None, *, slots: int | None = None) -> Cluster:
-    """The cluster from ``path``, else ``$SLOTSWEEP_CLUSTER``, else :func:`local_cluster`.
-
-    ``slots`` sizes the local machine's agent and cannot be combined with a file, which
-    declares every agent's slots itself.
-
-    Example:
-        >>> load_cluster(slots=2).pool("default").agents[0].slots  # doctest: +SKIP
-        (0, 1)
-    """
-    source = "cluster"
-    if path is None and os.environ.get(CLUSTER_ENV_VAR):
-        path, source = os.environ[CLUSTER_ENV_VAR], CLUSTER_ENV_VAR
-    in_allocation = bool(os.environ.get("SLURM_JOB_ID") and os.environ.get("SLURM_JOB_NODELIST"))
-    if str(path) == SLURM_CLUSTER or (path is None and in_allocation and slots is None):
-        # Inside salloc/sbatch the allocation's nodes are the agents.
-        if slots is not None:
-            raise ClusterConfigError(
-                ["slots: cannot be combined with --cluster slurm; Slurm gives each node's slots"]
-            )
-        from trials.executors._slurm import allocation_cluster
-
-        return allocation_cluster()
-    if path is None:
-        return local_cluster(slots)
-    if slots is not None:
-        raise ClusterConfigError(
-            [
-                f"slots: cannot be combined with a cluster file ({source}); the file sets each agent's slots"
-            ]
-        )
-    path = Path(path)
-    try:
-        raw = read_yaml(path, source=source, field_prefix=f"{source} {path}: ")
-    except YamlError as exc:
-        raise ClusterConfigError(exc.problems) from None
-    try:
-        return parse_cluster(raw)
-    except ClusterConfigError as exc:
-        raise ClusterConfigError(
-            [f"{source} {path}: {problem}" for problem in exc.problems]
-        ) from None

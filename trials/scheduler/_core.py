@@ -2,7 +2,7 @@
 
 Pure and in memory: a function of (pool, free slots, queue) with no I/O, so it is tested
 exhaustively and benchmarked at cluster scale (``bench/scheduler_sim.py``). Slot
-ownership across drivers lives in the database (:mod:`trials.allocations`).
+ownership across drivers lives in the database (:mod:`trials.coordination.allocations`).
 
 Rules (Determined's, made explicit):
 

@@ -35,7 +35,7 @@ def _port_to_take(mode: str) -> int | None:
     if mode == "rdzv" and os.environ.get("PET_RDZV_CONF") == "is_host=1":
         with open("/proc/self/cmdline", "rb") as cmdline:
             args = cmdline.read().decode().split("\0")
-        if "trials._torchrun" not in args:
+        if "trials.node.torchrun" not in args:
             return None  # a rank: it inherited torchrun's environment
         for arg in args:
             if arg.startswith("--rdzv-endpoint="):

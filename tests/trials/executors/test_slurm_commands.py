@@ -92,7 +92,7 @@ def test_srun_runs_one_torchrun_per_node_on_exactly_the_placed_nodes() -> None:
         slots_per_node=2,
         use_gpus=False,
         name="slotsweep-tok",
-        torchrun=["--nnodes=2", "-m", "trials.worker"],
+        torchrun=["--nnodes=2", "-m", "trials.node.worker"],
         python="/venv/bin/python",
     )
     assert argv[0] == "srun"
@@ -115,7 +115,7 @@ def test_srun_runs_one_torchrun_per_node_on_exactly_the_placed_nodes() -> None:
         "trials.executors._slurm_node",
         "--nnodes=2",
         "-m",
-        "trials.worker",
+        "trials.node.worker",
     ]
 
 

@@ -175,9 +175,9 @@ def run_torchrun(
 
 
 def run_worker(handle: TrialHandle, *, nproc: int = 2) -> subprocess.CompletedProcess[str]:
-    """Run the trial as the driver does: ``torchrun ... -m trials.worker``."""
+    """Run the trial as the driver does: ``torchrun ... -m trials.node.worker``."""
     return run_torchrun(
-        ["-m", "trials.worker"],
+        ["-m", "trials.node.worker"],
         nproc=nproc,
         env={"SLOTSWEEP_TRIAL_SPEC": handle.spec_path.read_text()},
     )

@@ -111,7 +111,7 @@ def test_a_trial_whose_checkpoint_folder_breaks_fails_with_one_line(
     spoiler = threading.Thread(target=spoil_after_the_first_checkpoint, daemon=True)
     spoiler.start()
     result = run_torchrun(
-        ["-m", "trials.worker"],
+        ["-m", "trials.node.worker"],
         nproc=1,
         env={"SLOTSWEEP_TRIAL_SPEC": handle.spec_path.read_text()},
     )

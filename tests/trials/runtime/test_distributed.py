@@ -1,4 +1,4 @@
-"""Real two-rank jobs: ``torchrun -m trials.worker`` (and one checks script) on gloo.
+"""Real two-rank jobs: ``torchrun -m trials.node.worker`` (and one checks script) on gloo.
 
 Each launch costs several seconds on two cores, so the checks share launches: one
 uninterrupted reference run, one run whose rank 1 is SIGKILLed plus its restart, one

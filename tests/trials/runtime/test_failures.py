@@ -118,13 +118,13 @@ def test_constructor_error_is_recorded_and_every_log_line_is_prefixed(
             [
                 sys.executable,
                 "-m",
-                "trials._torchrun",
+                "trials.node.torchrun",
                 "--standalone",
                 "--nnodes=1",
                 "--nproc-per-node=2",
                 "--max-restarts=0",
                 "-m",
-                "trials.worker",
+                "trials.node.worker",
             ],
             cwd=REPO_ROOT,
             env=env,
@@ -183,7 +183,7 @@ def test_unresolvable_entrypoint_is_recorded_as_an_invalid_trial(
 
 
 def test_the_drivers_lines_carry_their_prefix(tmp_path: Path) -> None:
-    from trials.launcher import write_log_line
+    from trials.launch.launcher import write_log_line
 
     log = tmp_path / "logs" / "trial.log"
     write_log_line(log, "trial 3.1 attempt 0 on agent local, slots 0,1")

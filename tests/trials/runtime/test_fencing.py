@@ -131,7 +131,7 @@ def test_every_rank_of_a_two_rank_run_is_registered(
 ) -> None:
     handle = make_trial()
     result = run_torchrun(
-        ["-m", "trials.worker"],
+        ["-m", "trials.node.worker"],
         env={
             "SLOTSWEEP_TRIAL_SPEC": handle.spec_path.read_text(),
             "SLOTSWEEP_AGENT": "agent-x",
@@ -183,7 +183,7 @@ def test_a_superseded_run_stops_with_one_line_and_records_nothing_more(
     superseder.start()
     started = time.monotonic()
     result = run_torchrun(
-        ["-m", "trials.worker"], env={"SLOTSWEEP_TRIAL_SPEC": handle.spec_path.read_text()}
+        ["-m", "trials.node.worker"], env={"SLOTSWEEP_TRIAL_SPEC": handle.spec_path.read_text()}
     )
     superseder.join()
     output = result.stdout + result.stderr

@@ -104,7 +104,7 @@ def test_sqlite_locked_by_another_writer_for_seconds(
 
     outage = _during_training(handle, lock)
     result = run_torchrun(
-        ["-m", "trials.worker"],
+        ["-m", "trials.node.worker"],
         nproc=1,
         env={"SLOTSWEEP_TRIAL_SPEC": handle.spec_path.read_text()},
     )
@@ -129,7 +129,7 @@ def test_postgresql_restarted_while_the_trial_reports(
 
     outage = _during_training(handle, restart)
     result = run_torchrun(
-        ["-m", "trials.worker"],
+        ["-m", "trials.node.worker"],
         nproc=1,
         env={"SLOTSWEEP_TRIAL_SPEC": handle.spec_path.read_text()},
     )

@@ -79,7 +79,7 @@ def test_cuda_bf16_counts_only_native_support(
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["fp16", "bf16"])
 def test_mixed_precision_trains_on_cuda(mode: str, make_trial: Callable[..., TrialHandle]) -> None:
-    """A real run (``torchrun -m trials.worker``, one rank on cuda:0): the forward runs
+    """A real run (``torchrun -m trials.node.worker``, one rank on cuda:0): the forward runs
     under autocast in the mode's dtype while the weights stay float32, fp16 scales the
     loss with a GradScaler that the loop steps and updates (bf16 has none), and every
     recorded metric is finite."""

@@ -15,7 +15,7 @@ from .conftest import REPO_ROOT
 def test_the_runtime_imports_neither_optuna_nor_sqlalchemy_nor_streamlit() -> None:
     code = (
         "import sys, json\n"
-        "import trials.worker, trials.runtime, trials.runtime._runner, trials.runtime._loop\n"
+        "import trials.node.worker, trials.runtime, trials.runtime._runner, trials.runtime._loop\n"
         "import trials.runtime._ddp, trials.runtime._recorder\n"
         "print(json.dumps(sorted(m for m in ('optuna', 'sqlalchemy', 'streamlit', 'storage',\n"
         "    'searcher', 'ui', 'pytorch_optimizer') if m in sys.modules)))\n"

@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from trials._prefix import _pump
-from trials.worker import _run
+from trials.node._prefix import _pump
+from trials.node.worker import _run
 
 
 def read_all(fd: int) -> bytes:
@@ -82,7 +82,7 @@ def test_exit_without_teardown_runs_atexit_handlers_and_keeps_the_code() -> None
     program = (
         "import atexit, sys\n"
         "atexit.register(lambda: print('handler ran'))\n"
-        "from trials.worker import exit_without_teardown\n"
+        "from trials.node.worker import exit_without_teardown\n"
         "sys.stdout.write('buffered, no newline')\n"
         "exit_without_teardown(3)\n"
     )

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from trials._system_metrics import detect_gpus
+from trials.executors import load_cluster, parse_cluster
 from trials.executors._slurm_commands import sbatch_argv
 from trials.scheduler import (
     CLUSTER_ENV_VAR,
@@ -20,8 +21,6 @@ from trials.scheduler import (
     ResourcePool,
     SlurmJobSettings,
     UnknownPool,
-    load_cluster,
-    parse_cluster,
 )
 from trials.scheduler._sbatch_options import MANAGED_SBATCH_OPTIONS, sbatch_option_problems
 

@@ -1,9 +1,9 @@
-"""The database side of a trial attempt's processes: record them, end them, confirm them gone.
+"""The database side of a trial's attempts: end them, confirm them gone, ask them to stop.
 
-Every process of an attempt has a ``storage.TrialProcess`` row: the driver writes the
-``torchrun`` rows at launch, rank 0 writes one row per rank once the process group
-has formed. A row's ``ended_at`` is set only when a process is confirmed gone, and a
-run's ``ended_at`` only when all of its processes are. These facts are what let any
+Every process of an attempt has a ``storage.TrialProcess`` row (written and ended by
+its executor: :mod:`trials.executors._process_rows`). A row's ``ended_at`` is set only
+when a process is confirmed gone, and a run's ``ended_at`` only when all of its
+processes are. These facts are what let any
 later driver act safely after a crash:
 
 - :func:`end_run` ends every leftover process of a run (recorded pids, checked
@@ -21,7 +21,6 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from sqlalchemy import select
@@ -29,107 +28,17 @@ from sqlalchemy import select
 from storage import (
     Allocation,
     Experiment,
-    ProcessRole,
     Trial,
     TrialProcess,
     TrialRun,
     WarmJob,
     utcnow,
 )
-from trials.processes import (
-    ProcessRef,
-    end_processes,
-    is_alive,
-    is_local_host,
-    pid_running,
-    processes_with_token,
-)
+from trials.executors import executor_named
+from trials.launch.processes import is_local_host, pid_running
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
-
-    from trials.launcher import TrialProcesses
-
-
-def record_launch(session: Session, run: TrialRun, processes: TrialProcesses) -> None:
-    """Add a TORCHRUN row for each agent's ``torchrun`` of ``run``."""
-    for command, ref in zip(processes.commands, processes.refs, strict=True):
-        session.add(
-            TrialProcess(
-                run_id=run.id,
-                trial_id=run.trial_id,
-                attempt=run.attempt,
-                role=ProcessRole.TORCHRUN,
-                agent=command.agent,
-                host=command.host,
-                slots=list(command.slots),
-                pid=ref.pid,
-                create_time=ref.create_time,
-            )
-        )
-
-
-def _open_rows(session: Session, run_ids: Sequence[int]) -> list[TrialProcess]:
-    if not run_ids:
-        return []
-    return list(
-        session.scalars(
-            select(TrialProcess).where(
-                TrialProcess.run_id.in_(run_ids), TrialProcess.ended_at.is_(None)
-            )
-        )
-    )
-
-
-def _ref(row: TrialProcess) -> ProcessRef:
-    return ProcessRef(row.host, row.pid, row.create_time)
-
-
-def end_local_processes(session: Session, run: TrialRun, *, grace_s: float = 0.0) -> bool:
-    """The local executor's way to end ``run``: its recorded processes and its launch token.
-
-    Marks the confirmed-gone process rows. A process on another host cannot be ended
-    here: False is returned for it.
-    """
-    rows = _open_rows(session, [run.id])
-    remote = [row for row in rows if not is_local_host(row.host)]
-    survivors = end_processes(
-        [_ref(row) for row in rows if is_local_host(row.host)],
-        token=run.launch_token,
-        grace_s=grace_s,
-    )
-    now = utcnow()
-    still = {p.pid for p in survivors}
-    for row in rows:
-        if is_local_host(row.host) and row.pid not in still:
-            row.ended_at = now
-    return not survivors and not remote
-
-
-def local_processes_gone(session: Session, run: TrialRun) -> bool:
-    """Whether no recorded process of ``run`` and none with its launch token runs here.
-
-    Process rows found dead are marked ended. A process on another host counts as
-    running: this machine cannot see it.
-    """
-    now = utcnow()
-    gone = True
-    for row in _open_rows(session, [run.id]):
-        alive = is_alive(_ref(row))
-        if alive is False:
-            row.ended_at = now
-        else:
-            gone = False
-    if gone and run.ended_at is None and run.launch_token:
-        gone = not processes_with_token(run.launch_token)
-    return gone
-
-
-def mark_processes_ended(session: Session, run: TrialRun) -> None:
-    """Mark every process row of ``run`` ended (its executor confirmed the whole run gone)."""
-    now = utcnow()
-    for row in _open_rows(session, [run.id]):
-        row.ended_at = now
 
 
 def end_run(
@@ -140,8 +49,6 @@ def end_run(
     When none is left the run itself is marked ended (``ended_at``, and ``reason`` if
     the run had none); otherwise it stays open and False is returned.
     """
-    from trials.executors import executor_named
-
     if run.ended_at is None:
         if not executor_named(run.executor).end_leftovers(session, run, grace_s=grace_s):
             return False
@@ -153,8 +60,6 @@ def end_run(
 
 def trial_processes_gone(session: Session, trial_id: int) -> bool:
     """Whether no process of any attempt of ``trial_id`` runs (confirmed, not assumed)."""
-    from trials.executors import executor_named
-
     runs = list(session.scalars(select(TrialRun).where(TrialRun.trial_id == trial_id)))
     # A warm job holding the trial's slots runs the processes of its newest run, whichever
     # trial that was (an idle job reserved for this trial has run none of it yet).

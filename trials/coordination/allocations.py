@@ -267,7 +267,7 @@ def release(session: Session, trial_id: int) -> None:
     """Free every slot ``trial_id`` holds (it finished, failed or was never launched).
 
     Slots of a warm job stay held: its processes may outlive the trial, and they are
-    freed with the job (:func:`trials.warm_jobs.close_job`) once those are gone. A
+    freed with the job (:func:`trials.coordination.warm_jobs.close_job`) once those are gone. A
     queue placement made with a released claim is cleared with it.
     """
     _release(session, and_(Allocation.trial_id == trial_id, Allocation.warm_job_id.is_(None)))

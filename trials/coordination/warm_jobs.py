@@ -4,7 +4,7 @@ With ``resources.reuse_workers`` a trial's ``torchrun`` job outlives the trial: 
 ranks hand the slots back (:mod:`trials.runtime._warm`) and wait for the next trial of
 the same shape (same experiment, same slots on the same agents). This module is the
 database side, shared by the driver that owns a job and by whichever driver makes a
-placement decision (:mod:`trials.cluster_queue`):
+placement decision (:mod:`trials.coordination.cluster_queue`):
 
 - the job's slots stay in the slot ledger the whole time (``Allocation.warm_job_id``):
   under the trial running on it, and while it is idle under the last trial it ran, so
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import delete, select, update
 
 from storage import Allocation, QueuedTrial, Trial, TrialProcess, TrialRun, WarmJob, utcnow
-from trials.allocations import new_claim_token, unplace
+from trials.coordination.allocations import new_claim_token, unplace
 from trials.labels import trial_label
 
 if TYPE_CHECKING:

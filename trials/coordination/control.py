@@ -32,8 +32,8 @@ from storage import (
     session_scope,
     utcnow,
 )
-from trials import allocations
-from trials.attempts import end_run, open_runs
+from trials.coordination import allocations
+from trials.coordination.attempts import end_run, open_runs
 from trials.timings import timings_from_env
 
 

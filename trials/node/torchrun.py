@@ -1,7 +1,7 @@
-"""``torchrun`` whose own output lines carry ``[torchrun] ``: ``python -m trials._torchrun ARGS``.
+"""``torchrun`` whose own output lines carry ``[torchrun] ``: ``python -m trials.node.torchrun ARGS``.
 
 Every line of a trial's log says who wrote it: ranks prefix theirs with ``[rank N] ``
-(:mod:`trials.worker`), the driver its own with ``[slotsweep] ``, and this wrapper
+(:mod:`trials.node.worker`), the driver its own with ``[slotsweep] ``, and this wrapper
 prefixes torchrun's (its logging, its error summary) with ``[torchrun] ``. The prefixing
 happens in this process, not through a pipe to the driver: the driver may die while
 the trial runs, and a broken pipe would take ``torchrun`` down with it.
@@ -27,12 +27,12 @@ import os
 import sys
 from collections.abc import Sequence
 
-from trials._prefix import LOG_TARGET_ENV_VAR, run_prefixed
-from trials.launcher import SpecUnreadableError, says_address_in_use, spec_from_environment
+from trials.launch.launcher import SpecUnreadableError, says_address_in_use, spec_from_environment
+from trials.node._prefix import LOG_TARGET_ENV_VAR, run_prefixed
 
 PREFIX = "[torchrun] "
 # Ranks check that their parent is still this process once they have asked to die
-# with it (trials.worker.die_with_parent): one that died first is not waited for.
+# with it (trials.node.worker.die_with_parent): one that died first is not waited for.
 PID_ENV_VAR = "SLOTSWEEP_TORCHRUN_PID"
 
 
@@ -88,7 +88,7 @@ def port_taken(error: BaseException) -> BaseException | None:
 def _record_port_taken(error: BaseException) -> None:
     """Record ``error`` as this torchrun's failure under the attempt's run, if it has one."""
     from storage import TrialFailure
-    from trials.runtime._failure import record_failure
+    from trials.runtime import record_failure
 
     try:
         spec = spec_from_environment()

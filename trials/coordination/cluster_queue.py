@@ -8,7 +8,7 @@ transaction-scoped advisory lock. Inside that transaction the decision
 
 1. drops the rows of experiments whose driver stopped or died (a stale heartbeat: its
    running trials keep their slots until their processes are gone, as always);
-2. reads the pool's free slots from the slot ledger (:mod:`trials.allocations`) and
+2. reads the pool's free slots from the slot ledger (:mod:`trials.coordination.allocations`) and
    the slots each experiment holds;
 3. runs the one scheduler core (:class:`~trials.scheduler.SlotScheduler`) over the
    whole queue: priority, fair share among experiments of equal priority (Determined's
@@ -26,7 +26,7 @@ decision or an earlier one of another driver) and starts them; every other drive
 starts its own on its next tick. A placed row is handed out only while the ledger
 still holds every one of its slots for its trial under its claim's token; one whose
 claim is gone goes back to waiting. The launch checks the token once more, in the
-transaction that records the run (:func:`trials.allocations.confirm_claim`).
+transaction that records the run (:func:`trials.coordination.allocations.confirm_claim`).
 
 Example:
     >>> with session_scope(url) as session:  # doctest: +SKIP
@@ -58,10 +58,6 @@ from storage import (
     TrialRun,
     utcnow,
 )
-from trials import allocations as slot_ledger
-from trials import warm_jobs
-from trials.allocations import ClaimedPlacement
-from trials.attempts import request_stop
 from trials.config import (
     DEFAULT_PRIORITY,
     DEFAULT_WEIGHT,
@@ -69,6 +65,10 @@ from trials.config import (
     StoredConfigError,
     read_stored_config,
 )
+from trials.coordination import allocations as slot_ledger
+from trials.coordination import warm_jobs
+from trials.coordination.allocations import ClaimedPlacement
+from trials.coordination.attempts import request_stop
 from trials.labels import trial_label
 from trials.scheduler import (
     Agent,
@@ -236,9 +236,9 @@ def decide(
     Runs in the caller's transaction (``session_scope``: the caller commits). The
     returned trials' queue rows are deleted: the caller starts them now (the launch
     confirms each claim's token), or gives their slots back
-    (:func:`trials.allocations.release`) and queues them again.
+    (:func:`trials.coordination.allocations.release`) and queues them again.
     ``processes_gone(trial_id)`` confirms an expired lease's trial has ended
-    (:func:`trials.allocations.reclaim_stale`); ``unavailable_agents`` take no
+    (:func:`trials.coordination.allocations.reclaim_stale`); ``unavailable_agents`` take no
     trial (a lost or drained node).
     """
     now = utcnow() if now is None else now

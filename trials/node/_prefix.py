@@ -1,8 +1,8 @@
 """Prefix every line a process writes to its stdout and stderr, C-level output included.
 
 Used by every process whose output lands in a trial's log: each rank prefixes its lines
-with ``[rank N] `` (:mod:`trials.worker`) and the ``torchrun`` wrapper its own with
-``[torchrun] `` (:mod:`trials._torchrun`), so every line of the log says who wrote it.
+with ``[rank N] `` (:mod:`trials.node.worker`) and the ``torchrun`` wrapper its own with
+``[torchrun] `` (:mod:`trials.node.torchrun`), so every line of the log says who wrote it.
 
 File descriptors 1 and 2 are routed through a small child process that reads the pipes
 and writes prefixed lines to the original targets. It is a process, not a thread, so

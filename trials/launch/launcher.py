@@ -10,13 +10,13 @@ Every agent of one placement must be reachable from this machine's process table
 the local executor starts processes on this machine only, so agents on other hosts
 are refused with a clear error.
 
-The processes of one attempt are one unit (:mod:`trials.processes`): each carries the
+The processes of one attempt are one unit (:mod:`trials.launch.processes`): each carries the
 attempt's launch token, stopping the attempt ends ``torchrun`` and every rank under it,
-and the ranks themselves die with their ``torchrun`` (see :mod:`trials.worker`).
+and the ranks themselves die with their ``torchrun`` (see :mod:`trials.node.worker`).
 The database URL reaches the ranks through the environment
 (:data:`DB_URL_ENV_VAR`), never through a file or a command line.
 
-``torchrun`` runs under :mod:`trials._torchrun`, which calls its ``main`` in-process
+``torchrun`` runs under :mod:`trials.node.torchrun`, which calls its ``main`` in-process
 (so the process recorded as ``torchrun`` is torchrun) and prefixes torchrun's own log
 lines with ``[torchrun] ``, as the ranks prefix theirs with ``[rank N] ``.
 
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from trials.scheduler import Placement
 
 from trials.config import RuntimeSpec, validation_problems
-from trials.processes import (
+from trials.launch.processes import (
     LAUNCH_TOKEN_ENV_VAR,
     ProcessRef,
     end_processes,
@@ -81,12 +81,12 @@ class NodeCommand:
 def torchrun_args(
     *, nnodes: int, nproc_per_node: int, rdzv_endpoint: str | None, rdzv_id: str
 ) -> tuple[str, ...]:
-    """One node's ``torchrun`` arguments, running :mod:`trials.worker` on every rank.
+    """One node's ``torchrun`` arguments, running :mod:`trials.node.worker` on every rank.
 
     ``rdzv_endpoint`` is ``host:port`` of the first node when ``nnodes`` > 1 (None:
     torchrun reads ``PET_RDZV_ENDPOINT``, which a node wrapper sets once the nodes are
     known); a single node uses ``--standalone``. Every executor builds its commands here; the
-    program before them is ``python -m trials._torchrun`` (torchrun run by a wrapper
+    program before them is ``python -m trials.node.torchrun`` (torchrun run by a wrapper
     that prefixes its own lines with ``[torchrun]``), or a wrapper of the executor's.
 
     Example:
@@ -108,7 +108,7 @@ def torchrun_args(
         f"--nproc-per-node={nproc_per_node}",
         "--max-restarts=0",
         "-m",
-        "trials.worker",
+        "trials.node.worker",
     )
 
 
@@ -153,7 +153,7 @@ def torchrun_commands(
     Example:
         >>> cmds = torchrun_commands(placement, rdzv_id="t1")  # doctest: +SKIP
         >>> cmds[0].argv[:4]  # doctest: +SKIP
-        ('/usr/bin/python3', '-m', 'trials._torchrun', '--standalone')
+        ('/usr/bin/python3', '-m', 'trials.node.torchrun', '--standalone')
     """
     nodes = placement.agents
     if not nodes:
@@ -174,7 +174,7 @@ def torchrun_commands(
         argv = (
             python,
             "-m",
-            "trials._torchrun",
+            "trials.node.torchrun",
             *torchrun_args(
                 nnodes=len(nodes),
                 nproc_per_node=len(node.slots),

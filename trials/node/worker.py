@@ -1,4 +1,4 @@
-"""The program every rank of a trial runs: ``torchrun ... -m trials.worker``.
+"""The program every rank of a trial runs: ``torchrun ... -m trials.node.worker``.
 
 The driver passes the trial's :class:`~trials.RuntimeSpec` as JSON in
 ``SLOTSWEEP_TRIAL_SPEC`` (the environment reaches every node of a launch, a file on
@@ -13,10 +13,10 @@ training beside the trial's next attempt.
 
 The first thing a rank does, before importing torch, is to route its stdout and stderr
 (file descriptors 1 and 2, so C-level output too) through a small child process that
-prefixes every line with ``[rank N] `` (:mod:`trials._prefix`): the log of a multi-rank
+prefixes every line with ``[rank N] `` (:mod:`trials.node._prefix`): the log of a multi-rank
 trial can then be filtered per rank. It writes to the trial's log itself (named by
 ``SLOTSWEEP_LOG_TARGET``), not to the output it inherited: that is the ``torchrun``
-wrapper's own ``[torchrun]`` prefixer (:mod:`trials._torchrun`).
+wrapper's own ``[torchrun]`` prefixer (:mod:`trials.node.torchrun`).
 
 Exit codes: 0 when the rank's part ended as planned (finished, pruned or preempted; the
 outcome itself is in the database), 2 for a trial that cannot run as configured (one
@@ -34,7 +34,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, NoReturn
 
-from trials._prefix import run_prefixed, write_to_log_target
+from trials.node._prefix import run_prefixed, write_to_log_target
 
 if TYPE_CHECKING:
     from trials.config import RuntimeSpec
@@ -53,7 +53,7 @@ def die_with_parent() -> None:
     import ctypes
     import signal
 
-    from trials._torchrun import PID_ENV_VAR
+    from trials.node.torchrun import PID_ENV_VAR
 
     expected = os.environ.get(PID_ENV_VAR, "")
     parent = int(expected) if expected.isdigit() else os.getppid()
@@ -74,7 +74,7 @@ def _run() -> int:
     import signal
 
     from trials.labels import trial_label
-    from trials.launcher import SpecUnreadableError, spec_from_environment
+    from trials.launch.launcher import SpecUnreadableError, spec_from_environment
 
     # The spec travels in the environment (srun and sbatch pass it on to every node),
     # never as a file on the driver's disk that another node could not read.
@@ -89,7 +89,7 @@ def _run() -> int:
         # Unwind normally, so rank 0 commits its queued records and the group is left.
         raise SystemExit(128 + signum)
 
-    from trials.runtime._signals import install_checkpoint_on_sigterm
+    from trials.runtime import install_checkpoint_on_sigterm
 
     if not install_checkpoint_on_sigterm():
         signal.signal(signal.SIGTERM, _terminate)
@@ -105,8 +105,7 @@ def _run() -> int:
 
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from trials.runtime._context import InvalidTrialError
-    from trials.runtime._runner import run_trial
+    from trials.runtime import InvalidTrialError, run_trial
 
     if spec.warm is not None:
         return _run_warm(spec)
@@ -138,13 +137,19 @@ def _run_warm(spec: RuntimeSpec) -> int:
     """
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from trials._prefix import retarget_output
     from trials.labels import trial_label
-    from trials.runtime._context import InvalidTrialError
-    from trials.runtime._distributed import DistributedInfo, barrier, destroy_process_group
-    from trials.runtime._isolation import TorchGlobals, reset_between_trials
-    from trials.runtime._runner import join_job, run_trial
-    from trials.runtime._warm import WarmChannel
+    from trials.node._prefix import retarget_output
+    from trials.runtime import (
+        DistributedInfo,
+        InvalidTrialError,
+        TorchGlobals,
+        WarmChannel,
+        barrier,
+        destroy_process_group,
+        join_job,
+        reset_between_trials,
+        run_trial,
+    )
 
     info = DistributedInfo.from_env()
     # The group forms once, for the job's first trial: a failure here is that trial's.
