@@ -393,6 +393,7 @@ class PyTorchTrialContext(TrialContext):
     """The context of a :class:`~trials.runtime.PyTorchTrial`: the core API plus wrapping.
 
     Example:
+        >>> from trials.runtime import PyTorchTrial
         >>> class MyTrial(PyTorchTrial):
         ...     def __init__(self, context: PyTorchTrialContext) -> None:
         ...         self.context = context
