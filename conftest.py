@@ -11,11 +11,14 @@ names without defining them, as a reader of the docstring would assume them:
   trial, asked from the study as the driver asks it: QUEUED, id 1, Optuna number 0;
 - ``pool``: pool ``default`` of one agent on this machine, ``local``, with slots 0 and 1;
 - ``ctx``: the driver's view of experiment 1 in ``url`` (local executor, ``pool``);
-- ``trial``: trial 1's row as the driver read it (a detached ``storage.Trial``).
+- ``trial``: trial 1's row as the driver read it (a detached ``storage.Trial``);
+- ``spec``: the runtime spec of trial 1's attempt 0 (what its ranks are given);
+- ``context``: the ``PyTorchTrialContext`` a rank of a one-rank job builds from ``spec``
+  (on the CPU, no database writes).
 
 Examples run from the repository root, so a path like ``examples/digits`` reads as in
-the README. The database is built only for an example that names ``url``, ``ctx`` or
-``trial``:
+the README. The database is built only for an example that names ``url``, ``ctx``,
+``trial``, ``spec`` or ``context``:
 the other examples, most of them, then cost no more than their own calls.
 """
 
@@ -49,7 +52,7 @@ EXAMPLE_CONFIG = "examples/digits/experiment.yaml"
 # Not this machine's own cluster: what it has (GPUs, $SLOTSWEEP_CLUSTER) must not change
 # what an example prints.
 _POOL = ResourcePool(DEFAULT_POOL, (Agent("local", "127.0.0.1", (0, 1)),))
-_NEEDS_DATABASE = re.compile(r"\b(url|ctx|trial)\b")
+_NEEDS_DATABASE = re.compile(r"\b(url|ctx|trial|spec|context)\b")
 
 
 @pytest.fixture(scope="session")
@@ -91,10 +94,14 @@ def _driver_context(url: str, config: Any, folder: Path) -> Any:
 
 
 def _example_database(template: Path, folder: Path, config: Any) -> dict[str, Any]:
-    """``url``, ``ctx`` and ``trial``: a copy of the template database in ``folder``."""
+    """``url``, ``ctx``, ``trial``, ``spec``, ``context``: a copy of the template database."""
+    import torch
     from sqlalchemy import select
 
+    from searcher.runtime_spec import build_runtime_spec
     from storage import Trial, session_scope
+    from trials.runtime import PyTorchTrialContext
+    from trials.runtime._distributed import DistributedInfo
 
     path = folder / "slotsweep.db"
     # SQLite's backup copies what the WAL file holds too, unlike copying the file.
@@ -103,7 +110,10 @@ def _example_database(template: Path, folder: Path, config: Any) -> dict[str, An
     url = f"sqlite:///{path}"
     with session_scope(url) as session:
         (trial,) = session.scalars(select(Trial))
-    return {"url": url, "ctx": _driver_context(url, config, folder), "trial": trial}
+    ctx = _driver_context(url, config, folder)
+    spec = build_runtime_spec(ctx, trial, attempt=0, checkpoint=None)
+    context = PyTorchTrialContext(spec, DistributedInfo.from_env({}), torch.device("cpu"))
+    return {"url": url, "ctx": ctx, "trial": trial, "spec": spec, "context": context}
 
 
 @pytest.fixture(autouse=True)

@@ -195,9 +195,14 @@ def reimport_user_modules(model_dir: str) -> list[str]:
 
     Example:
         >>> import json, torch
-        >>> dropped = reimport_user_modules("/srv/models/mnist")  # doctest: +SKIP
-        >>> dropped  # doctest: +SKIP
-        ['model', 'model.layers']
+        >>> (folder / "mymodel").mkdir()
+        >>> for name in ("__init__.py", "layers.py"):
+        ...     (folder / "mymodel" / name).touch()
+        >>> sys.path.insert(0, str(folder))
+        >>> import mymodel.layers
+        >>> sys.path.remove(str(folder))
+        >>> reimport_user_modules(str(folder))
+        ['mymodel', 'mymodel.layers']
         >>> "json" in sys.modules and "torch" in sys.modules
         True
     """

@@ -14,9 +14,9 @@ kernel end the rank instead, when SIGTERM would end it anyway. Otherwise the sib
 a rank that could not start (its port taken) sat there until torchrun's SIGKILL, 30 s
 later, before the trial could start again.
 
-Example:
-    >>> install_checkpoint_on_sigterm()  # doctest: +SKIP
-    True
+Example (a rank first calls ``install_checkpoint_on_sigterm()``, which answers ``True``
+in the main thread; an example would replace the test runner's own SIGTERM handler):
+
     >>> stop_asked()
     False
 """
