@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _pytest.doctest import DoctestItem
+from _pytest.doctest import DoctestItem, DoctestModule
 
 from trials.scheduler import DEFAULT_POOL, Agent, ResourcePool
 
@@ -47,6 +47,20 @@ collect_ignore = [
     "ui/app.py",
     "ui/views",
 ]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> Any:
+    """Look for examples in the four packages only, not in the modules of tests/.
+
+    ``--doctest-modules`` would import every module of tests/ once more, the models of
+    tests/searcher among them, which import what only their trial's folder holds.
+    """
+    collectors = yield
+    if file_path.is_relative_to(parent.config.rootpath / "tests"):
+        return [c for c in collectors if not isinstance(c, DoctestModule)]
+    return collectors
+
 
 EXAMPLE_CONFIG = "examples/digits/experiment.yaml"
 # Not this machine's own cluster: what it has (GPUs, $SLOTSWEEP_CLUSTER) must not change
@@ -117,14 +131,16 @@ def _example_database(template: Path, folder: Path, config: Any) -> dict[str, An
 
 
 @pytest.fixture(autouse=True)
-def _example_names(
-    request: pytest.FixtureRequest,
-    doctest_namespace: dict[str, Any],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Give a docstring example the names the module docstring above lists."""
+def _example_names(request: pytest.FixtureRequest) -> None:
+    """Give a docstring example the names the module docstring above lists.
+
+    Autouse, so it sees every test: the fixtures it needs are asked for only for a
+    docstring example, and a test of tests/ gets none of them.
+    """
     if not isinstance(request.node, DoctestItem):
         return
+    monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
+    doctest_namespace: dict[str, Any] = request.getfixturevalue("doctest_namespace")
     from searcher.config import load_config
 
     monkeypatch.chdir(request.config.rootpath)
