@@ -58,8 +58,8 @@ def detect_gpus() -> list[int]:
     are the agent's slots, not the ones a process was given.
 
     Example:
-        >>> gpus = detect_gpus()  # [] on a CPU-only host
-        >>> all(gpu.index >= 0 for gpu in gpus)
+        >>> gpus = detect_gpus()  # [] on a CPU-only host, [0, 1] on one with two GPUs
+        >>> gpus == list(range(len(gpus)))
         True
     """
     import pynvml  # lazy: only agents that look for GPUs pay for it
