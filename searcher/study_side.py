@@ -82,9 +82,14 @@ def objective_values(config: ExperimentConfig, trial: Trial) -> list[float]:
     time since the trial first started.
 
     Example:
+        >>> from searcher.config import ObjectiveConfig
         >>> trial.searcher_metric_value, trial.slot_seconds = 0.21, 64.0
         >>> objective_values(config, trial)
         [0.21]
+        >>> extra = [ObjectiveConfig(name="slot_seconds")]  # `objectives: [slot_seconds]`
+        >>> searcher = config.searcher.model_copy(update={"objectives": extra})
+        >>> objective_values(config.model_copy(update={"searcher": searcher}), trial)
+        [0.21, 64.0]
     """
     assert trial.searcher_metric_value is not None
     values = [float(trial.searcher_metric_value)]

@@ -160,8 +160,7 @@ def launch(
     address a warning goes to stderr and the pause and kill controls need the token
     printed in the address to open (see :func:`plan_server`).
 
-    It runs until the server stops, so no example runs it here; a server stopped
-    with Ctrl-C answers 0::
+    It runs until the server stops, so no example runs it here::
 
         launch("sqlite:///slotsweep.db", port=8502)
     """
