@@ -5,7 +5,9 @@ pay for Optuna and SQLAlchemy.
 
 Example:
     >>> from searcher import load_config, SearchDriver
-    >>> config = load_config("examples/digits/experiment.yaml")  # doctest: +SKIP
+    >>> config = load_config("examples/digits/experiment.yaml")
+    >>> config.name, config.searcher.max_trials
+    ('digits-large-batch', 8)
 """
 
 from __future__ import annotations

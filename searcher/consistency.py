@@ -21,9 +21,11 @@ beside a live search; a database at rest (no driver running) is what it judges, 
 running driver has trials between its commit and its tell to Optuna.
 
 Example:
-    >>> report = check_consistency("sqlite:///slotsweep.db")  # doctest: +SKIP
-    >>> report.consistent, report.overlaps  # doctest: +SKIP
+    >>> report = check_consistency(url)
+    >>> report.consistent, report.overlaps
     (True, 0)
+    >>> report.summary()
+    'experiments=1 trials=1 finished=0 runs=0 restarts=0 processes=0 metrics=0 checkpoints=0 overlaps=0 problems=0'
 """
 
 from __future__ import annotations

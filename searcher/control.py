@@ -8,11 +8,16 @@ second one stops at once (:func:`install_signal_handlers`). Both end up in one
 :class:`Control`, which the driver's tick loop reads. :func:`finish` writes the final
 state.
 
-Example:
+Example (a driver also calls ``install_signal_handlers(control)`` first, so that
+Ctrl-C sets ``control.action``; an example would replace the test runner's own):
+
+    >>> from trials.coordination.control import request_action
     >>> control = Control()
-    >>> install_signal_handlers(control)  # doctest: +SKIP
-    >>> heartbeat(ctx, control)  # doctest: +SKIP
-    >>> control.action  # doctest: +SKIP
+    >>> claim_ownership(ctx)
+    >>> request_action(url, ctx.experiment_id, "pause")  # what `slotsweep pause 1` does
+    'Requested pause of experiment 1; its driver (pid ... on ...) acts on it at its next poll (running trials checkpoint and stop, then it is PAUSED).'
+    >>> heartbeat(ctx, control)
+    >>> control.action
     <Stop.PAUSE: 'pause'>
 """
 

@@ -19,10 +19,11 @@ a small module found by its name:
 - :mod:`searcher.control`: ownership, heartbeat, Ctrl-C and requested actions, the end;
 - :mod:`searcher.driver_context`: the experiment's fixed facts the parts share.
 
-Example:
-    >>> driver = SearchDriver(experiment_id, db_url=url, cluster=load_cluster())  # doctest: +SKIP
-    >>> driver.run()  # doctest: +SKIP
-    <ExperimentState.COMPLETED: 'COMPLETED'>
+A search is one call, which returns the experiment's final state
+(``ExperimentState.COMPLETED`` when its trials ran); it starts every trial's
+processes, so the end-to-end tests run it rather than an example here::
+
+    SearchDriver(experiment_id, db_url=url, cluster=load_cluster()).run()
 """
 
 from __future__ import annotations

@@ -7,12 +7,13 @@ in it changes while the driver runs; what does change (the Optuna study, the pen
 queue, the running attempts, what Ctrl-C asked for) lives in the part that owns it.
 
 Example:
-    >>> ctx = DriverContext(  # doctest: +SKIP
+    >>> from trials.executors import LocalExecutor
+    >>> ctx = DriverContext(
     ...     db_url=url, experiment_id=3, study_name="slotsweep-3", model_dir=Path("."),
-    ...     config=config, pool=pool, executor=executor, run_dir=Path("logs/experiment-3"),
+    ...     config=config, pool=pool, executor=LocalExecutor(), run_dir=Path("logs/experiment-3"),
     ...     timings=Timings(),
     ... )
-    >>> ctx.label(4)  # doctest: +SKIP
+    >>> ctx.label(4)
     '3.4'
 """
 
@@ -55,7 +56,7 @@ class DriverContext:
         """The trial's name in messages (``<experiment>.<optuna number>``).
 
         Example:
-            >>> ctx.label(0)  # doctest: +SKIP
-            '3.0'
+            >>> ctx.label(0)
+            '1.0'
         """
         return trial_label(self.experiment_id, number)

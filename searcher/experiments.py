@@ -51,7 +51,8 @@ def executor_problem(executor: Any, config: ExperimentConfig) -> str | None:
     the trial, and holding that job between trials would hide it from Slurm's queue.
 
     Example:
-        >>> executor_problem(LocalExecutor(), config) is None  # doctest: +SKIP
+        >>> from trials.executors import LocalExecutor
+        >>> executor_problem(LocalExecutor(), config) is None
         True
     """
     if config.resources.reuse_workers and executor.places_trials:

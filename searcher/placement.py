@@ -10,10 +10,21 @@ for its own experiment; a launch that fails for good gives the slots back and fa
 the trial, and one whose claim was lost meanwhile (this driver was stopped past its
 lease) starts nothing and waits for a new placement.
 
-Example:
-    >>> pending = PendingQueue(ctx)  # doctest: +SKIP
-    >>> pending.queue(trial)  # doctest: +SKIP
-    >>> pending.place(running.launch, outcomes)  # doctest: +SKIP
+Example (the driver passes :meth:`RunningTrials.launch <searcher.running.RunningTrials.launch>`,
+which starts the trial's processes; this ``launch`` only shows what it is handed):
+
+    >>> from searcher.control import Control, claim_ownership
+    >>> from searcher.outcomes import Outcomes
+    >>> from searcher.study_side import TellQueue
+    >>> claim_ownership(ctx)  # the queue of an experiment without a driver is dropped
+    >>> pending = PendingQueue(ctx)
+    >>> pending.queue(trial)
+    >>> def launch(trial_id, placement):
+    ...     print(trial_id, [(part.agent.name, part.slots) for part in placement.agents])
+    >>> pending.place(launch, Outcomes(ctx, TellQueue(), pending, Control()))
+    1 [('local', (0, 1))]
+    >>> len(pending)
+    0
 """
 
 from __future__ import annotations

@@ -6,9 +6,12 @@ model directory as its working directory and first on ``sys.path``: the user's m
 runs its import-time code there, so nothing it does can hurt the driver, and a typo
 costs a second or two instead of every trial's restarts.
 
-Example:
-    >>> check_entrypoint(config, Path("examples/digits"))  # doctest: +SKIP
-    ["entrypoint: module 'model' has no 'DigitTrial' (did you mean 'DigitsTrial'?)"]
+With the entrypoint misspelt as ``model:DigitTrial`` in the digits example's config,
+the probe answers as below (the probe, a Python process importing torch, takes
+seconds: tests/searcher/test_preflight.py runs it, not the docstring examples)::
+
+    check_entrypoint(config, Path("examples/digits"))
+    # ["entrypoint: module 'model' has no 'DigitTrial' (did you mean 'DigitsTrial'?)"]
 """
 
 from __future__ import annotations

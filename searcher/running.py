@@ -14,10 +14,12 @@ kills them all. :func:`end_leftovers` ends what a dead driver left running.
 Two attempts of a trial never overlap, and an attempt's slots go back to the ledger
 only once its processes are confirmed gone.
 
-Example:
-    >>> running = RunningTrials(ctx, outcomes)  # doctest: +SKIP
-    >>> running.launch(trial_id, placement)  # doctest: +SKIP
-    >>> running.reap()  # doctest: +SKIP
+The driver's tick uses it so (``launch`` starts the attempt's processes, so this is
+not run as an example; the end-to-end tests run it)::
+
+    running = RunningTrials(ctx, outcomes)
+    running.launch(trial_id, placement)
+    running.reap()
 """
 
 from __future__ import annotations

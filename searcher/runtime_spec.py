@@ -6,8 +6,8 @@ the trial's row, the attempt number and the checkpoint it restores go in, a
 row and hands it to the executor.
 
 Example:
-    >>> spec = build_runtime_spec(ctx, trial, attempt=0, checkpoint=None)  # doctest: +SKIP
-    >>> spec.restore_checkpoint_path is None  # doctest: +SKIP
+    >>> spec = build_runtime_spec(ctx, trial, attempt=0, checkpoint=None)
+    >>> spec.restore_checkpoint_path is None
     True
 """
 
@@ -28,7 +28,7 @@ def checkpoint_root(config: ExperimentConfig, model_dir: Path) -> Path:
     """Where the experiment's checkpoints go: the configured path, relative to ``model_dir``.
 
     Example:
-        >>> checkpoint_root(config, Path("/models/digits"))  # doctest: +SKIP
+        >>> checkpoint_root(config, Path("/models/digits"))
         PosixPath('/models/digits/checkpoints')
     """
     path = Path(config.checkpoint_storage.path)

@@ -7,9 +7,13 @@ here but never told. :class:`StudySide` owns the study and closes both gaps on r
 (:class:`TellQueue`) and told only after our transaction commits.
 
 Example:
-    >>> side = StudySide.load(ctx, trials_so_far=0, tells=TellQueue())  # doctest: +SKIP
-    >>> side.fill_queue(running=0, pending=pending)  # doctest: +SKIP
-    >>> side.flush_tells()  # doctest: +SKIP
+    >>> from searcher.placement import PendingQueue
+    >>> pending = PendingQueue(ctx)
+    >>> side = StudySide.load(ctx, trials_so_far=1, tells=TellQueue())
+    >>> side.fill_queue(running=0, pending=pending)
+    >>> len(pending), side.trials_left()
+    (1, 6)
+    >>> side.flush_tells()
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ def max_trials(config: ExperimentConfig) -> int:
     """How many trials the search asks for: ``max_trials``, or fewer for a smaller grid.
 
     Example:
-        >>> max_trials(config)  # doctest: +SKIP
+        >>> max_trials(config)
         8
     """
     limit = config.searcher.max_trials
@@ -62,8 +66,12 @@ def missing_hparams(config: ExperimentConfig, hparams: dict[str, Any]) -> list[s
     A trial missing one would train with settings nobody chose, so it never runs.
 
     Example:
-        >>> missing_hparams(config, {"lr": 0.1})  # doctest: +SKIP
-        ['global_batch_size', 'optimizer']
+        >>> hparams = dict(trial.hparams)
+        >>> missing_hparams(config, hparams)
+        []
+        >>> del hparams["lr"], hparams["optimizer"]
+        >>> missing_hparams(config, hparams)
+        ['lr', 'optimizer']
     """
     return sorted(set(config.hyperparameters) - set(hparams))
 
@@ -75,7 +83,13 @@ def objective_values(config: ExperimentConfig, trial: Trial) -> list[float]:
     time since the trial first started.
 
     Example:
-        >>> objective_values(config, trial)  # doctest: +SKIP
+        >>> from trials.config import ObjectiveConfig
+        >>> trial.searcher_metric_value, trial.slot_seconds = 0.21, 64.0
+        >>> objective_values(config, trial)
+        [0.21]
+        >>> extra = [ObjectiveConfig(name="slot_seconds")]  # `objectives: [slot_seconds]`
+        >>> searcher = config.searcher.model_copy(update={"objectives": extra})
+        >>> objective_values(config.model_copy(update={"searcher": searcher}), trial)
         [0.21, 64.0]
     """
     assert trial.searcher_metric_value is not None
@@ -97,9 +111,13 @@ class TellQueue:
     transactions would wait on our own write lock.
 
     Example:
+        >>> import optuna
+        >>> study = optuna.load_study(study_name=ctx.study_name, storage=url)
         >>> tells = TellQueue()
-        >>> tells.tell(trial, state=optuna.trial.TrialState.PRUNED)  # doctest: +SKIP
-        >>> tells.flush(study)  # doctest: +SKIP
+        >>> tells.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        >>> tells.flush(study)
+        >>> study.trials[trial.optuna_trial_number].state
+        <TrialState.PRUNED: 2>
     """
 
     queued: list[tuple[int, list[float] | None, optuna.trial.TrialState | None]] = field(

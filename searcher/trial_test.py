@@ -89,8 +89,8 @@ def first_point(config: ExperimentConfig) -> dict[str, str]:
     """The first point of the space, as ``slotsweep enqueue`` takes it (``name -> text``).
 
     Example:
-        >>> first_point(config)  # doctest: +SKIP
-        {'global_batch_size': '32', 'lr': '0.0001', 'optimizer': 'sgd'}
+        >>> first_point(config)
+        {'global_batch_size': '32', 'lr': '0.0001', 'warmup_epochs': '0', 'lr_decay': 'constant', 'optimizer': 'sgd', 'weight_decay': '1e-06'}
     """
     from trials.config import CategoricalHP
 

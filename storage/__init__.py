@@ -4,8 +4,12 @@ Everything a search records lives in one SQLAlchemy database, next to the Optuna
 study of the same search. This package imports nothing else of slotsweep's.
 
 Example:
+    >>> import sqlalchemy as sa
     >>> from storage import get_engine, upgrade_schema
-    >>> upgrade_schema("sqlite:///example.db")  # doctest: +SKIP
+    >>> db = f"sqlite:///{folder}/example.db"
+    >>> upgrade_schema(db)
+    >>> "slotsweep_experiments" in sa.inspect(get_engine(db)).get_table_names()
+    True
 """
 
 from storage._engine import (

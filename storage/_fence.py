@@ -56,9 +56,20 @@ def claim_attempt(
     driver's launch) is not fenced and has no run to stamp: ``None``.
 
     Example:
-        >>> with session_scope(url) as session:  # doctest: +SKIP
-        ...     claim_attempt(session, trial_id=7, attempt=1)
-        ...     record_metrics(session, 7, 100, MetricKind.TRAINING, {"loss": 0.4})
+        >>> from storage import MetricKind, record_metrics, session_scope
+        >>> with session_scope(url) as session:
+        ...     session.add(TrialRun(trial_id=1, attempt=0))
+        >>> with session_scope(url) as session:
+        ...     claim_attempt(session, trial_id=1, attempt=0)
+        ...     record_metrics(session, 1, 100, MetricKind.TRAINING, {"loss": 0.4})
+        1
+        >>> with session_scope(url) as session:
+        ...     session.add(TrialRun(trial_id=1, attempt=1))
+        >>> with session_scope(url) as session:
+        ...     claim_attempt(session, trial_id=1, attempt=0)
+        Traceback (most recent call last):
+        ...
+        storage._fence.AttemptSupersededError: attempt 0 of trial 1 was superseded by attempt 1; stopping without recording
     """
     if progress:
         session.execute(

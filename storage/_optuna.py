@@ -22,7 +22,9 @@ def optuna_storage(url: str | None = None, read_only: bool = False) -> RDBStorag
 
     Example:
         >>> import optuna
-        >>> study = optuna.create_study(storage=optuna_storage("sqlite://"))  # doctest: +SKIP
+        >>> study = optuna.create_study(study_name="example", storage=optuna_storage(url))
+        >>> study.study_name in optuna.get_all_study_names(optuna_storage(url))
+        True
     """
     from optuna.storages import RDBStorage
 

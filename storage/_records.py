@@ -60,8 +60,15 @@ def record_metrics(
     A NaN value (training diverged) is stored as NULL, which readers take as NaN.
 
     Example:
-        >>> record_metrics(session, trial_id=1, step=100, kind=MetricKind.VALIDATION,
-        ...                values={"val_loss": 0.3})  # doctest: +SKIP
+        >>> from storage import session_scope
+        >>> with session_scope(url) as session:
+        ...     record_metrics(session, trial_id=1, step=100, kind=MetricKind.VALIDATION,
+        ...                    values={"val_loss": 0.3})
+        ...     record_metrics(session, trial_id=1, step=100, kind=MetricKind.VALIDATION,
+        ...                    values={"val_loss": 0.25})  # replaces the first
+        >>> with session_scope(url) as session:
+        ...     [(m.name, m.value) for m in session.query(Metric)]
+        [('val_loss', 0.25)]
     """
     if not values:
         return

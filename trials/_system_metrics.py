@@ -58,8 +58,9 @@ def detect_gpus() -> list[int]:
     are the agent's slots, not the ones a process was given.
 
     Example:
-        >>> detect_gpus()  # on a CPU-only host  # doctest: +SKIP
-        []
+        >>> gpus = detect_gpus()  # [] on a CPU-only host, [0, 1] on one with two GPUs
+        >>> gpus == list(range(len(gpus)))
+        True
     """
     import pynvml  # lazy: only agents that look for GPUs pay for it
 
@@ -288,8 +289,9 @@ class SystemMetricsSampler:
     superseded, the sampler records nothing more.
 
     Example:
-        >>> with SystemMetricsSampler("sqlite:///slotsweep.db", trial_id=7, agent="local"):
-        ...     train()  # doctest: +SKIP
+        >>> import time
+        >>> with SystemMetricsSampler(url, trial_id=1, agent="local", interval_s=0.1):
+        ...     time.sleep(0.3)  # the training
     """
 
     MAX_PENDING_SAMPLES = 1000

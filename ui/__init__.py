@@ -6,9 +6,11 @@ study), Trial (metrics, checkpoints, restarts, log, profile, system metrics), Co
 them). The app only reads the database, through a read-only engine; the one write
 it can make is an explicitly confirmed pause or kill request.
 
-Example:
-    >>> import ui
-    >>> ui.launch("sqlite:///slotsweep.db", port=8501)  # doctest: +SKIP
+Serving it is one call, which runs until the server stops (so no example runs it
+here; tests/ui starts the server and a browser)::
+
+    import ui
+    ui.launch("sqlite:///slotsweep.db", port=8501)
 """
 
 from ui._launch import APP_PATH, launch, streamlit_command

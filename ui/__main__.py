@@ -9,9 +9,10 @@ user of the machine can read a process's argv (``ps``), while its environment is
 readable by its owner only (see :mod:`ui._launch`). Without it the default applies
 (``sqlite:///slotsweep.db``).
 
-Example:
-    >>> main(["--host", "127.0.0.1", "--port", "8502"])  # doctest: +SKIP
-    0
+It serves until the server stops (so no example runs it here), then answers
+Streamlit's exit code::
+
+    main(["--host", "127.0.0.1", "--port", "8502"])
 """
 
 from __future__ import annotations

@@ -62,8 +62,10 @@ def request_action(url: str, experiment_id: int, action: str) -> str:
     as its reason.
 
     Example:
-        >>> request_action("sqlite:///slotsweep.db", 3, "pause")  # doctest: +SKIP
-        'Requested pause of experiment 3; its driver (pid 4242 on gpu-1) acts on it ...'
+        >>> request_action(url, 1, "pause")
+        'Experiment 1 paused (no driver was running); `slotsweep resume 1` continues it.'
+        >>> request_action(url, 1, "pause")
+        'Experiment 1 is already PAUSED; `slotsweep resume 1` continues it.'
     """
     try:
         return control.request_action(url, experiment_id, action)

@@ -160,9 +160,9 @@ def launch(
     address a warning goes to stderr and the pause and kill controls need the token
     printed in the address to open (see :func:`plan_server`).
 
-    Example:
-        >>> launch("sqlite:///slotsweep.db", port=8502)  # doctest: +SKIP
-        0
+    It runs until the server stops, so no example runs it here::
+
+        launch("sqlite:///slotsweep.db", port=8502)
     """
     plan = plan_server(db_url, host=host, port=port, headless=headless)
     if plan.warning is not None:

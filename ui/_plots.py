@@ -6,8 +6,10 @@ need every trial of the study, so the UI reads the study once into an in-memory 
 and the figures until the study changes.
 
 Example:
-    >>> study = snapshot_study("sqlite:///slotsweep.db", "digits-1")  # doctest: +SKIP
-    >>> figure, reason = make_plot(study, "Optimization history", ["val_loss"])  # doctest: +SKIP
+    >>> study = snapshot_study(url, "digits-large-batch-1")
+    >>> figure, reason = make_plot(study, "Optimization history", ["val_loss"])
+    >>> figure, reason  # the study's one trial is still running
+    (None, 'No trial has completed yet, so there is nothing to draw the Optimization history from.')
 """
 
 from __future__ import annotations

@@ -7,10 +7,10 @@ from checkpointing while the driver and trials write.
 
 Example:
     >>> from storage import get_engine
-    >>> engine = get_engine("sqlite:///slotsweep.db", read_only=True)  # doctest: +SKIP
-    >>> page = list_experiments(engine, limit=50, offset=0)  # doctest: +SKIP
-    >>> page.total, list(page.rows.columns)[:3]  # doctest: +SKIP
-    (2, ['id', 'name', 'state'])
+    >>> engine = get_engine(url, read_only=True)
+    >>> page = list_experiments(engine, limit=50, offset=0)
+    >>> page.total, list(page.rows.columns)[:3]
+    (1, ['id', 'name', 'state'])
 """
 
 from __future__ import annotations

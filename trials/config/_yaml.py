@@ -26,7 +26,7 @@ so no two places of the result share an object.
 
 Example:
     >>> parse_yaml("base: &b {lr: 0.1}\\nrun: {<<: *b, epochs: 2}\\n", source="text")
-    {'base': {'lr': 0.1}, 'run': {'lr': 0.1, 'epochs': 2}}
+    {'base': {'lr': 0.1}, 'run': {'epochs': 2, 'lr': 0.1}}
     >>> parse_yaml("a: 1\\na: 2\\n", source="text")
     Traceback (most recent call last):
     ...

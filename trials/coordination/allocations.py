@@ -23,13 +23,23 @@ owner can no longer record one. Releasing a claim (:func:`release`,
 in the same transaction, so no placement outlives its claim.
 
 Example:
-    >>> with session_scope(url) as session:  # doctest: +SKIP
+    >>> from storage import TrialRun, session_scope, utcnow
+    >>> from trials.scheduler import AgentSlots, Placement
+    >>> parts = (AgentSlots(pool.agents[0], (0, 1)),)
+    >>> placement = Placement(1, pool.name, parts)
+    >>> with session_scope(url) as session:
     ...     reclaim_stale(session, utcnow(), processes_gone=lambda trial_id: True)
     ...     free = free_slots(session, pool)
-    ...     token = claim(session, placement, trial_id=7, experiment_id=1, lease_s=30.0)
-    >>> with session_scope(url) as session:  # doctest: +SKIP
-    ...     confirm_claim(session, 7, ClaimedPlacement(7, pool.name, parts, token=token), 30.0)
-    ...     session.add(TrialRun(trial_id=7, attempt=0))
+    ...     token = claim(session, placement, trial_id=1, experiment_id=1, lease_s=30.0)
+    []
+    >>> free
+    {'local': frozenset({0, 1})}
+    >>> with session_scope(url) as session:
+    ...     confirm_claim(session, 1, ClaimedPlacement(1, pool.name, parts, token=token), 30.0)
+    ...     session.add(TrialRun(trial_id=1, attempt=0))
+    >>> with session_scope(url) as session:
+    ...     free_slots(session, pool)
+    {'local': frozenset()}
 """
 
 from __future__ import annotations

@@ -15,8 +15,15 @@ later driver act safely after a crash:
   before it started the run's processes).
 
 Example:
-    >>> with session_scope(url) as session:  # doctest: +SKIP
-    ...     gone = end_run(session, run, reason="driver stopped")
+    >>> from storage import TrialRun, session_scope
+    >>> with session_scope(url) as session:
+    ...     run = TrialRun(trial_id=1, attempt=0, launch_token="t-1-0")
+    ...     session.add(run)
+    ...     session.flush()
+    ...     end_run(session, run, reason="driver stopped")  # no process of it is left
+    True
+    >>> run.ended_at is not None, run.reason
+    (True, 'driver stopped')
 """
 
 from __future__ import annotations

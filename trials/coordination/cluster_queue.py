@@ -28,12 +28,18 @@ still holds every one of its slots for its trial under its claim's token; one wh
 claim is gone goes back to waiting. The launch checks the token once more, in the
 transaction that records the run (:func:`trials.coordination.allocations.confirm_claim`).
 
-Example:
-    >>> with session_scope(url) as session:  # doctest: +SKIP
-    ...     enqueue(session, [QueueEntry(trial_id=7, experiment_id=1, pool="default",
+Example (experiment 1's driver is alive: a dead driver's trials leave the queue):
+
+    >>> from storage import Experiment, session_scope, utcnow
+    >>> with session_scope(url) as session:
+    ...     session.get(Experiment, 1).driver_heartbeat_at = utcnow()
+    >>> with session_scope(url) as session:
+    ...     enqueue(session, [QueueEntry(trial_id=1, experiment_id=1, pool="default",
     ...                                  slots=2, priority=42, weight=1.0)])
     ...     mine = decide(session, pool, experiment_id=1, lease_s=30.0,
     ...                   processes_gone=lambda trial_id: True)
+    >>> [(trial_id, placement.slots) for trial_id, placement in mine]
+    [(1, 2)]
 """
 
 from __future__ import annotations

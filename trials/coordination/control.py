@@ -10,8 +10,8 @@ killed one is CANCELED with its unfinished trials failed, in this database and i
 its Optuna study alike.
 
 Example:
-    >>> request_action("sqlite:///slotsweep.db", 3, "pause")  # doctest: +SKIP
-    'Experiment 3 paused (no driver was running); `slotsweep resume 3` continues it.'
+    >>> request_action(url, 1, "pause")
+    'Experiment 1 paused (no driver was running); `slotsweep resume 1` continues it.'
 """
 
 from __future__ import annotations

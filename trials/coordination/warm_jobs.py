@@ -17,9 +17,20 @@ placement decision (:mod:`trials.coordination.cluster_queue`):
 - a job's rows leave the ledger only in :func:`close_job`, once its processes are gone.
 
 Example:
-    >>> with session_scope(url) as session:  # doctest: +SKIP
+    >>> from storage import TrialRun, WarmJob, session_scope
+    >>> from trials.coordination.allocations import claim
+    >>> from trials.scheduler import AgentSlots, Placement
+    >>> placement = Placement(1, pool.name, (AgentSlots(pool.agents[0], (0, 1)),))
+    >>> with session_scope(url) as session:
+    ...     token = claim(session, placement, trial_id=1, experiment_id=1, lease_s=30.0)
+    ...     run = TrialRun(trial_id=1, attempt=0, launch_token=token)
+    ...     session.add(run)
+    ...     session.flush()
     ...     job_id = open_job(session, run, placement, experiment_id=1)
     ...     request_end(session, job_id, "no trial of its shape waits")
+    >>> with session_scope(url) as session:
+    ...     session.get(WarmJob, job_id).end_reason
+    'no trial of its shape waits'
 """
 
 from __future__ import annotations

@@ -57,8 +57,13 @@ def load_cluster(path: str | Path | None = None, *, slots: int | None = None) ->
     ``slots`` sizes the local machine's agent and cannot be combined with a file, which
     declares every agent's slots itself.
 
+    Without a file, ``load_cluster(slots=2)`` is this machine with its first two GPUs,
+    or CPU slots ``(0, 1)`` where it has none. From a file:
+
     Example:
-        >>> load_cluster(slots=2).pool("default").agents[0].slots  # doctest: +SKIP
+        >>> path = folder / "cluster.yaml"
+        >>> _ = path.write_text("resource_pools:\\n- {name: default, agents: [{name: a1, slots: 2}]}\\n")
+        >>> load_cluster(path).pool("default").agents[0].slots
         (0, 1)
     """
     source = "cluster"

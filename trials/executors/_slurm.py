@@ -111,10 +111,11 @@ def allocation_cluster(
     A node's slots are the GPUs Slurm gave the job there (their indices), else its CPUs
     in the allocation (one CPU slot per CPU, trials on gloo).
 
-    Example:
-        >>> cluster = allocation_cluster()  # inside salloc -N2  # doctest: +SKIP
-        >>> [agent.name for agent in cluster.pool("default").agents]  # doctest: +SKIP
-        ['node1', 'node2']
+    It asks the allocation's Slurm controller (``scontrol``), so it runs only inside
+    one; under ``salloc -N2`` on nodes ``node1`` and ``node2``::
+
+        cluster = allocation_cluster()
+        [agent.name for agent in cluster.pool("default").agents]  # ['node1', 'node2']
     """
     env = os.environ if environ is None else environ
     job_id = env.get("SLURM_JOB_ID")
@@ -263,9 +264,10 @@ def _cancel_steps(
 class SlurmExecutor:
     """Starts each attempt as a job step of the allocation (``cluster.slurm_job_id``).
 
-    Example:
-        >>> executor = SlurmExecutor(allocation_cluster())  # doctest: +SKIP
-        >>> job = executor.launch(request)  # doctest: +SKIP
+    Inside an allocation (``srun`` starts the job step, so no example runs it here)::
+
+        executor = SlurmExecutor(allocation_cluster())
+        job = executor.launch(request)
     """
 
     name = "slurm"

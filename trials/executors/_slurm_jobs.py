@@ -85,10 +85,11 @@ def partition_cluster(
     A node's slots are its GPUs (``slot_type: gpu``, the default when the nodes have
     GPUs) or its CPUs. Nodes that the constraint rules out are left out.
 
-    Example:
-        >>> cluster = partition_cluster(SlurmJobSettings("gpu", "60"))  # doctest: +SKIP
-        >>> cluster.executor  # doctest: +SKIP
-        'sbatch'
+    It asks the cluster's Slurm controller (``sinfo``), so it runs only where one
+    answers; for partition ``gpu`` and a 60-minute time limit::
+
+        cluster = partition_cluster(SlurmJobSettings("gpu", "60"))
+        cluster.executor  # 'sbatch'
     """
     where = f"slurm.partition: {settings.partition}"
     try:
@@ -277,9 +278,11 @@ class SbatchJob:
 class SbatchExecutor:
     """Submits each attempt as one Slurm job (``cluster.slurm_jobs`` says how).
 
-    Example:
-        >>> executor = SbatchExecutor(partition_cluster(settings))  # doctest: +SKIP
-        >>> job = executor.launch(request)  # doctest: +SKIP
+    Where a Slurm controller answers (``sbatch`` submits the job, so no example runs
+    it here)::
+
+        executor = SbatchExecutor(partition_cluster(settings))
+        job = executor.launch(request)
     """
 
     name = "sbatch"

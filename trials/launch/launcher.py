@@ -151,8 +151,10 @@ def torchrun_commands(
     """The ``torchrun`` command and extra environment of every agent in ``placement``.
 
     Example:
-        >>> cmds = torchrun_commands(placement, rdzv_id="t1")  # doctest: +SKIP
-        >>> cmds[0].argv[:4]  # doctest: +SKIP
+        >>> from trials.scheduler import AgentSlots, Placement
+        >>> placement = Placement("t1", pool.name, (AgentSlots(pool.agents[0], (0, 1)),))
+        >>> cmds = torchrun_commands(placement, rdzv_id="t1", python="/usr/bin/python3")
+        >>> cmds[0].argv[:4]
         ('/usr/bin/python3', '-m', 'trials.node.torchrun', '--standalone')
     """
     nodes = placement.agents

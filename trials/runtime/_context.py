@@ -190,9 +190,9 @@ class TrialContext:
         not a copy.
 
         Example:
-            >>> if "digits" not in context.cache:  # doctest: +SKIP
-            ...     context.cache["digits"] = load_digits()
-            >>> images, labels = context.cache["digits"]  # doctest: +SKIP
+            >>> if "digits" not in context.cache:  # a warm job's later trials skip this
+            ...     context.cache["digits"] = (torch.rand(16, 64), torch.randint(10, (16,)))
+            >>> images, labels = context.cache["digits"]
         """
         return _WORKER_CACHE
 
@@ -391,6 +391,7 @@ class PyTorchTrialContext(TrialContext):
     """The context of a :class:`~trials.runtime.PyTorchTrial`: the core API plus wrapping.
 
     Example:
+        >>> from trials.runtime import PyTorchTrial
         >>> class MyTrial(PyTorchTrial):
         ...     def __init__(self, context: PyTorchTrialContext) -> None:
         ...         self.context = context
@@ -553,7 +554,8 @@ class PyTorchTrialContext(TrialContext):
         """Optimizer steps per epoch over a training set of ``num_samples`` samples.
 
         Example:
-            >>> steps = context.optimizer_steps_per_epoch(len(train_set))  # doctest: +SKIP
+            >>> context.global_batch_size, context.optimizer_steps_per_epoch(1000)
+            (64, 16)
         """
         batches = batches_per_epoch(
             num_samples,

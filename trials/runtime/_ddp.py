@@ -58,8 +58,10 @@ def register_comm_hook(
 ) -> Any:
     """Register the hook for ``compression`` (none, fp16, bf16, powersgd); returns its state.
 
-    Example:
-        >>> register_comm_hook(ddp_model, "fp16")  # doctest: +SKIP
+    A rank calls it on its ``DistributedDataParallel`` model, which needs the trial's
+    process group (so no example runs it here)::
+
+        state = register_comm_hook(ddp_model, "fp16")
     """
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 

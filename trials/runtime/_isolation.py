@@ -195,9 +195,14 @@ def reimport_user_modules(model_dir: str) -> list[str]:
 
     Example:
         >>> import json, torch
-        >>> dropped = reimport_user_modules("/srv/models/mnist")  # doctest: +SKIP
-        >>> dropped  # doctest: +SKIP
-        ['model', 'model.layers']
+        >>> (folder / "mymodel").mkdir()
+        >>> for name in ("__init__.py", "layers.py"):
+        ...     (folder / "mymodel" / name).touch()
+        >>> sys.path.insert(0, str(folder))
+        >>> import mymodel.layers
+        >>> sys.path.remove(str(folder))
+        >>> reimport_user_modules(str(folder))
+        ['mymodel', 'mymodel.layers']
         >>> "json" in sys.modules and "torch" in sys.modules
         True
     """
@@ -223,8 +228,9 @@ def release_accelerator_memory() -> None:
     CPU trial must not pay for (or fail on) CUDA initialization here.
 
     Example:
+        >>> cuda_was_initialized = torch.cuda.is_initialized()
         >>> release_accelerator_memory()
-        >>> torch.cuda.is_initialized() or not torch.cuda.is_available()
+        >>> torch.cuda.is_initialized() == cuda_was_initialized  # it never initializes CUDA
         True
     """
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):

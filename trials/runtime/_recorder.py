@@ -75,9 +75,9 @@ class ChiefRecorder:
     """The database side of rank 0: metrics, timings, checkpoints, trial fields, pruning.
 
     Example:
-        >>> recorder = ChiefRecorder(spec)  # doctest: +SKIP
-        >>> recorder.training_metrics(step=100, epoch=1.0, values={"loss": 0.4})  # doctest: +SKIP
-        >>> recorder.close()  # doctest: +SKIP
+        >>> recorder = ChiefRecorder(spec)
+        >>> recorder.training_metrics(step=100, epoch=1.0, values={"loss": 0.4})
+        >>> recorder.close()
     """
 
     def __init__(self, spec: RuntimeSpec) -> None:

@@ -123,7 +123,7 @@ def this_rank_process(spec: RuntimeSpec, info: DistributedInfo) -> RankProcess:
     """This rank's process as the database records it.
 
     Example:
-        >>> this_rank_process(spec, DistributedInfo.from_env()).pid == os.getpid()  # doctest: +SKIP
+        >>> this_rank_process(spec, DistributedInfo.from_env()).pid == os.getpid()
         True
     """
     me = ProcessRef.of(os.getpid())

@@ -14,9 +14,11 @@ kernel end the rank instead, when SIGTERM would end it anyway. Otherwise the sib
 a rank that could not start (its port taken) sat there until torchrun's SIGKILL, 30 s
 later, before the trial could start again.
 
-Example:
-    >>> install_checkpoint_on_sigterm()  # doctest: +SKIP
-    True
+Example (outside a rank that the launcher asked to checkpoint on SIGTERM, nothing is
+installed; in such a rank the call answers ``True``):
+
+    >>> install_checkpoint_on_sigterm()
+    False
     >>> stop_asked()
     False
 """

@@ -12,9 +12,11 @@ collective long enough for the group's timeout. An idle job whose driver stopped
 heartbeating ends itself: nobody would hand it a trial, and its slots stay held until
 its processes are gone.
 
-Example:
-    >>> channel = WarmChannel(spec, info)  # doctest: +SKIP
-    >>> next_spec = channel.next_trial(spec.trial_id)  # doctest: +SKIP
+The ranks of a warm job use it so (every rank of the job's process group takes part,
+and ``next_trial`` waits for the driver, so no example runs it here)::
+
+    channel = WarmChannel(spec, info)
+    next_spec = channel.next_trial(spec.trial_id)
 """
 
 from __future__ import annotations
