@@ -72,8 +72,8 @@ class StudySignature:
 class StudyRecord:
     """A stored study as Optuna's plots need it: directions, metric names, every trial.
 
-    ``trials`` are ordered by number. They are a read-only snapshot: their deep copies
-    are shallow (see :func:`_snapshot_trial_type`), so nothing may write to them.
+    ``trials`` are ordered by number and read-only: those read with SQL are deep-copied
+    shallowly (see :func:`_snapshot_trial_type`), so nothing may write to them.
     """
 
     name: str
@@ -173,18 +173,19 @@ def read_study(url: str, study_name: str) -> StudyRecord:
     try:
         record = _read_study_tables(url, study_name)
     except (sa.exc.SQLAlchemyError, KeyError, ValueError):
-        record = None  # Rows Optuna's storage would turn into a study or an error itself.
-    else:
-        if record is None:
-            raise KeyError(f"no Optuna study named {study_name!r}")
-        return record
-    stored = optuna.load_study(study_name=study_name, storage=optuna_storage(url, read_only=True))
-    return StudyRecord(
-        name=study_name,
-        directions=list(stored.directions),
-        metric_names=stored.metric_names,
-        trials=stored.get_trials(deepcopy=False),
-    )
+        # Rows Optuna's own storage turns into a study, or into an error of its own.
+        stored = optuna.load_study(
+            study_name=study_name, storage=optuna_storage(url, read_only=True)
+        )
+        return StudyRecord(
+            name=study_name,
+            directions=list(stored.directions),
+            metric_names=stored.metric_names,
+            trials=stored.get_trials(deepcopy=False),
+        )
+    if record is None:
+        raise KeyError(f"no Optuna study named {study_name!r}")
+    return record
 
 
 def study_trials(

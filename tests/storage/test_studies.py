@@ -205,3 +205,21 @@ def test_the_gateway_reads_a_study_on_postgresql(postgres_url: str) -> None:
     _assert_same_as_optunas_storage(postgres_url, "multi")
     signature = study_signature(postgres_url, "single")
     assert signature.exists and signature.trials == 8
+
+
+def test_rows_optuna_would_not_number_so_are_read_through_optunas_storage(db_url: str) -> None:
+    _searched_study(db_url, "single")
+    gone = optuna_trial_id(db_url, "single", 2)
+    with get_engine(db_url).begin() as conn:
+        for table in (
+            "trial_params",
+            "trial_values",
+            "trial_intermediate_values",
+            "trial_system_attributes",
+            "trial_user_attributes",
+            "trials",
+        ):
+            conn.execute(sa.text(f"DELETE FROM {table} WHERE trial_id = :t"), {"t": gone})
+    record = read_study(db_url, "single")
+    assert [t.number for t in record.trials] == [0, 1, 3, 4, 5, 6, 7]
+    assert record.trials[2].values == [0.125]
