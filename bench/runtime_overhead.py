@@ -229,6 +229,7 @@ def write_spec(tmp: Path, args: argparse.Namespace, nproc: int) -> Path:
         Trial,
         TrialState,
         optuna_storage,
+        optuna_trial_id,
         session_scope,
         upgrade_schema,
     )
@@ -238,6 +239,7 @@ def write_spec(tmp: Path, args: argparse.Namespace, nproc: int) -> Path:
     upgrade_schema(url)
     study = optuna.create_study(study_name="bench", storage=optuna_storage(url))
     asked = study.ask()
+    asked_id = optuna_trial_id(url, "bench", asked.number)
     global_batch = PER_SLOT_BATCH * nproc
     # Enough samples that the steps fit in one epoch: no epoch-end work on either side.
     samples = global_batch * (args.steps + 1)
@@ -254,7 +256,7 @@ def write_spec(tmp: Path, args: argparse.Namespace, nproc: int) -> Path:
         session.flush()
         trial = Trial(
             experiment_id=experiment.id,
-            optuna_trial_id=asked._trial_id,
+            optuna_trial_id=asked_id,
             optuna_trial_number=asked.number,
             state=TrialState.RUNNING,
             hparams={"global_batch_size": global_batch},
@@ -268,7 +270,7 @@ def write_spec(tmp: Path, args: argparse.Namespace, nproc: int) -> Path:
         "experiment_id": ids[0],
         "trial_id": ids[1],
         "study_name": "bench",
-        "optuna_trial_id": asked._trial_id,
+        "optuna_trial_id": asked_id,
         "optuna_trial_number": asked.number,
         "entrypoint": "__main__:BenchTrial",
         "model_dir": str(Path(__file__).parent),

@@ -36,7 +36,7 @@ import math
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -54,15 +54,12 @@ from storage import (
     TrialRun,
     TrialState,
     get_engine,
-    optuna_storage,
     session_scope,
+    study_trials,
     utcnow,
 )
 from trials.config import StoredConfigError, read_stored_hyperparameters
 from trials.launch.processes import ProcessRef
-
-if TYPE_CHECKING:
-    from optuna.trial import FrozenTrial
 
 # The Optuna state each terminal slotsweep state must have (by Optuna's state name).
 _OPTUNA_STATE = {
@@ -192,7 +189,7 @@ def check_consistency(
 # ----------------------------------------------------------------- finished trials kept
 def _optuna_problems(db_url: str, experiment: Experiment, trials: Sequence[Trial]) -> list[str]:
     """Each terminal trial against its Optuna trial, and Optuna's finished trials against ours."""
-    study = _optuna_trials(db_url, experiment.study_name)
+    study = study_trials(db_url, experiment.study_name)
     if study is None:
         if not trials:
             # A crash between the experiment row and its study leaves an empty experiment.
@@ -249,18 +246,6 @@ def _optuna_problems(db_url: str, experiment: Experiment, trials: Sequence[Trial
                     f"without hyperparameters {', '.join(missing)}"
                 )
     return problems
-
-
-def _optuna_trials(db_url: str, study_name: str) -> list[FrozenTrial] | None:
-    """Every trial of the study, or None when the study (or Optuna's schema) is missing."""
-    from sqlalchemy.exc import OperationalError, ProgrammingError
-
-    try:
-        storage = optuna_storage(db_url, read_only=True)
-        study_id = storage.get_study_id_from_name(study_name)
-    except (KeyError, OperationalError, ProgrammingError):
-        return None
-    return list(storage.get_all_trials(study_id, deepcopy=False))
 
 
 def _searched_hyperparameters(stored_config: Any) -> set[str] | None:

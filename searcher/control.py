@@ -50,7 +50,7 @@ _log = driver_log
 
 class Stop(str, enum.Enum):
     """How the driver ends its search early: what Ctrl-C, ``slotsweep pause|kill`` or
-    fail-fast asked for (its values are :class:`~trials.control.Action`'s where they meet).
+    fail-fast asked for (its values are :class:`~trials.coordination.control.Action`'s where they meet).
     """
 
     #: No new trials; running ones checkpoint and stop; the experiment is PAUSED.

@@ -33,8 +33,10 @@ from storage import (
     Trial,
     TrialState,
     optuna_storage,
+    optuna_trial_id,
     retry_transient,
     session_scope,
+    study_trials,
     utcnow,
 )
 from trials.config import ExperimentConfig
@@ -173,6 +175,10 @@ class StudySide:
         """Tell Optuna every outcome queued so far (call it after the commit)."""
         self.tells.flush(self.study)
 
+    def _trials(self, state: optuna.trial.TrialState) -> list[optuna.trial.FrozenTrial]:
+        """The study's trials in ``state``, read through storage's gateway to Optuna."""
+        return study_trials(self.ctx.db_url, self.ctx.study_name, states=(state,)) or []
+
     # ----------------------------------------------------------------- asking
     def search_done(self) -> bool:
         """Whether no trial is left to ask for."""
@@ -182,9 +188,7 @@ class StudySide:
         """Trials still to ask for: up to max_trials, plus any a user enqueued beyond it."""
         import optuna
 
-        waiting = len(
-            self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
-        )
+        waiting = len(self._trials(optuna.trial.TrialState.WAITING))
         with session_scope(self.ctx.db_url) as session:
             total = trial_counts(session, self.ctx.experiment_id).total
         return max(max_trials(self.ctx.config) - total, waiting)
@@ -210,13 +214,15 @@ class StudySide:
                 raise
 
             # Asked from Optuna: its row must be written, or only a resume would find it.
+            optuna_id = retry_transient(
+                functools.partial(
+                    optuna_trial_id, self.ctx.db_url, self.ctx.study_name, optuna_trial.number
+                )
+            )
             pending.queue(
                 retry_transient(
                     functools.partial(
-                        self.write_trial_row,
-                        optuna_trial.number,
-                        optuna_trial._trial_id,
-                        hparams,
+                        self.write_trial_row, optuna_trial.number, optuna_id, hparams
                     )
                 )
             )
@@ -248,9 +254,7 @@ class StudySide:
         """
         import optuna
 
-        for frozen in self.study.get_trials(
-            deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)
-        ):
+        for frozen in self._trials(optuna.trial.TrialState.RUNNING):
             if frozen.number not in known_numbers:
                 self._adopt(frozen)
 
@@ -274,19 +278,15 @@ class StudySide:
                 frozen.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True
             )
             return
+        optuna_id = optuna_trial_id(self.ctx.db_url, self.ctx.study_name, frozen.number)
         with session_scope(self.ctx.db_url) as session:
-            session.add(self.new_trial_row(frozen.number, frozen._trial_id, hparams))
+            session.add(self.new_trial_row(frozen.number, optuna_id, hparams))
 
     def reconcile(self) -> None:
         """Tell Optuna outcomes that were recorded here just before a crash."""
         import optuna
 
-        unfinished = {
-            t.number
-            for t in self.study.get_trials(
-                deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)
-            )
-        }
+        unfinished = {t.number for t in self._trials(optuna.trial.TrialState.RUNNING)}
         with session_scope(self.ctx.db_url) as session:
             for trial in session.scalars(
                 select(Trial).where(

@@ -1,7 +1,9 @@
 """slotsweep's storage: the models, engines, migrations and checkpoint store.
 
 Everything a search records lives in one SQLAlchemy database, next to the Optuna
-study of the same search. This package imports nothing else of slotsweep's.
+study of the same search. Every read of that study goes through :mod:`storage.studies`
+(Optuna's public API, or SQL gated on the schema revision of Optuna's tables). This
+package imports nothing else of slotsweep's.
 
 Example:
     >>> import sqlalchemy as sa
@@ -57,10 +59,23 @@ from storage._url import (
     resolve_db_url,
     url_secrets,
 )
+from storage.studies import (
+    KNOWN_OPTUNA_SCHEMAS,
+    OptunaSchemaError,
+    StudyRecord,
+    StudySignature,
+    check_optuna_schema,
+    optuna_schema_revision,
+    optuna_trial_id,
+    read_study,
+    study_signature,
+    study_trials,
+)
 
 __all__ = [
     "DB_ENV_VAR",
     "DEFAULT_DB_URL",
+    "KNOWN_OPTUNA_SCHEMAS",
     "TRANSIENT_DEADLINE_S",
     "Allocation",
     "AttemptSupersededError",
@@ -73,8 +88,11 @@ __all__ = [
     "ExperimentState",
     "Metric",
     "MetricKind",
+    "OptunaSchemaError",
     "ProcessRole",
     "QueuedTrial",
+    "StudyRecord",
+    "StudySignature",
     "SystemMetric",
     "Timing",
     "Trial",
@@ -85,12 +103,16 @@ __all__ = [
     "WarmJob",
     "absolute_db_url",
     "check_database_url",
+    "check_optuna_schema",
     "claim_attempt",
     "get_engine",
     "is_transient_error",
     "metric_rows",
+    "optuna_schema_revision",
     "optuna_storage",
+    "optuna_trial_id",
     "prepare_engine",
+    "read_study",
     "record_metrics",
     "redact_secrets",
     "redact_url",
@@ -98,6 +120,8 @@ __all__ = [
     "retry_transient",
     "session_scope",
     "stop_requested",
+    "study_signature",
+    "study_trials",
     "upgrade_schema",
     "url_secrets",
     "utc_from_timestamp",

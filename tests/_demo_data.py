@@ -86,6 +86,7 @@ from storage import (
     get_engine,
     metric_rows,
     optuna_storage,
+    optuna_trial_id,
     session_scope,
     utcnow,
 )
@@ -260,7 +261,7 @@ def _new_trial(
     with session_scope(experiment.url) as session:
         row = Trial(
             experiment_id=experiment.experiment_id,
-            optuna_trial_id=trial._trial_id,
+            optuna_trial_id=optuna_trial_id(experiment.url, experiment.study_name, trial.number),
             optuna_trial_number=trial.number,
             state=TrialState.RUNNING,
             hparams=hparams,
@@ -271,7 +272,13 @@ def _new_trial(
         session.add(row)
         session.flush()
         trial_id = row.id
-    return _TrialRow(trial_id, trial._trial_id, trial.number, hparams, log_path)
+    return _TrialRow(
+        trial_id,
+        optuna_trial_id(experiment.url, experiment.study_name, trial.number),
+        trial.number,
+        hparams,
+        log_path,
+    )
 
 
 def _node(slots: Sequence[int], agent: str = AGENT) -> dict[str, Any]:
@@ -984,7 +991,7 @@ def _queued_trial(experiment: _Experiment, study: optuna.Study) -> tuple[int, st
     with session_scope(experiment.url) as session:
         row = Trial(
             experiment_id=experiment.experiment_id,
-            optuna_trial_id=trial._trial_id,
+            optuna_trial_id=optuna_trial_id(experiment.url, experiment.study_name, trial.number),
             optuna_trial_number=trial.number,
             state=TrialState.QUEUED,
             hparams=hparams,
@@ -1327,15 +1334,16 @@ class _HugeRows:
     system: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     allocations: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
-    def tables(self) -> tuple[tuple[Any, list[dict[str, Any]]], ...]:
+    def tables(self, url: str) -> tuple[tuple[Any, list[dict[str, Any]]], ...]:
         """(table, rows) in an order that satisfies every foreign key."""
-        from optuna.storages._rdb import models as optuna_models
-
+        o_trials, o_params, o_values, o_intermediate = _optuna_tables(
+            url, "trials", "trial_params", "trial_values", "trial_intermediate_values"
+        )
         return (
-            (optuna_models.TrialModel.__table__, self.o_trials),
-            (optuna_models.TrialParamModel.__table__, self.o_params),
-            (optuna_models.TrialValueModel.__table__, self.o_values),
-            (optuna_models.TrialIntermediateValueModel.__table__, self.o_intermediate),
+            (o_trials, self.o_trials),
+            (o_params, self.o_params),
+            (o_values, self.o_values),
+            (o_intermediate, self.o_intermediate),
             (Trial.__table__, self.trials),
             (TrialRun.__table__, self.runs),
             (Metric.__table__, self.metrics),
@@ -1435,8 +1443,9 @@ def seed_huge_experiment(
             _add_recorded_rows(rows, experiment, shape, trial, rng)
             if trial.state == TrialState.RUNNING:
                 running_slots = _add_allocations(rows, experiment, trial, running_slots)
+        tables = rows.tables(url)
         with get_engine(url).begin() as conn:
-            for table, table_rows in rows.tables():
+            for table, table_rows in tables:
                 for chunk in _chunks(table_rows):
                     conn.execute(table.insert(), chunk)
     return experiment.experiment_id
@@ -1458,13 +1467,22 @@ def _no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
+def _optuna_tables(url: str, *names: str) -> list[Any]:
+    """Optuna's tables as the database holds them: reflected, since its models are private.
+
+    Their enum columns take the member's name (``"COMPLETE"``), as Optuna stores them.
+    """
+    import sqlalchemy as sa
+
+    metadata = sa.MetaData()
+    return [sa.Table(name, metadata, autoload_with=get_engine(url)) for name in names]
+
+
 def _next_ids(url: str, study_name: str) -> tuple[int, int, int]:
     """The next Optuna trial id, the study's id and the next slotsweep trial id."""
     import sqlalchemy as sa
-    from optuna.storages._rdb import models as optuna_models
 
-    o_trials = optuna_models.TrialModel.__table__
-    studies = optuna_models.StudyModel.__table__
+    o_trials, studies = _optuna_tables(url, "trials", "studies")
     trials = Trial.__table__
     with get_engine(url).connect() as conn:
         next_optuna_id = int(
@@ -1515,7 +1533,6 @@ def _add_optuna_rows(
 ) -> None:
     """The trial in Optuna's tables: state, parameters, value and intermediate values."""
     from optuna.distributions import distribution_to_json
-    from optuna.storages._rdb import models as optuna_models
     from optuna.trial import TrialState as OptunaState
 
     from searcher.space import distributions
@@ -1531,7 +1548,7 @@ def _add_optuna_rows(
             "trial_id": trial.optuna_id,
             "number": trial.number,
             "study_id": study_id,
-            "state": optuna_state,
+            "state": optuna_state.name,
             "datetime_start": trial.began,
             "datetime_complete": trial.ended,
         }
@@ -1546,23 +1563,21 @@ def _add_optuna_rows(
             }
         )
     if trial.state == TrialState.COMPLETED:
-        finite = optuna_models.TrialValueModel.TrialValueType.FINITE
         rows.o_values.append(
             {
                 "trial_id": trial.optuna_id,
                 "objective": 0,
                 "value": trial.val_curve[-1],
-                "value_type": finite,
+                "value_type": "FINITE",
             }
         )
-    finite_iv = optuna_models.TrialIntermediateValueModel.TrialIntermediateValueType.FINITE
     for v, value in enumerate(trial.val_curve):
         rows.o_intermediate.append(
             {
                 "trial_id": trial.optuna_id,
                 "step": (v + 1) * shape.validation_every,
                 "intermediate_value": value,
-                "intermediate_value_type": finite_iv,
+                "intermediate_value_type": "FINITE",
             }
         )
 

@@ -14,16 +14,11 @@ Example:
 
 from __future__ import annotations
 
-import copy
-import datetime as _dt
-import functools
-import json
-import math
 import warnings
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from storage import optuna_storage
+from storage import read_study
 
 if TYPE_CHECKING:
     import optuna
@@ -75,190 +70,29 @@ def available_plots(n_objectives: int) -> tuple[str, ...]:
 def snapshot_study(url: str, study_name: str) -> optuna.Study:
     """An in-memory copy of a stored study, read in one short read-only transaction.
 
-    Optuna's RDBStorage builds an ORM object per row (16,000 for 1,000 trials with ten
-    reports each: 0.5 s on an idle 2-core machine, 2 s on a busy one). The copy is
-    built instead from four plain SELECTs over Optuna's tables; the plots then run on
-    the copy. Its trials are :func:`_snapshot_trial_type` objects, whose deep copies
-    are shallow: ``InMemoryStorage`` deep-copies every trial it stores and every trial
-    ``get_trials()`` returns, which for 10,000 trials cost more than reading them.
-    Should Optuna's schema ever differ, the copy is read through Optuna's storage instead.
+    The trials come from :func:`storage.read_study` (plain SELECTs over Optuna's tables
+    at a schema revision it knows: Optuna's RDBStorage builds an ORM object per row,
+    16,000 for 1,000 trials with ten reports each); the plots then run on the copy.
     """
     import optuna
-    import sqlalchemy.exc
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        directions, metric_names, trials = _read_study_tables(url, study_name)
-    except (sqlalchemy.exc.SQLAlchemyError, KeyError, ValueError):
-        stored = optuna.load_study(
-            study_name=study_name, storage=optuna_storage(url, read_only=True)
-        )
-        directions, metric_names = stored.directions, stored.metric_names
-        trials = stored.get_trials(deepcopy=False)
+    stored = read_study(url, study_name)
     memory = optuna.storages.InMemoryStorage()
-    snapshot = optuna.create_study(study_name=study_name, directions=directions, storage=memory)
+    snapshot = optuna.create_study(
+        study_name=study_name, directions=stored.directions, storage=memory
+    )
     # Straight into the storage: Study.add_trials validates each trial again, and the
     # trials come from Optuna's own tables (or its own storage), valid already.
     study_id = memory.get_study_id_from_name(study_name)
-    for trial in trials:
+    for trial in stored.trials:
         memory.create_new_trial(study_id, template_trial=trial)
-    if metric_names is not None:
+    if stored.metric_names is not None:
         with warnings.catch_warnings():
             # Experimental since Optuna 3.2; the plots only need the names.
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            snapshot.set_metric_names(metric_names)
+            snapshot.set_metric_names(stored.metric_names)
     return snapshot
-
-
-_SPECIAL_VALUES = {"INF_POS": math.inf, "INF_NEG": -math.inf, "NAN": math.nan}
-
-
-def _stored_float(value: float | None, value_type: str) -> float:
-    return (
-        float(value)
-        if value_type == "FINITE" and value is not None
-        else _SPECIAL_VALUES[value_type]
-    )
-
-
-@functools.cache
-def _snapshot_trial_type() -> type[optuna.trial.FrozenTrial]:
-    """A FrozenTrial whose deep copy is a shallow one, for trials of a read-only snapshot.
-
-    Nothing writes to a snapshot, and Optuna's plots only read trials, so copies may
-    share a trial's dicts. Made on first use: the module does not import Optuna itself.
-    """
-    from optuna.trial import FrozenTrial
-
-    class SnapshotTrial(FrozenTrial):
-        def __deepcopy__(self, memo: dict[int, Any]) -> SnapshotTrial:
-            return copy.copy(self)
-
-    return SnapshotTrial
-
-
-def _stored_datetime(value: Any) -> _dt.datetime | None:
-    # SQLite hands back text through a plain SELECT; PostgreSQL a datetime.
-    if value is None or isinstance(value, _dt.datetime):
-        return value
-    return _dt.datetime.fromisoformat(str(value))
-
-
-def _read_study_tables(
-    url: str, study_name: str
-) -> tuple[list[optuna.study.StudyDirection], list[str] | None, list[optuna.trial.FrozenTrial]]:
-    """The study's directions, metric names and trials, straight from Optuna's tables."""
-    import sqlalchemy as sa
-    from optuna.distributions import json_to_distribution
-    from optuna.study import StudyDirection
-    from optuna.trial import TrialState
-
-    from storage import get_engine
-
-    snapshot_trial = _snapshot_trial_type()
-
-    by_trial = "FROM {table} x JOIN trials t ON t.trial_id = x.trial_id WHERE t.study_id = :sid"
-    with get_engine(url, read_only=True).connect() as conn:
-        study_id = conn.execute(
-            sa.text("SELECT study_id FROM studies WHERE study_name = :name"), {"name": study_name}
-        ).scalar_one()
-        sid = {"sid": study_id}
-        directions = [
-            StudyDirection[name]
-            for (name,) in conn.execute(
-                sa.text(
-                    "SELECT direction FROM study_directions WHERE study_id = :sid ORDER BY objective"
-                ),
-                sid,
-            )
-        ]
-        names_json = conn.execute(
-            sa.text(
-                "SELECT value_json FROM study_system_attributes"
-                " WHERE study_id = :sid AND key = 'study:metric_names'"
-            ),
-            sid,
-        ).scalar()
-        trial_rows = conn.execute(
-            sa.text(
-                "SELECT trial_id, number, state, datetime_start, datetime_complete"
-                " FROM trials WHERE study_id = :sid ORDER BY number"
-            ),
-            sid,
-        ).all()
-        params = conn.execute(
-            sa.text(
-                "SELECT x.trial_id, x.param_name, x.param_value, x.distribution_json "
-                + by_trial.format(table="trial_params")
-            ),
-            sid,
-        ).all()
-        values = conn.execute(
-            sa.text(
-                "SELECT x.trial_id, x.objective, x.value, x.value_type "
-                + by_trial.format(table="trial_values")
-            ),
-            sid,
-        ).all()
-        reports = conn.execute(
-            sa.text(
-                "SELECT x.trial_id, x.step, x.intermediate_value, x.intermediate_value_type "
-                + by_trial.format(table="trial_intermediate_values")
-            ),
-            sid,
-        ).all()
-        constraints = conn.execute(
-            sa.text(
-                "SELECT x.trial_id, x.value_json "
-                + by_trial.format(table="trial_system_attributes")
-                + " AND x.key = 'constraints'"
-            ),
-            sid,
-        ).all()
-    distributions: dict[str, Any] = {}  # Parsed once per distinct JSON, not once per row.
-    trial_params: dict[int, dict[str, Any]] = {}
-    trial_distributions: dict[int, dict[str, Any]] = {}
-    for trial_id, name, internal, dist_json in params:
-        dist = distributions.get(dist_json) or distributions.setdefault(
-            dist_json, json_to_distribution(dist_json)
-        )
-        trial_params.setdefault(trial_id, {})[name] = dist.to_external_repr(internal)
-        trial_distributions.setdefault(trial_id, {})[name] = dist
-    trial_values: dict[int, dict[int, float]] = {}
-    for trial_id, objective, value, value_type in values:
-        trial_values.setdefault(trial_id, {})[objective] = _stored_float(value, value_type)
-    trial_reports: dict[int, dict[int, float]] = {}
-    for trial_id, step, value, value_type in reports:
-        trial_reports.setdefault(trial_id, {})[step] = _stored_float(value, value_type)
-    trial_constraints = {trial_id: json.loads(text) for trial_id, text in constraints}
-    trials = []
-    for position, (trial_id, number, state, started, completed) in enumerate(trial_rows):
-        if number != position:
-            raise ValueError(f"trial numbers are not contiguous at {number}")
-        objective_values = trial_values.get(trial_id)
-        trials.append(
-            snapshot_trial(
-                number=number,
-                trial_id=-1,  # The storage the copy goes into numbers it.
-                state=TrialState[state],
-                value=None,
-                values=[objective_values[i] for i in sorted(objective_values)]
-                if objective_values
-                else None,
-                datetime_start=_stored_datetime(started),
-                datetime_complete=_stored_datetime(completed),
-                params=trial_params.get(trial_id, {}),
-                distributions=trial_distributions.get(trial_id, {}),
-                user_attrs={},
-                system_attrs=(
-                    {"constraints": trial_constraints[trial_id]}
-                    if trial_id in trial_constraints
-                    else {}
-                ),
-                intermediate_values=trial_reports.get(trial_id, {}),
-            )
-        )
-    return directions, (json.loads(names_json) if names_json else None), trials
 
 
 def preload_importance_backend() -> None:

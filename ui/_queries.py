@@ -1028,65 +1028,6 @@ def waiting_trials(
     return Page(pd.DataFrame(rows, columns=_WAITING_COLUMNS), int(total), 0, limit)
 
 
-@dataclasses.dataclass(frozen=True)
-class StudySignature:
-    """Fingerprints of a stored Optuna study, so cached plots know when to refresh.
-
-    ``everything`` changes with any change to the study's trials (a new trial, a
-    report, a finished trial); ``completed`` only when a trial completes, which is all
-    that the plots of completed trials (history, importances, parallel coordinates,
-    Pareto front) depend on.
-    """
-
-    study_id: int | None
-    everything: tuple[Any, ...] = ()
-    completed: tuple[Any, ...] = ()
-    trials: int = 0
-    objectives: int = 1
-
-    @property
-    def exists(self) -> bool:
-        return self.study_id is not None
-
-
-def optuna_study_signature(engine: Engine, study_name: str) -> StudySignature:
-    """The study's :class:`StudySignature`, from Optuna's own tables (same database)."""
-    with engine.connect() as conn:
-        study_id = conn.execute(
-            sa.text("SELECT study_id FROM studies WHERE study_name = :name"), {"name": study_name}
-        ).scalar()
-        if study_id is None:
-            return StudySignature(None)
-        trials = conn.execute(
-            sa.text(
-                "SELECT COUNT(*), MAX(trial_id), MAX(datetime_complete),"
-                " SUM(CASE WHEN state = 'RUNNING' THEN 1 ELSE 0 END),"
-                " SUM(CASE WHEN state = 'COMPLETE' THEN 1 ELSE 0 END),"
-                " MAX(CASE WHEN state = 'COMPLETE' THEN datetime_complete END)"
-                " FROM trials WHERE study_id = :sid"
-            ),
-            {"sid": study_id},
-        ).one()
-        reports = conn.execute(
-            sa.text(
-                "SELECT COUNT(*) FROM trial_intermediate_values v"
-                " JOIN trials t ON t.trial_id = v.trial_id WHERE t.study_id = :sid"
-            ),
-            {"sid": study_id},
-        ).scalar_one()
-        objectives = conn.execute(
-            sa.text("SELECT COUNT(*) FROM study_directions WHERE study_id = :sid"),
-            {"sid": study_id},
-        ).scalar_one()
-    return StudySignature(
-        study_id=int(study_id),
-        everything=(*tuple(trials[:4]), reports),
-        completed=tuple(trials[4:]),
-        trials=int(trials[0]),
-        objectives=max(1, int(objectives)),
-    )
-
-
 def _enum_value(value: Any) -> Any:
     return getattr(value, "value", value)
 

@@ -13,7 +13,15 @@ import optuna
 import pytest
 from sqlalchemy import select
 
-from storage import Experiment, Trial, TrialRun, TrialState, optuna_storage, session_scope
+from storage import (
+    Experiment,
+    Trial,
+    TrialRun,
+    TrialState,
+    optuna_storage,
+    optuna_trial_id,
+    session_scope,
+)
 from tests.searcher.conftest import assert_search_consistent, run_cli, write_experiment
 
 pytestmark = pytest.mark.slow
@@ -74,7 +82,7 @@ def test_a_trial_missing_a_hyperparameter_is_never_launched(
         session.add(
             Trial(
                 experiment_id=experiment.id,
-                optuna_trial_id=asked._trial_id,
+                optuna_trial_id=optuna_trial_id(db, study.study_name, asked.number),
                 optuna_trial_number=asked.number,
                 state=TrialState.QUEUED,
                 hparams={"lr": asked.params["lr"], "global_batch_size": 64},

@@ -13,7 +13,7 @@ import pytest
 
 from searcher.samplers import build_pruner, build_sampler, pruner_spec, study_directions
 from searcher.space import grid_size, suggest_hparams
-from storage import optuna_storage
+from storage import optuna_storage, optuna_trial_id
 from trials.config import ExperimentConfig, parse_config
 
 _HPARAMS: dict[str, Any] = {
@@ -339,5 +339,5 @@ def test_pruner_spec_rebuilds_the_same_decisions_in_another_study_object(db_url:
     spec = pruner_spec(config)
     assert spec is not None
     in_rank = optuna.load_study(study_name="pruned", storage=storage, pruner=spec.build())
-    rank_trial = optuna.trial.Trial(in_rank, bad._trial_id)
+    rank_trial = optuna.trial.Trial(in_rank, optuna_trial_id(db_url, "pruned", bad.number))
     assert rank_trial.should_prune()

@@ -25,6 +25,7 @@ from storage import (
     Trial,
     TrialState,
     optuna_storage,
+    optuna_trial_id,
     session_scope,
     utcnow,
 )
@@ -55,7 +56,7 @@ def make_experiment(db_url: str, folder: Path, state: str) -> int:
             session.add(
                 Trial(
                     experiment_id=experiment_id,
-                    optuna_trial_id=asked._trial_id,
+                    optuna_trial_id=optuna_trial_id(db_url, study_name, asked.number),
                     optuna_trial_number=asked.number,
                     state=trial_state,
                     hparams={"lr": 0.1},

@@ -129,6 +129,23 @@ def test_experiment_header_best_trials_and_history(
     assert "Optimization History" in json.dumps(history["layout"])
 
 
+def test_optuna_tables_at_an_unknown_revision_leave_the_rest_of_the_page(
+    render: PageRenderer, writable_synthetic: DemoSearch
+) -> None:
+    from storage import KNOWN_OPTUNA_SCHEMAS
+
+    with get_engine(writable_synthetic.url).begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = 'v9.0.0.a'"))
+    experiment = writable_synthetic.experiment_id
+    app = render("experiment", writable_synthetic.url, experiment=experiment)
+    assert_no_exception(app)
+    assert {m.label: m.value for m in app.metric}["Trials done"] == "7/8"
+    (refusal,) = [e.value for e in app.error]
+    assert "schema revision v9.0.0.a" in refusal
+    assert all(known in refusal for known in KNOWN_OPTUNA_SCHEMAS)
+    assert not app.get("plotly_chart")
+
+
 @pytest.mark.parametrize(
     ("kind", "title"),
     [

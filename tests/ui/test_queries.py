@@ -94,31 +94,6 @@ def test_timing_breakdown_weights_windows_by_batch_count(db_url: str) -> None:
     assert row["share"] == pytest.approx(1.0)
 
 
-def test_study_signature_changes_when_the_study_does(writable_synthetic: DemoSearch) -> None:
-    import optuna
-
-    from storage import optuna_storage
-
-    url, name = writable_synthetic.url, writable_synthetic.study_name
-    engine = get_engine(url, read_only=True)
-    before = _queries.optuna_study_signature(engine, name)
-    assert before.exists
-    assert not _queries.optuna_study_signature(engine, "no-such-study").exists
-    study = optuna.load_study(study_name=name, storage=optuna_storage(url))
-    trial = study.ask()
-    asked = _queries.optuna_study_signature(engine, name)
-    assert asked.everything != before.everything
-    trial.report(0.5, 1)
-    reported = _queries.optuna_study_signature(engine, name)
-    assert reported.everything != asked.everything
-    # Plots of completed trials need not be redrawn until a trial completes.
-    assert reported.completed == asked.completed == before.completed
-    study.tell(trial, 0.5)
-    told = _queries.optuna_study_signature(engine, name)
-    assert told.everything != reported.everything
-    assert told.completed != before.completed
-
-
 def _assert_snapshot_equals_optunas_read(url: str, study_name: str) -> None:
     import optuna
 

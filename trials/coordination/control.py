@@ -29,7 +29,9 @@ from storage import (
     Trial,
     TrialState,
     optuna_storage,
+    optuna_trial_id,
     session_scope,
+    study_trials,
     utcnow,
 )
 from trials.coordination import allocations
@@ -194,7 +196,9 @@ def _fail_open_optuna_trials(db_url: str, study_name: str) -> None:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = optuna_storage(db_url)
-    study_id = storage.get_study_id_from_name(study_name)
     open_states = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
-    for frozen in storage.get_all_trials(study_id, deepcopy=False, states=open_states):
-        storage.set_trial_state_values(frozen._trial_id, state=optuna.trial.TrialState.FAIL)
+    for frozen in study_trials(db_url, study_name, states=open_states) or []:
+        storage.set_trial_state_values(
+            optuna_trial_id(db_url, study_name, frozen.number),
+            state=optuna.trial.TrialState.FAIL,
+        )

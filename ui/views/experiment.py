@@ -8,7 +8,13 @@ from typing import Any
 
 import streamlit as st
 
-from storage import TrialState, redact_url
+from storage import (
+    OptunaSchemaError,
+    StudySignature,
+    TrialState,
+    redact_url,
+    study_signature,
+)
 from ui import _actions, _charts, _context, _curves, _logs, _plots, _queries
 
 st.title("Experiment")
@@ -54,7 +60,7 @@ _preload_importances()
 
 
 @st.cache_resource(ttl=3600, max_entries=4, show_spinner="Reading the Optuna study…")
-def _study(db: str, study_name: str, signature: _queries.StudySignature) -> Any:
+def _study(db: str, study_name: str, signature: StudySignature) -> Any:
     # ``signature`` is in the key only: a study that changed gets a fresh copy.
     return _plots.snapshot_study(db, study_name)
 
@@ -67,7 +73,7 @@ def _plot(
     kind: str,
     names: tuple[str, ...],
     params: tuple[str, ...] | None,
-    _signature: _queries.StudySignature,
+    _signature: StudySignature,
 ) -> tuple[Any, str | None, str | None]:
     # Keyed on what this plot depends on (``changes``), so e.g. parameter importances
     # are not recomputed each time a running trial reports; ``_signature`` (not hashed)
@@ -156,7 +162,11 @@ def _header() -> None:
     if summary.counts[TrialState.QUEUED.value]:
         _waiting_trials()
 
-    signature = _queries.optuna_study_signature(engine, summary.study_name)
+    try:
+        signature, unreadable = study_signature(engine, summary.study_name), None
+    except OptunaSchemaError as exc:
+        # The rest of the page is slotsweep's own tables; only Optuna's plots are lost.
+        signature, unreadable = StudySignature(None), str(exc)
     multi = signature.objectives > 1
     # Reading a study into Optuna costs about 0.2 s per 1,000 trials: a large study is
     # read only once a plot is asked for (or its Pareto front is needed).
@@ -185,6 +195,9 @@ def _header() -> None:
     _learning_curves(summary, failures)
 
     st.markdown("#### Optuna plots")
+    if unreadable is not None:
+        st.error(unreadable)
+        return
     if not signature.exists:
         st.info(f"The Optuna study `{summary.study_name}` is not in this database yet.")
         return

@@ -87,12 +87,14 @@ def create_trial(
         Trial,
         TrialState,
         optuna_storage,
+        optuna_trial_id,
         session_scope,
     )
 
     storage = optuna_storage(db_url)
     study = optuna.create_study(study_name=study_name, storage=storage, load_if_exists=True)
     optuna_trial = study.ask()
+    optuna_id = optuna_trial_id(db_url, study_name, optuna_trial.number)
     with session_scope(db_url) as session:
         experiment = session.query(Experiment).filter_by(study_name=study_name).one_or_none()
         if experiment is None:
@@ -109,7 +111,7 @@ def create_trial(
         hparams = spec_fields.pop("hparams", {"global_batch_size": 8})
         trial = Trial(
             experiment_id=experiment.id,
-            optuna_trial_id=optuna_trial._trial_id,
+            optuna_trial_id=optuna_id,
             optuna_trial_number=optuna_trial.number,
             state=TrialState.RUNNING,
             hparams=hparams,
@@ -124,7 +126,7 @@ def create_trial(
         "experiment_id": experiment_id,
         "trial_id": trial_id,
         "study_name": study_name,
-        "optuna_trial_id": optuna_trial._trial_id,
+        "optuna_trial_id": optuna_id,
         "optuna_trial_number": optuna_trial.number,
         "entrypoint": "runtime_trials:TinyTrial",
         "model_dir": str(FIXTURES),

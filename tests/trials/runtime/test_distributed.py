@@ -26,6 +26,7 @@ from storage import (
     Timing,
     Trial,
     optuna_storage,
+    optuna_trial_id,
     session_scope,
     upgrade_schema,
 )
@@ -148,7 +149,11 @@ def test_metrics_are_averaged_across_ranks_and_land_in_the_database(
     assert row.total_batches == 12 and row.searcher_metric_value == val_loss[12]
     assert row.finished_at is not None and row.pruned_at is None
     study = optuna.load_study(study_name=handle.spec.study_name, storage=optuna_storage(url))
-    frozen = next(t for t in study.trials if t._trial_id == handle.spec.optuna_trial_id)
+    frozen = next(
+        t
+        for t in study.trials
+        if optuna_trial_id(url, handle.spec.study_name, t.number) == handle.spec.optuna_trial_id
+    )
     assert frozen.intermediate_values == val_loss  # batches unit: steps 4, 8, 12
     assert frozen.state == optuna.trial.TrialState.RUNNING
     assert "[rank 0] slotsweep: trial" in log and "[rank 1] slotsweep: trial" in log
@@ -277,7 +282,11 @@ def test_pruned_trial_stops_every_rank_cleanly(shared: tuple[str, Path]) -> None
     # average_training_metrics: false records rank 0's own values.
     assert series(url, handle.spec.trial_id, "rank_value") == {1: 0.0, 2: 0.0, 3: 0.0, 4: 0.0}
     study = optuna.load_study(study_name="pruned", storage=optuna_storage(url))
-    frozen = next(t for t in study.trials if t._trial_id == handle.spec.optuna_trial_id)
+    frozen = next(
+        t
+        for t in study.trials
+        if optuna_trial_id(url, "pruned", t.number) == handle.spec.optuna_trial_id
+    )
     assert list(frozen.intermediate_values) == [4]
 
 

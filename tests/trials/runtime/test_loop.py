@@ -23,6 +23,7 @@ from storage import (
     MetricKind,
     Trial,
     optuna_storage,
+    optuna_trial_id,
     record_metrics,
     session_scope,
 )
@@ -193,7 +194,12 @@ def test_epoch_lengths_report_epochs_to_optuna_and_fill_the_trial_row(
     study = optuna.load_study(
         study_name=handle.spec.study_name, storage=optuna_storage(handle.db_url)
     )
-    frozen = next(t for t in study.trials if t._trial_id == handle.spec.optuna_trial_id)
+    frozen = next(
+        t
+        for t in study.trials
+        if optuna_trial_id(handle.db_url, handle.spec.study_name, t.number)
+        == handle.spec.optuna_trial_id
+    )
     val = metric_series(handle.db_url, handle.spec.trial_id, "val_loss", MetricKind.VALIDATION)
     assert sorted(val) == [8, 16]  # 64 samples / batches of 8
     assert frozen.intermediate_values == {1: val[8], 2: val[16]}
