@@ -140,13 +140,21 @@ def synthetic_search(tmp_path_factory: pytest.TempPathFactory) -> DemoSearch:
 
 
 @pytest.fixture
-def writable_synthetic(synthetic_search: DemoSearch, tmp_path: Path) -> DemoSearch:
+def writable_synthetic(
+    synthetic_search: DemoSearch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> DemoSearch:
     """SYNTHETIC: a private copy of ``synthetic_search`` for tests that write (pause/kill).
 
-    Its drivers' heartbeats are renewed: the session's seed may be minutes old on a busy
-    machine, and a driver silent that long counts as dead (requests then act directly).
+    Its drivers' heartbeats are renewed, and stay fresh for the test: the session's seed
+    may be minutes old on a busy machine, and a driver silent longer than the tests' short
+    staleness (``SLOTSWEEP_TIMINGS``) counts as dead, so requests would act directly (seen
+    at a load average of 15: the page said PAUSED instead of "Requested pause").
     """
     from storage import utcnow
+    from trials.timings import TIMINGS_ENV_VAR
+
+    timings = os.environ.get(TIMINGS_ENV_VAR, "")
+    monkeypatch.setenv(TIMINGS_ENV_VAR, f"{timings},driver_stale_after_s=600".lstrip(","))
 
     url = copy_database(synthetic_search.url, tmp_path / "copy.db")
     with get_engine(url).begin() as conn:
