@@ -41,7 +41,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
@@ -114,7 +113,7 @@ class ValidatedRun:
         return replace(self, config=config)
 
 
-def executor_problem(executor: Any, config: ExperimentConfig) -> str | None:
+def executor_problem(executor: Executor, config: ExperimentConfig) -> str | None:
     """Why ``config`` cannot run on ``executor``, or None.
 
     Warm workers stay inside our own placement: an executor whose cluster engine places
