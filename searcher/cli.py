@@ -63,6 +63,17 @@ def _add_cluster(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_relocate(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--relocate",
+        metavar="OLD=NEW",
+        action="append",
+        default=[],
+        help="read the experiment's stored folders under OLD (model, checkpoints, logs) as "
+        "under NEW, e.g. for a database copied elsewhere; may be repeated",
+    )
+
+
 def _max_slots_per_agent() -> int:
     # Imported when --slots is given, not whenever the parser is built (pydantic is slow).
     from trials.scheduler import MAX_SLOTS_PER_AGENT
@@ -138,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_experiment(resume)
         _add_db(resume)
         _add_cluster(resume)
+        _add_relocate(resume)
         resume.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     extend = commands.add_parser(
@@ -159,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_db(extend)
     _add_cluster(extend)
+    _add_relocate(extend)
     extend.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     listing = commands.add_parser("list", help="experiments with state, trial counts, best value")
@@ -301,28 +314,42 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
+    from searcher.relocation import Relocation, relocate_experiment
     from searcher.submission import validate_stored_run
 
+    relocation = Relocation.parse(args.relocate)
     experiment_id, run = validate_stored_run(
-        args.experiment, args.db, cluster_file=args.cluster, slots=args.slots
+        args.experiment,
+        args.db,
+        cluster_file=args.cluster,
+        slots=args.slots,
+        relocation=relocation,
     )
+    relocate_experiment(run.db_url, experiment_id, relocation)
     return _drive(args, experiment_id, run)
 
 
 def _cmd_continue(args: argparse.Namespace) -> int:
     from searcher.experiments import extend_experiment
+    from searcher.relocation import Relocation, relocate_experiment
     from searcher.submission import validate_stored_run
 
+    relocation = Relocation.parse(args.relocate)
     _, run = validate_stored_run(
-        args.experiment, args.db, cluster_file=args.cluster, slots=args.slots
+        args.experiment,
+        args.db,
+        cluster_file=args.cluster,
+        slots=args.slots,
+        relocation=relocation,
     )
     experiment_id, config = extend_experiment(
         run.db_url, args.experiment, max_trials=args.max_trials, more_trials=args.more_trials
     )
+    relocate_experiment(run.db_url, experiment_id, relocation)
     Console(stderr=True).print(
         f"experiment {experiment_id}: budget raised to {config.searcher.max_trials} trials"
     )
-    return _drive(args, experiment_id, run.with_config(config))
+    return _drive(args, experiment_id, run.with_config(relocation.config(config)))
 
 
 def _drive(args: argparse.Namespace, experiment_id: int, run: ValidatedRun) -> int:

@@ -6,7 +6,8 @@ the typed config, the cluster, the one executor object of the run, the database 
 and the schedulability verdict. Every check lives here, once:
 
 - the config (parsed by :mod:`trials.config`) and, for a new run, its entrypoint
-  (:func:`searcher.preflight.check_entrypoint`);
+  (:func:`searcher.preflight.check_entrypoint`); for a stored run, that the folders it
+  stores exist, or where they moved (:mod:`searcher.relocation`);
 - the database: its URL, whether it opens, and whether the executor's nodes can share it
   (:func:`trials.executors.database_problem`);
 - schedulability: every ``slots_per_trial`` a trial may ask for fits the pool
@@ -46,6 +47,7 @@ from sqlalchemy.exc import DBAPIError
 
 from searcher.experiments import UsageError, find_experiment
 from searcher.preflight import check_entrypoint
+from searcher.relocation import NO_RELOCATION, Relocation, missing_folder
 from storage import (
     DB_ENV_VAR,
     absolute_db_url,
@@ -167,12 +169,18 @@ def validate_new_run(
 
 
 def validate_stored_run(
-    ref: str, db: str | None, *, cluster_file: str | Path | None, slots: int | None
+    ref: str,
+    db: str | None,
+    *,
+    cluster_file: str | Path | None,
+    slots: int | None,
+    relocation: Relocation = NO_RELOCATION,
 ) -> tuple[int, ValidatedRun]:
     """``slotsweep resume|continue EXPERIMENT``: the experiment's id and its run on the cluster.
 
     The database must already be slotsweep's (nothing is created); the config is the
-    one stored with the experiment.
+    one stored with the experiment, read through ``relocation`` (``--relocate``). A
+    stored folder the run would write into must exist (:func:`~searcher.relocation.missing_folder`).
     """
     cluster = load_cluster(cluster_file, slots=slots)
     executor = executor_for(cluster)
@@ -182,7 +190,8 @@ def validate_stored_run(
     with session_scope(db_url) as session:
         experiment = find_experiment(session, ref)
         experiment_id = experiment.id
-        config = read_stored_config(experiment.config)
+        _refuse(missing_folder(session, experiment, relocation))
+        config = relocation.config(read_stored_config(experiment.config))
     return experiment_id, _checked(config, cluster, executor, db_url)
 
 
