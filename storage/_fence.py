@@ -164,9 +164,9 @@ def start_ranks(session: Session, trial_id: int, attempt: int) -> int | None:
             TrialRun.trial_id == trial_id,
             TrialRun.attempt == attempt,
             TrialRun.ended_at.is_(None),
-            TrialRun.ranks_started_at.is_(None),
         )
-        .values(ranks_started_at=utcnow())
+        # Every rank takes the row's lock; the first one's time stays.
+        .values(ranks_started_at=func.coalesce(TrialRun.ranks_started_at, utcnow()))
         .execution_options(synchronize_session=False)
     )
     try:
