@@ -28,6 +28,7 @@ from searcher.placement import PendingQueue
 from searcher.running import RunningTrials, _Running
 from searcher.study_side import TellQueue
 from storage import (
+    FENCED_EXIT_CODE,
     Allocation,
     Experiment,
     ProcessRole,
@@ -44,6 +45,7 @@ from tests.searcher.test_driver_parts import _config, _ctx
 from trials.coordination import allocations, cluster_queue
 from trials.coordination.allocations import ClaimedPlacement, ClaimLostError
 from trials.coordination.attempts import end_run, open_runs, trial_processes_gone
+from trials.executors import JobEnding
 from trials.launch.processes import ProcessRef
 from trials.scheduler import Agent, AgentSlots, Placement, ResourcePool
 
@@ -80,6 +82,22 @@ class _Job:
 
     def end(self, *, grace_s: float) -> bool:
         self.ended = True
+        return True
+
+
+class _ExitedJob:
+    """An attempt whose processes exited with ``code``."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+    def poll(self) -> int:
+        return self.code
+
+    def ending(self) -> JobEnding:
+        return JobEnding()
+
+    def end(self, *, grace_s: float) -> bool:
         return True
 
 
@@ -322,3 +340,32 @@ def test_a_claim_lost_after_the_run_was_recorded_starts_nothing_either(
         assert run.ranks_started_at is None
         trial = session.get(Trial, x)
         assert trial is not None and trial.state == TrialState.QUEUED
+
+
+def test_an_attempt_whose_ranks_exited_fenced_is_queued_again_without_a_restart(
+    db_url: str, tmp_path: Path
+) -> None:
+    experiment_id, trial_id = _search(db_url, "e")
+    ctx = replace(
+        _ctx(experiment_id=experiment_id), db_url=db_url, pool=ONE_SLOT, run_dir=tmp_path
+    )
+    pending = PendingQueue(ctx)
+    running = RunningTrials(ctx, Outcomes(ctx, TellQueue(), pending, Control()))
+    with session_scope(db_url) as session:
+        run = TrialRun(trial_id=trial_id, attempt=0, agents=[], launch_token="t-fenced")
+        session.add(run)
+        session.flush()
+        run_id = run.id
+    job = _ExitedJob(FENCED_EXIT_CODE)
+    running._running[trial_id] = _Running(
+        trial_id=trial_id, optuna_number=0, attempt=0, slots=1, job=job, started=0.0, run_id=run_id
+    )
+    running.reap()
+    assert len(running) == 0 and len(pending) == 1
+    with session_scope(db_url) as session:
+        trial = session.get(Trial, trial_id)
+        run = session.get(TrialRun, run_id)
+        assert trial is not None and run is not None
+        assert trial.state == TrialState.QUEUED and trial.restarts == 0 and trial.error is None
+        assert run.exit_code == FENCED_EXIT_CODE and run.ended_at is not None
+        assert run.reason is not None and "its ranks did not start" in run.reason

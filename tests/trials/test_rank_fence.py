@@ -222,3 +222,22 @@ def test_a_reclaim_while_the_ranks_check_is_open_waits_and_sees_them_started(
     assert "error" not in ranks_outcome, ranks_outcome
     assert judged_outcome == {"value": []}
     assert _started_at(url, trial_id) is not None and _held(url) == [trial_id]
+
+
+def test_torchrun_passes_on_the_fenced_exit_of_its_first_failing_rank() -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from storage import FENCED_EXIT_CODE
+    from trials.node.torchrun import ranks_fenced
+
+    def failed(*codes: int) -> ChildFailedError:
+        failures = {
+            rank: ProcessFailure(local_rank=rank, pid=100 + rank, exitcode=code, error_file="")
+            for rank, code in enumerate(codes)
+        }
+        return ChildFailedError("worker", failures)
+
+    assert ranks_fenced(failed(FENCED_EXIT_CODE))
+    assert ranks_fenced(failed(FENCED_EXIT_CODE, FENCED_EXIT_CODE))
+    assert not ranks_fenced(failed(1))
+    assert not ranks_fenced(RuntimeError("the rendezvous failed"))
