@@ -458,3 +458,24 @@ def test_metrics_of_other_trials_are_not_counted(search: Search) -> None:
         rows = session.scalars(select(Metric).where(Metric.trial_id == search.trial_ids[0]))
         assert len(list(rows)) == 3
     assert check_consistency(search.url, []).metrics == 0
+
+
+def test_the_torchrun_of_a_run_whose_ranks_were_fenced_at_start_is_no_overlap(
+    search: Search,
+) -> None:
+    # Attempt 0 was judged gone before its driver (stopped) started it; started after
+    # all, its ranks exited at their first check and its torchrun was never seen ending.
+    trial_id = search.trial_ids[0]
+    attempt_0 = (TrialProcess.trial_id == trial_id) & (TrialProcess.attempt == 0)
+    with session_scope(search.url) as session:
+        for row in session.scalars(select(TrialProcess).where(attempt_0)):
+            if row.role == ProcessRole.RANK:
+                session.delete(row)
+    _set(search.url, TrialProcess, attempt_0, ended_at=None, started_at=_at(13))
+    first_run = (TrialRun.trial_id == trial_id) & (TrialRun.attempt == 0)
+    _set(search.url, TrialRun, first_run, claim_token="claim-0")
+    assert _problems(search) == []
+    # A rank of it passed the check: its torchrun counts again.
+    _set(search.url, TrialRun, first_run, ranks_started_at=_at(13))
+    (problem,) = _problems(search)
+    assert f"torchrun (pid {1000 * trial_id}) of trial {trial_id} attempt 0 never ended" in problem
