@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from trials.config._storage_url import url_problem
-from trials.config._validation import INT32_MAX, ConfigModel
+from trials.config._validation import INT32_MAX, SECRET_INPUT_ERROR, ConfigModel
 
 # A ``tensor_fusion_threshold`` (DDP's bucket size in MiB) above 1 TiB means a typo.
 _MAX_BUCKET_MB = 1024.0 * 1024.0
@@ -83,7 +84,8 @@ class CheckpointStorageConfig(ConfigModel):
     def _a_usable_url(cls, path: str) -> str:
         problem = url_problem(path)
         if problem is not None:
-            raise ValueError(problem)
+            # Not repeated in the message: the URL may carry a credential.
+            raise PydanticCustomError(SECRET_INPUT_ERROR, problem)
         return path
 
 
