@@ -12,16 +12,20 @@ from __future__ import annotations
 
 import io
 import sqlite3
+import subprocess
+import threading
+import time
 import zipfile
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 from sqlalchemy import func, select
 
 from storage import Checkpoint, CheckpointState, WarmJob, session_scope
 from tests.conftest import S3_SECRET, cli_environment
-from tests.searcher.conftest import run_cli, write_experiment
+from tests.searcher.conftest import run_cli, start_cli, write_experiment
 from trials import store_for
 from ui._checkpoints import checkpoint_bytes, checkpoint_problem
 
@@ -46,8 +50,10 @@ def test_a_search_keeps_its_checkpoints_in_a_bucket(s3_bucket: str, tmp_path: Pa
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     db = f"sqlite:///{tmp_path / 'search.db'}"
     common = ["--db", db, "--slots", "2", "--no-progress"]
-    first = run_cli(["run", str(path), *common], env, tmp_path)
+    first, command_lines = _run_watching_command_lines(["run", str(path), *common], env, tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
+    assert any("trials.node.worker" in line for line in command_lines)
+    assert not [line for line in command_lines if S3_SECRET in line]
     more = run_cli(["continue", "1", "--more-trials", "1", *common], env, tmp_path)
     assert more.returncode == 0, more.stderr[-3000:]
 
@@ -84,3 +90,22 @@ def test_a_search_keeps_its_checkpoints_in_a_bucket(s3_bucket: str, tmp_path: Pa
             repr(row) for t in tables for row in connection.execute(f'SELECT * FROM "{t}"')
         )
     assert storage_path in dump and S3_SECRET not in dump
+
+
+def _run_watching_command_lines(
+    args: list[str], env: dict[str, str], cwd: Path
+) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    """``slotsweep ARGS`` to its end, and every command line on the machine meanwhile."""
+    driver = start_cli(args, env, cwd)
+    output: list[str] = []
+    reader = threading.Thread(target=lambda: output.extend(driver.communicate(timeout=300)))
+    reader.start()
+    seen: set[str] = set()
+    # The trials' processes are not the driver's children (they outlive it on purpose):
+    # every process of the machine is looked at.
+    while reader.is_alive():
+        for process in psutil.process_iter(["cmdline"]):
+            seen.add(" ".join(process.info["cmdline"] or []))
+        time.sleep(0.5)
+    reader.join()
+    return subprocess.CompletedProcess(args, driver.returncode, *output), seen
