@@ -22,13 +22,14 @@ case "$action" in
     "$python" -m moto.server -H "$addr" -p "$port" >"$dir/moto.log" 2>&1 &
     pid=$!
     echo "$pid" >"$dir/moto.pid"
-    for _ in $(seq 1 300); do
-      if curl -s -o /dev/null "http://$addr:$port/moto-api/"; then
+    for _ in $(seq 1 200); do
+      if "$python" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
+        "http://$addr:$port/moto-api/" 2>/dev/null; then
         echo "$pid"
         exit 0
       fi
       if ! kill -0 "$pid" 2>/dev/null; then break; fi
-      sleep 0.1
+      sleep 0.2
     done
     echo "s3.sh: moto_server did not answer on $addr:$port:" >&2
     tail -n 20 "$dir/moto.log" >&2
