@@ -197,3 +197,29 @@ def _database_text(db_url: str) -> str:
             for table in tables
             for row in session.execute(text(f'SELECT * FROM "{table}"'))
         )
+
+
+def test_a_trial_whose_bucket_is_missing_fails_with_one_line(
+    s3_bucket: str, db_url: str, tmp_path: Path
+) -> None:
+    missing = f"{s3_bucket}-missing/ckpt"
+    handle = create_trial(
+        db_url,
+        tmp_path,
+        slots_per_trial=1,
+        max_length={"batches": 4},
+        min_checkpoint_period={"batches": 4},
+        checkpoint_storage={"path": missing},
+    )
+    result = run_worker(handle, nproc=1)
+    output = result.stdout + result.stderr
+    folder = f"{missing}/{handle.spec.experiment_id}/{handle.spec.trial_id}"
+    line = (
+        f"[rank 0] slotsweep: checkpoint_storage.path {folder}: "
+        "The specified bucket does not exist"
+    )
+    assert result.returncode != 0
+    assert output.count(line) == 1, output[-3000:]
+    assert "Traceback" not in output.split(line)[0]
+    assert S3_SECRET not in output
+    assert _checkpoints(db_url, handle.spec.trial_id) == []
