@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         parse_enqueue_params,
         suggest_hparams,
     )
+    from searcher.submission import ValidatedRun, validate_run
     from trials.config import ConfigError, ExperimentConfig, load_config, parse_config
 
 _EXPORTS = {
@@ -49,6 +50,8 @@ _EXPORTS = {
     "grid_size": "searcher.space",
     "parse_enqueue_params": "searcher.space",
     "suggest_hparams": "searcher.space",
+    "ValidatedRun": "searcher.submission",
+    "validate_run": "searcher.submission",
 }
 
 __all__ = [
@@ -57,6 +60,7 @@ __all__ = [
     "ExperimentConfig",
     "SearchDriver",
     "UsageError",
+    "ValidatedRun",
     "build_pruner",
     "build_sampler",
     "check_consistency",
@@ -71,6 +75,7 @@ __all__ = [
     "pruner_spec",
     "study_directions",
     "suggest_hparams",
+    "validate_run",
 ]
 
 

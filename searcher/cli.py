@@ -18,9 +18,12 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from searcher.submission import ValidatedRun
 
 EXIT_USAGE = 2
 # A file of 100,000 unknown keys must not print 100,000 lines: the first problems suffice.
@@ -57,6 +60,17 @@ def _add_cluster(parser: argparse.ArgumentParser) -> None:
         type=_int_in("--slots", 1, _max_slots_per_agent),
         default=None,
         help="slots of the local agent (default: GPUs, or CPU cores without GPUs)",
+    )
+
+
+def _add_relocate(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--relocate",
+        metavar="OLD=NEW",
+        action="append",
+        default=[],
+        help="read the experiment's stored folders under OLD (model, checkpoints, logs) as "
+        "under NEW, e.g. for a database copied elsewhere; may be repeated",
     )
 
 
@@ -135,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_experiment(resume)
         _add_db(resume)
         _add_cluster(resume)
+        _add_relocate(resume)
         resume.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     extend = commands.add_parser(
@@ -156,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_db(extend)
     _add_cluster(extend)
+    _add_relocate(extend)
     extend.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     listing = commands.add_parser("list", help="experiments with state, trial counts, best value")
@@ -237,8 +253,7 @@ def _usage_message(exc: Exception) -> str | None:
     if isinstance(exc, DatabaseUrlError):
         return str(exc)  # It may end in a quote (the pip command); nothing to strip.
     if isinstance(exc, UnknownPool):
-        # A KeyError: str() would wrap the message in quotes; its argument is the text.
-        return str(exc.args[0]) if exc.args else str(exc)
+        return str(exc)  # its own __str__: the name and the pools there are
     if isinstance(exc, (UsageError, Unschedulable, TimingsError)):
         return str(exc)
     return None
@@ -253,77 +268,16 @@ def _capped(problems: list[str]) -> list[str]:
 
 
 def _db_url(args: argparse.Namespace, *, need_schema: bool = False) -> str:
-    """The database URL, checked for shape and reachability before any use.
+    """The ``--db`` database, checked and opened (:func:`searcher.submission.open_database`)."""
+    from searcher.submission import open_database
 
-    ``need_schema``: the command reads or controls existing experiments, so a database
-    without slotsweep's tables is refused and nothing is created (no file, no tables);
-    one that has them is brought to the newest schema (a search recorded by an older
-    version resumes).
-    """
-    from sqlalchemy.exc import DBAPIError
-
-    from searcher.experiments import UsageError
-    from storage import (
-        absolute_db_url,
-        check_database_url,
-        get_engine,
-        redact_secrets,
-        redact_url,
-        resolve_db_url,
-        upgrade_schema,
-    )
-
-    url = resolve_db_url(args.db)
-    source = "--db" if args.db else ("SLOTSWEEP_DB" if os.environ.get("SLOTSWEEP_DB") else "--db")
-    check_database_url(url, source=source, need_schema=need_schema)
-    url = absolute_db_url(url)
-    try:
-        with get_engine(url).connect():
-            pass
-    except DBAPIError as exc:
-        reason = str(exc.orig).splitlines()[0] if str(exc.orig).strip() else "connection failed"
-        raise UsageError(
-            f"{source}: cannot open {redact_url(url)}: {redact_secrets(reason, url)}"
-        ) from None
-    if need_schema:
-        upgrade_schema(url)
-    return url
+    return open_database(args.db, need_schema=need_schema)
 
 
 def _cluster(args: argparse.Namespace) -> Any:
     from trials.executors import load_cluster
 
     return load_cluster(args.cluster, slots=args.slots)
-
-
-def _check_fits(cluster: Any, config: Any) -> None:
-    """Refuse a search whose trials can never be placed on ``cluster`` (before any write)."""
-    from trials.scheduler import check_schedulable
-
-    pool = cluster.pool(config.resources.resource_pool)
-    for slots in config.possible_slots_per_trial():
-        check_schedulable(pool, slots)
-
-
-def _check_executor(cluster: Any, config: Any) -> None:
-    """Refuse settings the cluster's executor cannot honour (before any write)."""
-    from searcher.experiments import UsageError, executor_problem
-    from trials.executors import executor_for
-
-    problem = executor_problem(executor_for(cluster), config)
-    if problem:
-        raise UsageError(problem)
-
-
-def _check_database(cluster: Any, args: argparse.Namespace) -> None:
-    """Refuse a database the cluster's executor cannot share (before any write)."""
-    from searcher.experiments import UsageError
-    from storage import resolve_db_url
-    from trials.executors import database_problem, executor_for
-
-    problem = database_problem(executor_for(cluster), resolve_db_url(args.db))
-    if problem:
-        raise UsageError(problem)
 
 
 def _console() -> Console:
@@ -339,78 +293,73 @@ def _print_json(data: object) -> None:
 def _cmd_run(args: argparse.Namespace) -> int:
     import searcher.samplers as samplers
     from searcher.experiments import create_experiment
-    from searcher.preflight import check_entrypoint
-    from trials.config import load_config
+    from searcher.submission import validate_new_run
 
     config_path = Path(args.config)
     if args.test:
         from searcher.trial_test import run_trial_test
 
         return run_trial_test(config_path, cluster=args.cluster, slots=args.slots)
-    config = load_config(config_path)
-    cluster = _cluster(args)
-    _check_fits(cluster, config)
-    _check_database(cluster, args)
-    _check_executor(cluster, config)
-    # Before the database is opened (SQLite creates its file then): a typo in the
-    # entrypoint costs a second here instead of every trial's restarts.
-    problems = check_entrypoint(config, config_path.resolve().parent)
-    if problems:
-        print("\n".join(_capped(problems)), file=sys.stderr)
-        return EXIT_USAGE
-    db_url = _db_url(args)
+    run = validate_new_run(config_path, args.db, cluster_file=args.cluster, slots=args.slots)
     experiment_id = create_experiment(
-        config,
+        run.config,
         config_path=config_path,
-        db_url=db_url,
-        directions=samplers.study_directions(config),
+        db_url=run.db_url,
+        directions=samplers.study_directions(run.config),
     )
-    Console(stderr=True).print(f"experiment {experiment_id} ({config.name}) created")
+    Console(stderr=True).print(f"experiment {experiment_id} ({run.config.name}) created")
     if args.detach:
         return 0
-    return _drive(args, db_url, experiment_id, cluster)
+    return _drive(args, experiment_id, run)
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
-    from searcher.experiments import find_experiment
-    from storage import session_scope
+    from searcher.relocation import Relocation, relocate_experiment
+    from searcher.submission import validate_stored_run
 
-    cluster = _cluster(args)
-    _check_database(cluster, args)
-    db_url = _db_url(args, need_schema=True)
-    with session_scope(db_url) as session:
-        experiment_id = find_experiment(session, args.experiment).id
-    return _drive(args, db_url, experiment_id, cluster)
+    relocation = Relocation.parse(args.relocate)
+    experiment_id, run = validate_stored_run(
+        args.experiment,
+        args.db,
+        cluster_file=args.cluster,
+        slots=args.slots,
+        relocation=relocation,
+    )
+    relocate_experiment(run.db_url, experiment_id, relocation)
+    return _drive(args, experiment_id, run)
 
 
 def _cmd_continue(args: argparse.Namespace) -> int:
-    from searcher.experiments import extend_experiment, find_experiment
-    from storage import session_scope
-    from trials.config import read_stored_config
+    from searcher.experiments import extend_experiment
+    from searcher.relocation import Relocation, relocate_experiment
+    from searcher.submission import validate_stored_run
 
-    cluster = _cluster(args)
-    _check_database(cluster, args)
-    db_url = _db_url(args, need_schema=True)
-    with session_scope(db_url) as session:
-        experiment = find_experiment(session, args.experiment)
-        _check_fits(cluster, read_stored_config(experiment.config))
-    experiment_id, budget = extend_experiment(
-        db_url, args.experiment, max_trials=args.max_trials, more_trials=args.more_trials
+    relocation = Relocation.parse(args.relocate)
+    _, run = validate_stored_run(
+        args.experiment,
+        args.db,
+        cluster_file=args.cluster,
+        slots=args.slots,
+        relocation=relocation,
     )
-    Console(stderr=True).print(f"experiment {experiment_id}: budget raised to {budget} trials")
-    return _drive(args, db_url, experiment_id, cluster)
+    experiment_id, config = extend_experiment(
+        run.db_url, args.experiment, max_trials=args.max_trials, more_trials=args.more_trials
+    )
+    relocate_experiment(run.db_url, experiment_id, relocation)
+    Console(stderr=True).print(
+        f"experiment {experiment_id}: budget raised to {config.searcher.max_trials} trials"
+    )
+    return _drive(args, experiment_id, run.with_config(relocation.config(config)))
 
 
-def _drive(args: argparse.Namespace, db_url: str, experiment_id: int, cluster: Any) -> int:
+def _drive(args: argparse.Namespace, experiment_id: int, run: ValidatedRun) -> int:
     """Run the experiment's driver to its end; exit code 1 when it ends ERROR, else 0."""
     from searcher.driver import SearchDriver
     from storage import ExperimentState
 
-    driver = SearchDriver(
-        experiment_id, db_url=db_url, cluster=cluster, show_progress=not args.no_progress
-    )
+    driver = SearchDriver(experiment_id, run, show_progress=not args.no_progress)
     state = driver.run()
-    _print_summary(db_url, experiment_id, state.value)
+    _print_summary(run.db_url, experiment_id, state.value)
     return 1 if state == ExperimentState.ERROR else 0
 
 

@@ -19,11 +19,15 @@ a small module found by its name:
 - :mod:`searcher.control`: ownership, heartbeat, Ctrl-C and requested actions, the end;
 - :mod:`searcher.driver_context`: the experiment's fixed facts the parts share.
 
+The driver checks nothing about the run itself: it is handed a
+:class:`~searcher.submission.ValidatedRun` (the config, the pool, the run's one
+executor, the database), validated once when the run was submitted.
+
 A search is one call, which returns the experiment's final state
 (``ExperimentState.COMPLETED`` when its trials ran); it starts every trial's
 processes, so the end-to-end tests run it rather than an example here::
 
-    SearchDriver(experiment_id, db_url=url, cluster=load_cluster()).run()
+    SearchDriver(experiment_id, validate_run(config, load_cluster(), url)).run()
 """
 
 from __future__ import annotations
@@ -37,12 +41,13 @@ from sqlalchemy import select
 import searcher.control as control
 from searcher.control import Control, Stop
 from searcher.driver_context import DriverContext, driver_log
-from searcher.experiments import UsageError, executor_problem, trial_counts
+from searcher.experiments import UsageError, trial_counts
 from searcher.outcomes import Outcomes
 from searcher.placement import PendingQueue
 from searcher.progress import SearchProgress
 from searcher.running import RunningTrials, end_leftover_warm_jobs, end_leftovers
 from searcher.study_side import StudySide, TellQueue, max_trials
+from searcher.submission import ValidatedRun
 from storage import (
     TRANSIENT_DEADLINE_S,
     DatabaseUnavailableError,
@@ -50,13 +55,9 @@ from storage import (
     ExperimentState,
     Trial,
     TrialState,
-    absolute_db_url,
     is_transient_error,
     session_scope,
 )
-from trials.config import read_stored_config
-from trials.executors import Executor, database_problem, executor_for
-from trials.scheduler import Cluster, check_schedulable
 from trials.timings import timings_from_env
 
 _log = driver_log
@@ -68,14 +69,15 @@ class SearchDriver:
     def __init__(
         self,
         experiment_id: int,
+        run: ValidatedRun,
         *,
-        db_url: str,
-        cluster: Cluster,
         poll_interval_s: float = 0.2,
         show_progress: bool = True,
     ) -> None:
-        self.db_url = absolute_db_url(db_url)
-        self.cluster = cluster
+        self.db_url = run.db_url
+        self.config = run.config
+        self.pool = run.pool
+        self.executor = run.executor
         self.poll_interval_s = poll_interval_s
         self.show_progress = show_progress
         with session_scope(self.db_url) as session:
@@ -85,17 +87,7 @@ class SearchDriver:
             self.experiment_id = experiment.id
             self.study_name = experiment.study_name
             self.model_dir = Path(experiment.model_dir)
-            self.config = read_stored_config(experiment.config)
-        self.pool = cluster.pool(self.config.resources.resource_pool)
-        for slots in self.config.possible_slots_per_trial():
-            check_schedulable(self.pool, slots)
         run_dir = _logs_root() / f"experiment-{self.experiment_id}"
-        self.executor: Executor = executor_for(cluster)
-        problem = database_problem(self.executor, self.db_url) or executor_problem(
-            self.executor, self.config
-        )
-        if problem:
-            raise UsageError(problem)
         self.ctx = DriverContext(
             db_url=self.db_url,
             experiment_id=self.experiment_id,

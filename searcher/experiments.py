@@ -31,7 +31,6 @@ __all__ = [
     "best_trials",
     "create_experiment",
     "driver_alive",
-    "executor_problem",
     "extend_experiment",
     "find_experiment",
     "request_action",
@@ -41,27 +40,6 @@ __all__ = [
 
 class UsageError(Exception):
     """A user mistake the CLI reports as one line with exit code 2."""
-
-
-def executor_problem(executor: Any, config: ExperimentConfig) -> str | None:
-    """Why ``config`` cannot run on ``executor``, or None.
-
-    Warm workers stay inside our own placement: an executor whose cluster engine places
-    each trial as its own job (Slurm with a ``slurm:`` jobs block) ends the job with
-    the trial, and holding that job between trials would hide it from Slurm's queue.
-
-    Example:
-        >>> from trials.executors import LocalExecutor
-        >>> executor_problem(LocalExecutor(), config) is None
-        True
-    """
-    if config.resources.reuse_workers and executor.places_trials:
-        return (
-            "resources.reuse_workers: not available when the cluster's executor "
-            f"({executor.name}) submits each trial as its own job; set it to false, or "
-            "run the search inside an allocation"
-        )
-    return None
 
 
 def create_experiment(
@@ -197,7 +175,7 @@ def request_action(db_url: str, ref: str, action: control.Action) -> str:
 
 def extend_experiment(
     db_url: str, ref: str, *, max_trials: int | None = None, more_trials: int | None = None
-) -> tuple[int, int]:
+) -> tuple[int, ExperimentConfig]:
     """Raise a COMPLETED or PAUSED experiment's trial budget and leave it PAUSED to resume.
 
     Exactly one of ``max_trials`` (the new total) and ``more_trials`` (added to the
@@ -206,7 +184,7 @@ def extend_experiment(
     number on from the old ones; earlier trials, their metrics and checkpoints are not
     touched. It is left PAUSED, not ACTIVE, because the driver resumes a paused
     experiment as it is and refuses an ended one. Returns the experiment id and its
-    new budget.
+    config with the new budget (``searcher.max_trials``).
     """
     from pydantic import ValidationError
 
@@ -257,4 +235,4 @@ def extend_experiment(
         experiment.state = ExperimentState.PAUSED
         experiment.ended_at = None
         experiment.requested_action = None
-        return experiment.id, max_trials
+        return experiment.id, parsed

@@ -245,6 +245,16 @@ class Outcomes:
             self.tells.tell(trial, values=objective_values(self.ctx.config, trial))
         trial.ended_at = utcnow()
 
+    def launch_failed(self, trial: Trial, exc: Exception) -> None:
+        """Fail ``trial``, whose attempt could not start, with one line as every failure gets.
+
+        The line is ``trial E.N failed: launch failed: <why>`` on the driver's terminal and
+        in the trial's log; ``<why>`` is kept to one line there and in ``trial.error``.
+        """
+        trial.error = "launch failed: " + " ".join(str(exc).split())
+        self._notify_failure(trial)
+        self.fail(trial)
+
     def fail(self, trial: Trial) -> None:
         """Mark ``trial`` ERROR (its ``error`` says why) and queue Optuna's FAIL."""
         import optuna

@@ -179,5 +179,4 @@ class PendingQueue:
                 slot_ledger.release(session, pending.trial_id)
                 trial = session.get(Trial, pending.trial_id)
                 assert trial is not None
-                trial.error = f"launch failed: {exc}"
-                outcomes.fail(trial)
+                outcomes.launch_failed(trial, exc)

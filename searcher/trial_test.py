@@ -41,7 +41,7 @@ from searcher.failures import FailureRecord
 from trials.config import ConfigError, ConstHP, ExperimentConfig, load_config, parse_config
 
 if TYPE_CHECKING:
-    from trials.scheduler import Cluster
+    from searcher.submission import ValidatedRun
 
 TEST_BATCHES = 4
 CHECKPOINT_AFTER = 2
@@ -64,25 +64,23 @@ def run_trial_test(
     (:func:`trials.executors.load_cluster`). Lines go to ``out`` (default stdout).
     """
     from searcher.preflight import check_entrypoint
+    from searcher.submission import validate_run
     from trials.executors import load_cluster
-    from trials.scheduler import check_schedulable
 
     out = out or sys.stdout
     config_path = Path(config_path)
     config = load_config(config_path)
     loaded = load_cluster(cluster, slots=slots)
-    pool = loaded.pool(config.resources.resource_pool)
-    test_config = _test_config(config)
-    for slots_per_trial in test_config.possible_slots_per_trial():
-        check_schedulable(pool, slots_per_trial)
     model_dir = config_path.resolve().parent
-    started = time.monotonic()
-    problems = check_entrypoint(config, model_dir)
-    if problems:
-        raise ConfigError(problems)
-    _say(out, "entrypoint", "ok", f"{config.entrypoint} resolves", started)
     with tempfile.TemporaryDirectory(prefix="slotsweep-test-") as tmp:
-        return _TestRun(Path(tmp), test_config, config_path, loaded, out).run()
+        folder = Path(tmp)
+        run = validate_run(_test_config(config, folder), loaded, f"sqlite:///{folder / 'test.db'}")
+        started = time.monotonic()
+        problems = check_entrypoint(config, model_dir)
+        if problems:
+            raise ConfigError(problems)
+        _say(out, "entrypoint", "ok", f"{config.entrypoint} resolves", started)
+        return _TestRun(folder, run, config_path, out).run()
 
 
 def first_point(config: ExperimentConfig) -> dict[str, str]:
@@ -106,8 +104,12 @@ def first_point(config: ExperimentConfig) -> dict[str, str]:
     return point
 
 
-def _test_config(config: ExperimentConfig) -> ExperimentConfig:
-    """``config`` cut down to the test trial: one trial, a few batches, no restarts."""
+def _test_config(config: ExperimentConfig, folder: Path) -> ExperimentConfig:
+    """``config`` cut down to the test trial: one trial, a few batches, no restarts.
+
+    Its checkpoints go to ``folder`` (the test's temporary directory), never to
+    ``checkpoint_storage.path``.
+    """
     raw: dict[str, Any] = config.model_dump(mode="json")
     searcher = raw["searcher"]
     searcher.update(
@@ -129,6 +131,7 @@ def _test_config(config: ExperimentConfig) -> ExperimentConfig:
         min_checkpoint_period={"batches": CHECKPOINT_AFTER},
         max_restarts=0,
     )
+    raw["checkpoint_storage"]["path"] = str(folder / "checkpoints")
     return parse_config(raw)
 
 
@@ -138,22 +141,15 @@ class _TestRun:
     def __init__(
         self,
         tmp: Path,
-        config: ExperimentConfig,
+        validated: ValidatedRun,
         config_path: Path,
-        cluster: Cluster,
         out: TextIO,
     ) -> None:
         self.tmp = tmp
-        self.db_url = f"sqlite:///{tmp / 'test.db'}"
-        self.config = config.model_copy(
-            update={
-                "checkpoint_storage": config.checkpoint_storage.model_copy(
-                    update={"path": str(tmp / "checkpoints")}
-                )
-            }
-        )
+        self.validated = validated
+        self.db_url = validated.db_url
+        self.config = validated.config
         self.config_path = config_path
-        self.cluster = cluster
         self.out = out
 
     def run(self) -> int:
@@ -205,9 +201,7 @@ class _TestRun:
     def _drive(self, experiment_id: int) -> None:
         from searcher.driver import SearchDriver
 
-        SearchDriver(
-            experiment_id, db_url=self.db_url, cluster=self.cluster, show_progress=False
-        ).run()
+        SearchDriver(experiment_id, self.validated, show_progress=False).run()
 
     def _report_trial(self, started: float) -> tuple[int, Any] | None:
         """Say how the trial went; ``(trial id, latest checkpoint)`` if it passed."""
@@ -296,11 +290,11 @@ class _TestRun:
 
         from storage import Trial, TrialRun, session_scope
         from trials import RuntimeSpec
-        from trials.executors import LaunchRequest, executor_for
+        from trials.executors import LaunchRequest
         from trials.launch.launcher import DB_URL_ENV_VAR
         from trials.scheduler import AgentSlots, Placement
 
-        executor = executor_for(self.cluster)
+        executor = self.validated.executor
         with session_scope(self.db_url) as session:
             first = session.scalars(
                 select(TrialRun).where(TrialRun.trial_id == trial_id, TrialRun.attempt == 0)
@@ -332,7 +326,7 @@ class _TestRun:
             max_length={"batches": checkpoint.step + RESTORE_BATCHES},
         )
         spec = RuntimeSpec.model_validate(fields)
-        pool = self.cluster.pool(self.config.resources.resource_pool)
+        pool = self.validated.pool
         by_name = {agent.name: agent for agent in pool.agents}
         placement = Placement(
             request_id=f"test-{trial_id}",

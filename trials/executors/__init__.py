@@ -24,9 +24,10 @@ from trials.executors._local import LocalExecutor
 from trials.executors._process_rows import mark_processes_ended
 from trials.executors._slurm import SlurmExecutor
 from trials.executors._slurm_jobs import SbatchExecutor
+from trials.launch.processes import is_local_host
 
 if TYPE_CHECKING:
-    from trials.scheduler import Cluster
+    from trials.scheduler import Cluster, ResourcePool
 
 __all__ = [
     "Executor",
@@ -42,6 +43,7 @@ __all__ = [
     "load_cluster",
     "mark_processes_ended",
     "parse_cluster",
+    "reach_problem",
     "slurm_cluster",
 ]
 
@@ -90,4 +92,30 @@ def database_problem(executor: Executor, db_url: str) -> str | None:
             "(its file locks do not hold on a network filesystem); use PostgreSQL: "
             "--db postgresql+psycopg://USER@HOST/DB"
         )
+    return None
+
+
+def reach_problem(executor: Executor, pool: ResourcePool) -> str | None:
+    """Why ``executor`` cannot start trials on one of ``pool``'s agents, or None.
+
+    An executor that is not :attr:`~Executor.remote` starts processes on this machine
+    only: an agent on another host would be accepted and every trial placed on it would
+    fail at launch, so it is refused when the run is submitted.
+
+    Example:
+        >>> from trials.scheduler import Agent, ResourcePool
+        >>> pool = ResourcePool("default", (Agent("a", "gpu-7", (0,)),))
+        >>> print(reach_problem(LocalExecutor(), pool))
+        cluster: agent 'a' of resource pool 'default' is on host 'gpu-7'; the local executor starts trials on this machine only (its agents' host: localhost, 127.0.0.1 or this machine's name); run slotsweep on that host, or use executor: slurm
+    """
+    if executor.remote:
+        return None
+    for agent in pool.agents:
+        if not is_local_host(agent.host):
+            return (
+                f"cluster: agent '{agent.name}' of resource pool '{pool.name}' is on host "
+                f"'{agent.host}'; the {executor.name} executor starts trials on this machine "
+                "only (its agents' host: localhost, 127.0.0.1 or this machine's name); run "
+                "slotsweep on that host, or use executor: slurm"
+            )
     return None
