@@ -112,8 +112,11 @@ def missing_folder(session: Session, experiment: Experiment, relocation: Relocat
         .where(Trial.experiment_id == experiment.id)
         .limit(1)
     )
-    if recorded is not None:
-        folders.append(("checkpoint folder", checkpoint_root(config, model_dir)))
+    root = checkpoint_root(config, model_dir)
+    # A bucket (checkpoint_storage.path a URL) is no folder here: it is not relocated,
+    # and one that is missing fails the first write with one line.
+    if recorded is not None and isinstance(root, Path):
+        folders.append(("checkpoint folder", root))
     for log_path in session.scalars(
         select(Trial.log_path).where(
             Trial.experiment_id == experiment.id,

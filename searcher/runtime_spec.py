@@ -20,17 +20,21 @@ from typing import Any
 import searcher.samplers as samplers
 from searcher.driver_context import DriverContext
 from storage import Checkpoint, Trial
-from trials import RuntimeSpec
+from trials import RuntimeSpec, is_url
 from trials.config import ExperimentConfig, WarmSpec
 
 
-def checkpoint_root(config: ExperimentConfig, model_dir: Path) -> Path:
+def checkpoint_root(config: ExperimentConfig, model_dir: Path) -> Path | str:
     """Where the experiment's checkpoints go: the configured path, relative to ``model_dir``.
+
+    A URL (``s3://bucket/prefix``) is taken as it is.
 
     Example:
         >>> checkpoint_root(config, Path("/models/digits"))
         PosixPath('/models/digits/checkpoints')
     """
+    if is_url(config.checkpoint_storage.path):
+        return config.checkpoint_storage.path
     path = Path(config.checkpoint_storage.path)
     return path if path.is_absolute() else (model_dir / path).resolve()
 

@@ -104,6 +104,9 @@ def _no_process_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[No
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES_DIR = REPO_ROOT / "examples"
 POSTGRES_SCRIPT = REPO_ROOT / ".ci" / "postgres.sh"
+S3_SCRIPT = REPO_ROOT / ".ci" / "s3.sh"
+# The S3 server's credentials: never expected in a log, a page, a command line or a row.
+S3_SECRET = "s3cr3t-0f-the-t3st-bucket"
 
 
 def free_port() -> int:
@@ -248,6 +251,48 @@ def postgres_server() -> Iterator[str]:
             ["bash", str(POSTGRES_SCRIPT), "stop", str(folder)], check=False, timeout=60
         )
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[str]:
+    """Endpoint URL of one moto S3 server on 127.0.0.1 for the session, stopped by PID."""
+    folder = Path(tempfile.mkdtemp(prefix="slotsweep-s3-"))
+    port = free_port()
+    started = subprocess.run(
+        ["bash", str(S3_SCRIPT), "start", str(folder), str(port)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
+    if started.returncode != 0:
+        pytest.fail(f"the S3 server did not start: {started.stderr[-2000:]}")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        subprocess.run(["bash", str(S3_SCRIPT), "stop", str(folder)], check=False, timeout=60)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def s3_bucket(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``s3://<bucket>``: a fresh bucket of this test's own on the session's server.
+
+    The credentials and the endpoint are in this process's environment (the usual
+    place, which the trials' processes inherit), and nowhere else.
+    """
+    import boto3
+
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "slotsweep-test-key",
+        "AWS_SECRET_ACCESS_KEY": S3_SECRET,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": s3_server,
+    }.items():
+        monkeypatch.setenv(name, value)
+    bucket = f"test-{uuid.uuid4().hex[:16]}"
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    return f"s3://{bucket}"
 
 
 @pytest.fixture

@@ -6,12 +6,13 @@ ranks read, process identity), :mod:`trials.runtime` (inside every rank),
 :mod:`trials.node` (the programs on each node), :mod:`trials.executors` (where attempts
 run) and :mod:`trials.coordination` (what drivers share in the database). The modules
 at this level (the experiment config, YAML and validation helpers, timings, labels,
-checkpoint retention, GPU detection) import none of them; every sub-package may.
+checkpoint storage and retention, GPU detection) import none of them; every sub-package may.
 
 ``trials`` may import ``storage``, never ``searcher`` or ``ui``. Code that runs inside
 each rank keeps heavy imports (Optuna, SQLAlchemy) lazy so a trial starts fast.
 """
 
+from trials.checkpoint_storage import CheckpointStorageError, store_for
 from trials.config import (
     CheckpointStorageConfig,
     Length,
@@ -19,6 +20,7 @@ from trials.config import (
     ProfilingConfig,
     PrunerSpec,
     RuntimeSpec,
+    is_url,
     per_slot_batch_size,
 )
 from trials.retention import CheckpointRecord, checkpoints_to_delete, collect_garbage
@@ -26,6 +28,7 @@ from trials.retention import CheckpointRecord, checkpoints_to_delete, collect_ga
 __all__ = [
     "CheckpointRecord",
     "CheckpointStorageConfig",
+    "CheckpointStorageError",
     "Length",
     "OptimizationsConfig",
     "ProfilingConfig",
@@ -33,5 +36,7 @@ __all__ = [
     "RuntimeSpec",
     "checkpoints_to_delete",
     "collect_garbage",
+    "is_url",
     "per_slot_batch_size",
+    "store_for",
 ]

@@ -10,16 +10,20 @@ and any checkpoint that a run of the trial which has not ended is restoring from
 (deleting it under a starting attempt fails that attempt). Retention run by an
 attempt that has been superseded never gets this far: the runtime's fenced
 transaction refuses it first. The rules are pure functions the runtime and the
-driver share; :func:`collect_garbage` applies them to the database and the disk.
+driver share; :func:`collect_garbage` applies them to the database and the storage
+(a folder or a bucket, :mod:`trials.checkpoint_storage`), and also deletes what a
+crash left half-written in the trials' folders (a ``.tmp-*`` folder, a prefix without
+a manifest): no run writes there when it runs (rank 0 collects after its own write,
+the driver once no trial runs).
 """
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from trials.checkpoint_storage import store_for
 from trials.config import CheckpointStorageConfig
 
 if TYPE_CHECKING:
@@ -115,7 +119,7 @@ def collect_garbage(
     smaller_is_better: bool,
     trial_id: int | None = None,
 ) -> list[str]:
-    """Apply retention in the database and on disk; the uuids deleted.
+    """Apply retention in the database and the storage; the uuids deleted.
 
     ``trial_id`` limits it to one trial (rank 0 after each checkpoint); ``None`` sweeps
     every trial of the experiment (the driver, once no trial runs), since a checkpoint
@@ -167,6 +171,32 @@ def collect_garbage(
     }
     for row in rows:
         if row.uuid in doomed:
-            shutil.rmtree(row.path, ignore_errors=True)
+            store_for(row.path).delete(row.path)
             row.state = CheckpointState.DELETED
+    _delete_half_written(
+        session, rows if trial_id is None else [r for r in rows if r.trial_id == trial_id]
+    )
     return sorted(doomed)
+
+
+def _delete_half_written(session: Session, rows: Sequence[Any]) -> None:
+    """Delete what a crash left half-written beside ``rows``' checkpoints.
+
+    A location any row records (whatever its state) is never touched.
+    """
+    from sqlalchemy import select
+
+    from storage import Checkpoint
+
+    folders = {row.path.rstrip("/").rsplit("/", 1)[0] for row in rows}
+    for folder in sorted(folders):
+        store = store_for(folder)
+        leftovers = store.incomplete(folder)
+        if not leftovers:
+            continue
+        recorded = set(
+            session.scalars(select(Checkpoint.path).where(Checkpoint.path.in_(leftovers)))
+        )
+        for location in leftovers:
+            if location not in recorded:
+                store.delete(location)

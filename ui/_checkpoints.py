@@ -1,8 +1,10 @@
 """Whether a recorded checkpoint can still be downloaded, and its bytes when it can.
 
-A checkpoint is one file or a directory of files (zipped for download). Retention
-deletes old checkpoints and marks them DELETED; a file can also vanish by hand. The
-page says which, instead of failing.
+A checkpoint is one file or a directory of files (zipped for download), in a folder or
+on object storage (``checkpoint_storage.path`` an ``s3://`` URL: read through
+:func:`trials.store_for`, with the provider's credentials from the environment).
+Retention deletes old checkpoints and marks them DELETED; a file can also vanish by
+hand. The page says which, instead of failing.
 
 Example:
     >>> checkpoint_problem("/no/such/ckpt.pt", "COMPLETED")
@@ -15,11 +17,19 @@ import io
 import zipfile
 from pathlib import Path
 
+from trials import is_url, store_for
+
 
 def checkpoint_problem(path: str, state: str) -> str | None:
     """Why the checkpoint at ``path`` cannot be downloaded, or ``None`` if it can."""
     if state == "DELETED":
         return f"This checkpoint was deleted by the retention policy: {path}"
+    if is_url(path):
+        try:
+            complete = store_for(path).is_complete(path)
+        except Exception as error:  # the provider's reason, on the page
+            return f"The checkpoint cannot be read: {path}: {' '.join(str(error).split())}"
+        return None if complete else f"The checkpoint is missing from storage: {path}"
     if not Path(path).exists():
         return f"The checkpoint file is missing on disk: {path}"
     return None
@@ -27,18 +37,26 @@ def checkpoint_problem(path: str, state: str) -> str | None:
 
 def download_name(path: str) -> str:
     """The file name offered to the browser (directories download as .zip)."""
+    if is_url(path):
+        return f"{path.rstrip('/').rsplit('/', 1)[-1]}.zip"
     target = Path(path)
     return f"{target.name}.zip" if target.is_dir() else target.name
 
 
 def checkpoint_bytes(path: str) -> bytes:
-    """The checkpoint's file, or a zip of its directory."""
-    target = Path(path)
-    if not target.is_dir():
-        return target.read_bytes()
+    """The checkpoint's file, or a zip of its directory (or of its objects)."""
+    if not is_url(path) and not Path(path).is_dir():
+        return Path(path).read_bytes()
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED) as archive:
-        for file in sorted(target.rglob("*")):
-            if file.is_file():
-                archive.write(file, file.relative_to(target))
+        if is_url(path):
+            store = store_for(path)
+            for name in store.names(path):
+                with store.read(path, name) as f:
+                    archive.writestr(name, f.read())
+        else:
+            target = Path(path)
+            for file in sorted(target.rglob("*")):
+                if file.is_file():
+                    archive.write(file, file.relative_to(target))
     return buffer.getvalue()

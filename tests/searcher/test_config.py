@@ -847,3 +847,24 @@ def test_hang_timeout_defaults_to_ten_minutes_and_may_be_disabled(tmp_path: Path
         ("soon", "hang_timeout_s: Input should be a valid number"),
     ]:
         assert _problems(tmp_path, _with({"hang_timeout_s": bad}))[0].startswith(problem)
+
+
+@pytest.mark.parametrize(
+    ("path", "problem"),
+    [
+        (
+            "s3://AKIAEXAMPLE:secret@bucket/ckpt",
+            "credentials in the URL are refused: set them in the environment or the "
+            "provider config",
+        ),
+        ("nosuch://bucket/ckpt", "fsspec knows no protocol 'nosuch'"),
+    ],
+)
+def test_a_checkpoint_url_with_credentials_or_an_unknown_protocol_is_refused(
+    tmp_path: Path, path: str, problem: str
+) -> None:
+    [line] = _problems(tmp_path, _with({"checkpoint_storage.path": path}))
+    assert line.startswith("checkpoint_storage.path: ") and line.endswith(problem), line
+    assert "secret" not in line
+    config = load_config(_write(tmp_path, _with({"checkpoint_storage.path": "s3://bucket/ckpt"})))
+    assert config.checkpoint_storage.path == "s3://bucket/ckpt"

@@ -14,6 +14,7 @@ import contextlib
 import re
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from sqlalchemy import select
 
 from storage import (
     Allocation,
+    Checkpoint,
+    CheckpointState,
     Metric,
     ProcessRole,
     Trial,
@@ -32,7 +35,7 @@ from storage import (
     WarmJob,
     session_scope,
 )
-from tests.conftest import cli_environment
+from tests.conftest import S3_SCRIPT, S3_SECRET, cli_environment, free_port
 from tests.searcher.conftest import (
     assert_search_consistent,
     completed_checkpoints,
@@ -43,6 +46,8 @@ from tests.searcher.conftest import (
     write_experiment,
 )
 from tests.slurm_cluster import SlurmCluster
+from trials import store_for
+from trials.runtime._checkpoint import read_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
@@ -280,3 +285,72 @@ def test_sqlite_is_refused_when_ranks_run_on_other_nodes(
     assert "PostgreSQL" in done.stderr, done.stderr
     with contextlib.suppress(FileNotFoundError):
         assert (tmp_path / "search.db").stat().st_size == 0
+
+
+@pytest.fixture
+def slurm_bucket(
+    slurm_cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[str, dict[str, str]]]:
+    """A bucket on an S3 server (moto's, ``.ci/s3.sh``) on the bridge address, which the
+    nodes reach; its URL and the credentials' environment (also set in this process)."""
+    import boto3
+
+    folder = tmp_path / "s3"
+    port = free_port()
+    subprocess.run(
+        [
+            "bash",
+            str(S3_SCRIPT),
+            "start",
+            str(folder),
+            str(port),
+            slurm_cluster.controller_address,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+        env={**cli_environment(), "PYTHON": sys.executable},
+    )
+    env = {
+        "AWS_ACCESS_KEY_ID": "slotsweep-test-key",
+        "AWS_SECRET_ACCESS_KEY": S3_SECRET,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": f"http://{slurm_cluster.controller_address}:{port}",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    try:
+        boto3.client("s3").create_bucket(Bucket="slurm")
+        yield "s3://slurm", env
+    finally:
+        subprocess.run(["bash", str(S3_SCRIPT), "stop", str(folder)], check=False, timeout=60)
+
+
+def test_a_trial_across_both_nodes_checkpoints_to_a_bucket(
+    tmp_path: Path,
+    allocation: dict[str, str],
+    slurm_database: str,
+    slurm_bucket: tuple[str, dict[str, str]],
+) -> None:
+    bucket, credentials = slurm_bucket
+    path = _search(
+        tmp_path,
+        searcher={"max_trials": 1},
+        checkpoint_storage={"path": f"{bucket}/sweeps", "save_trial_latest": 1},
+    )
+    run_to_end(["run", str(path), "--db", slurm_database], {**allocation, **credentials}, tmp_path)
+
+    with session_scope(slurm_database) as session:
+        (trial,) = session.scalars(select(Trial))
+        assert trial.state == TrialState.COMPLETED, trial.error
+        ranks = list(
+            session.scalars(select(TrialProcess).where(TrialProcess.role == ProcessRole.RANK))
+        )
+        rows = list(session.scalars(select(Checkpoint).order_by(Checkpoint.id)))
+        latest = [r.path for r in rows if r.state == CheckpointState.COMPLETED]
+    assert {r.host for r in ranks} == {"ssnode1", "ssnode2"}
+    assert rows and all(r.path.startswith(f"{bucket}/sweeps/") for r in rows)
+    assert latest and all(store_for(p).is_complete(p) for p in latest)
+    assert read_checkpoint(latest[-1])["kind"] == "managed"
+    assert not (tmp_path / "exp" / "checkpoints").exists()
+    assert S3_SECRET not in Path(str(trial.log_path)).read_text()

@@ -7,7 +7,8 @@ queue, the CLI and the UI), the bounded YAML reader and the one-line pydantic er
 format every slotsweep file shares, and the batch-size split of driver and ranks.
 
 It lives in ``trials``, the lowest package every reader (``searcher``, ``trials``,
-``ui``) may import. May import: pydantic and PyYAML only; no other slotsweep package
+``ui``) may import. May import: pydantic and PyYAML only (and fsspec, on first use, to check a
+checkpoint URL's protocol); no other slotsweep package
 or sub-package, no Optuna, no SQLAlchemy. Ranks import :class:`RuntimeSpec` from here
 at start-up, so the experiment model, the stored-config reader and the YAML reader
 load on first use (as ``searcher``'s names do), not with it.
@@ -33,6 +34,7 @@ from trials.config._sections import (
     RuntimeSpec,
     WarmSpec,
 )
+from trials.config._storage_url import is_url
 from trials.config._validation import ConfigModel, validation_problems
 
 if TYPE_CHECKING:
@@ -83,6 +85,7 @@ _LAZY = {
             "ResourcesConfig",
             "SearcherConfig",
             "grid_count_problems",
+            "is_url",
             "load_config",
             "parse_config",
         ),
@@ -123,6 +126,7 @@ __all__ = [
     "WarmSpec",
     "YamlError",
     "grid_count_problems",
+    "is_url",
     "load_config",
     "parse_config",
     "parse_yaml",

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
-from trials.config._validation import INT32_MAX, ConfigModel
+from trials.config._storage_url import url_problem
+from trials.config._validation import INT32_MAX, SECRET_INPUT_ERROR, ConfigModel
 
 # A ``tensor_fusion_threshold`` (DDP's bucket size in MiB) above 1 TiB means a typo.
 _MAX_BUCKET_MB = 1024.0 * 1024.0
@@ -65,12 +67,26 @@ class OptimizationsConfig(ConfigModel):
 
 
 class CheckpointStorageConfig(ConfigModel):
-    """Where checkpoints go and how many survive garbage collection."""
+    """Where checkpoints go and how many survive garbage collection.
+
+    ``path``: a folder (relative to the model directory unless absolute) or an fsspec
+    URL such as ``s3://bucket/prefix`` (:mod:`trials.checkpoint_storage`); a URL with
+    credentials in it is refused, so none is stored with the experiment.
+    """
 
     path: str = Field(default="./checkpoints", min_length=1, max_length=4096)
     save_trial_latest: int = Field(default=1, ge=0, le=INT32_MAX)
     save_trial_best: int = Field(default=1, ge=0, le=INT32_MAX)
     save_experiment_best: int = Field(default=0, ge=0, le=INT32_MAX)
+
+    @field_validator("path")
+    @classmethod
+    def _a_usable_url(cls, path: str) -> str:
+        problem = url_problem(path)
+        if problem is not None:
+            # Not repeated in the message: the URL may carry a credential.
+            raise PydanticCustomError(SECRET_INPUT_ERROR, problem)
+        return path
 
 
 class ProfilingConfig(ConfigModel):

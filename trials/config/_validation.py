@@ -142,6 +142,10 @@ def validation_problems(exc: ValidationError, root: type[BaseModel]) -> list[str
     return sorted({format_error(error, root) for error in exc.errors()})
 
 
+# The type of an error whose input is not repeated: it may hold a credential.
+SECRET_INPUT_ERROR = "secret_input"
+
+
 def format_error(error: Any, root: type[BaseModel]) -> str:
     """One pydantic error (an item of ``exc.errors()``) as ``<field path>: <problem>``."""
     loc = tuple(error["loc"])
@@ -159,7 +163,7 @@ def format_error(error: Any, root: type[BaseModel]) -> str:
         # pydantic's "a valid boolean" would let users think "yes" or 1 is one.
         msg = "must be true or false"
     got = error.get("input")
-    if kind != "model_type" and not isinstance(got, (dict, list)):
+    if kind not in ("model_type", SECRET_INPUT_ERROR) and not isinstance(got, (dict, list)):
         return f"{path}: {msg} (got {got!r})"
     return f"{path}: {msg}"
 

@@ -7,12 +7,14 @@ for people and tools that do not load torch). A relative ``checkpoint_storage.pa
 is taken relative to the experiment's model directory (the config file's folder),
 like the entrypoint.
 
-A checkpoint is written into a hidden temporary directory beside its final place,
-fsynced, and renamed into place: a reader never sees a half-written checkpoint, and
-a crash leaves only a ``.tmp-*`` directory behind. A write that fails (the disk is
-full, the folder read-only) removes its temporary directory, leaves the checkpoints
-written before it untouched, and raises :class:`CheckpointStorageError`: one line
-naming the folder and the operating system's reason.
+``checkpoint_storage.path`` may also be an fsspec URL (``s3://bucket/prefix``): the
+same layout under it. :mod:`trials.checkpoint_storage` writes the files atomically:
+in a folder, a hidden temporary directory renamed into place; on object storage, the
+files under the checkpoint's prefix and a manifest written last. A reader never sees a
+half-written checkpoint. A write that fails (the disk is full, the folder read-only,
+the bucket missing or refusing) removes what it wrote, leaves the checkpoints written
+before it untouched, and raises :class:`~trials.checkpoint_storage.CheckpointStorageError`: one line naming the
+folder or URL and the storage's reason.
 
 Who writes: rank 0 holds a :class:`TrialCheckpoints`, which writes the files and
 records the checkpoint's row; every other rank holds :data:`NO_CHECKPOINTS`, which
@@ -25,14 +27,15 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import uuid as uuid_lib
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 import torch
 
+from trials.checkpoint_storage import join, store_for
+from trials.config import is_url
 from trials.runtime._recording import Recorder
 
 STATE_FILE = "state.pt"
@@ -40,89 +43,44 @@ METADATA_FILE = "metadata.json"
 FORMAT_VERSION = 1
 
 
-class CheckpointStorageError(Exception):
-    """A checkpoint could not be written to ``checkpoint_storage.path``."""
-
-
-def _os_error(error: BaseException) -> OSError | None:
-    # torch.save reports a failed write as a RuntimeError whose context is the OSError.
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        if isinstance(current, OSError):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
-
-
 def trial_checkpoint_dir(
     storage_path: str, model_dir: str, experiment_id: int, trial_id: int
-) -> Path:
-    """The folder holding one trial's checkpoints.
+) -> Path | str:
+    """The folder (or, for a URL, the prefix) holding one trial's checkpoints.
 
     Example:
         >>> str(trial_checkpoint_dir("ckpt", "/exp", 3, 7))
         '/exp/ckpt/3/7'
+        >>> trial_checkpoint_dir("s3://bucket/ckpt", "/exp", 3, 7)
+        's3://bucket/ckpt/3/7'
     """
+    if is_url(storage_path):
+        return join(storage_path, str(experiment_id), str(trial_id))
     base = Path(os.path.expanduser(storage_path))
     if not base.is_absolute():
         base = Path(model_dir) / base
     return base / str(experiment_id) / str(trial_id)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_checkpoint(
-    directory: Path, uuid: str, state: Mapping[str, Any], metadata: Mapping[str, Any]
-) -> tuple[Path, int]:
-    """Write ``state`` as checkpoint ``uuid`` under ``directory``; ``(path, size_bytes)``.
+    directory: Path | str, uuid: str, state: Mapping[str, Any], metadata: Mapping[str, Any]
+) -> tuple[Path | str, int]:
+    """Write ``state`` as checkpoint ``uuid`` under ``directory``; ``(location, size_bytes)``.
 
-    Raises :class:`CheckpointStorageError` when the file system refuses the write.
+    The location is a :class:`~pathlib.Path` for a folder, the URL for object storage.
+    Raises :class:`~trials.checkpoint_storage.CheckpointStorageError` when the storage refuses the write.
     """
-    try:
-        return _write(directory, uuid, state, metadata)
-    except (OSError, RuntimeError) as error:
-        cause = _os_error(error)
-        if cause is None:
-            raise
-        reason = cause.strerror or str(cause)
-        raise CheckpointStorageError(f"checkpoint_storage.path {directory}: {reason}") from error
 
+    def write_state(f: IO[bytes]) -> None:
+        torch.save(dict(state), f)
 
-def _write(
-    directory: Path, uuid: str, state: Mapping[str, Any], metadata: Mapping[str, Any]
-) -> tuple[Path, int]:
-    directory.mkdir(parents=True, exist_ok=True)
-    final = directory / uuid
-    tmp = directory / f".tmp-{uuid}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    try:
-        state_path = tmp / STATE_FILE
-        with open(state_path, "wb") as f:
-            torch.save(dict(state), f)
-            f.flush()
-            os.fsync(f.fileno())
-        with open(tmp / METADATA_FILE, "w", encoding="utf-8") as f:
-            json.dump(dict(metadata), f, indent=2, sort_keys=True, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_dir(tmp)
-        os.rename(tmp, final)
-        _fsync_dir(directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    size = sum(p.stat().st_size for p in final.iterdir() if p.is_file())
-    return final, size
+    def write_metadata(f: IO[bytes]) -> None:
+        f.write(json.dumps(dict(metadata), indent=2, sort_keys=True, default=str).encode())
+
+    location, size = store_for(directory).write(
+        str(directory), uuid, {STATE_FILE: write_state, METADATA_FILE: write_metadata}
+    )
+    return (location if is_url(location) else Path(location)), size
 
 
 class CheckpointWriter(Protocol):
@@ -151,7 +109,7 @@ class TrialCheckpoints:
     """
 
     def __init__(
-        self, directory: Path, *, experiment_id: int, trial_id: int, recorder: Recorder
+        self, directory: Path | str, *, experiment_id: int, trial_id: int, recorder: Recorder
     ) -> None:
         self.directory = directory
         self._experiment_id = experiment_id
@@ -215,13 +173,24 @@ NO_CHECKPOINTS = NoCheckpoints()
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint (its folder or its ``state.pt``) onto the CPU, weights only."""
-    target = Path(path)
-    if target.is_dir():
-        target = target / STATE_FILE
-    if not target.is_file():
-        raise FileNotFoundError(f"restore_checkpoint_path: no checkpoint at {path}")
-    state = torch.load(target, map_location="cpu", weights_only=True)
+    """Load a checkpoint (its folder or URL, or its ``state.pt``) onto the CPU, weights only.
+
+    A checkpoint on object storage loads only once its manifest says it is whole.
+    """
+    text = str(path)
+    if is_url(text):
+        location = text[: -len(STATE_FILE) - 1] if text.endswith("/" + STATE_FILE) else text
+        try:
+            source: IO[bytes] | Path = store_for(location).read(location, STATE_FILE)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"restore_checkpoint_path: no checkpoint at {path}") from None
+    else:
+        source = Path(path)
+        if source.is_dir():
+            source = source / STATE_FILE
+        if not source.is_file():
+            raise FileNotFoundError(f"restore_checkpoint_path: no checkpoint at {path}")
+    state = torch.load(source, map_location="cpu", weights_only=True)
     if not isinstance(state, dict):
         raise ValueError(f"restore_checkpoint_path: {path} does not hold a slotsweep checkpoint")
     return state

@@ -319,8 +319,9 @@ class TrialContext:
     # -- checkpoints -----------------------------------------------------------------
 
     @property
-    def checkpoint_dir(self) -> Path:
-        """Where this trial's checkpoints are written (see ``trials.runtime._checkpoint``)."""
+    def checkpoint_dir(self) -> Path | str:
+        """Where this trial's checkpoints are written: a folder, or a URL prefix when
+        ``checkpoint_storage.path`` is one (see ``trials.runtime._checkpoint``)."""
         return trial_checkpoint_dir(
             self.spec.checkpoint_storage.path,
             self.spec.model_dir,

@@ -350,7 +350,7 @@ class ChiefRecorder:
         uuid: str,
         step: int,
         epoch: float | None,
-        path: Path,
+        path: Path | str,
         size_bytes: int,
         metrics: Mapping[str, float],
     ) -> list[str]:

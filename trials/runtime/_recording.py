@@ -81,7 +81,7 @@ class Recorder(Protocol):
         uuid: str,
         step: int,
         epoch: float | None,
-        path: Path,
+        path: Path | str,
         size_bytes: int,
         metrics: Mapping[str, float],
     ) -> list[str]:
@@ -153,7 +153,7 @@ class NoRecorder:
         uuid: str,
         step: int,
         epoch: float | None,
-        path: Path,
+        path: Path | str,
         size_bytes: int,
         metrics: Mapping[str, float],
     ) -> list[str]:

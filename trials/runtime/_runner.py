@@ -32,10 +32,10 @@ from typing import Any, Protocol
 
 import torch
 
+from trials.checkpoint_storage import CheckpointStorageError
 from trials.config import RuntimeSpec
 from trials.launch.launcher import AGENT_ENV_VAR, SLOTS_ENV_VAR
 from trials.launch.processes import ProcessRef
-from trials.runtime._checkpoint import CheckpointStorageError
 from trials.runtime._context import InvalidTrialError, PyTorchTrialContext
 from trials.runtime._distributed import (
     DistributedInfo,

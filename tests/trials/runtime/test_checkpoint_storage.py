@@ -20,7 +20,8 @@ import torch
 from sqlalchemy import select
 
 from storage import Checkpoint, CheckpointState, Trial, session_scope
-from trials.runtime._checkpoint import CheckpointStorageError, read_checkpoint, write_checkpoint
+from trials.checkpoint_storage import CheckpointStorageError
+from trials.runtime._checkpoint import read_checkpoint, write_checkpoint
 
 from .conftest import TrialHandle, run_torchrun
 

@@ -1,0 +1,180 @@
+"""Checkpoint save and load throughput, local disk against S3, and what a step waits.
+
+One run: a 200 MB checkpoint (``--mb``) of float32 tensors, written with slotsweep's
+own writer (``write_checkpoint``: the folder's tmp + fsync + rename, or the bucket's
+objects + manifest) and read back with ``read_checkpoint`` (``weights_only=True``), to
+a local folder and to an S3 server, ``--repeats`` times each (the best is reported).
+Without ``--s3-url`` the S3 server is a moto server on 127.0.0.1 started and stopped by
+``.ci/s3.sh`` (in memory: it measures the client's and the protocol's cost, not a
+network's); with it, that bucket prefix with the credentials of the environment.
+
+Then the time a training step waits for a save: a loop of steps of ``--step-ms`` of
+work, a checkpoint saved after every ``--every`` steps as the managed loop does it;
+the wait is the slowest step with a save minus the median step without one. The
+managed loop saves synchronously on rank 0 (the other ranks wait at the next
+collective), so today a save does not overlap training: the step waits for the whole
+write, the upload included. The last line says so, from the measurement.
+
+Run:
+    .venv/bin/python bench/checkpoint_io.py [--mb 200] [--s3-url s3://bucket/prefix]
+Last line (machine-readable):
+    local_save_mb_s=<a> local_load_mb_s=<b> s3_save_mb_s=<c> s3_load_mb_s=<d> \
+step_wait_local_s=<e> step_wait_s3_s=<f> overlap=<yes|no>
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from trials import store_for  # noqa: E402
+from trials.runtime._checkpoint import read_checkpoint, write_checkpoint  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _moto_bucket() -> Iterator[str]:
+    """A bucket on a moto server of this run's own; the server stopped by its PID."""
+    folder = Path(tempfile.mkdtemp(prefix="bench-s3-"))
+    port = _free_port()
+    script = REPO_ROOT / ".ci" / "s3.sh"
+    subprocess.run(
+        ["bash", str(script), "start", str(folder), str(port)],
+        check=True,
+        capture_output=True,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
+    try:
+        os.environ.update(
+            AWS_ACCESS_KEY_ID="bench",
+            AWS_SECRET_ACCESS_KEY="bench",
+            AWS_DEFAULT_REGION="us-east-1",
+            AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}",
+        )
+        import boto3
+
+        boto3.client("s3").create_bucket(Bucket="bench")
+        yield "s3://bench/checkpoints"
+    finally:
+        subprocess.run(["bash", str(script), "stop", str(folder)], check=False)
+
+
+def _state(mb: int) -> dict[str, torch.Tensor]:
+    # Layers of 4 MB each, as a model's might be.
+    return {f"layer{i}": torch.randn(1_000_000) for i in range(max(1, mb // 4))}
+
+
+def _throughput(folder: str, state: dict[str, torch.Tensor], repeats: int) -> tuple[float, float]:
+    """Best save and load MB/s of ``state`` under ``folder``."""
+    save_s, load_s = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        location, size = write_checkpoint(folder, str(uuid.uuid4()), state, {"bench": True})
+        save_s.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        read_checkpoint(location)
+        load_s.append(time.perf_counter() - start)
+        store_for(str(location)).delete(str(location))
+    mb = size / 1e6
+    return mb / min(save_s), mb / min(load_s)
+
+
+def _step_wait(folder: str, state: dict[str, torch.Tensor], step_ms: float, every: int) -> float:
+    """The slowest step that saved minus the median step that did not, in seconds."""
+    a = torch.randn(512, 512)
+    plain, saving = [], []
+    for step in range(1, every * 2 + 1):
+        start = time.perf_counter()
+        deadline = start + step_ms / 1000
+        while time.perf_counter() < deadline:  # the step's own work
+            a = torch.tanh(a @ a / 512)
+        if step % every == 0:
+            location, _ = write_checkpoint(folder, str(uuid.uuid4()), state, {"step": step})
+            saving.append(time.perf_counter() - start)
+            store_for(str(location)).delete(str(location))
+        else:
+            plain.append(time.perf_counter() - start)
+    return max(saving) - statistics.median(plain)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mb", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--step-ms", type=float, default=50.0)
+    parser.add_argument("--every", type=int, default=5)
+    parser.add_argument("--s3-url", help="an s3:// prefix to use instead of a moto server")
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    state = _state(args.mb)
+    print(
+        f"checkpoint: {sum(t.numel() * 4 for t in state.values()) / 1e6:.0f} MB "
+        f"of float32 in {len(state)} tensors",
+        flush=True,
+    )
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-ckpt-") as local,
+        contextlib.ExitStack() as stack,
+    ):
+        s3 = args.s3_url or stack.enter_context(_moto_bucket())
+        results: dict[str, float] = {}
+        for name, folder in (("local", local), ("s3", s3)):
+            save, load = _throughput(folder, state, args.repeats)
+            wait = _step_wait(folder, state, args.step_ms, args.every)
+            results[f"{name}_save_mb_s"], results[f"{name}_load_mb_s"] = save, load
+            results[f"step_wait_{name}_s"] = wait
+            print(
+                f"{name:5s} {folder}: save {save:8.1f} MB/s, load {load:8.1f} MB/s, "
+                f"a step that saves waits {wait:6.2f} s longer",
+                flush=True,
+            )
+    # Overlap would show as a wait well under the save's own time.
+    save_s = args.mb / results["local_save_mb_s"]
+    overlap = "yes" if results["step_wait_local_s"] < 0.5 * save_s else "no"
+    print(
+        "a save overlaps training: "
+        + (
+            "yes"
+            if overlap == "yes"
+            else "no: the step waits for the whole write (synchronous on rank 0)"
+        )
+    )
+    print(
+        " ".join(
+            f"{key}={results[key]:.2f}"
+            for key in (
+                "local_save_mb_s",
+                "local_load_mb_s",
+                "s3_save_mb_s",
+                "s3_load_mb_s",
+                "step_wait_local_s",
+                "step_wait_s3_s",
+            )
+        )
+        + f" overlap={overlap}"
+    )
+
+
+if __name__ == "__main__":
+    main()

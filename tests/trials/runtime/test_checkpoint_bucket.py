@@ -1,0 +1,225 @@
+"""Checkpoints in an S3 bucket (a real S3-compatible server: moto's, ``.ci/s3.sh``).
+
+The store on its own: a checkpoint round trip, an upload SIGKILLed half-way (never
+offered, the previous one still loads, garbage collection removes it), a bucket that
+does not exist (one line naming the URL and the provider's reason). Then a two-rank
+trial checkpointing to the bucket: a rank SIGKILLed, the next attempt restored from the
+bucket mid-epoch, retention deleting exactly the checkpoints its policy names, the UI's
+download, and the credentials in none of the logs, the spec, the command line or the
+database.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from sqlalchemy import select, text
+
+from storage import Checkpoint, CheckpointState, session_scope, upgrade_schema
+from tests.conftest import S3_SECRET, add_experiment
+from trials import CheckpointStorageConfig, collect_garbage, store_for
+from trials.checkpoint_storage import CheckpointStorageError
+from trials.runtime._checkpoint import read_checkpoint, write_checkpoint
+from ui._checkpoints import checkpoint_bytes, checkpoint_problem, download_name
+
+from .conftest import create_trial, run_worker
+
+pytestmark = pytest.mark.slow
+
+_HALF_WRITE = textwrap.dedent(
+    """
+    import os, signal, sys, torch
+    from trials import store_for
+
+    def state(f):
+        torch.save({"w": torch.ones(100_000)}, f)
+
+    def metadata(f):
+        f.write(b'{"step": ')
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    store_for(sys.argv[1]).write(sys.argv[1], "half", {"state.pt": state, "metadata.json": metadata})
+    """
+)
+
+
+def test_a_half_written_upload_is_never_offered_and_is_collected(
+    s3_bucket: str, tmp_path: Path
+) -> None:
+    folder = f"{s3_bucket}/ckpt/1/1"
+    before, size = write_checkpoint(folder, "before", {"w": torch.arange(5.0)}, {"step": 1})
+    assert before == f"{folder}/before" and size > 0
+    killed = subprocess.run(
+        [sys.executable, "-c", _HALF_WRITE, folder], capture_output=True, text=True, timeout=120
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    store = store_for(folder)
+    half = f"{folder}/half"
+    assert store.fs.exists(f"{half[len('s3://') :]}/state.pt")  # uploaded, no manifest
+    assert not store.is_complete(half)
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        read_checkpoint(half)
+    assert store.incomplete(folder) == [half]
+    torch.testing.assert_close(read_checkpoint(before)["w"], torch.arange(5.0))
+    assert checkpoint_problem(half, "COMPLETED") == (
+        f"The checkpoint is missing from storage: {half}"
+    )
+
+    # Retention's garbage collection removes the half-written prefix, not the recorded one.
+    db_url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    upgrade_schema(db_url)
+    experiment_id, (trial_id,) = add_experiment(db_url)
+    with session_scope(db_url) as session:
+        session.add(
+            Checkpoint(
+                uuid="before",
+                trial_id=trial_id,
+                step=1,
+                path=str(before),
+                state=CheckpointState.COMPLETED,
+            )
+        )
+    with session_scope(db_url) as session:
+        deleted = collect_garbage(
+            session,
+            experiment_id=experiment_id,
+            policy=CheckpointStorageConfig(path=s3_bucket),
+            metric="val_loss",
+            smaller_is_better=True,
+            trial_id=trial_id,
+        )
+    assert deleted == []
+    assert store.incomplete(folder) == []
+    assert store.is_complete(str(before))
+
+
+def test_a_missing_bucket_is_one_line_naming_the_url(s3_bucket: str) -> None:
+    folder = f"{s3_bucket}-missing/ckpt/1/1"
+    with pytest.raises(CheckpointStorageError) as error:
+        write_checkpoint(folder, "c", {"w": torch.arange(5.0)}, {})
+    assert str(error.value) == (
+        f"checkpoint_storage.path {folder}: The specified bucket does not exist"
+    )
+
+
+def test_a_trial_checkpoints_to_the_bucket_restores_and_collects(
+    s3_bucket: str, db_url: str, tmp_path: Path
+) -> None:
+    storage_path = f"{s3_bucket}/ckpt"
+    crashed = create_trial(
+        db_url,
+        tmp_path,
+        hparams={"global_batch_size": 8, "crash_at_step": 6},
+        max_length={"batches": 12},
+        min_validation_period={"batches": 4},
+        min_checkpoint_period={"batches": 4},
+        checkpoint_storage={"path": storage_path, "save_trial_latest": 1, "save_trial_best": 0},
+    )
+    first = run_worker(crashed)
+    assert first.returncode != 0
+    rows = _checkpoints(db_url, crashed.spec.trial_id)
+    assert [(r.step, r.state) for r in rows] == [(4, CheckpointState.COMPLETED)]
+    folder = f"{storage_path}/{crashed.spec.experiment_id}/{crashed.spec.trial_id}"
+    assert rows[0].path == f"{folder}/{rows[0].uuid}"
+
+    # The driver's restart: attempt 1 restores step 4 from the bucket (mid-epoch: an
+    # epoch is 8 batches) and trains to step 12. Retention keeps the newest and the one
+    # the attempt (not ended: the driver would end it) restores from; it deletes step 8.
+    restarted = crashed.with_changes(attempt=1, restore_checkpoint_path=rows[0].path)
+    second = run_worker(restarted)
+    assert second.returncode == 0, second.stderr[-4000:]
+    rows = _checkpoints(db_url, crashed.spec.trial_id)
+    assert [(r.step, r.state) for r in rows] == [
+        (4, CheckpointState.COMPLETED),
+        (8, CheckpointState.DELETED),
+        (12, CheckpointState.COMPLETED),
+    ]
+    store = store_for(folder)
+    assert [store.is_complete(r.path) for r in rows] == [True, False, True]
+    assert sorted(store.fs.ls(folder[len("s3://") :], refresh=True)) == sorted(
+        r.path[len("s3://") :] for r in (rows[0], rows[2])
+    )
+    assert read_checkpoint(rows[-1].path)["step"] == 12
+    assert rows[-1].size_bytes == sum(
+        json.loads(store.fs.cat_file(f"{rows[-1].path[len('s3://') :]}/MANIFEST.json"))[
+            "files"
+        ].values()
+    )
+
+    # The UI's download: a zip of the checkpoint's files.
+    assert checkpoint_problem(rows[-1].path, "COMPLETED") is None
+    assert download_name(rows[-1].path) == f"{rows[-1].uuid}.zip"
+    archive = zipfile.ZipFile(io.BytesIO(checkpoint_bytes(rows[-1].path)))
+    assert sorted(archive.namelist()) == ["metadata.json", "state.pt"]
+    loaded = torch.load(io.BytesIO(archive.read("state.pt")), weights_only=True)
+    assert loaded["step"] == 12
+
+    # The credentials are in the environment only.
+    for where in (first.stdout, first.stderr, second.stdout, second.stderr):
+        assert S3_SECRET not in where
+    assert S3_SECRET not in restarted.spec_path.read_text()
+    assert S3_SECRET not in _database_text(db_url)
+    assert os.environ["AWS_SECRET_ACCESS_KEY"] == S3_SECRET  # what the ranks inherited
+
+
+def _checkpoints(db_url: str, trial_id: int) -> list[Checkpoint]:
+    with session_scope(db_url) as session:
+        rows = list(
+            session.scalars(
+                select(Checkpoint).where(Checkpoint.trial_id == trial_id).order_by(Checkpoint.id)
+            )
+        )
+        session.expunge_all()
+    return rows
+
+
+def _database_text(db_url: str) -> str:
+    """Every value of every table, as text."""
+    with session_scope(db_url) as session:
+        tables = [
+            name
+            for (name,) in session.execute(
+                text("SELECT name FROM sqlite_master WHERE type = 'table'")
+            )
+        ]
+        return "\n".join(
+            repr(row)
+            for table in tables
+            for row in session.execute(text(f'SELECT * FROM "{table}"'))
+        )
+
+
+def test_a_trial_whose_bucket_is_missing_fails_with_one_line(
+    s3_bucket: str, db_url: str, tmp_path: Path
+) -> None:
+    missing = f"{s3_bucket}-missing/ckpt"
+    handle = create_trial(
+        db_url,
+        tmp_path,
+        slots_per_trial=1,
+        max_length={"batches": 4},
+        min_checkpoint_period={"batches": 4},
+        checkpoint_storage={"path": missing},
+    )
+    result = run_worker(handle, nproc=1)
+    output = result.stdout + result.stderr
+    folder = f"{missing}/{handle.spec.experiment_id}/{handle.spec.trial_id}"
+    line = (
+        f"[rank 0] slotsweep: checkpoint_storage.path {folder}: "
+        "The specified bucket does not exist"
+    )
+    assert result.returncode != 0
+    assert output.count(line) == 1, output[-3000:]
+    assert "Traceback" not in output.split(line)[0]
+    assert S3_SECRET not in output
+    assert _checkpoints(db_url, handle.spec.trial_id) == []

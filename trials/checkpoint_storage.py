@@ -1,0 +1,268 @@
+"""Where checkpoint files live: a local (or shared) folder, or any fsspec URL.
+
+``checkpoint_storage.path`` is either a path (a folder every rank 0 can write) or a URL
+such as ``s3://bucket/prefix``, ``gs://...`` or ``az://...`` (any protocol fsspec has
+installed: ``pip install 'slotsweep[s3]'``, ``[gcs]``, ``[azure]``). Every part that
+touches checkpoint files (save, load and restore, retention, the UI's download) goes
+through :func:`store_for`, which picks one of the two stores behind one interface.
+
+What is atomic:
+
+- :class:`LocalStore` writes a checkpoint into a hidden ``.tmp-<uuid>`` folder beside
+  its final place, fsyncs it and renames it into place: the folder appears whole or not
+  at all.
+- :class:`ObjectStore` cannot rename (object stores copy), so a checkpoint's prefix
+  ``<uuid>/`` is temporary until its manifest ``MANIFEST.json`` (every file with its
+  size) is written last. A reader ignores a prefix without a manifest, or whose files
+  do not match it; retention's garbage collection deletes such half-written prefixes.
+
+Credentials come only from where the provider's library looks itself (for S3:
+``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``, ``AWS_PROFILE``,
+``~/.aws/credentials``, instance roles; ``AWS_ENDPOINT_URL`` for an S3-compatible
+server). A URL carrying credentials (``s3://key:secret@bucket``) is refused by the
+config, so none reaches the database, a log or a command line.
+
+Example:
+    >>> is_url("s3://bucket/ckpt"), is_url("/shared/ckpt"), join("s3://b/p", "3", "7")
+    (True, False, 's3://b/p/3/7')
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from trials.config import is_url
+
+MANIFEST_FILE = "MANIFEST.json"
+TMP_PREFIX = ".tmp-"
+# Object stores whose directories are only key prefixes: making one would create a
+# bucket (s3fs does), which must fail instead when the bucket does not exist.
+_PREFIX_ONLY = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl"})
+
+FileWriter = Callable[[IO[bytes]], None]
+"""Writes one file's bytes to the open binary file it is given."""
+
+
+class CheckpointStorageError(Exception):
+    """A checkpoint could not be written to ``checkpoint_storage.path``."""
+
+
+def join(base: str, *parts: str) -> str:
+    """``base`` with ``parts`` appended, as a URL or a path."""
+    if is_url(base):
+        return "/".join([base.rstrip("/"), *parts])
+    return str(Path(base).joinpath(*parts))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class CheckpointStore(Protocol):
+    """The operations on checkpoint files, the same for a folder and a bucket.
+
+    A checkpoint is addressed by its location (a folder path or a URL prefix) and holds
+    named files.
+    """
+
+    def write(self, directory: str, uuid: str, files: Mapping[str, FileWriter]) -> tuple[str, int]:
+        """Write checkpoint ``uuid`` under ``directory`` atomically; ``(location, bytes)``.
+
+        Raises :class:`CheckpointStorageError` (one line: the location and the storage's
+        reason) when the storage refuses the write; the checkpoints written before stay.
+        """
+        ...
+
+    def is_complete(self, location: str) -> bool:
+        """Whether a whole checkpoint is at ``location`` (a reader may load it)."""
+        ...
+
+    def read(self, location: str, name: str) -> IO[bytes]:
+        """File ``name`` of the complete checkpoint at ``location``, opened for reading.
+
+        Raises :class:`FileNotFoundError` when no complete checkpoint is there.
+        """
+        ...
+
+    def names(self, location: str) -> list[str]:
+        """The files of the complete checkpoint at ``location``, sorted."""
+        ...
+
+    def delete(self, location: str) -> None:
+        """Remove the checkpoint at ``location``; one that is gone already is fine."""
+        ...
+
+    def incomplete(self, directory: str) -> list[str]:
+        """Locations under ``directory`` of checkpoints a crash left half-written."""
+        ...
+
+
+class LocalStore:
+    """Checkpoints in a folder: written to ``.tmp-<uuid>``, fsynced, renamed into place."""
+
+    def write(self, directory: str, uuid: str, files: Mapping[str, FileWriter]) -> tuple[str, int]:
+        try:
+            return self._write(Path(directory), uuid, files)
+        except (OSError, RuntimeError) as error:
+            cause = _os_error(error)
+            if cause is None:
+                raise
+            reason = cause.strerror or str(cause)
+            raise CheckpointStorageError(
+                f"checkpoint_storage.path {directory}: {reason}"
+            ) from error
+
+    @staticmethod
+    def _write(directory: Path, uuid: str, files: Mapping[str, FileWriter]) -> tuple[str, int]:
+        directory.mkdir(parents=True, exist_ok=True)
+        final = directory / uuid
+        tmp = directory / f"{TMP_PREFIX}{uuid}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        try:
+            for name, write in files.items():
+                with open(tmp / name, "wb") as f:
+                    write(f)
+                    f.flush()
+                    os.fsync(f.fileno())
+            _fsync_dir(tmp)
+            os.rename(tmp, final)
+            _fsync_dir(directory)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        size = sum(p.stat().st_size for p in final.iterdir() if p.is_file())
+        return str(final), size
+
+    def is_complete(self, location: str) -> bool:
+        return Path(location).exists()
+
+    def read(self, location: str, name: str) -> IO[bytes]:
+        return open(Path(location) / name, "rb")
+
+    def names(self, location: str) -> list[str]:
+        root = Path(location)
+        return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+    def delete(self, location: str) -> None:
+        shutil.rmtree(location, ignore_errors=True)
+
+    def incomplete(self, directory: str) -> list[str]:
+        folder = Path(directory)
+        if not folder.is_dir():
+            return []
+        return sorted(str(p) for p in folder.iterdir() if p.name.startswith(TMP_PREFIX))
+
+
+class ObjectStore:
+    """Checkpoints behind an fsspec URL: the files under ``<uuid>/``, the manifest last.
+
+    The file system object comes from fsspec (``url_to_fs``), configured only by the
+    provider's own environment and config files.
+    """
+
+    def __init__(self, url: str) -> None:
+        import fsspec.core
+
+        self.protocol = url.split("://", 1)[0]
+        self.fs: Any
+        self.fs, _ = fsspec.core.url_to_fs(url)
+
+    def _key(self, location: str) -> str:
+        return str(self.fs._strip_protocol(location))
+
+    def write(self, directory: str, uuid: str, files: Mapping[str, FileWriter]) -> tuple[str, int]:
+        location = join(directory, uuid)
+        try:
+            if self.protocol not in _PREFIX_ONLY:
+                self.fs.makedirs(self._key(location), exist_ok=True)
+            sizes: dict[str, int] = {}
+            for name, write in files.items():
+                with self.fs.open(self._key(join(location, name)), "wb") as f:
+                    write(f)
+                    sizes[name] = f.tell()
+            manifest = json.dumps({"files": sizes}, sort_keys=True).encode()
+            # Written last: until it exists, the prefix is a temporary nobody reads.
+            self.fs.pipe_file(self._key(join(location, MANIFEST_FILE)), manifest)
+        except Exception as error:
+            self.delete(location)
+            reason = " ".join(str(error).split()) or type(error).__name__
+            raise CheckpointStorageError(
+                f"checkpoint_storage.path {directory}: {reason}"
+            ) from error
+        return location, sum(sizes.values())
+
+    def _manifest(self, location: str) -> dict[str, int] | None:
+        try:
+            raw = self.fs.cat_file(self._key(join(location, MANIFEST_FILE)))
+        except FileNotFoundError:
+            return None
+        files = json.loads(raw).get("files")
+        return files if isinstance(files, dict) else None
+
+    def is_complete(self, location: str) -> bool:
+        files = self._manifest(location)
+        if files is None:
+            return False
+        try:
+            listed = {
+                entry["name"].rsplit("/", 1)[-1]: entry.get("size")
+                for entry in self.fs.ls(self._key(location), detail=True, refresh=True)
+            }
+        except FileNotFoundError:
+            return False
+        return all(listed.get(name) == size for name, size in files.items())
+
+    def read(self, location: str, name: str) -> IO[bytes]:
+        files = self._manifest(location)
+        if files is None or name not in files:
+            raise FileNotFoundError(f"no complete checkpoint at {location}")
+        return io.BytesIO(self.fs.cat_file(self._key(join(location, name))))
+
+    def names(self, location: str) -> list[str]:
+        return sorted(self._manifest(location) or {})
+
+    def delete(self, location: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(self._key(location), recursive=True)
+
+    def incomplete(self, directory: str) -> list[str]:
+        try:
+            entries = self.fs.ls(self._key(directory), detail=False, refresh=True)
+        except FileNotFoundError:
+            return []
+        prefixes = [join(directory, str(e).rstrip("/").rsplit("/", 1)[-1]) for e in entries]
+        return sorted(p for p in prefixes if self._manifest(p) is None)
+
+
+def _os_error(error: BaseException) -> OSError | None:
+    # torch.save reports a failed write as a RuntimeError whose context is the OSError.
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+_LOCAL = LocalStore()
+
+
+def store_for(location: str | Path) -> CheckpointStore:
+    """The store holding ``location``: :class:`ObjectStore` for a URL, else the local one."""
+    text = str(location)
+    return ObjectStore(text) if is_url(text) else _LOCAL
