@@ -37,7 +37,7 @@ it rather than this docstring)::
     experiment = api.run("examples/digits/experiment.yaml", db="sqlite:///search.db")
     experiment.trials()              # a DataFrame, one row per trial
     experiment.best_trial.hyperparameters
-    state = experiment.load_checkpoint()  # the best trial's newest checkpoint
+    state = experiment.load_checkpoint()  # the best trial's newest: state["models"][0]
 """
 
 from __future__ import annotations
@@ -349,8 +349,9 @@ class Experiment:
         """The state dicts of :meth:`checkpoint_path`'s checkpoint, on the CPU.
 
         Read with ``torch.load(weights_only=True)``: tensors and plain data only, so a
-        checkpoint cannot run code as it loads. Its ``"model"`` entry goes to the
-        trial's model's ``load_state_dict``.
+        checkpoint cannot run code as it loads. A managed trial's checkpoint holds its
+        models' state dicts under ``"models"`` (in the order it wrapped them), ready for
+        ``load_state_dict``.
         """
         # Imported here: trials.runtime loads torch, which nothing else of the API needs.
         from trials.runtime import read_checkpoint

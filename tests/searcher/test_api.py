@@ -88,7 +88,7 @@ def seeded(db_url: str, tmp_path: Path) -> api.Experiment:
     experiment_id = make_experiment(db_url, tmp_path / "exp", "COMPLETED")
     folder = tmp_path / "checkpoints" / "step-20"
     folder.mkdir(parents=True)
-    torch.save({"model": {"weight": torch.ones(2)}}, folder / "state.pt")
+    torch.save({"models": [{"weight": torch.ones(2)}]}, folder / "state.pt")
     with session_scope(db_url) as session:
         done, failed = session.query(Trial).order_by(Trial.optuna_trial_number)
         done.searcher_metric_value, done.slot_seconds, done.restarts = 0.25, 12.5, 1
@@ -148,7 +148,7 @@ def test_checkpoints_study_and_handles_of_a_seeded_database(seeded: api.Experime
     assert seeded.checkpoint_path() == seeded.checkpoint_path(0)
     assert seeded.checkpoint_path().name == "step-20"
     state = seeded.load_checkpoint()
-    assert torch.equal(state["model"]["weight"], torch.ones(2))
+    assert torch.equal(state["models"][0]["weight"], torch.ones(2))
     with pytest.raises(LookupError, match="no completed checkpoint"):
         seeded.checkpoint_path(1)
     assert [t.number for t in seeded.study.trials] == [0, 1]
@@ -170,48 +170,65 @@ def test_pause_goes_through_the_control_path_and_wait_times_out(
         experiment.wait(timeout=0.2)
 
 
-@pytest.mark.slow
-def test_a_search_from_python_in_the_background(
-    tmp_path: Path, cli_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+def test_an_importable_trial_class_is_stored_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A mapping config naming its trial class as itself, run detached; a second handle
-    waits for it; ``slotsweep list`` shows it; its best checkpoint loads."""
+    """A class given as itself is stored as ``module:Class``, its file's folder the model's."""
     folder = tmp_path / "exp"
-    path = write_experiment(
-        folder,
-        searcher={"max_trials": 1},
-        resources={"slots_per_trial": 1},
-    )
-    # A module name of this test's own: the ranks import it from its folder by that name.
+    config = yaml.safe_load(write_experiment(folder).read_text())
+    # A module name of this test's own: the ranks would import it from its folder by name.
     shutil.copy(EXAMPLES_DIR / "digits" / "model.py", folder / "api_model.py")
     monkeypatch.syspath_prepend(str(folder))
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("SLOTSWEEP_LOG_DIR", str(tmp_path / "logs"))
-    monkeypatch.delenv("SLOTSWEEP_DB", raising=False)
+    monkeypatch.chdir(tmp_path)  # not the model folder: the class says where it is
     import api_model  # type: ignore[import-not-found]
 
-    config = {**yaml.safe_load(path.read_text()), "entrypoint": api_model.DigitsTrial}
-    db = f"sqlite:///{tmp_path / 'search.db'}"
-    started = api.run(config, db=db, slots=2, detach=True)
-    assert started.state == ExperimentState.ACTIVE
-
-    watcher = api.Experiment.open(started.id, db=db)
-    assert watcher.wait(timeout=240) == ExperimentState.COMPLETED
-    started.wait(timeout=30)  # its own driver process has ended too
-    listed = run_cli(["list", "--db", db, "--json"], cli_env, tmp_path)
-    assert listed.returncode == 0, listed.stderr
-    assert [row["state"] for row in json.loads(listed.stdout)] == ["COMPLETED"]
-
-    trials = watcher.trials()
-    assert trials["state"].tolist() == ["COMPLETED"]
-    assert (trials["slot_seconds"] > 0).all()
-    best = watcher.best_trial
-    assert best is not None
-    assert "validation" in set(watcher.metrics(best.number)["kind"])
-    assert "model" in watcher.load_checkpoint()
+    try:
+        db = f"sqlite:///{tmp_path / 'search.db'}"
+        experiment = api.submit({**config, "entrypoint": api_model.DigitsTrial}, db=db, slots=2)
+    finally:
+        sys.modules.pop("api_model", None)
     with session_scope(db) as session:
-        row = session.get(Experiment, started.id)
+        row = session.get(Experiment, experiment.id)
         assert row is not None
         assert row.config["entrypoint"] == "api_model:DigitsTrial"
         assert row.model_dir == str(folder.resolve()) and row.config_path is None
-    sys.modules.pop("api_model", None)
+    assert experiment.state == ExperimentState.ACTIVE  # recorded, not started
+
+
+def _readme_example() -> str:
+    """The Python block of the README's "From Python" section."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme.split("## From Python", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.slow
+def test_the_readme_example_runs_a_search_in_the_background(
+    tmp_path: Path, cli_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's notebook: a detached search from a mapping, waited for; then a second
+    handle and ``slotsweep list`` see the same experiment."""
+    folder = tmp_path / "notebook"
+    folder.mkdir()
+    for name in ("model.py", "experiment.yaml"):
+        shutil.copy(EXAMPLES_DIR / "digits" / name, folder / name)
+    monkeypatch.chdir(folder)
+    monkeypatch.setenv("SLOTSWEEP_LOG_DIR", str(tmp_path / "logs"))
+    monkeypatch.delenv("SLOTSWEEP_DB", raising=False)
+    names: dict[str, Any] = {}
+    exec(_readme_example(), names)
+
+    experiment: api.Experiment = names["experiment"]
+    assert experiment.state == ExperimentState.COMPLETED
+    assert names["trials"]["state"].tolist() == ["COMPLETED"]
+    assert (names["trials"]["slot_seconds"] > 0).all()
+    assert names["best"].number == 0 and not names["curve"].empty
+    assert names["state"]["models"]  # the model's state dict, read weights-only
+    assert names["study"].best_trial.number == 0
+    db = "sqlite:///" + str(folder / "search.db")
+    watcher = api.Experiment.open(experiment.name, db=db)
+    assert watcher.id == experiment.id and watcher.wait(timeout=1) == ExperimentState.COMPLETED
+    listed = run_cli(["list", "--db", db, "--json"], cli_env, folder)
+    assert listed.returncode == 0, listed.stderr
+    assert [row["state"] for row in json.loads(listed.stdout)] == ["COMPLETED"]
+    assert (tmp_path / "logs" / f"experiment-{experiment.id}" / "driver.log").is_file()
