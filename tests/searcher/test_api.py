@@ -5,8 +5,11 @@ through a second handle and seen by ``slotsweep list``."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -168,6 +171,25 @@ def test_pause_goes_through_the_control_path_and_wait_times_out(
         assert row is not None and row.requested_action == "pause"
     with pytest.raises(TimeoutError, match="still ACTIVE"):
         experiment.wait(timeout=0.2)
+
+
+def test_ctrl_c_while_waiting_asks_the_search_to_pause(
+    db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As in the terminal: the first Ctrl-C pauses the search and the wait goes on."""
+    experiment = api.Experiment.open(make_experiment(db_url, tmp_path / "exp", "running"), db_url)
+    # Ctrl-C as a notebook's interrupt sends it: SIGINT to this (the main) thread.
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(TimeoutError):
+            experiment.wait(timeout=2.0)
+    finally:
+        timer.cancel()
+    with session_scope(db_url) as session:
+        row = session.get(Experiment, experiment.id)
+        assert row is not None and row.requested_action == "pause"
+    assert "Ctrl-C again to stop waiting" in capsys.readouterr().err
 
 
 def test_an_importable_trial_class_is_stored_by_name(
