@@ -27,7 +27,7 @@ Example:
     >>> try:
     ...     api.run({"name": "x", "entrypoint": "model:Trial"}, db="sqlite://")
     ... except api.ConfigError as error:
-    ...     print(*error.problems, sep="\n")
+    ...     print(*error.problems, sep="\\n")
     hyperparameters: required field is missing
     searcher: required field is missing
 
@@ -539,15 +539,15 @@ def continue_search(
         validated.db_url, str(id_or_name), max_trials=max_trials, more_trials=more_trials
     )
     experiment = Experiment(experiment_id, validated.db_url)
+    Console(stderr=True).print(
+        f"experiment {experiment_id}: budget raised to {config.searcher.max_trials} trials"
+    )
     if detach:
         experiment._driver = _start_driver(
             experiment_id, validated.db_url, cluster, slots, list(relocate)
         )
         return experiment
     relocate_experiment(validated.db_url, experiment_id, relocation)
-    Console(stderr=True).print(
-        f"experiment {experiment_id}: budget raised to {config.searcher.max_trials} trials"
-    )
     _drive(experiment_id, validated.with_config(relocation.config(config)), progress)
     return experiment
 
