@@ -1,4 +1,5 @@
-"""slotsweep's searcher: experiment configs, the search space, the driver and the CLI.
+"""slotsweep's searcher: experiment configs, the search space, the driver, the Python API
+(:mod:`searcher.api`: ``searcher.run``, ``searcher.Experiment``) and the CLI.
 
 Public names load on first use, so ``slotsweep --help`` and config errors do not
 pay for Optuna and SQLAlchemy.
@@ -16,6 +17,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from searcher.api import Experiment, TrialSummary, continue_search, resume, run, submit
     from searcher.consistency import ConsistencyReport, check_consistency
     from searcher.driver import SearchDriver
     from searcher.experiments import UsageError, create_experiment, find_experiment
@@ -31,6 +33,12 @@ if TYPE_CHECKING:
     from trials.config import ConfigError, ExperimentConfig, load_config, parse_config
 
 _EXPORTS = {
+    "Experiment": "searcher.api",
+    "TrialSummary": "searcher.api",
+    "continue_search": "searcher.api",
+    "resume": "searcher.api",
+    "run": "searcher.api",
+    "submit": "searcher.api",
     "ConsistencyReport": "searcher.consistency",
     "check_consistency": "searcher.consistency",
     "ConfigError": "trials.config",
@@ -57,13 +65,16 @@ _EXPORTS = {
 __all__ = [
     "ConfigError",
     "ConsistencyReport",
+    "Experiment",
     "ExperimentConfig",
     "SearchDriver",
+    "TrialSummary",
     "UsageError",
     "ValidatedRun",
     "build_pruner",
     "build_sampler",
     "check_consistency",
+    "continue_search",
     "create_experiment",
     "distributions",
     "find_experiment",
@@ -73,7 +84,10 @@ __all__ = [
     "parse_config",
     "parse_enqueue_params",
     "pruner_spec",
+    "resume",
+    "run",
     "study_directions",
+    "submit",
     "suggest_hparams",
     "validate_run",
 ]

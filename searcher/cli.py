@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from rich.console import Console
 
 if TYPE_CHECKING:
-    from searcher.submission import ValidatedRun
+    from searcher.api import Experiment
 
 EXIT_USAGE = 2
 # A file of 100,000 unknown keys must not print 100,000 lines: the first problems suffice.
@@ -291,75 +291,62 @@ def _print_json(data: object) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    import searcher.samplers as samplers
-    from searcher.experiments import create_experiment
-    from searcher.submission import validate_new_run
+    import searcher.api as api
 
     config_path = Path(args.config)
     if args.test:
         from searcher.trial_test import run_trial_test
 
         return run_trial_test(config_path, cluster=args.cluster, slots=args.slots)
-    run = validate_new_run(config_path, args.db, cluster_file=args.cluster, slots=args.slots)
-    experiment_id = create_experiment(
-        run.config,
-        config_path=config_path,
-        db_url=run.db_url,
-        directions=samplers.study_directions(run.config),
-    )
-    Console(stderr=True).print(f"experiment {experiment_id} ({run.config.name}) created")
     if args.detach:
+        api.submit(config_path, db=args.db, cluster=args.cluster, slots=args.slots)
         return 0
-    return _drive(args, experiment_id, run)
+    experiment = api.run(
+        config_path,
+        db=args.db,
+        cluster=args.cluster,
+        slots=args.slots,
+        progress=not args.no_progress,
+    )
+    return _summary(experiment)
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
-    from searcher.relocation import Relocation, relocate_experiment
-    from searcher.submission import validate_stored_run
+    import searcher.api as api
 
-    relocation = Relocation.parse(args.relocate)
-    experiment_id, run = validate_stored_run(
+    experiment = api.resume(
         args.experiment,
-        args.db,
-        cluster_file=args.cluster,
+        db=args.db,
+        cluster=args.cluster,
         slots=args.slots,
-        relocation=relocation,
+        relocate=args.relocate,
+        progress=not args.no_progress,
     )
-    relocate_experiment(run.db_url, experiment_id, relocation)
-    return _drive(args, experiment_id, run)
+    return _summary(experiment)
 
 
 def _cmd_continue(args: argparse.Namespace) -> int:
-    from searcher.experiments import extend_experiment
-    from searcher.relocation import Relocation, relocate_experiment
-    from searcher.submission import validate_stored_run
+    import searcher.api as api
 
-    relocation = Relocation.parse(args.relocate)
-    _, run = validate_stored_run(
+    experiment = api.continue_search(
         args.experiment,
-        args.db,
-        cluster_file=args.cluster,
+        max_trials=args.max_trials,
+        more_trials=args.more_trials,
+        db=args.db,
+        cluster=args.cluster,
         slots=args.slots,
-        relocation=relocation,
+        relocate=args.relocate,
+        progress=not args.no_progress,
     )
-    experiment_id, config = extend_experiment(
-        run.db_url, args.experiment, max_trials=args.max_trials, more_trials=args.more_trials
-    )
-    relocate_experiment(run.db_url, experiment_id, relocation)
-    Console(stderr=True).print(
-        f"experiment {experiment_id}: budget raised to {config.searcher.max_trials} trials"
-    )
-    return _drive(args, experiment_id, run.with_config(relocation.config(config)))
+    return _summary(experiment)
 
 
-def _drive(args: argparse.Namespace, experiment_id: int, run: ValidatedRun) -> int:
-    """Run the experiment's driver to its end; exit code 1 when it ends ERROR, else 0."""
-    from searcher.driver import SearchDriver
+def _summary(experiment: Experiment) -> int:
+    """Print how the search ended; exit code 1 when it ended ERROR, else 0."""
     from storage import ExperimentState
 
-    driver = SearchDriver(experiment_id, run, show_progress=not args.no_progress)
-    state = driver.run()
-    _print_summary(run.db_url, experiment_id, state.value)
+    state = experiment.state
+    _print_summary(experiment.db_url, experiment.id, state.value)
     return 1 if state == ExperimentState.ERROR else 0
 
 

@@ -45,17 +45,27 @@ class UsageError(Exception):
 def create_experiment(
     config: ExperimentConfig,
     *,
-    config_path: Path,
+    config_path: Path | None,
     db_url: str,
     directions: Sequence[Literal["minimize", "maximize"]],
+    model_dir: Path | None = None,
 ) -> int:
     """Record a new experiment and create its Optuna study; returns the experiment id.
 
+    The model directory (where the ranks import the entrypoint) is ``model_dir``, else
+    the config file's folder; a config given as a mapping has no file (``config_path``
+    None) and names its ``model_dir``.
     The study is named ``<name>-<id>`` so names may repeat across experiments while
     ``optuna.load_study(study_name=..., storage=URL)`` still finds exactly one.
     """
     import optuna
 
+    if model_dir is not None:
+        folder = model_dir.resolve()
+    elif config_path is not None:
+        folder = config_path.resolve().parent
+    else:
+        raise ValueError("create_experiment: a config without a file needs its model_dir")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     upgrade_schema(db_url)
     with session_scope(db_url) as session:
@@ -64,8 +74,8 @@ def create_experiment(
             study_name=f"pending-{os.getpid()}-{utcnow().timestamp()}",
             state=ExperimentState.ACTIVE,
             config=config.model_dump(mode="json"),
-            config_path=str(config_path.resolve()),
-            model_dir=str(config_path.resolve().parent),
+            config_path=None if config_path is None else str(config_path.resolve()),
+            model_dir=str(folder),
             max_trials=config.searcher.max_trials,
         )
         session.add(experiment)

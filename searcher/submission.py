@@ -40,8 +40,10 @@ Example:
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
@@ -59,7 +61,13 @@ from storage import (
     session_scope,
     upgrade_schema,
 )
-from trials.config import ConfigError, ExperimentConfig, load_config, read_stored_config
+from trials.config import (
+    ConfigError,
+    ExperimentConfig,
+    load_config,
+    parse_config,
+    read_stored_config,
+)
 from trials.executors import (
     Executor,
     database_problem,
@@ -148,20 +156,34 @@ def validate_run(config: ExperimentConfig, cluster: Cluster, db_url: str) -> Val
 
 
 def validate_new_run(
-    config_path: Path, db: str | None, *, cluster_file: str | Path | None, slots: int | None
+    config_source: Path | Mapping[str, Any],
+    db: str | None,
+    *,
+    cluster_file: str | Path | None,
+    slots: int | None,
+    model_dir: Path | None = None,
 ) -> ValidatedRun:
-    """``slotsweep run CONFIG``: every check, in the order a user fixes them.
+    """``slotsweep run CONFIG`` (and :func:`searcher.api.run`): every check, in the order
+    a user fixes them.
 
-    ``db`` is ``--db`` (None: ``$SLOTSWEEP_DB`` or the default); ``cluster_file`` and
-    ``slots`` are ``--cluster`` and ``--slots`` (:func:`trials.executors.load_cluster`).
-    The entrypoint is probed before the database is opened, which creates an SQLite
-    file: a typo costs a second here instead of every trial's restarts, and leaves no file.
+    ``config_source`` is the YAML file, or a mapping of the same shape whose entrypoint
+    is looked up in ``model_dir`` (default: the current folder); a file's model
+    directory is its folder. ``db`` is ``--db`` (None: ``$SLOTSWEEP_DB`` or the
+    default); ``cluster_file`` and ``slots`` are ``--cluster`` and ``--slots``
+    (:func:`trials.executors.load_cluster`). The entrypoint is probed before the
+    database is opened, which creates an SQLite file: a typo costs a second here
+    instead of every trial's restarts, and leaves no file.
     """
-    config = load_config(config_path)
+    if isinstance(config_source, Mapping):
+        folder = (model_dir or Path.cwd()).resolve()
+        config = parse_config(dict(config_source), config_dir=folder)
+    else:
+        folder = Path(config_source).resolve().parent
+        config = load_config(config_source)
     cluster = load_cluster(cluster_file, slots=slots)
     url, source = _database_url(db, need_schema=False)
     run = validate_run(config, cluster, url)
-    problems = check_entrypoint(config, config_path.resolve().parent)
+    problems = check_entrypoint(config, folder)
     if problems:
         raise ConfigError(problems)
     _connect(url, source, need_schema=False)

@@ -129,6 +129,7 @@ def describe_rows(session: Session, experiment: Experiment) -> dict[str, Any]:
             metric: trial.searcher_metric_value,
             "batches": trial.total_batches,
             "restarts": trial.restarts,
+            "slot_seconds": trial.slot_seconds,
             "checkpoint_step": step,
             "hyperparameters": dict(trial.hparams),
             "error": trial.error,

@@ -22,6 +22,7 @@ Example:
     >>> from trials.runtime import build_lr_scheduler, build_optimizer
 """
 
+from trials.runtime._checkpoint import read_checkpoint
 from trials.runtime._context import (
     InvalidTrialError,
     LoadedCheckpoint,
@@ -56,6 +57,7 @@ __all__ = [
     "install_checkpoint_on_sigterm",
     "join_job",
     "load_entrypoint",
+    "read_checkpoint",
     "record_failure",
     "reset_between_trials",
     "run_trial",
