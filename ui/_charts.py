@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from ui import _format
+
 FieldType = Literal["quantitative", "temporal"]
 
 
@@ -53,7 +55,12 @@ def line_spec(
         "y": y_enc,
         "tooltip": [
             x_tip,
-            {"field": y, "type": "quantitative", "title": y_title, "format": y_format or ".6g"},
+            {
+                "field": y,
+                "type": "quantitative",
+                "title": y_title,
+                "format": y_format or _format.D3,
+            },
         ],
     }
     if color is not None:
@@ -89,8 +96,8 @@ def learning_curve_spec(
     tooltip = [
         {"field": "number", "type": "ordinal", "title": "trial"},
         {"field": "state", "type": "nominal"},
-        {"field": x, "type": "quantitative", "title": x_title, "format": ".4g"},
-        {"field": "value", "type": "quantitative", "title": y_title, "format": ".4g"},
+        {"field": x, "type": "quantitative", "title": x_title, "format": _format.D3},
+        {"field": "value", "type": "quantitative", "title": y_title, "format": _format.D3},
     ]
     x_enc = {"field": x, "type": "quantitative", "title": x_title}
     y_enc = {"field": "value", "type": "quantitative", "title": y_title, "scale": {"zero": False}}

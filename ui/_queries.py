@@ -1230,12 +1230,13 @@ def trials_metric_curves(
 
 
 def best_so_far(engine: Engine, experiment_id: int, *, smaller_is_better: bool) -> pd.DataFrame:
-    """The experiment's best searcher metric after each trial that improved it.
+    """The experiment's best searcher metric after every trial that ended.
 
-    Trials in the order they ended; ``trials`` counts every ended trial so far and
-    ``slot_seconds`` the compute they used, so two searches can be compared by how
-    many trials and how much compute each needed to reach a value. A window
-    function keeps only the improving rows, so a long search stays a short result.
+    One row per ended trial, in the order they ended: ``trials`` counts the ended
+    trials so far, ``slot_seconds`` the compute they used, ``best`` the best value so
+    far (None until a trial completes) and ``improved`` whether this trial set it. Two
+    searches compare by how many trials and how much compute each needed to reach a
+    value.
     """
     ended = (
         sa.select(
@@ -1258,8 +1259,12 @@ def best_so_far(engine: Engine, experiment_id: int, *, smaller_is_better: bool) 
     with_best = sa.select(ended, running.label("best")).subquery()
     previous = sa.func.lag(with_best.c.best).over(order_by=with_best.c.trials)
     flagged = sa.select(with_best, previous.label("previous")).subquery()
+    improved = sa.and_(
+        flagged.c.best.is_not(None),
+        sa.or_(flagged.c.previous.is_(None), flagged.c.best != flagged.c.previous),
+    )
     with engine.connect() as conn:
-        return _frame(
+        frame = _frame(
             conn.execute(
                 sa.select(
                     flagged.c.number,
@@ -1267,14 +1272,13 @@ def best_so_far(engine: Engine, experiment_id: int, *, smaller_is_better: bool) 
                     flagged.c.slot_seconds,
                     flagged.c.best,
                     flagged.c.ended_at,
-                )
-                .where(
-                    flagged.c.best.is_not(None),
-                    sa.or_(flagged.c.previous.is_(None), flagged.c.best != flagged.c.previous),
-                )
-                .order_by(flagged.c.trials)
+                    sa.case((improved, True), else_=False).label("improved"),
+                ).order_by(flagged.c.trials)
             )
         )
+    if not frame.empty:
+        frame["improved"] = frame["improved"].astype(bool)
+    return frame
 
 
 def failed_trial_log(engine: Engine, experiment_id: int, error: str) -> str | None:

@@ -83,7 +83,7 @@ def _trial_holds(holder: dict[str, object]) -> bool:
 def _trial_link(holder: dict[str, object] | None) -> str | None:
     if holder is None or not _trial_holds(holder):
         return None
-    return _context.link("trial", trial=int(holder["trial_id"]))  # type: ignore[call-overload]
+    return _context.link("trial", trial=_trial(holder))
 
 
 def _starting(holder: dict[str, object]) -> bool:
@@ -168,7 +168,7 @@ def _queue_section() -> None:
     if queue.empty:
         st.info("No trial is waiting for slots.")
     else:
-        rows = queue.assign(open=[_context.link("trial", trial=int(i)) for i in queue["trial_id"]])
+        rows = queue.assign(open=[_context.link("trial", trial=str(t)) for t in queue["trial"]])
         st.dataframe(
             rows,
             hide_index=True,
@@ -243,8 +243,15 @@ def _page() -> None:
     page = _queries.allocations(engine, limit=200, offset=offset)
     rows = page.rows.assign(
         open=[
-            None if pd.isna(i) else _context.link("trial", trial=int(i))
-            for i in page.rows["trial_id"]
+            None
+            if pd.isna(i)
+            else _context.link("trial", trial=_context.trial_ref(int(e), int(n)))
+            for i, e, n in zip(
+                page.rows["trial_id"],
+                page.rows["experiment_id"],
+                page.rows["trial_number"],
+                strict=True,
+            )
         ]
     )
     st.dataframe(

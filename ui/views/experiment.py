@@ -15,7 +15,8 @@ from storage import (
     redact_url,
     study_signature,
 )
-from ui import _actions, _charts, _context, _curves, _logs, _plots, _queries
+from trials.config import ExperimentConfig
+from ui import _actions, _charts, _context, _curves, _format, _logs, _plots, _queries, _tables
 
 st.title("Experiment")
 engine = _context.require_database()
@@ -134,7 +135,7 @@ def _header() -> None:
     # short, and "9000/10000" needs a column of a row of two.
     first = st.columns(2)
     first[0].metric("State", state)
-    first[1].metric(f"Best {summary.metric}", _context.fmt_value(summary.best_value))
+    first[1].metric(f"Best {summary.metric}", _format.number(summary.best_value))
     second = st.columns(2)
     second[0].metric("Trials done", f"{summary.finished}/{summary.max_trials}")
     second[1].metric("Slots in use", summary.slots_in_use)
@@ -190,7 +191,7 @@ def _header() -> None:
             else "No trial has completed with a searcher metric yet."
         )
     else:
-        _trials_table(best, key="best_trials")
+        _trials_table(best, key="best_trials", config=summary.config)
 
     _learning_curves(summary, failures)
 
@@ -250,7 +251,9 @@ def _waiting_trials() -> None:
     page = _queries.waiting_trials(engine, experiment_id)
     if page.rows.empty:
         return  # Started between the two reads.
-    rows = page.rows.assign(open=[_context.link("trial", trial=int(i)) for i in page.rows["id"]])
+    rows = page.rows.assign(
+        open=[_context.link("trial", trial=str(t)) for t in page.rows["trial"]]
+    )
     st.dataframe(
         rows,
         hide_index=True,
@@ -334,32 +337,22 @@ def _compare_link(numbers: list[int]) -> None:
             f"{_context.MAX_COMPARED} to compare."
         )
         return
-    picked = _queries.trials_by_numbers(engine, experiment_id, numbers)
     st.page_link(
         _context.COMPARE_PAGE,
-        label=f"Compare trials {', '.join(map(str, numbers))}",
-        query_params={"trials": ",".join(str(int(i)) for i in picked["id"])},
+        label=f"Compare trials {', '.join(f'#{n}' for n in numbers)}",
+        icon=":material/compare_arrows:",
+        query_params={"trials": ",".join(_context.trial_ref(experiment_id, n) for n in numbers)},
     )
 
 
-def _trials_table(rows: Any, key: str) -> None:
-    rows = rows.assign(open=[_context.link("trial", trial=int(i)) for i in rows["id"]])
-    hparams = [c for c in rows.columns if c.startswith("hp.")]
-    columns = ["open", "number", "state", "metric", *hparams]
-    columns += ["restarts", "batches", "slot_seconds", "slots", "started", "duration_s", "id"]
-    config: dict[str, Any] = {
-        # Pinned, so the trial stays in view while the hyperparameters scroll past.
-        "open": st.column_config.LinkColumn("open", display_text="open", pinned=True),
-        "number": st.column_config.NumberColumn("trial #", pinned=True),
-        "metric": st.column_config.NumberColumn("metric", format="%.6g"),
-        "slot_seconds": st.column_config.NumberColumn("slot·s", format="%.1f"),
-        "duration_s": st.column_config.NumberColumn("duration (s)", format="%.1f"),
-        "started": st.column_config.DatetimeColumn("started (UTC)"),
-        "id": st.column_config.NumberColumn("trial id"),
-    }
-    # Named without the "hp." prefix, so headers stay short; wide tables scroll sideways
-    # with the trial pinned on the left.
-    config.update({c: st.column_config.Column(c.removeprefix("hp.")) for c in hparams})
+def _trials_table(rows: Any, key: str, config: ExperimentConfig | None) -> None:
+    rows = _tables.shown_hparams(rows).assign(
+        open=[
+            _context.link("trial", trial=_context.trial_ref(experiment_id, int(n)))
+            for n in rows["number"]
+        ]
+    )
+    columns = _tables.trial_columns(rows, _tables.constant_hparams(config))
     event = st.dataframe(
         rows,
         hide_index=True,
@@ -368,15 +361,16 @@ def _trials_table(rows: Any, key: str) -> None:
         selection_mode="multi-row",
         key=key,
         column_order=columns,
-        column_config=config,
+        column_config=_tables.trial_column_config(rows),
     )
     selected = event.selection.rows if event is not None else []
     numbers = sorted(int(rows.iloc[i]["number"]) for i in selected)
     if len(numbers) == 1:
         st.page_link(
             _context.TRIAL_PAGE,
-            label=f"Open trial {numbers[0]}",
-            query_params={"trial": str(int(rows.iloc[selected[0]]["id"]))},
+            label=f"Open trial #{numbers[0]}",
+            icon=":material/open_in_new:",
+            query_params={"trial": _context.trial_ref(experiment_id, numbers[0])},
         )
     elif numbers:
         _compare_link(numbers)
@@ -406,7 +400,12 @@ def _trials() -> None:
     if page.rows.empty:
         st.info("No trials yet." if not states else "No trial is in the selected states.")
         return
-    _trials_table(page.rows, key=f"trials_table_{experiment_id}")
+    summary = _queries.experiment_summary(engine, experiment_id)
+    _trials_table(
+        page.rows,
+        key=f"trials_table_{experiment_id}",
+        config=summary.config if summary is not None else None,
+    )
     st.caption(
         _context.rows_caption(page.offset, len(page.rows), page.total)
         + " Follow 'open' to see a trial; select 2 to 5 rows to compare them."
@@ -427,7 +426,8 @@ def _trials() -> None:
             st.page_link(
                 _context.TRIAL_PAGE,
                 label=f"Open trial #{int(number)}",
-                query_params={"trial": str(int(picked["id"].iloc[0]))},
+                icon=":material/open_in_new:",
+                query_params={"trial": _context.trial_ref(experiment_id, int(number))},
             )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from storage import ExperimentState
-from ui import _context, _queries
+from ui import _context, _format, _queries
 
 st.title("Experiments")
 engine = _context.require_database()
@@ -67,7 +67,7 @@ def _table() -> None:
             ),
             "done": st.column_config.TextColumn("done/max", help="finished trials of max_trials"),
             "failed": st.column_config.NumberColumn("failed", help="trials in state ERROR"),
-            "best": st.column_config.NumberColumn("best", format="%.6g"),
+            "best": st.column_config.NumberColumn("best", format=_format.COLUMN),
             "slots_in_use": st.column_config.NumberColumn("slots in use"),
             "started": st.column_config.DatetimeColumn("started (UTC)"),
             "ended": st.column_config.DatetimeColumn("ended (UTC)"),

@@ -1,0 +1,113 @@
+"""What a new user meets (issue 33): pages opened bare, one trial identity, 4-digit values.
+
+SYNTHETIC data (``synthetic_search``), rendered through AppTest; the layout a real
+browser shows is checked in :mod:`tests.ui.test_browser`.
+"""
+
+from __future__ import annotations
+
+import json
+
+import sqlalchemy as sa
+
+from storage import get_engine
+from tests._demo_data import DemoSearch
+from tests.ui._pages import PageRenderer, assert_no_exception, texts, vega_charts
+from ui import _format
+
+
+def _number(url: str, trial_id: int) -> tuple[int, int]:
+    with get_engine(url, read_only=True).connect() as conn:
+        row = conn.execute(
+            sa.text(
+                "SELECT experiment_id, optuna_trial_number FROM slotsweep_trials WHERE id = :i"
+            ),
+            {"i": trial_id},
+        ).one()
+    return int(row[0]), int(row[1])
+
+
+def test_compare_opened_bare_offers_the_pickers(
+    render: PageRenderer, synthetic_search: DemoSearch
+) -> None:
+    # Issue 33 item 1: KeyError 'experiment_id' when opened from the sidebar.
+    app = render("compare", synthetic_search.url)
+    assert_no_exception(app)
+    assert "Pick 2 to 5 trials" in texts(app)
+
+
+def test_trial_urls_name_experiment_and_number_and_old_ids_redirect(
+    render: PageRenderer, synthetic_search: DemoSearch
+) -> None:
+    experiment, number = _number(synthetic_search.url, synthetic_search.restarted_trial_id)
+    ref = f"{experiment}.{number}"
+    app = render("trial", synthetic_search.url, trial=ref)
+    assert_no_exception(app)
+    assert app.subheader[0].value.startswith(f"Trial #{number} of ")
+    assert f"Trial {ref} (experiment #{experiment}" in texts(app)
+    caption = texts(app)
+    assert "Trial id" not in caption and "Optuna trial id" not in caption
+    assert f"Optuna trial number {number}, as in the logs" in caption
+    # An old link's database id lands on the same trial, under its new address.
+    old = render("trial", synthetic_search.url, trial=synthetic_search.restarted_trial_id)
+    assert_no_exception(old)
+    assert old.query_params["trial"] == ref
+    assert old.subheader[0].value == app.subheader[0].value
+
+
+def test_compare_trials_by_number_and_old_ids_redirect(
+    render: PageRenderer, synthetic_search: DemoSearch
+) -> None:
+    first = _number(synthetic_search.url, synthetic_search.completed_trial_id)
+    second = _number(synthetic_search.url, synthetic_search.pruned_trial_id)
+    refs = ",".join(f"{e}.{n}" for e, n in sorted([first, second]))
+    app = render("compare", synthetic_search.url, trials=refs)
+    assert_no_exception(app)
+    assert {f"#{first[1]}", f"#{second[1]}"} <= set(app.dataframe[0].value.columns)
+    ids = f"{synthetic_search.completed_trial_id},{synthetic_search.pruned_trial_id}"
+    old = render("compare", synthetic_search.url, trials=ids)
+    assert_no_exception(old)
+    assert old.query_params["trials"] == refs
+
+
+def test_compare_curves_offer_batches_epochs_samples_and_slot_seconds(
+    render: PageRenderer, synthetic_search: DemoSearch
+) -> None:
+    first = _number(synthetic_search.url, synthetic_search.completed_trial_id)
+    second = _number(synthetic_search.url, synthetic_search.restarted_trial_id)
+    app = render(
+        "compare", synthetic_search.url, trials=",".join(f"{e}.{n}" for e, n in [first, second])
+    )
+    control = app.get("button_group")
+    assert any("samples" in str(c.proto) and "slot-seconds" in str(c.proto) for c in control)
+    app.session_state["compare_x_axis"] = "samples"
+    app.run()
+    assert_no_exception(app)
+    titles = {spec["encoding"]["x"]["title"] for spec, _ in vega_charts(app)}
+    assert titles == {"samples"}
+
+
+def test_values_keep_four_significant_digits_everywhere(
+    render: PageRenderer, synthetic_search: DemoSearch
+) -> None:
+    # Issue 33 item 2: "0.00002" for 1.67e-05; one format on every page.
+    app = render("experiment", synthetic_search.url, experiment=synthetic_search.experiment_id)
+    assert_no_exception(app)
+    configs = [json.loads(table.proto.columns or "{}") for table in app.dataframe]
+    number_formats = {
+        column["type_config"].get("format")
+        for config in configs
+        for column in config.values()
+        if column.get("type_config", {}).get("type") == "number"
+        and column["type_config"].get("format")
+    }
+    assert number_formats == {_format.COLUMN, "#%d"}  # and trial numbers as #N
+    trial = render("trial", synthetic_search.url, trial=synthetic_search.completed_trial_id)
+    hparams = next(t.value for t in trial.dataframe if "exact value" in t.value.columns)
+    for shown, exact in zip(hparams["value"], hparams["exact value"], strict=True):
+        try:
+            value = float(exact)
+        except ValueError:
+            assert shown == exact
+        else:
+            assert shown == _format.number(value if "." in exact or "e" in exact else int(exact))
