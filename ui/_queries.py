@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import pandas as pd
@@ -57,6 +57,7 @@ from trials.coordination.allocations import (
 )
 from trials.coordination.cluster_queue import QueuedView, queue_view, waiting_reason
 from trials.labels import trial_label
+from ui import _format
 from ui._units import duration_words
 
 _E = Experiment.__table__
@@ -1052,7 +1053,31 @@ class LearningCurves:
     best_number: int | None
 
 
-_CURVE_COLUMNS = ["trial_id", "number", "state", "step", "epoch", "value", "best", "stopped"]
+_CURVE_COLUMNS = [
+    "trial_id",
+    "number",
+    "state",
+    "step",
+    "epoch",
+    "value",
+    "best",
+    "stopped",
+    "hparams",
+]
+
+
+def hparams_text(hparams: dict[str, Any] | None, constant: Collection[str] = ()) -> str:
+    """A trial's hyperparameters in one line for a tooltip, 4 significant digits each.
+
+    Example:
+        >>> hparams_text({"lr": 0.000133333, "opt": "sgd", "hidden": 64}, {"hidden"})
+        'lr=0.0001333, opt=sgd'
+    """
+    return ", ".join(
+        f"{name}={_format.number(value)}"
+        for name, value in sorted((hparams or {}).items())
+        if name not in constant
+    )
 
 
 def learning_curves(
@@ -1064,18 +1089,25 @@ def learning_curves(
     max_trials: int = 200,
     max_points: int = 60,
     include: Sequence[int] = (),
+    constant: Collection[str] = (),
 ) -> LearningCurves:
     """Every trial's ``metric`` by step, or every n-th trial's when there are more than
     ``max_trials`` (the best trial and the trial numbers in ``include`` always).
 
     Only trial rows come into Python; the metric rows are downsampled in SQL to about
-    ``max_points`` buckets of steps per trial. The metric is read from the validation
+    ``max_points`` buckets of steps per trial; each point carries the trial's
+    hyperparameters as text (``hparams``, without the ``constant`` ones) for the
+    tooltip. The metric is read from the validation
     rows when the trials validate it (the searcher metric usually is), else training.
     """
     with engine.connect() as conn:
         trials = conn.execute(
             sa.select(
-                _T.c.id, _T.c.optuna_trial_number, _T.c.state, _T.c.searcher_metric_value
+                _T.c.id,
+                _T.c.optuna_trial_number,
+                _T.c.state,
+                _T.c.searcher_metric_value,
+                _T.c.hparams,
             ).where(_T.c.experiment_id == experiment_id)
         ).all()
         finished = [
@@ -1135,6 +1167,7 @@ def learning_curves(
     frame["best"] = best is not None and frame["number"] == best.optuna_trial_number
     last = ~frame["trial_id"].duplicated(keep="last")
     frame["stopped"] = last & (frame["state"] == TrialState.PRUNED.value)
+    frame["hparams"] = [hparams_text(shown[i].hparams, constant) for i in frame["trial_id"]]
     return LearningCurves(
         points=frame[_CURVE_COLUMNS],
         kind=kind.value,

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from storage import get_engine
 from tests._demo_data import DemoSearch
 from tests.ui._pages import PageRenderer, assert_no_exception, texts, vega_charts
-from ui import _format
+from ui import _charts, _format
 
 
 def _number(url: str, trial_id: int) -> tuple[int, int]:
@@ -111,3 +111,26 @@ def test_values_keep_four_significant_digits_everywhere(
             assert shown == exact
         else:
             assert shown == _format.number(value if "." in exact or "e" in exact else int(exact))
+
+
+def test_learning_curves_read_under_asha(
+    render: PageRenderer, synthetic_search: DemoSearch
+) -> None:
+    # Issue 33 item 5: a legend of states that do not occur, pruned crosses near
+    # ERROR's red, no hyperparameters in the tooltip, linear only, ticks at 0.4 epochs.
+    app = render("experiment", synthetic_search.url, experiment=synthetic_search.experiment_id)
+    assert_no_exception(app)
+    (spec, points), *_ = vega_charts(app)
+    lines = next(layer for layer in spec["layer"] if "detail" in layer.get("encoding", {}))
+    legend = lines["encoding"]["color"]["scale"]["domain"]
+    assert legend == [s for s in _charts.STATE_COLORS if s in set(points["state"])]
+    assert _charts.STATE_COLORS["PRUNED"] != _charts.STATE_COLORS["ERROR"]
+    assert "#e" not in _charts.STOPPED_COLOR  # not a red
+    assert lines["encoding"]["x"]["axis"]["tickMinStep"] == 1
+    assert "hparams" in {t["field"] for t in lines["encoding"]["tooltip"]}
+    assert all("lr=" in text for text in points["hparams"])
+    assert lines["encoding"]["y"]["scale"] == {"zero": False}
+    app.toggle(key=f"curves_log_{synthetic_search.experiment_id}").set_value(True).run()
+    (spec, _), *_ = vega_charts(app)
+    lines = next(layer for layer in spec["layer"] if "detail" in layer.get("encoding", {}))
+    assert lines["encoding"]["y"]["scale"] == {"type": "log"}

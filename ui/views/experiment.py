@@ -278,7 +278,11 @@ def _learning_curves(
 ) -> None:
     st.markdown("#### Learning curves")
     curves = _queries.learning_curves(
-        engine, experiment_id, summary.metric, smaller_is_better=summary.smaller_is_better
+        engine,
+        experiment_id,
+        summary.metric,
+        smaller_is_better=summary.smaller_is_better,
+        constant=_tables.constant_hparams(summary.config),
     )
     if curves.points.empty:
         st.info(
@@ -291,11 +295,29 @@ def _learning_curves(
     axis = _curves.curve_axis(searcher)
     if axis == "epoch" and curves.points["epoch"].isna().any():
         axis = "step"  # Epochs were not recorded for every point: batches always are.
-    rungs = _curves.asha_rungs(searcher) if axis == "epoch" or axis == "step" else []
+    rungs = _curves.asha_rungs(searcher)
     x_title = "epoch" if axis == "epoch" else "batch"
+    # A log scale needs positive values; a metric that reaches 0 or below stays linear.
+    positive = bool((curves.points["value"].dropna() > 0).all())
+    log_y = st.toggle(
+        "Log scale",
+        value=False,
+        disabled=not positive,
+        key=f"curves_log_{experiment_id}",
+        help="Spread out good curves a few bad ones squeeze into the bottom of the chart."
+        + ("" if positive else " (Off: the metric is not positive everywhere.)"),
+    )
+    states = sorted(set(curves.points["state"]))
     event = st.vega_lite_chart(
         curves.points,
-        _charts.learning_curve_spec(x=axis, x_title=x_title, y_title=summary.metric, rungs=rungs),
+        _charts.learning_curve_spec(
+            x=axis,
+            x_title=x_title,
+            y_title=summary.metric,
+            rungs=rungs,
+            states=states,
+            log_y=log_y and positive,
+        ),
         height=380,
         width="stretch",
         on_select="rerun",
@@ -311,13 +333,15 @@ def _learning_curves(
     best = f"trial {curves.best_number} (black)" if curves.best_number is not None else "none yet"
     st.caption(
         f"`{summary.metric}` ({curves.kind} metric) against the {x_title} for {sample}. "
-        f"Best: {best}. Crosses: where pruned trials stopped"
+        f"Best: {best}. Crosses: where pruned trials stopped (pruned trials are faint, "
+        "so many stopped at one rung do not hide the rest)"
         + (
-            f"; dashed lines: ASHA rungs at {', '.join(f'{r:g}' for r in rungs)}."
+            f"; dashed lines: ASHA rungs at {', '.join(_format.number(r) for r in rungs)}."
             if rungs
             else "."
         )
-        + " Click curves (shift-click for more) to compare them."
+        + " Hover a curve for its hyperparameters; click curves (shift-click for more) "
+        "to compare them."
     )
     picked = _picked_numbers(event)
     if picked:
