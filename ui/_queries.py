@@ -30,6 +30,7 @@ from storage import (
     Allocation,
     Checkpoint,
     Experiment,
+    ExperimentState,
     Metric,
     MetricKind,
     QueuedTrial,
@@ -1214,6 +1215,50 @@ def failure_summary(engine: Engine, experiment_id: int) -> FailureSummary:
         completed=int(counts[1] or 0),
         reason=None if commonest is None else str(commonest.error),
         reason_count=0 if commonest is None else int(commonest.n),
+    )
+
+
+# What the driver writes into the error of trials it ends when it stops the experiment
+# (``searcher.running`` and ``searcher.control``), before the stop's reason.
+_STOPPED_PREFIXES = ("experiment stopped before the trial ran: ", "experiment stopped: ")
+
+
+def fail_fast_stop(
+    engine: Engine, experiment_id: int, config: ExperimentConfig | None
+) -> str | None:
+    """Why the driver stopped the experiment early (``fail_fast_trials``), or None.
+
+    The driver logs ``stopping the experiment: REASON (fail_fast_trials: N)`` and
+    writes REASON into the error of the trials it ends then. When no trial was left to
+    end, the rule is read back from the trials: the first N (by number) all failed
+    with one error and none succeeded.
+    """
+    limit = 0 if config is None else config.fail_fast_trials
+    with engine.connect() as conn:
+        state = conn.execute(sa.select(_E.c.state).where(_E.c.id == experiment_id)).scalar()
+        if _enum_value(state) != ExperimentState.ERROR.value or limit <= 0:
+            return None
+        trials = conn.execute(
+            sa.select(_T.c.state, _T.c.error)
+            .where(_T.c.experiment_id == experiment_id)
+            .order_by(_T.c.optuna_trial_number)
+        ).all()
+    for trial in trials:
+        for prefix in _STOPPED_PREFIXES:
+            if (trial.error or "").startswith(prefix):
+                return f"{trial.error.removeprefix(prefix)} (fail_fast_trials: {limit})"
+    states = [_enum_value(t.state) for t in trials]
+    first = trials[:limit]
+    if (
+        len(first) < limit
+        or any(s in (TrialState.COMPLETED.value, TrialState.PRUNED.value) for s in states)
+        or any(_enum_value(t.state) != TrialState.ERROR.value for t in first)
+        or len({t.error for t in first}) != 1
+    ):
+        return None
+    return (
+        f"the first {limit} trials all failed with the same error and none succeeded: "
+        f"{first[0].error} (fail_fast_trials: {limit})"
     )
 
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import sqlalchemy as sa
 
 from storage import get_engine
 from tests._demo_data import DemoSearch
 from tests.ui._pages import PageRenderer, assert_no_exception, texts, vega_charts
-from ui import _charts, _format
+from ui import _actions, _charts, _format
 
 
 def _number(url: str, trial_id: int) -> tuple[int, int]:
@@ -134,3 +135,97 @@ def test_learning_curves_read_under_asha(
     (spec, _), *_ = vega_charts(app)
     lines = next(layer for layer in spec["layer"] if "detail" in layer.get("encoding", {}))
     assert lines["encoding"]["y"]["scale"] == {"type": "log"}
+
+
+def _execute(url: str, sql: str, **params: object) -> None:
+    with get_engine(url).begin() as conn:
+        conn.execute(sa.text(sql), params)
+
+
+def test_fail_fast_stop_is_stated_with_its_reason(
+    render: PageRenderer, writable_synthetic: DemoSearch
+) -> None:
+    # Issue 33 item 6: "3/4" and a bar, but not why the search stopped.
+    experiment = writable_synthetic.experiment_id
+    _execute(
+        writable_synthetic.url,
+        "UPDATE slotsweep_experiments SET state = 'ERROR' WHERE id = :e",
+        e=experiment,
+    )
+    _execute(
+        writable_synthetic.url,
+        "UPDATE slotsweep_trials SET state = 'ERROR', error = 'ValueError: boom'"
+        " WHERE experiment_id = :e",
+        e=experiment,
+    )
+    app = render("experiment", writable_synthetic.url, experiment=experiment)
+    assert_no_exception(app)
+    assert (
+        "stopped the experiment early (fail-fast): the first 3 trials all failed with the "
+        "same error and none succeeded: ValueError: boom (fail_fast_trials: 3)"
+    ) in texts(app)
+    # The driver's own words win when it wrote them into a trial it ended.
+    _execute(
+        writable_synthetic.url,
+        "UPDATE slotsweep_trials SET error = 'experiment stopped: the first 3 trials all"
+        " failed with the same error and none succeeded: ValueError: bad'"
+        " WHERE experiment_id = :e AND optuna_trial_number = 4",
+        e=experiment,
+    )
+    app = render("experiment", writable_synthetic.url, experiment=experiment)
+    assert "none succeeded: ValueError: bad (fail_fast_trials: 3)" in texts(app)
+
+
+def test_detached_experiment_says_how_to_start_it_and_offers_resume(
+    render: PageRenderer, writable_synthetic: DemoSearch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 33 item 7: "ACTIVE ... no driver recorded" and no way to start it here.
+    experiment = writable_synthetic.experiment_id
+    _execute(
+        writable_synthetic.url,
+        "UPDATE slotsweep_experiments SET driver_pid = NULL, driver_host = NULL,"
+        " driver_heartbeat_at = NULL, state = 'ACTIVE' WHERE id = :e",
+        e=experiment,
+    )
+    started: list[tuple[list[str], dict[str, object]]] = []
+
+    class _Process:
+        pid = 4242
+
+    def _popen(args: list[str], **kwargs: object) -> _Process:
+        started.append((args, kwargs))
+        return _Process()
+
+    monkeypatch.setattr(_actions.subprocess, "Popen", _popen)
+    app = render("experiment", writable_synthetic.url, experiment=experiment)
+    assert_no_exception(app)
+    assert f"`slotsweep resume {experiment}`" in texts(app)
+    radio = app.radio(key=f"action_{experiment}")
+    assert "Resume" in radio.options  # beside Pause and Kill
+    radio.set_value(_actions.RESUME).run()
+    app.checkbox(key=f"action_confirmed_{experiment}").check().run()
+    next(b for b in app.button if b.label == "Send request").click().run()
+    assert_no_exception(app)
+    ((args, kwargs),) = started
+    # An argument list, no shell, its own session; the URL in the environment only.
+    assert args[1:] == ["-m", "searcher.cli", "resume", str(experiment), "--no-progress"]
+    assert "shell" not in kwargs and kwargs["start_new_session"] is True
+    env = kwargs["env"]
+    assert isinstance(env, dict) and env["SLOTSWEEP_DB"] == writable_synthetic.url
+    assert not any(writable_synthetic.url in a for a in args)
+    assert "Started `slotsweep resume" in texts(app)
+
+
+def test_description_is_shown_on_the_experiment_page(
+    render: PageRenderer, writable_synthetic: DemoSearch
+) -> None:
+    experiment = writable_synthetic.experiment_id
+    _execute(
+        writable_synthetic.url,
+        "UPDATE slotsweep_experiments"
+        " SET config = json_set(config, '$.description', 'Digits, ASHA over lr') WHERE id = :e",
+        e=experiment,
+    )
+    app = render("experiment", writable_synthetic.url, experiment=experiment)
+    assert_no_exception(app)
+    assert "Digits, ASHA over lr" in [m.value for m in app.markdown]

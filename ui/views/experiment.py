@@ -126,10 +126,42 @@ def _header() -> None:
         st.warning(f"Experiment {experiment_id} no longer exists.")
         return
     failures = _queries.failure_summary(engine, experiment_id)
+    _headline(summary, failures)
+    if summary.counts[TrialState.QUEUED.value]:
+        _waiting_trials()
+    try:
+        signature, unreadable = study_signature(engine, summary.study_name), None
+    except OptunaSchemaError as exc:
+        # The rest of the page is slotsweep's own tables; only Optuna's plots are lost.
+        signature, unreadable = StudySignature(None), str(exc)
+    multi = signature.objectives > 1
+    # Reading a study into Optuna costs about 0.2 s per 1,000 trials: a large study is
+    # read only once a plot is asked for (or its Pareto front is needed).
+    eager = signature.exists and (multi or signature.trials <= _EAGER_PLOT_TRIALS)
+    study = _study(url, summary.study_name, signature) if eager else None
+    _best_trials(summary, failures, study if multi else None)
+    _learning_curves(summary, failures)
+    st.markdown("#### Optuna plots")
+    if unreadable is not None:
+        st.error(unreadable)
+        return
+    if not signature.exists:
+        st.info(f"The Optuna study `{summary.study_name}` is not in this database yet.")
+        return
+    _optuna_plot(summary, signature, study, eager=eager)
+
+
+def _headline(summary: _queries.ExperimentSummary, failures: _queries.FailureSummary) -> None:
+    """Name and state, why it stopped or failed, the counts, the description, the driver."""
     state = _queries.shown_state(summary.state, summary.counts)
     st.subheader(
         f"{summary.name} (#{summary.id}) :{_STATE_BADGE.get(state, 'gray')}-badge[{state}]"
     )
+    if summary.config is not None and summary.config.description.strip():
+        st.markdown(summary.config.description)
+    stopped = _queries.fail_fast_stop(engine, experiment_id, summary.config)
+    if stopped is not None:
+        st.error(f"The driver stopped the experiment early (fail-fast): {stopped}.")
     _failures(summary, failures)
     # Pairs, then the counts: at 1000 px a column of a row of four cut "COMPLETED"
     # short, and "9000/10000" needs a column of a row of two.
@@ -144,40 +176,40 @@ def _header() -> None:
     counts[1].metric("Queued", summary.counts[TrialState.QUEUED.value])
     counts[2].metric("Pruned", summary.counts[TrialState.PRUNED.value])
     counts[3].metric("Failed", summary.counts[TrialState.ERROR.value])
-    driver = (
-        f"driver {summary.driver_host}:{summary.driver_pid}, heartbeat "
-        f"{_context.age(summary.driver_heartbeat_at)}"
-        if summary.driver_pid is not None
-        else "no driver recorded"
-    )
-    direction = "smaller is better" if summary.smaller_is_better else "larger is better"
-    st.caption(
-        f"Study `{summary.study_name}` · searcher metric `{summary.metric}` ({direction}) · "
-        f"started {summary.created_at:%Y-%m-%d %H:%M:%S} UTC · {driver}"
-        + (
-            f" · requested action: **{summary.requested_action}**"
-            if summary.requested_action
-            else ""
+    st.caption(_driver_caption(summary))
+
+
+def _driver_caption(summary: _queries.ExperimentSummary) -> str:
+    if summary.driver_pid is not None:
+        driver = (
+            f"driver {summary.driver_host}:{summary.driver_pid}, heartbeat "
+            f"{_context.age(summary.driver_heartbeat_at)}"
         )
+    elif summary.state == "ACTIVE":
+        driver = (
+            "no driver recorded: nothing runs it (created with `--detach`?); "
+            f"`slotsweep resume {summary.id}` or the Resume action above starts one"
+        )
+    else:
+        driver = "no driver recorded"
+    direction = "smaller is better" if summary.smaller_is_better else "larger is better"
+    action = (
+        f" · requested action: **{summary.requested_action}**" if summary.requested_action else ""
     )
-    if summary.counts[TrialState.QUEUED.value]:
-        _waiting_trials()
+    return (
+        f"Study `{summary.study_name}` · searcher metric `{summary.metric}` ({direction}) · "
+        f"started {summary.created_at:%Y-%m-%d %H:%M:%S} UTC · {driver}{action}"
+    )
 
-    try:
-        signature, unreadable = study_signature(engine, summary.study_name), None
-    except OptunaSchemaError as exc:
-        # The rest of the page is slotsweep's own tables; only Optuna's plots are lost.
-        signature, unreadable = StudySignature(None), str(exc)
-    multi = signature.objectives > 1
-    # Reading a study into Optuna costs about 0.2 s per 1,000 trials: a large study is
-    # read only once a plot is asked for (or its Pareto front is needed).
-    eager = signature.exists and (multi or signature.trials <= _EAGER_PLOT_TRIALS)
-    study = _study(url, summary.study_name, signature) if eager else None
 
-    if study is not None and multi:
-        # Several objectives: the best trials are Optuna's Pareto-optimal ones.
+def _best_trials(
+    summary: _queries.ExperimentSummary, failures: _queries.FailureSummary, pareto: Any
+) -> None:
+    """The best trials table; with several objectives (``pareto`` is the study), Optuna's
+    Pareto-optimal ones."""
+    if pareto is not None:
         st.markdown("#### Best trials (Pareto front)")
-        numbers = [t.number for t in study.best_trials]
+        numbers = [t.number for t in pareto.best_trials]
         best = _queries.trials_by_numbers(engine, experiment_id, numbers)
     else:
         st.markdown("#### Best trials")
@@ -193,15 +225,12 @@ def _header() -> None:
     else:
         _trials_table(best, key="best_trials", config=summary.config)
 
-    _learning_curves(summary, failures)
 
-    st.markdown("#### Optuna plots")
-    if unreadable is not None:
-        st.error(unreadable)
-        return
-    if not signature.exists:
-        st.info(f"The Optuna study `{summary.study_name}` is not in this database yet.")
-        return
+def _optuna_plot(
+    summary: _queries.ExperimentSummary, signature: StudySignature, study: Any, *, eager: bool
+) -> None:
+    """One of Optuna's plots, picked above it; a large study waits until one is picked."""
+    multi = signature.objectives > 1
     default = _plots.PARETO if multi else _plots.HISTORY if eager else None
     kind = st.segmented_control(
         "Plot",
@@ -462,41 +491,45 @@ def _send_request(action_key: str, confirm_key: str, result_key: str) -> None:
         st.session_state[result_key] = "Not sent: this page was not opened with the UI's token."
         return
     action = str(st.session_state[action_key])
-    st.session_state[result_key] = _actions.request_action(url, experiment_id, action)
+    st.session_state[result_key] = (
+        _actions.start_resume(url, experiment_id)
+        if action == _actions.RESUME
+        else _actions.request_action(url, experiment_id, action)
+    )
 
 
 def _actions_panel() -> None:
+    """Pause, kill, activate and resume, at the top of the page, behind a confirmation."""
     summary = _queries.experiment_summary(engine, experiment_id)
     if summary is None or summary.state in ("COMPLETED", "CANCELED", "ERROR"):
         return
     if not _context.controls_allowed():
         st.caption(
-            "Pause and kill are hidden: this server is reachable from other machines, "
-            "and only pages opened with the address `slotsweep ui` printed (with its "
-            "token) may use them. `slotsweep pause|kill` work from a terminal."
+            "Pause, kill and resume are hidden: this server is reachable from other "
+            "machines, and only pages opened with the address `slotsweep ui` printed "
+            "(with its token) may use them. `slotsweep pause|kill|resume` work from a terminal."
         )
         return
+    choices = dict(_actions.ACTIONS)
+    if _actions.resumable(url, experiment_id):
+        choices[_actions.RESUME] = _actions.RESUME_TEXT
     action_key, confirm_key = f"action_{experiment_id}", f"action_confirmed_{experiment_id}"
     result_key = f"action_result_{experiment_id}"
-    with st.expander("Actions (pause or kill this experiment)"):
-        action = st.radio(
-            "Action",
-            list(_actions.ACTIONS),
-            format_func=_actions.ACTIONS.__getitem__,
-            key=action_key,
-        )
-        confirmed = st.checkbox(
-            f"Yes, {action} experiment {summary.name} (#{summary.id})", key=confirm_key
-        )
-        st.button(
-            "Send request",
-            disabled=not confirmed,
-            type="primary",
-            on_click=_send_request,
-            args=(action_key, confirm_key, result_key),
-        )
-        if result_key in st.session_state:
-            st.success(st.session_state.pop(result_key))
+    row = st.columns([4, 3, 2], vertical_alignment="bottom")
+    action = row[0].radio(
+        "Action", list(choices), format_func=str.capitalize, horizontal=True, key=action_key
+    )
+    confirmed = row[1].checkbox(f"Yes, {action} {summary.name} (#{summary.id})", key=confirm_key)
+    row[2].button(
+        "Send request",
+        disabled=not confirmed,
+        type="primary",
+        on_click=_send_request,
+        args=(action_key, confirm_key, result_key),
+    )
+    st.caption(choices.get(str(action), ""))
+    if result_key in st.session_state:
+        st.success(st.session_state.pop(result_key))
 
 
 def _config() -> None:
@@ -507,7 +540,7 @@ def _config() -> None:
             st.json(summary.stored_config, expanded=False)
 
 
+_actions_panel()
 _context.live(_header)
 _context.live(_trials)
-_actions_panel()
 _config()
