@@ -181,6 +181,26 @@ def experiment_count(engine: Engine) -> int:
         return int(conn.execute(sa.select(sa.func.count()).select_from(_E)).scalar_one())
 
 
+_EXPERIMENT_COLUMNS = [
+    "id",
+    "name",
+    "state",
+    "progress",
+    "done",
+    "completed",
+    "running",
+    "queued",
+    "pruned",
+    "failed",
+    "best",
+    "metric",
+    "slots_in_use",
+    "started",
+    "ended",
+    "requested_action",
+]
+
+
 def list_experiments(
     engine: Engine,
     *,
@@ -194,12 +214,7 @@ def list_experiments(
     Filtering and paging happen in SQL; the counts are aggregated only for the
     experiments on the page.
     """
-    where: list[sa.ColumnElement[bool]] = []
-    if states:
-        where.append(_E.c.state.in_(list(states)))
-    if name_contains:
-        escaped = name_contains.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        where.append(_E.c.name.ilike(f"%{escaped}%", escape="\\"))
+    where = _experiment_filter(states, name_contains)
     with engine.connect() as conn:
         total = conn.execute(sa.select(sa.func.count()).select_from(_E).where(*where)).scalar_one()
         experiments = conn.execute(
@@ -219,23 +234,7 @@ def list_experiments(
             .offset(offset)
         ).all()
         ids = [row.id for row in experiments]
-        counts = {
-            row.experiment_id: row
-            for row in conn.execute(
-                sa.select(
-                    _T.c.experiment_id,
-                    *_state_counts_columns(),
-                    sa.func.min(
-                        sa.case((_T.c.state == TrialState.COMPLETED, _T.c.searcher_metric_value))
-                    ).label("min_value"),
-                    sa.func.max(
-                        sa.case((_T.c.state == TrialState.COMPLETED, _T.c.searcher_metric_value))
-                    ).label("max_value"),
-                )
-                .where(_T.c.experiment_id.in_(ids))
-                .group_by(_T.c.experiment_id)
-            ).mappings()
-        }
+        counts = _trial_aggregates(conn, ids)
         slots: dict[int, int] = dict(
             conn.execute(
                 sa.select(_A.c.experiment_id, sa.func.count())
@@ -243,53 +242,66 @@ def list_experiments(
                 .group_by(_A.c.experiment_id)
             ).all()
         )
-    rows = []
-    for exp in experiments:
-        agg = counts.get(exp.id)
-        count = _count_dict(agg) if agg is not None else {s.value: 0 for s in TrialState}
-        config = typed_config(exp.config)
-        smaller = smaller_is_better(config)
-        best = None if agg is None else (agg["min_value"] if smaller else agg["max_value"])
-        finished = sum(count[s.value] for s in TrialState if s.is_terminal)
-        rows.append(
-            {
-                "id": exp.id,
-                "name": exp.name,
-                "state": shown_state(_enum_value(exp.state), count),
-                "progress": finished / exp.max_trials if exp.max_trials else 0.0,
-                "done": f"{finished}/{exp.max_trials}",
-                "completed": count["COMPLETED"],
-                "running": count["RUNNING"],
-                "queued": count["QUEUED"],
-                "pruned": count["PRUNED"],
-                "failed": count["ERROR"],
-                "best": best,
-                "metric": None if config is None else config.searcher.metric,
-                "slots_in_use": int(slots.get(exp.id, 0)),
-                "started": exp.created_at,
-                "ended": exp.ended_at,
-                "requested_action": exp.requested_action,
-            }
-        )
-    columns = [
-        "id",
-        "name",
-        "state",
-        "progress",
-        "done",
-        "completed",
-        "running",
-        "queued",
-        "pruned",
-        "failed",
-        "best",
-        "metric",
-        "slots_in_use",
-        "started",
-        "ended",
-        "requested_action",
+    rows = [
+        _experiment_row(exp, counts.get(exp.id), int(slots.get(exp.id, 0))) for exp in experiments
     ]
-    return Page(pd.DataFrame(rows, columns=columns), int(total), offset, limit)
+    return Page(pd.DataFrame(rows, columns=_EXPERIMENT_COLUMNS), int(total), offset, limit)
+
+
+def _experiment_filter(states: Sequence[str], name_contains: str) -> list[sa.ColumnElement[bool]]:
+    """The WHERE of the experiments list: any of ``states``, a name containing the text."""
+    where: list[sa.ColumnElement[bool]] = []
+    if states:
+        where.append(_E.c.state.in_(list(states)))
+    if name_contains:
+        escaped = name_contains.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        where.append(_E.c.name.ilike(f"%{escaped}%", escape="\\"))
+    return where
+
+
+def _trial_aggregates(conn: sa.Connection, ids: Sequence[int]) -> dict[int, Any]:
+    """Per experiment: trial counts by state and the smallest and largest completed value."""
+    completed_value = sa.case((_T.c.state == TrialState.COMPLETED, _T.c.searcher_metric_value))
+    return {
+        row.experiment_id: row
+        for row in conn.execute(
+            sa.select(
+                _T.c.experiment_id,
+                *_state_counts_columns(),
+                sa.func.min(completed_value).label("min_value"),
+                sa.func.max(completed_value).label("max_value"),
+            )
+            .where(_T.c.experiment_id.in_(list(ids)))
+            .group_by(_T.c.experiment_id)
+        ).mappings()
+    }
+
+
+def _experiment_row(exp: Any, agg: Any, slots_in_use: int) -> dict[str, Any]:
+    """One row of the experiments list, from its experiment row and trial aggregates."""
+    count = _count_dict(agg) if agg is not None else {s.value: 0 for s in TrialState}
+    config = typed_config(exp.config)
+    smaller = smaller_is_better(config)
+    best = None if agg is None else (agg["min_value"] if smaller else agg["max_value"])
+    finished = sum(count[s.value] for s in TrialState if s.is_terminal)
+    return {
+        "id": exp.id,
+        "name": exp.name,
+        "state": shown_state(_enum_value(exp.state), count),
+        "progress": finished / exp.max_trials if exp.max_trials else 0.0,
+        "done": f"{finished}/{exp.max_trials}",
+        "completed": count["COMPLETED"],
+        "running": count["RUNNING"],
+        "queued": count["QUEUED"],
+        "pruned": count["PRUNED"],
+        "failed": count["ERROR"],
+        "best": best,
+        "metric": None if config is None else config.searcher.metric,
+        "slots_in_use": slots_in_use,
+        "started": exp.created_at,
+        "ended": exp.ended_at,
+        "requested_action": exp.requested_action,
+    }
 
 
 def shown_state(state: str, counts: dict[str, int]) -> str:
