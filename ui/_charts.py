@@ -208,6 +208,21 @@ _IDLE_WARM_PALETTE = ["#5f6b7a", "#7a6a5f", "#56675a", "#6d5f7a"]
 # The outline of every slot a warm job holds (running a trial or idle).
 _WARM_STROKE = "#222222"
 FREE = "free"
+# One agent's row of slot cells, and one row of the legend under the grid.
+SLOT_ROW_PX = 36
+LEGEND_ROW_PX = 20
+
+
+def slot_grid_height(spec: dict[str, Any]) -> int:
+    """The pixel height a :func:`slot_grid_spec` chart needs: its rows, axes and legend.
+
+    Example:
+        >>> slot_grid_height(slot_grid_spec(["1.0", "1.1"], 2))
+        172
+    """
+    legend = spec["layer"][0]["encoding"]["color"]["scale"]["domain"]
+    legend_rows = -(-len(legend) // 2)  # two columns
+    return int(spec["height"]) + 60 + LEGEND_ROW_PX * legend_rows
 
 
 def slot_grid_spec(
@@ -233,7 +248,9 @@ def slot_grid_spec(
     }
     warm = "datum.warm_job && datum.warm_job !== ''"
     return {
-        "height": max(40, 34 * n_agents),
+        "height": max(SLOT_ROW_PX, SLOT_ROW_PX * n_agents),
+        # Below the grid, so long holder names never push the grid narrow or get cut.
+        "config": {"legend": {"orient": "bottom", "columns": 2, "labelLimit": 400}},
         "layer": [
             {
                 "mark": {"type": "rect", "stroke": "white", "strokeWidth": 2},

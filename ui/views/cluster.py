@@ -149,9 +149,10 @@ def _slot_grid(
             for holder in [held.get((agent.name, slot))]
         ]
     )
-    st.vega_lite_chart(
-        cells, _charts.slot_grid_spec(holders, len(agents), idle_warm_jobs=idle), width="stretch"
-    )
+    spec = _charts.slot_grid_spec(holders, len(agents), idle_warm_jobs=idle)
+    # The height Streamlit gives the chart, not the spec's: without it the grid was
+    # squeezed into a 40 px strip and its legend cut off.
+    st.vega_lite_chart(cells, spec, height=_charts.slot_grid_height(spec), width="stretch")
 
 
 @st.cache_resource(ttl=30, show_spinner=False)

@@ -405,19 +405,20 @@ def _system() -> None:
             f"{a} · {'host' if pd.isna(g) else f'GPU {int(g)}'}"
             for a, g in zip(series["agent"], series["gpu_index"], strict=True)
         ]
+        spec = _charts.line_spec(
+            x="recorded_at",
+            y="value",
+            color="source",
+            x_title="time (UTC)",
+            y_title=_units.titled(str(metric), unit),
+            x_type="temporal",
+            y_format=unit.axis_format,
+        )
+        # A line needs two samples: a source sampled once is drawn as a point.
+        if int(series.groupby("source").size().min()) < 2:
+            spec["mark"]["point"] = {"size": 60, "filled": True}
         st.vega_lite_chart(
-            series[["recorded_at", "source", "value"]],
-            _charts.line_spec(
-                x="recorded_at",
-                y="value",
-                color="source",
-                x_title="time (UTC)",
-                y_title=_units.titled(str(metric), unit),
-                x_type="temporal",
-                y_format=unit.axis_format,
-            ),
-            height=300,
-            width="stretch",
+            series[["recorded_at", "source", "value"]], spec, height=300, width="stretch"
         )
 
 
