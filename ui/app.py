@@ -11,6 +11,12 @@ import streamlit as st
 from ui import _context
 
 st.set_page_config(page_title="slotsweep", layout="wide")
+# Streamlit pads the page by 5rem a side: at 1024 px, beside the sidebar, that left a
+# table 550 px and pushed its key columns off-screen.
+st.html(
+    "<style>[data-testid='stMainBlockContainer']"
+    "{padding-left: 1.5rem; padding-right: 1.5rem; padding-top: 2.5rem}</style>"
+)
 
 
 def _home() -> None:

@@ -229,3 +229,38 @@ def test_description_is_shown_on_the_experiment_page(
     app = render("experiment", writable_synthetic.url, experiment=experiment)
     assert_no_exception(app)
     assert "Digits, ASHA over lr" in [m.value for m in app.markdown]
+
+
+def test_compare_experiments_plots_every_trial_and_lists_failed_searches(
+    render: PageRenderer, writable_synthetic: DemoSearch
+) -> None:
+    # Issue 33 item 9: only improving trials were plotted, failed searches dropped
+    # without a word, and no summary table.
+    demo, cost = writable_synthetic.experiment_id, writable_synthetic.multi_objective_experiment_id
+    _execute(
+        writable_synthetic.url,
+        "UPDATE slotsweep_trials SET state = 'ERROR', searcher_metric_value = NULL"
+        " WHERE experiment_id = :e",
+        e=cost,
+    )
+    app = render("compare", writable_synthetic.url, experiments=f"{demo},{cost}")
+    assert_no_exception(app)
+    summary = next(t.value for t in app.dataframe if "searcher" in t.value.columns)
+    assert {"experiment", "trials", "best", "slot_seconds", "searcher"} <= set(summary.columns)
+    assert len(summary) == 2
+    assert "No completed trial, so no curve: regression-cost" in texts(app)
+    with get_engine(writable_synthetic.url, read_only=True).connect() as conn:
+        ended = conn.execute(
+            sa.text(
+                "SELECT state FROM slotsweep_trials WHERE experiment_id = :e"
+                " AND ended_at IS NOT NULL ORDER BY ended_at, id"
+            ),
+            {"e": demo},
+        ).all()
+    # One point per ended trial from the first completed one on, not only improvers.
+    first = next(i for i, (state,) in enumerate(ended) if state == "COMPLETED")
+    charts = vega_charts(app)
+    assert len(charts) == 2
+    for spec, data in charts:
+        assert len(data) == len(ended) - first
+        assert spec["encoding"]["y"]["axis"]["format"] == _format.D3

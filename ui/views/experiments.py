@@ -46,8 +46,8 @@ def _table() -> None:
         selection_mode="single-row",
         key="experiments_table",
         # What a user scans for first, so it fits at 1024 px: which search, how far,
-        # how good, how many pruned or failed. The rest (queued, ended, id) is on the
-        # Experiment page.
+        # how good, how many pruned or failed. The rest (running, queued, slots, start
+        # and end, id) is on the Experiment page.
         column_order=[
             "open",
             "name",
@@ -57,14 +57,16 @@ def _table() -> None:
             "best",
             "pruned",
             "failed",
-            "running",
-            "slots_in_use",
-            "started",
         ],
         column_config={
             "open": st.column_config.LinkColumn("open", display_text="open ↗", width="small"),
             "progress": st.column_config.ProgressColumn(
-                "progress", min_value=0.0, max_value=1.0, format="percent", width="small"
+                "progress",
+                min_value=0.0,
+                max_value=1.0,
+                format="percent",
+                width="small",
+                color="gray",  # The state's tint colours the cell; red meant nothing.
             ),
             "done": st.column_config.TextColumn(
                 "done/max", help="finished trials of max_trials", width="small"
@@ -75,7 +77,7 @@ def _table() -> None:
             ),
             "running": st.column_config.NumberColumn("running", width="small"),
             "best": st.column_config.NumberColumn(
-                "best", format=_format.COLUMN, help="best searcher metric"
+                "best", format=_format.COLUMN, help="best searcher metric", width="small"
             ),
             "slots_in_use": st.column_config.NumberColumn("slots", width="small"),
             "started": st.column_config.DatetimeColumn("started (UTC)", format="MM-DD HH:mm"),
