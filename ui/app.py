@@ -15,7 +15,7 @@ st.set_page_config(page_title="slotsweep", layout="wide")
 # table 550 px and pushed its key columns off-screen.
 st.html(
     "<style>[data-testid='stMainBlockContainer']"
-    "{padding-left: 1.5rem; padding-right: 1.5rem; padding-top: 2.5rem}</style>"
+    "{padding-left: 1rem; padding-right: 1rem; padding-top: 2.5rem}</style>"
 )
 
 

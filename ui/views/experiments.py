@@ -36,14 +36,14 @@ def _table() -> None:
     rows = page.rows.assign(
         open=[_context.link("experiment", experiment=int(i)) for i in page.rows["id"]]
     )
-    event = st.dataframe(
+    # No row selection: its checkbox column cost the width of "failed" at 1024 px, and
+    # the "open" link opens the experiment (in a new tab too).
+    st.dataframe(
         # The state's colour on its cell and the progress bar's: a failed search's bar
         # must not look like a running one's.
         rows.style.apply(_state_colours, axis=1),
         hide_index=True,
         width="stretch",
-        on_select="rerun",
-        selection_mode="single-row",
         key="experiments_table",
         # What a user scans for first, so it fits at 1024 px: which search, how far,
         # how good, how many pruned or failed. The rest (running, queued, slots, start
@@ -85,12 +85,8 @@ def _table() -> None:
     )
     st.caption(
         _context.rows_caption(page.offset, len(rows), page.total)
-        + " Select a row (or follow 'open') to see the experiment."
+        + " Follow 'open' to see the experiment."
     )
-    selected = event.selection.rows if event is not None else []
-    if selected:
-        experiment_id = int(rows.iloc[selected[0]]["id"])
-        st.switch_page(_context.EXPERIMENT_PAGE, query_params={"experiment": str(experiment_id)})
 
 
 # Light tints (dark text stays readable) of the trial-state colours of the charts.
