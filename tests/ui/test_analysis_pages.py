@@ -110,9 +110,18 @@ def test_every_hyperparameter_column_is_in_the_trials_table(
 ) -> None:
     app = render("experiment", real_search.url, experiment=real_search.experiment_id)
     hparams = json.loads(_trials(real_search)[0].hparams)
+    summary = _queries.experiment_summary(
+        get_engine(real_search.url, read_only=True), real_search.experiment_id
+    )
+    assert summary is not None and summary.config is not None
+    constant = {k for k, hp in summary.config.hyperparameters.items() if hp.type == "const"}
+    # The searched hyperparameters first, the constant ones after (issue 33 item 4).
+    expected = [f"hp.{k}" for k in sorted(hparams) if k not in constant]
+    expected += [f"hp.{k}" for k in sorted(hparams) if k in constant]
+    assert constant and expected[-1].removeprefix("hp.") in constant
     for table in app.dataframe[:2]:
         order = list(table.proto.column_order)
-        assert [c for c in order if c.startswith("hp.")] == [f"hp.{k}" for k in sorted(hparams)]
+        assert [c for c in order if c.startswith("hp.")] == expected
         config = json.loads(table.proto.columns)
         assert all(config[f"hp.{k}"]["label"] == k for k in hparams)
         assert config["number"]["pinned"] is True  # the trial stays in view while scrolling
