@@ -1,4 +1,4 @@
-"""The UI's only writes: a confirmed pause, activate or kill of an experiment, and who may.
+"""The UI's only writes: a confirmed pause, activate, kill or resume of an experiment, and who may.
 
 The request takes the one path ``slotsweep pause|kill`` also takes
 (:func:`trials.coordination.control.request_action`): a running experiment's driver is asked
@@ -13,8 +13,14 @@ with ``?token=...``; the controls appear only on pages opened with that token.
 
 from __future__ import annotations
 
+import os
 import secrets
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
+from storage import DB_ENV_VAR, Experiment, ExperimentState, session_scope
 from trials.coordination import control
 
 # Keyed by the actions' values: the page's radio shows and returns plain text.
@@ -27,6 +33,9 @@ ACTIONS = {
         "Activate: withdraw a pending pause, or say how to run a paused experiment."
     ),
 }
+# Not a request to a driver: the UI starts one (``slotsweep resume``), see start_resume.
+RESUME = "resume"
+RESUME_TEXT = "Resume: start a driver for this experiment, as `slotsweep resume` would."
 TOKEN_ENV_VAR = "SLOTSWEEP_UI_TOKEN"
 TOKEN_QUERY_PARAM = "token"
 
@@ -71,3 +80,55 @@ def request_action(url: str, experiment_id: int, action: str) -> str:
         return control.request_action(url, experiment_id, action)
     except control.ActionRefused as exc:
         return str(exc)
+
+
+def resumable(url: str, experiment_id: int) -> bool:
+    """Whether ``slotsweep resume`` would run the experiment now: PAUSED, or ACTIVE with
+    no live driver (created with ``--detach``, or its driver died)."""
+    with session_scope(url) as session:
+        experiment = session.get(Experiment, experiment_id)
+        if experiment is None:
+            return False
+        if experiment.state == ExperimentState.PAUSED:
+            return True
+        return experiment.state == ExperimentState.ACTIVE and not control.driver_alive(experiment)
+
+
+def resume_log_path(experiment_id: int) -> Path:
+    """Where the output of a driver the UI started goes (the UI has no terminal)."""
+    return Path(tempfile.gettempdir()) / f"slotsweep-resume-{experiment_id}.log"
+
+
+def resume_command(experiment_id: int) -> list[str]:
+    """``slotsweep resume ID`` as an argument list, run by this Python (never a shell).
+
+    Example:
+        >>> resume_command(3)[1:]
+        ['-m', 'searcher.cli', 'resume', '3', '--no-progress']
+    """
+    return [sys.executable, "-m", "searcher.cli", "resume", str(experiment_id), "--no-progress"]
+
+
+def start_resume(url: str, experiment_id: int) -> str:
+    """Start a driver for the experiment, as ``slotsweep resume`` in a terminal would.
+
+    The driver runs detached (its own session, no terminal): it outlives this page and
+    the UI server. The database URL travels in ``$SLOTSWEEP_DB``, never on the command
+    line, which ``ps`` shows to every user. Returns what happened, in words.
+    """
+    if not resumable(url, experiment_id):
+        return f"Experiment {experiment_id} has a running driver or has ended: not started."
+    log = resume_log_path(experiment_id)
+    with open(log, "ab") as output:
+        process = subprocess.Popen(
+            resume_command(experiment_id),
+            env={**os.environ, DB_ENV_VAR: url},
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return (
+        f"Started `slotsweep resume {experiment_id}` (pid {process.pid}); its output goes "
+        f"to `{log}`. The page shows the driver once it records its heartbeat."
+    )

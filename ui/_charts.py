@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from ui import _format
+
 FieldType = Literal["quantitative", "temporal"]
 
 
@@ -53,7 +55,12 @@ def line_spec(
         "y": y_enc,
         "tooltip": [
             x_tip,
-            {"field": y, "type": "quantitative", "title": y_title, "format": y_format or ".6g"},
+            {
+                "field": y,
+                "type": "quantitative",
+                "title": y_title,
+                "format": y_format or _format.D3,
+            },
         ],
     }
     if color is not None:
@@ -63,37 +70,64 @@ def line_spec(
 
 
 # Categorical colours of trial states (Tableau 10, readable on white and by most
-# colour-blind users); the best trial is drawn black on top of them.
+# colour-blind users); the best trial is drawn black on top of them. PRUNED is purple,
+# far from ERROR's red: a pruned trial is the search working, not a failure.
 STATE_COLORS = {
     "COMPLETED": "#4c78a8",
-    "PRUNED": "#f58518",
+    "PRUNED": "#b279a2",
     "ERROR": "#e45756",
     "RUNNING": "#54a24b",
     "QUEUED": "#79706e",
 }
+# Where ASHA stopped a trial: a darker shade of PRUNED's purple.
+STOPPED_COLOR = "#6b3d8f"
+# Under ASHA most trials stop at the first rung: drawn faint, the few that go on show.
+PRUNED_OPACITY = 0.3
 PICK = "pick"
 
 
 def learning_curve_spec(
-    *, x: str, x_title: str, y_title: str, rungs: list[float], selectable: bool = True
+    *,
+    x: str,
+    x_title: str,
+    y_title: str,
+    rungs: list[float],
+    selectable: bool = True,
+    states: Sequence[str] = (),
+    log_y: bool = False,
+    integer_x: bool = True,
 ) -> dict[str, Any]:
     """Every trial's curve in one chart (Determined's learning-curve view).
 
-    Expects rows with ``number``, ``state``, ``value``, ``best``, ``stopped`` and the
-    ``x`` field. Lines are coloured by trial state; the best trial is thick and black;
-    a pruned trial's last point is a cross where ASHA stopped it; ``rungs`` are dashed
-    vertical rules. With ``selectable``, clicking curves (shift for more) selects trials
-    through the :data:`PICK` selection.
+    Expects rows with ``number``, ``state``, ``value``, ``best``, ``stopped``,
+    ``hparams`` (text for the tooltip) and the ``x`` field. Lines are coloured by trial
+    state (the legend lists ``states``, those present; every state when empty); pruned
+    trials are faint, so the many stopped at one rung do not hide the rest; the best
+    trial is thick and black; a pruned trial's last point is a cross where ASHA stopped
+    it; ``rungs`` are dashed vertical rules. ``log_y`` draws the metric on a log scale
+    (good curves are not squeezed into the bottom tenth by a few bad ones);
+    ``integer_x`` ticks whole epochs or batches. With ``selectable``, clicking curves
+    (shift for more) selects trials through the :data:`PICK` selection.
     """
-    states = list(STATE_COLORS)
+    shown = [s for s in STATE_COLORS if not states or s in states]
     tooltip = [
         {"field": "number", "type": "ordinal", "title": "trial"},
         {"field": "state", "type": "nominal"},
-        {"field": x, "type": "quantitative", "title": x_title, "format": ".4g"},
-        {"field": "value", "type": "quantitative", "title": y_title, "format": ".4g"},
+        {"field": x, "type": "quantitative", "title": x_title, "format": _format.D3},
+        {"field": "value", "type": "quantitative", "title": y_title, "format": _format.D3},
+        {"field": "hparams", "type": "nominal", "title": "hyperparameters"},
     ]
-    x_enc = {"field": x, "type": "quantitative", "title": x_title}
-    y_enc = {"field": "value", "type": "quantitative", "title": y_title, "scale": {"zero": False}}
+    x_enc: dict[str, Any] = {"field": x, "type": "quantitative", "title": x_title}
+    if integer_x:
+        x_enc["axis"] = {"tickMinStep": 1, "format": "d"}
+    y_enc = {
+        "field": "value",
+        "type": "quantitative",
+        "title": y_title + (" (log scale)" if log_y else ""),
+        "scale": {"type": "log"} if log_y else {"zero": False},
+        "axis": {"format": _format.D3},
+    }
+    faint = {"test": "datum.state === 'PRUNED'", "value": PRUNED_OPACITY}
     lines: dict[str, Any] = {
         "mark": {"type": "line", "strokeWidth": 1.5, "point": {"size": 18}},
         "encoding": {
@@ -104,9 +138,9 @@ def learning_curve_spec(
                 "field": "state",
                 "type": "nominal",
                 "title": "trial state",
-                "scale": {"domain": states, "range": [STATE_COLORS[s] for s in states]},
+                "scale": {"domain": shown, "range": [STATE_COLORS[s] for s in shown]},
             },
-            "opacity": {"value": 0.55},
+            "opacity": {"condition": faint, "value": 0.6},
             "tooltip": tooltip,
         },
     }
@@ -115,8 +149,8 @@ def learning_curve_spec(
             {"name": PICK, "select": {"type": "point", "fields": ["number"], "on": "click"}}
         ]
         lines["encoding"]["opacity"] = {
-            "condition": {"param": PICK, "empty": False, "value": 1.0},
-            "value": 0.55,
+            "condition": [{"param": PICK, "empty": False, "value": 1.0}, faint],
+            "value": 0.6,
         }
         lines["encoding"]["strokeWidth"] = {
             "condition": {"param": PICK, "empty": False, "value": 3.5},
@@ -134,7 +168,8 @@ def learning_curve_spec(
             "shape": "cross",
             "size": 140,
             "filled": True,
-            "color": "#b03a00",
+            "color": STOPPED_COLOR,
+            "opacity": 0.5,
         },
         "encoding": {"x": x_enc, "y": y_enc, "tooltip": tooltip},
     }
@@ -173,6 +208,21 @@ _IDLE_WARM_PALETTE = ["#5f6b7a", "#7a6a5f", "#56675a", "#6d5f7a"]
 # The outline of every slot a warm job holds (running a trial or idle).
 _WARM_STROKE = "#222222"
 FREE = "free"
+# One agent's row of slot cells, and one row of the legend under the grid.
+SLOT_ROW_PX = 36
+LEGEND_ROW_PX = 20
+
+
+def slot_grid_height(spec: dict[str, Any]) -> int:
+    """The pixel height a :func:`slot_grid_spec` chart needs: its rows, axes and legend.
+
+    Example:
+        >>> slot_grid_height(slot_grid_spec(["1.0", "1.1"], 2))
+        172
+    """
+    legend = spec["layer"][0]["encoding"]["color"]["scale"]["domain"]
+    legend_rows = -(-len(legend) // 2)  # two columns
+    return int(spec["height"]) + 60 + LEGEND_ROW_PX * legend_rows
 
 
 def slot_grid_spec(
@@ -198,7 +248,9 @@ def slot_grid_spec(
     }
     warm = "datum.warm_job && datum.warm_job !== ''"
     return {
-        "height": max(40, 34 * n_agents),
+        "height": max(SLOT_ROW_PX, SLOT_ROW_PX * n_agents),
+        # Below the grid, so long holder names never push the grid narrow or get cut.
+        "config": {"legend": {"orient": "bottom", "columns": 2, "labelLimit": 400}},
         "layer": [
             {
                 "mark": {"type": "rect", "stroke": "white", "strokeWidth": 2},

@@ -35,12 +35,23 @@ def checkpoint_problem(path: str, state: str) -> str | None:
     return None
 
 
-def download_name(path: str) -> str:
-    """The file name offered to the browser (directories download as .zip)."""
-    if is_url(path):
-        return f"{path.rstrip('/').rsplit('/', 1)[-1]}.zip"
+def download_name(path: str, experiment: str, number: int, step: int) -> str:
+    """The file name offered to the browser: ``<experiment>-<trial number>-step<N>``.
+
+    The checkpoint's own name is a UUID, which says nothing once it sits among
+    downloads; its suffix is kept (directories and bucket prefixes download as ``.zip``).
+
+    Example:
+        >>> download_name("/no/such/3f2a9c.pt", "mnist asha", 13, 400)
+        'mnist-asha-13-step400.pt'
+        >>> download_name("s3://bucket/ckpts/3f2a9c", "mnist", 13, 400)
+        'mnist-13-step400.zip'
+    """
     target = Path(path)
-    return f"{target.name}.zip" if target.is_dir() else target.name
+    suffix = ".zip" if is_url(path) or target.is_dir() else "".join(target.suffixes)
+    stem = "-".join(experiment.split()) or "experiment"
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem)
+    return f"{safe}-{number}-step{step}{suffix}"
 
 
 def checkpoint_bytes(path: str) -> bytes:

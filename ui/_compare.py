@@ -12,16 +12,12 @@ from __future__ import annotations
 import pandas as pd
 
 from trials import labels
+from ui import _format
 
 
 def trial_label(number: int) -> str:
     """How a trial is named in compared charts and tables: ``#NUMBER``, as everywhere."""
     return labels.trial_label(None, number)
-
-
-def _shown(value: object) -> str:
-    # One text column per trial: mixed types (0.1 beside "sgd") would not fit a number column.
-    return "—" if value is None or (isinstance(value, float) and pd.isna(value)) else str(value)
 
 
 def hparam_diff(trials: pd.DataFrame) -> pd.DataFrame:
@@ -35,12 +31,14 @@ def hparam_diff(trials: pd.DataFrame) -> pd.DataFrame:
     labels = [trial_label(int(n)) for n in trials["number"]]
     rows = []
     for name in names:
-        values = [_shown(v) for v in trials[f"hp.{name}"]]
+        # One text column per trial: mixed types (0.1 beside "sgd") would not fit a number
+        # column. Whether values differ is decided on the full values, not the shown ones.
+        values = list(trials[f"hp.{name}"])
         rows.append(
             {
                 "hyperparameter": name,
-                "differs": len(set(values)) > 1,
-                **dict(zip(labels, values, strict=True)),
+                "differs": len({_format.full(v) for v in values}) > 1,
+                **{label: _format.number(v) for label, v in zip(labels, values, strict=True)},
             }
         )
     frame = pd.DataFrame(rows, columns=["hyperparameter", "differs", *labels])

@@ -20,6 +20,7 @@ import streamlit as st
 from sqlalchemy.engine import Engine, make_url
 
 from storage import get_engine, redact_secrets, redact_url, resolve_db_url
+from trials.labels import trial_label
 from ui._actions import TOKEN_ENV_VAR, TOKEN_QUERY_PARAM, token_accepted
 from ui._units import duration_words
 
@@ -174,7 +175,7 @@ def query_int(name: str) -> int | None:
         return None
 
 
-def link(page_url_path: str, **params: int) -> str:
+def link(page_url_path: str, **params: int | str) -> str:
     """A relative link to another page, for link columns in tables.
 
     Such links open a new browser session, so they carry this session's control token.
@@ -214,8 +215,28 @@ def age(moment: _dt.datetime | None) -> str:
     return f"{duration_words((now - moment).total_seconds())} ago"
 
 
-def fmt_value(value: float | None) -> str:
-    """A headline number in 4 significant digits, so ``st.metric`` never cuts it short."""
-    if value is None:
-        return "—"
-    return f"{value:.4g}"
+def trial_ref(experiment_id: int, number: int) -> str:
+    """A trial in URLs: ``EXPERIMENT.NUMBER``, the Optuna trial number as in the logs.
+
+    Example:
+        >>> trial_ref(3, 13)
+        '3.13'
+    """
+    return trial_label(experiment_id, number)
+
+
+def parse_trial_ref(text: str | None) -> tuple[int, int] | int | None:
+    """``'3.13'`` -> ``(3, 13)``; a bare ``'14'`` -> ``14``, a database id from an old link.
+
+    Old links (``?trial=14``) name the database id; pages look it up and rewrite the
+    address with the trial's ``EXPERIMENT.NUMBER``. Anything else is ``None``.
+
+    Example:
+        >>> parse_trial_ref("3.13"), parse_trial_ref("14"), parse_trial_ref("x"), parse_trial_ref(None)
+        ((3, 13), 14, None, None)
+    """
+    raw = (text or "").strip()
+    experiment, dot, number = raw.partition(".")
+    if dot and experiment.isdigit() and number.isdigit():
+        return int(experiment), int(number)
+    return int(raw) if raw.isdigit() else None

@@ -79,6 +79,9 @@ def streamlit_command(
         "streamlit",
         "run",
         str(APP_PATH),
+        # "minimal": no "Deploy" button (this is a local tool, not a Streamlit Cloud app).
+        "--client.toolbarMode",
+        "minimal",
         "--server.address",
         host,
         "--server.port",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import pandas as pd
@@ -30,6 +30,7 @@ from storage import (
     Allocation,
     Checkpoint,
     Experiment,
+    ExperimentState,
     Metric,
     MetricKind,
     QueuedTrial,
@@ -57,6 +58,7 @@ from trials.coordination.allocations import (
 )
 from trials.coordination.cluster_queue import QueuedView, queue_view, waiting_reason
 from trials.labels import trial_label
+from ui import _format
 from ui._units import duration_words
 
 _E = Experiment.__table__
@@ -179,6 +181,26 @@ def experiment_count(engine: Engine) -> int:
         return int(conn.execute(sa.select(sa.func.count()).select_from(_E)).scalar_one())
 
 
+_EXPERIMENT_COLUMNS = [
+    "id",
+    "name",
+    "state",
+    "progress",
+    "done",
+    "completed",
+    "running",
+    "queued",
+    "pruned",
+    "failed",
+    "best",
+    "metric",
+    "slots_in_use",
+    "started",
+    "ended",
+    "requested_action",
+]
+
+
 def list_experiments(
     engine: Engine,
     *,
@@ -192,12 +214,7 @@ def list_experiments(
     Filtering and paging happen in SQL; the counts are aggregated only for the
     experiments on the page.
     """
-    where: list[sa.ColumnElement[bool]] = []
-    if states:
-        where.append(_E.c.state.in_(list(states)))
-    if name_contains:
-        escaped = name_contains.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        where.append(_E.c.name.ilike(f"%{escaped}%", escape="\\"))
+    where = _experiment_filter(states, name_contains)
     with engine.connect() as conn:
         total = conn.execute(sa.select(sa.func.count()).select_from(_E).where(*where)).scalar_one()
         experiments = conn.execute(
@@ -217,23 +234,7 @@ def list_experiments(
             .offset(offset)
         ).all()
         ids = [row.id for row in experiments]
-        counts = {
-            row.experiment_id: row
-            for row in conn.execute(
-                sa.select(
-                    _T.c.experiment_id,
-                    *_state_counts_columns(),
-                    sa.func.min(
-                        sa.case((_T.c.state == TrialState.COMPLETED, _T.c.searcher_metric_value))
-                    ).label("min_value"),
-                    sa.func.max(
-                        sa.case((_T.c.state == TrialState.COMPLETED, _T.c.searcher_metric_value))
-                    ).label("max_value"),
-                )
-                .where(_T.c.experiment_id.in_(ids))
-                .group_by(_T.c.experiment_id)
-            ).mappings()
-        }
+        counts = _trial_aggregates(conn, ids)
         slots: dict[int, int] = dict(
             conn.execute(
                 sa.select(_A.c.experiment_id, sa.func.count())
@@ -241,53 +242,66 @@ def list_experiments(
                 .group_by(_A.c.experiment_id)
             ).all()
         )
-    rows = []
-    for exp in experiments:
-        agg = counts.get(exp.id)
-        count = _count_dict(agg) if agg is not None else {s.value: 0 for s in TrialState}
-        config = typed_config(exp.config)
-        smaller = smaller_is_better(config)
-        best = None if agg is None else (agg["min_value"] if smaller else agg["max_value"])
-        finished = sum(count[s.value] for s in TrialState if s.is_terminal)
-        rows.append(
-            {
-                "id": exp.id,
-                "name": exp.name,
-                "state": shown_state(_enum_value(exp.state), count),
-                "progress": finished / exp.max_trials if exp.max_trials else 0.0,
-                "done": f"{finished}/{exp.max_trials}",
-                "completed": count["COMPLETED"],
-                "running": count["RUNNING"],
-                "queued": count["QUEUED"],
-                "pruned": count["PRUNED"],
-                "failed": count["ERROR"],
-                "best": best,
-                "metric": None if config is None else config.searcher.metric,
-                "slots_in_use": int(slots.get(exp.id, 0)),
-                "started": exp.created_at,
-                "ended": exp.ended_at,
-                "requested_action": exp.requested_action,
-            }
-        )
-    columns = [
-        "id",
-        "name",
-        "state",
-        "progress",
-        "done",
-        "completed",
-        "running",
-        "queued",
-        "pruned",
-        "failed",
-        "best",
-        "metric",
-        "slots_in_use",
-        "started",
-        "ended",
-        "requested_action",
+    rows = [
+        _experiment_row(exp, counts.get(exp.id), int(slots.get(exp.id, 0))) for exp in experiments
     ]
-    return Page(pd.DataFrame(rows, columns=columns), int(total), offset, limit)
+    return Page(pd.DataFrame(rows, columns=_EXPERIMENT_COLUMNS), int(total), offset, limit)
+
+
+def _experiment_filter(states: Sequence[str], name_contains: str) -> list[sa.ColumnElement[bool]]:
+    """The WHERE of the experiments list: any of ``states``, a name containing the text."""
+    where: list[sa.ColumnElement[bool]] = []
+    if states:
+        where.append(_E.c.state.in_(list(states)))
+    if name_contains:
+        escaped = name_contains.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        where.append(_E.c.name.ilike(f"%{escaped}%", escape="\\"))
+    return where
+
+
+def _trial_aggregates(conn: sa.Connection, ids: Sequence[int]) -> dict[int, Any]:
+    """Per experiment: trial counts by state and the smallest and largest completed value."""
+    completed_value = sa.case((_T.c.state == TrialState.COMPLETED, _T.c.searcher_metric_value))
+    return {
+        row.experiment_id: row
+        for row in conn.execute(
+            sa.select(
+                _T.c.experiment_id,
+                *_state_counts_columns(),
+                sa.func.min(completed_value).label("min_value"),
+                sa.func.max(completed_value).label("max_value"),
+            )
+            .where(_T.c.experiment_id.in_(list(ids)))
+            .group_by(_T.c.experiment_id)
+        ).mappings()
+    }
+
+
+def _experiment_row(exp: Any, agg: Any, slots_in_use: int) -> dict[str, Any]:
+    """One row of the experiments list, from its experiment row and trial aggregates."""
+    count = _count_dict(agg) if agg is not None else {s.value: 0 for s in TrialState}
+    config = typed_config(exp.config)
+    smaller = smaller_is_better(config)
+    best = None if agg is None else (agg["min_value"] if smaller else agg["max_value"])
+    finished = sum(count[s.value] for s in TrialState if s.is_terminal)
+    return {
+        "id": exp.id,
+        "name": exp.name,
+        "state": shown_state(_enum_value(exp.state), count),
+        "progress": finished / exp.max_trials if exp.max_trials else 0.0,
+        "done": f"{finished}/{exp.max_trials}",
+        "completed": count["COMPLETED"],
+        "running": count["RUNNING"],
+        "queued": count["QUEUED"],
+        "pruned": count["PRUNED"],
+        "failed": count["ERROR"],
+        "best": best,
+        "metric": None if config is None else config.searcher.metric,
+        "slots_in_use": slots_in_use,
+        "started": exp.created_at,
+        "ended": exp.ended_at,
+        "requested_action": exp.requested_action,
+    }
 
 
 def shown_state(state: str, counts: dict[str, int]) -> str:
@@ -1052,7 +1066,31 @@ class LearningCurves:
     best_number: int | None
 
 
-_CURVE_COLUMNS = ["trial_id", "number", "state", "step", "epoch", "value", "best", "stopped"]
+_CURVE_COLUMNS = [
+    "trial_id",
+    "number",
+    "state",
+    "step",
+    "epoch",
+    "value",
+    "best",
+    "stopped",
+    "hparams",
+]
+
+
+def hparams_text(hparams: dict[str, Any] | None, constant: Collection[str] = ()) -> str:
+    """A trial's hyperparameters in one line for a tooltip, 4 significant digits each.
+
+    Example:
+        >>> hparams_text({"lr": 0.000133333, "opt": "sgd", "hidden": 64}, {"hidden"})
+        'lr=0.0001333, opt=sgd'
+    """
+    return ", ".join(
+        f"{name}={_format.number(value)}"
+        for name, value in sorted((hparams or {}).items())
+        if name not in constant
+    )
 
 
 def learning_curves(
@@ -1064,18 +1102,25 @@ def learning_curves(
     max_trials: int = 200,
     max_points: int = 60,
     include: Sequence[int] = (),
+    constant: Collection[str] = (),
 ) -> LearningCurves:
     """Every trial's ``metric`` by step, or every n-th trial's when there are more than
     ``max_trials`` (the best trial and the trial numbers in ``include`` always).
 
     Only trial rows come into Python; the metric rows are downsampled in SQL to about
-    ``max_points`` buckets of steps per trial. The metric is read from the validation
+    ``max_points`` buckets of steps per trial; each point carries the trial's
+    hyperparameters as text (``hparams``, without the ``constant`` ones) for the
+    tooltip. The metric is read from the validation
     rows when the trials validate it (the searcher metric usually is), else training.
     """
     with engine.connect() as conn:
         trials = conn.execute(
             sa.select(
-                _T.c.id, _T.c.optuna_trial_number, _T.c.state, _T.c.searcher_metric_value
+                _T.c.id,
+                _T.c.optuna_trial_number,
+                _T.c.state,
+                _T.c.searcher_metric_value,
+                _T.c.hparams,
             ).where(_T.c.experiment_id == experiment_id)
         ).all()
         finished = [
@@ -1135,6 +1180,7 @@ def learning_curves(
     frame["best"] = best is not None and frame["number"] == best.optuna_trial_number
     last = ~frame["trial_id"].duplicated(keep="last")
     frame["stopped"] = last & (frame["state"] == TrialState.PRUNED.value)
+    frame["hparams"] = [hparams_text(shown[i].hparams, constant) for i in frame["trial_id"]]
     return LearningCurves(
         points=frame[_CURVE_COLUMNS],
         kind=kind.value,
@@ -1184,6 +1230,50 @@ def failure_summary(engine: Engine, experiment_id: int) -> FailureSummary:
     )
 
 
+# What the driver writes into the error of trials it ends when it stops the experiment
+# (``searcher.running`` and ``searcher.control``), before the stop's reason.
+_STOPPED_PREFIXES = ("experiment stopped before the trial ran: ", "experiment stopped: ")
+
+
+def fail_fast_stop(
+    engine: Engine, experiment_id: int, config: ExperimentConfig | None
+) -> str | None:
+    """Why the driver stopped the experiment early (``fail_fast_trials``), or None.
+
+    The driver logs ``stopping the experiment: REASON (fail_fast_trials: N)`` and
+    writes REASON into the error of the trials it ends then. When no trial was left to
+    end, the rule is read back from the trials: the first N (by number) all failed
+    with one error and none succeeded.
+    """
+    limit = 0 if config is None else config.fail_fast_trials
+    with engine.connect() as conn:
+        state = conn.execute(sa.select(_E.c.state).where(_E.c.id == experiment_id)).scalar()
+        if _enum_value(state) != ExperimentState.ERROR.value or limit <= 0:
+            return None
+        trials = conn.execute(
+            sa.select(_T.c.state, _T.c.error)
+            .where(_T.c.experiment_id == experiment_id)
+            .order_by(_T.c.optuna_trial_number)
+        ).all()
+    for trial in trials:
+        for prefix in _STOPPED_PREFIXES:
+            if (trial.error or "").startswith(prefix):
+                return f"{trial.error.removeprefix(prefix)} (fail_fast_trials: {limit})"
+    states = [_enum_value(t.state) for t in trials]
+    first = trials[:limit]
+    if (
+        len(first) < limit
+        or any(s in (TrialState.COMPLETED.value, TrialState.PRUNED.value) for s in states)
+        or any(_enum_value(t.state) != TrialState.ERROR.value for t in first)
+        or len({t.error for t in first}) != 1
+    ):
+        return None
+    return (
+        f"the first {limit} trials all failed with the same error and none succeeded: "
+        f"{first[0].error} (fail_fast_trials: {limit})"
+    )
+
+
 def trials_by_ids(engine: Engine, trial_ids: Sequence[int]) -> pd.DataFrame:
     """The trials with the given ids (any experiment), with their experiment's name."""
     if not trial_ids:
@@ -1230,12 +1320,13 @@ def trials_metric_curves(
 
 
 def best_so_far(engine: Engine, experiment_id: int, *, smaller_is_better: bool) -> pd.DataFrame:
-    """The experiment's best searcher metric after each trial that improved it.
+    """The experiment's best searcher metric after every trial that ended.
 
-    Trials in the order they ended; ``trials`` counts every ended trial so far and
-    ``slot_seconds`` the compute they used, so two searches can be compared by how
-    many trials and how much compute each needed to reach a value. A window
-    function keeps only the improving rows, so a long search stays a short result.
+    One row per ended trial, in the order they ended: ``trials`` counts the ended
+    trials so far, ``slot_seconds`` the compute they used, ``best`` the best value so
+    far (None until a trial completes) and ``improved`` whether this trial set it. Two
+    searches compare by how many trials and how much compute each needed to reach a
+    value.
     """
     ended = (
         sa.select(
@@ -1258,8 +1349,12 @@ def best_so_far(engine: Engine, experiment_id: int, *, smaller_is_better: bool) 
     with_best = sa.select(ended, running.label("best")).subquery()
     previous = sa.func.lag(with_best.c.best).over(order_by=with_best.c.trials)
     flagged = sa.select(with_best, previous.label("previous")).subquery()
+    improved = sa.and_(
+        flagged.c.best.is_not(None),
+        sa.or_(flagged.c.previous.is_(None), flagged.c.best != flagged.c.previous),
+    )
     with engine.connect() as conn:
-        return _frame(
+        frame = _frame(
             conn.execute(
                 sa.select(
                     flagged.c.number,
@@ -1267,14 +1362,13 @@ def best_so_far(engine: Engine, experiment_id: int, *, smaller_is_better: bool) 
                     flagged.c.slot_seconds,
                     flagged.c.best,
                     flagged.c.ended_at,
-                )
-                .where(
-                    flagged.c.best.is_not(None),
-                    sa.or_(flagged.c.previous.is_(None), flagged.c.best != flagged.c.previous),
-                )
-                .order_by(flagged.c.trials)
+                    sa.case((improved, True), else_=False).label("improved"),
+                ).order_by(flagged.c.trials)
             )
         )
+    if not frame.empty:
+        frame["improved"] = frame["improved"].astype(bool)
+    return frame
 
 
 def failed_trial_log(engine: Engine, experiment_id: int, error: str) -> str | None:

@@ -23,7 +23,7 @@ from tests.ui._real_search import (
     MAX_TRIALS,
     RealSearch,
 )
-from ui import _queries
+from ui import _format, _queries
 
 pytestmark = pytest.mark.slow
 
@@ -110,9 +110,18 @@ def test_every_hyperparameter_column_is_in_the_trials_table(
 ) -> None:
     app = render("experiment", real_search.url, experiment=real_search.experiment_id)
     hparams = json.loads(_trials(real_search)[0].hparams)
+    summary = _queries.experiment_summary(
+        get_engine(real_search.url, read_only=True), real_search.experiment_id
+    )
+    assert summary is not None and summary.config is not None
+    constant = {k for k, hp in summary.config.hyperparameters.items() if hp.type == "const"}
+    # The searched hyperparameters first, the constant ones after (issue 33 item 4).
+    expected = [f"hp.{k}" for k in sorted(hparams) if k not in constant]
+    expected += [f"hp.{k}" for k in sorted(hparams) if k in constant]
+    assert constant and expected[-1].removeprefix("hp.") in constant
     for table in app.dataframe[:2]:
         order = list(table.proto.column_order)
-        assert [c for c in order if c.startswith("hp.")] == [f"hp.{k}" for k in sorted(hparams)]
+        assert [c for c in order if c.startswith("hp.")] == expected
         config = json.loads(table.proto.columns)
         assert all(config[f"hp.{k}"]["label"] == k for k in hparams)
         assert config["number"]["pinned"] is True  # the trial stays in view while scrolling
@@ -193,7 +202,7 @@ def test_compare_trials_puts_differing_hyperparameters_first(
     assert list(diff["differs"]) == [True] * len(differing) + [False] * len(same)
     for trial, params in zip(trials, hparams, strict=True):
         column = diff[f"#{trial.optuna_trial_number}"]
-        assert list(column) == [str(params[k]) for k in differing + same]
+        assert list(column) == [_format.number(params[k]) for k in differing + same]
     assert f"{len(differing)} of {len(hparams[0])} hyperparameters differ" in texts(app)
     # Training and validation curves overlaid: one line per trial in each chart.
     charts = {spec["encoding"]["y"]["title"]: data for spec, data in vega_charts(app)}
@@ -211,7 +220,11 @@ def test_compare_needs_two_trials(render: PageRenderer, real_search: RealSearch)
 
 def test_best_so_far_follows_the_real_search(real_search: RealSearch) -> None:
     engine = get_engine(real_search.url, read_only=True)
-    best = _queries.best_so_far(engine, real_search.experiment_id, smaller_is_better=True)
+    every = _queries.best_so_far(engine, real_search.experiment_id, smaller_is_better=True)
+    # Every ended trial has a row (the chart's x runs to the last trial), in the order
+    # they ended; the improving ones are flagged.
+    assert list(every["trials"]) == list(range(1, len(_trials(real_search)) + 1))
+    best = every[every["improved"]]
     ended = sorted(_trials(real_search), key=lambda t: (t.ended_at, t.id))
     expected, running, used = [], None, 0.0
     for position, trial in enumerate(ended, start=1):

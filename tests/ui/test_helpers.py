@@ -40,7 +40,11 @@ def test_checkpoint_download_round_trips_through_torch_load(synthetic_search: De
     state = torch.load(io.BytesIO(archive.read("state.pt")), weights_only=True)
     assert state["kind"] == "core" and state["steps_completed"] > 0
     assert set(state["user_state"]) >= {"model", "optimizer", "lr_scheduler"}
-    assert _checkpoints.download_name(path) == f"{Path(path).name}.zip"
+    # Named after the experiment, trial and step, never the bare UUID folder name.
+    assert _checkpoints.download_name(path, "regression demo", 3, 40) == (
+        "regression-demo-3-step40.zip"
+    )
+    assert Path(path).name not in _checkpoints.download_name(path, "regression demo", 3, 40)
 
 
 def test_checkpoint_problems_are_named(synthetic_search: DemoSearch, tmp_path: Path) -> None:
@@ -61,7 +65,7 @@ def test_checkpoint_directory_downloads_as_zip(tmp_path: Path) -> None:
     archive = zipfile.ZipFile(io.BytesIO(_checkpoints.checkpoint_bytes(str(folder))))
     assert sorted(archive.namelist()) == ["model.pt", "sub/meta.json"]
     assert archive.read("model.pt") == b"weights"
-    assert _checkpoints.download_name(str(folder)) == "ckpt.zip"
+    assert _checkpoints.download_name(str(folder), "exp", 0, 7) == "exp-0-step7.zip"
 
 
 def test_cluster_layout_from_the_scheduler_model(

@@ -38,6 +38,8 @@ def test_streamlit_command_runs_the_app_without_a_shell_or_a_url() -> None:
         "streamlit",
         "run",
         str(APP_PATH),
+        "--client.toolbarMode",  # no "Deploy" button
+        "minimal",
         "--server.address",
         "127.0.0.1",
         "--server.port",

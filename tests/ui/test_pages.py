@@ -220,12 +220,11 @@ def test_experiment_links_to_trials(render: PageRenderer, synthetic_search: Demo
     app.number_input(key=f"open_trial_{synthetic_search.experiment_id}").set_value(3).run()
     link = app.get("page_link")[0]
     assert link.proto.label == "Open trial #3"
-    assert f"trial={synthetic_search.restarted_trial_id}" in link.proto.query_string
+    # Links name the trial as the logs do (EXPERIMENT.NUMBER), never by database id.
+    ref = f"{synthetic_search.experiment_id}.3"
+    assert f"trial={ref}" in link.proto.query_string
     table = app.dataframe[1].value
-    assert (
-        table.loc[table["number"] == 3, "open"].item()
-        == f"trial?trial={synthetic_search.restarted_trial_id}"
-    )
+    assert table.loc[table["number"] == 3, "open"].item() == f"trial?trial={ref}"
 
 
 def test_parameter_importances_need_five_completed_trials(
@@ -439,7 +438,7 @@ def test_trial_picker_moves_to_another_trial(
     app = render("trial", synthetic_search.url, trial=synthetic_search.completed_trial_id)
     app.number_input[0].set_value(3).run()
     assert_no_exception(app)
-    assert app.query_params["trial"] == str(synthetic_search.restarted_trial_id)
+    assert app.query_params["trial"] == f"{synthetic_search.experiment_id}.3"
     assert app.subheader[0].value == "Trial #3 of regression-demo"
 
 
@@ -460,13 +459,19 @@ def test_cluster_lists_every_slot_and_its_holder(
     app = render("cluster", synthetic_search.url)
     assert_no_exception(app)
     assert "Pool `default`" in texts(app)
+    with get_engine(synthetic_search.url, read_only=True).connect() as conn:
+        number = conn.execute(
+            sa.text("SELECT optuna_trial_number FROM slotsweep_trials WHERE id = :i"),
+            {"i": synthetic_search.running_trial_id},
+        ).scalar_one()
+    running = f"{synthetic_search.experiment_id}.{number}"
     agents = app.dataframe[0].value.set_index("agent")
     assert (agents.loc["agent-0", "slots"], agents.loc["agent-0", "held"]) == (4, 2)
     slots = app.dataframe[1].value
     held = slots[(slots["agent"] == "agent-0") & (slots["state"] == "held")]
     assert held["slot"].tolist() == [0, 1]
     assert set(held["experiment"]) == {"regression-demo"}
-    assert set(held["open"]) == {f"trial?trial={synthetic_search.running_trial_id}"}
+    assert set(held["open"]) == {f"trial?trial={running}"}
     allocations = app.dataframe[3].value
     assert allocations["trial_state"].tolist() == ["RUNNING", "RUNNING"]
 

@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from storage import get_engine
 from tests.ui._pages import PageRenderer, assert_no_exception, texts
 from tests.ui._real_search import AGENT, AGENT_SLOTS, MAX_TRIALS, RealSearch
+from ui import _format
 
 pytestmark = pytest.mark.slow
 
@@ -180,10 +181,13 @@ def test_experiment_links_to_each_real_trial(
     ).run()
     link = app.get("page_link")[0]
     assert link.proto.label == f"Open trial #{best.optuna_trial_number}"
-    assert f"trial={best.id}" in link.proto.query_string
+    assert f"trial={real_search.experiment_id}.{best.optuna_trial_number}" in (
+        link.proto.query_string
+    )
     table = app.dataframe[1].value
     assert list(table["open"]) == [
-        f"trial?trial={t.id}" for t in _trials(real_search.url, real_search.experiment_id)
+        f"trial?trial={real_search.experiment_id}.{t.optuna_trial_number}"
+        for t in _trials(real_search.url, real_search.experiment_id)
     ]
 
 
@@ -218,8 +222,12 @@ def test_trial_shows_everything_the_runtime_recorded(
     assert metrics[METRIC] == f"{best.searcher_metric_value:.4g}"
     assert (metrics["Batches"], metrics["Slots"]) == (str(best.total_batches), "2")
     hparams = app.dataframe[0].value
+    # 4 significant digits, and the exact value beside it (issue 33 item 2).
     assert dict(zip(hparams["hyperparameter"], hparams["value"], strict=True)) == {
-        k: str(v) for k, v in json.loads(best.hparams).items()
+        k: _format.number(v) for k, v in json.loads(best.hparams).items()
+    }
+    assert dict(zip(hparams["hyperparameter"], hparams["exact value"], strict=True)) == {
+        k: _format.full(v) for k, v in json.loads(best.hparams).items()
     }
 
     # Metric curves: training loss and lr, validation val_accuracy and val_loss.
@@ -383,7 +391,6 @@ def test_real_checkpoint_downloads_and_loads(real_search: RealSearch) -> None:
     data = _checkpoints.checkpoint_bytes(kept.path)
     if Path(kept.path).is_dir():  # The runtime writes a directory: it downloads as a zip.
         archive = zipfile.ZipFile(io.BytesIO(data))
-        assert _checkpoints.download_name(kept.path) == f"{Path(kept.path).name}.zip"
         (state_file,) = [n for n in archive.namelist() if n.endswith(".pt")]
         data = archive.read(state_file)
     state = torch.load(io.BytesIO(data), weights_only=True)
@@ -425,7 +432,11 @@ def test_cluster_mid_run_shows_the_slots_the_trial_holds(
         (a.agent, a.slot) for a in allocated
     ]
     assert set(held["experiment"]) == {real_search.name}
-    assert set(held["open"]) == {f"trial?trial={trial_id}"}
+    (number,) = _rows(
+        url, "SELECT optuna_trial_number FROM slotsweep_trials WHERE id = :t", t=trial_id
+    )
+    ref = f"{real_search.experiment_id}.{number.optuna_trial_number}"
+    assert set(held["open"]) == {f"trial?trial={ref}"}
     assert app.dataframe[-1].value["trial_state"].tolist() == ["RUNNING", "RUNNING"]
 
 

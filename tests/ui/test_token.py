@@ -50,7 +50,7 @@ def test_controls_are_hidden_without_the_right_token(
     assert_no_exception(app)
     assert not _has_controls(app)
     assert not app.radio and not app.checkbox
-    assert "Pause and kill are hidden" in texts(app)
+    assert "Pause, kill and resume are hidden" in texts(app)
 
 
 def _opened(url: str, monkeypatch: pytest.MonkeyPatch, **query: str) -> AppTest:
@@ -96,7 +96,7 @@ def test_controls_work_with_the_token_and_stay_for_the_session(
     app.run()
     assert_no_exception(app)
     assert _has_controls(app)
-    assert "Pause and kill are hidden" not in texts(app)
+    assert "Pause, kill and resume are hidden" not in texts(app)
     app.radio(key=f"action_{experiment}").set_value("pause").run()
     app.checkbox(key=f"action_confirmed_{experiment}").check().run()
     next(b for b in app.button if b.label == "Send request").click().run()

@@ -83,7 +83,7 @@ def _trial_holds(holder: dict[str, object]) -> bool:
 def _trial_link(holder: dict[str, object] | None) -> str | None:
     if holder is None or not _trial_holds(holder):
         return None
-    return _context.link("trial", trial=int(holder["trial_id"]))  # type: ignore[call-overload]
+    return _context.link("trial", trial=_trial(holder))
 
 
 def _starting(holder: dict[str, object]) -> bool:
@@ -149,9 +149,10 @@ def _slot_grid(
             for holder in [held.get((agent.name, slot))]
         ]
     )
-    st.vega_lite_chart(
-        cells, _charts.slot_grid_spec(holders, len(agents), idle_warm_jobs=idle), width="stretch"
-    )
+    spec = _charts.slot_grid_spec(holders, len(agents), idle_warm_jobs=idle)
+    # The height Streamlit gives the chart, not the spec's: without it the grid was
+    # squeezed into a 40 px strip and its legend cut off.
+    st.vega_lite_chart(cells, spec, height=_charts.slot_grid_height(spec), width="stretch")
 
 
 @st.cache_resource(ttl=30, show_spinner=False)
@@ -168,7 +169,7 @@ def _queue_section() -> None:
     if queue.empty:
         st.info("No trial is waiting for slots.")
     else:
-        rows = queue.assign(open=[_context.link("trial", trial=int(i)) for i in queue["trial_id"]])
+        rows = queue.assign(open=[_context.link("trial", trial=str(t)) for t in queue["trial"]])
         st.dataframe(
             rows,
             hide_index=True,
@@ -243,8 +244,15 @@ def _page() -> None:
     page = _queries.allocations(engine, limit=200, offset=offset)
     rows = page.rows.assign(
         open=[
-            None if pd.isna(i) else _context.link("trial", trial=int(i))
-            for i in page.rows["trial_id"]
+            None
+            if pd.isna(i)
+            else _context.link("trial", trial=_context.trial_ref(int(e), int(n)))
+            for i, e, n in zip(
+                page.rows["trial_id"],
+                page.rows["experiment_id"],
+                page.rows["trial_number"],
+                strict=True,
+            )
         ]
     )
     st.dataframe(

@@ -15,7 +15,8 @@ from storage import (
     redact_url,
     study_signature,
 )
-from ui import _actions, _charts, _context, _curves, _logs, _plots, _queries
+from trials.config import ExperimentConfig
+from ui import _actions, _charts, _context, _curves, _format, _logs, _plots, _queries, _tables
 
 st.title("Experiment")
 engine = _context.require_database()
@@ -125,43 +126,9 @@ def _header() -> None:
         st.warning(f"Experiment {experiment_id} no longer exists.")
         return
     failures = _queries.failure_summary(engine, experiment_id)
-    state = _queries.shown_state(summary.state, summary.counts)
-    st.subheader(
-        f"{summary.name} (#{summary.id}) :{_STATE_BADGE.get(state, 'gray')}-badge[{state}]"
-    )
-    _failures(summary, failures)
-    # Pairs, then the counts: at 1000 px a column of a row of four cut "COMPLETED"
-    # short, and "9000/10000" needs a column of a row of two.
-    first = st.columns(2)
-    first[0].metric("State", state)
-    first[1].metric(f"Best {summary.metric}", _context.fmt_value(summary.best_value))
-    second = st.columns(2)
-    second[0].metric("Trials done", f"{summary.finished}/{summary.max_trials}")
-    second[1].metric("Slots in use", summary.slots_in_use)
-    counts = st.columns(4)
-    counts[0].metric("Running", summary.counts[TrialState.RUNNING.value])
-    counts[1].metric("Queued", summary.counts[TrialState.QUEUED.value])
-    counts[2].metric("Pruned", summary.counts[TrialState.PRUNED.value])
-    counts[3].metric("Failed", summary.counts[TrialState.ERROR.value])
-    driver = (
-        f"driver {summary.driver_host}:{summary.driver_pid}, heartbeat "
-        f"{_context.age(summary.driver_heartbeat_at)}"
-        if summary.driver_pid is not None
-        else "no driver recorded"
-    )
-    direction = "smaller is better" if summary.smaller_is_better else "larger is better"
-    st.caption(
-        f"Study `{summary.study_name}` · searcher metric `{summary.metric}` ({direction}) · "
-        f"started {summary.created_at:%Y-%m-%d %H:%M:%S} UTC · {driver}"
-        + (
-            f" · requested action: **{summary.requested_action}**"
-            if summary.requested_action
-            else ""
-        )
-    )
+    _headline(summary, failures)
     if summary.counts[TrialState.QUEUED.value]:
         _waiting_trials()
-
     try:
         signature, unreadable = study_signature(engine, summary.study_name), None
     except OptunaSchemaError as exc:
@@ -172,11 +139,77 @@ def _header() -> None:
     # read only once a plot is asked for (or its Pareto front is needed).
     eager = signature.exists and (multi or signature.trials <= _EAGER_PLOT_TRIALS)
     study = _study(url, summary.study_name, signature) if eager else None
+    _best_trials(summary, failures, study if multi else None)
+    _learning_curves(summary, failures)
+    st.markdown("#### Optuna plots")
+    if unreadable is not None:
+        st.error(unreadable)
+        return
+    if not signature.exists:
+        st.info(f"The Optuna study `{summary.study_name}` is not in this database yet.")
+        return
+    _optuna_plot(summary, signature, study, eager=eager)
 
-    if study is not None and multi:
-        # Several objectives: the best trials are Optuna's Pareto-optimal ones.
+
+def _headline(summary: _queries.ExperimentSummary, failures: _queries.FailureSummary) -> None:
+    """Name and state, why it stopped or failed, the counts, the description, the driver."""
+    state = _queries.shown_state(summary.state, summary.counts)
+    st.subheader(
+        f"{summary.name} (#{summary.id}) :{_STATE_BADGE.get(state, 'gray')}-badge[{state}]"
+    )
+    if summary.config is not None and summary.config.description.strip():
+        st.markdown(summary.config.description)
+    stopped = _queries.fail_fast_stop(engine, experiment_id, summary.config)
+    if stopped is not None:
+        st.error(f"The driver stopped the experiment early (fail-fast): {stopped}.")
+    _failures(summary, failures)
+    # Pairs, then the counts: at 1000 px a column of a row of four cut "COMPLETED"
+    # short, and "9000/10000" needs a column of a row of two.
+    first = st.columns(2)
+    first[0].metric("State", state)
+    first[1].metric(f"Best {summary.metric}", _format.number(summary.best_value))
+    second = st.columns(2)
+    second[0].metric("Trials done", f"{summary.finished}/{summary.max_trials}")
+    second[1].metric("Slots in use", summary.slots_in_use)
+    counts = st.columns(4)
+    counts[0].metric("Running", summary.counts[TrialState.RUNNING.value])
+    counts[1].metric("Queued", summary.counts[TrialState.QUEUED.value])
+    counts[2].metric("Pruned", summary.counts[TrialState.PRUNED.value])
+    counts[3].metric("Failed", summary.counts[TrialState.ERROR.value])
+    st.caption(_driver_caption(summary))
+
+
+def _driver_caption(summary: _queries.ExperimentSummary) -> str:
+    if summary.driver_pid is not None:
+        driver = (
+            f"driver {summary.driver_host}:{summary.driver_pid}, heartbeat "
+            f"{_context.age(summary.driver_heartbeat_at)}"
+        )
+    elif summary.state == "ACTIVE":
+        driver = (
+            "no driver recorded: nothing runs it (created with `--detach`?); "
+            f"`slotsweep resume {summary.id}` or the Resume action above starts one"
+        )
+    else:
+        driver = "no driver recorded"
+    direction = "smaller is better" if summary.smaller_is_better else "larger is better"
+    action = (
+        f" · requested action: **{summary.requested_action}**" if summary.requested_action else ""
+    )
+    return (
+        f"Study `{summary.study_name}` · searcher metric `{summary.metric}` ({direction}) · "
+        f"started {summary.created_at:%Y-%m-%d %H:%M:%S} UTC · {driver}{action}"
+    )
+
+
+def _best_trials(
+    summary: _queries.ExperimentSummary, failures: _queries.FailureSummary, pareto: Any
+) -> None:
+    """The best trials table; with several objectives (``pareto`` is the study), Optuna's
+    Pareto-optimal ones."""
+    if pareto is not None:
         st.markdown("#### Best trials (Pareto front)")
-        numbers = [t.number for t in study.best_trials]
+        numbers = [t.number for t in pareto.best_trials]
         best = _queries.trials_by_numbers(engine, experiment_id, numbers)
     else:
         st.markdown("#### Best trials")
@@ -190,17 +223,14 @@ def _header() -> None:
             else "No trial has completed with a searcher metric yet."
         )
     else:
-        _trials_table(best, key="best_trials")
+        _trials_table(best, key="best_trials", config=summary.config)
 
-    _learning_curves(summary, failures)
 
-    st.markdown("#### Optuna plots")
-    if unreadable is not None:
-        st.error(unreadable)
-        return
-    if not signature.exists:
-        st.info(f"The Optuna study `{summary.study_name}` is not in this database yet.")
-        return
+def _optuna_plot(
+    summary: _queries.ExperimentSummary, signature: StudySignature, study: Any, *, eager: bool
+) -> None:
+    """One of Optuna's plots, picked above it; a large study waits until one is picked."""
+    multi = signature.objectives > 1
     default = _plots.PARETO if multi else _plots.HISTORY if eager else None
     kind = st.segmented_control(
         "Plot",
@@ -250,7 +280,9 @@ def _waiting_trials() -> None:
     page = _queries.waiting_trials(engine, experiment_id)
     if page.rows.empty:
         return  # Started between the two reads.
-    rows = page.rows.assign(open=[_context.link("trial", trial=int(i)) for i in page.rows["id"]])
+    rows = page.rows.assign(
+        open=[_context.link("trial", trial=str(t)) for t in page.rows["trial"]]
+    )
     st.dataframe(
         rows,
         hide_index=True,
@@ -275,7 +307,11 @@ def _learning_curves(
 ) -> None:
     st.markdown("#### Learning curves")
     curves = _queries.learning_curves(
-        engine, experiment_id, summary.metric, smaller_is_better=summary.smaller_is_better
+        engine,
+        experiment_id,
+        summary.metric,
+        smaller_is_better=summary.smaller_is_better,
+        constant=_tables.constant_hparams(summary.config),
     )
     if curves.points.empty:
         st.info(
@@ -288,11 +324,29 @@ def _learning_curves(
     axis = _curves.curve_axis(searcher)
     if axis == "epoch" and curves.points["epoch"].isna().any():
         axis = "step"  # Epochs were not recorded for every point: batches always are.
-    rungs = _curves.asha_rungs(searcher) if axis == "epoch" or axis == "step" else []
+    rungs = _curves.asha_rungs(searcher)
     x_title = "epoch" if axis == "epoch" else "batch"
+    # A log scale needs positive values; a metric that reaches 0 or below stays linear.
+    positive = bool((curves.points["value"].dropna() > 0).all())
+    log_y = st.toggle(
+        "Log scale",
+        value=False,
+        disabled=not positive,
+        key=f"curves_log_{experiment_id}",
+        help="Spread out good curves a few bad ones squeeze into the bottom of the chart."
+        + ("" if positive else " (Off: the metric is not positive everywhere.)"),
+    )
+    states = sorted(set(curves.points["state"]))
     event = st.vega_lite_chart(
         curves.points,
-        _charts.learning_curve_spec(x=axis, x_title=x_title, y_title=summary.metric, rungs=rungs),
+        _charts.learning_curve_spec(
+            x=axis,
+            x_title=x_title,
+            y_title=summary.metric,
+            rungs=rungs,
+            states=states,
+            log_y=log_y and positive,
+        ),
         height=380,
         width="stretch",
         on_select="rerun",
@@ -308,13 +362,15 @@ def _learning_curves(
     best = f"trial {curves.best_number} (black)" if curves.best_number is not None else "none yet"
     st.caption(
         f"`{summary.metric}` ({curves.kind} metric) against the {x_title} for {sample}. "
-        f"Best: {best}. Crosses: where pruned trials stopped"
+        f"Best: {best}. Crosses: where pruned trials stopped (pruned trials are faint, "
+        "so many stopped at one rung do not hide the rest)"
         + (
-            f"; dashed lines: ASHA rungs at {', '.join(f'{r:g}' for r in rungs)}."
+            f"; dashed lines: ASHA rungs at {', '.join(_format.number(r) for r in rungs)}."
             if rungs
             else "."
         )
-        + " Click curves (shift-click for more) to compare them."
+        + " Hover a curve for its hyperparameters; click curves (shift-click for more) "
+        "to compare them."
     )
     picked = _picked_numbers(event)
     if picked:
@@ -334,32 +390,22 @@ def _compare_link(numbers: list[int]) -> None:
             f"{_context.MAX_COMPARED} to compare."
         )
         return
-    picked = _queries.trials_by_numbers(engine, experiment_id, numbers)
     st.page_link(
         _context.COMPARE_PAGE,
-        label=f"Compare trials {', '.join(map(str, numbers))}",
-        query_params={"trials": ",".join(str(int(i)) for i in picked["id"])},
+        label=f"Compare trials {', '.join(f'#{n}' for n in numbers)}",
+        icon=":material/compare_arrows:",
+        query_params={"trials": ",".join(_context.trial_ref(experiment_id, n) for n in numbers)},
     )
 
 
-def _trials_table(rows: Any, key: str) -> None:
-    rows = rows.assign(open=[_context.link("trial", trial=int(i)) for i in rows["id"]])
-    hparams = [c for c in rows.columns if c.startswith("hp.")]
-    columns = ["open", "number", "state", "metric", *hparams]
-    columns += ["restarts", "batches", "slot_seconds", "slots", "started", "duration_s", "id"]
-    config: dict[str, Any] = {
-        # Pinned, so the trial stays in view while the hyperparameters scroll past.
-        "open": st.column_config.LinkColumn("open", display_text="open", pinned=True),
-        "number": st.column_config.NumberColumn("trial #", pinned=True),
-        "metric": st.column_config.NumberColumn("metric", format="%.6g"),
-        "slot_seconds": st.column_config.NumberColumn("slot·s", format="%.1f"),
-        "duration_s": st.column_config.NumberColumn("duration (s)", format="%.1f"),
-        "started": st.column_config.DatetimeColumn("started (UTC)"),
-        "id": st.column_config.NumberColumn("trial id"),
-    }
-    # Named without the "hp." prefix, so headers stay short; wide tables scroll sideways
-    # with the trial pinned on the left.
-    config.update({c: st.column_config.Column(c.removeprefix("hp.")) for c in hparams})
+def _trials_table(rows: Any, key: str, config: ExperimentConfig | None) -> None:
+    rows = _tables.shown_hparams(rows).assign(
+        open=[
+            _context.link("trial", trial=_context.trial_ref(experiment_id, int(n)))
+            for n in rows["number"]
+        ]
+    )
+    columns = _tables.trial_columns(rows, _tables.constant_hparams(config))
     event = st.dataframe(
         rows,
         hide_index=True,
@@ -368,15 +414,16 @@ def _trials_table(rows: Any, key: str) -> None:
         selection_mode="multi-row",
         key=key,
         column_order=columns,
-        column_config=config,
+        column_config=_tables.trial_column_config(rows),
     )
     selected = event.selection.rows if event is not None else []
     numbers = sorted(int(rows.iloc[i]["number"]) for i in selected)
     if len(numbers) == 1:
         st.page_link(
             _context.TRIAL_PAGE,
-            label=f"Open trial {numbers[0]}",
-            query_params={"trial": str(int(rows.iloc[selected[0]]["id"]))},
+            label=f"Open trial #{numbers[0]}",
+            icon=":material/open_in_new:",
+            query_params={"trial": _context.trial_ref(experiment_id, numbers[0])},
         )
     elif numbers:
         _compare_link(numbers)
@@ -406,7 +453,12 @@ def _trials() -> None:
     if page.rows.empty:
         st.info("No trials yet." if not states else "No trial is in the selected states.")
         return
-    _trials_table(page.rows, key=f"trials_table_{experiment_id}")
+    summary = _queries.experiment_summary(engine, experiment_id)
+    _trials_table(
+        page.rows,
+        key=f"trials_table_{experiment_id}",
+        config=summary.config if summary is not None else None,
+    )
     st.caption(
         _context.rows_caption(page.offset, len(page.rows), page.total)
         + " Follow 'open' to see a trial; select 2 to 5 rows to compare them."
@@ -427,7 +479,8 @@ def _trials() -> None:
             st.page_link(
                 _context.TRIAL_PAGE,
                 label=f"Open trial #{int(number)}",
-                query_params={"trial": str(int(picked["id"].iloc[0]))},
+                icon=":material/open_in_new:",
+                query_params={"trial": _context.trial_ref(experiment_id, int(number))},
             )
 
 
@@ -438,41 +491,45 @@ def _send_request(action_key: str, confirm_key: str, result_key: str) -> None:
         st.session_state[result_key] = "Not sent: this page was not opened with the UI's token."
         return
     action = str(st.session_state[action_key])
-    st.session_state[result_key] = _actions.request_action(url, experiment_id, action)
+    st.session_state[result_key] = (
+        _actions.start_resume(url, experiment_id)
+        if action == _actions.RESUME
+        else _actions.request_action(url, experiment_id, action)
+    )
 
 
 def _actions_panel() -> None:
+    """Pause, kill, activate and resume, at the top of the page, behind a confirmation."""
     summary = _queries.experiment_summary(engine, experiment_id)
     if summary is None or summary.state in ("COMPLETED", "CANCELED", "ERROR"):
         return
     if not _context.controls_allowed():
         st.caption(
-            "Pause and kill are hidden: this server is reachable from other machines, "
-            "and only pages opened with the address `slotsweep ui` printed (with its "
-            "token) may use them. `slotsweep pause|kill` work from a terminal."
+            "Pause, kill and resume are hidden: this server is reachable from other "
+            "machines, and only pages opened with the address `slotsweep ui` printed "
+            "(with its token) may use them. `slotsweep pause|kill|resume` work from a terminal."
         )
         return
+    choices = dict(_actions.ACTIONS)
+    if _actions.resumable(url, experiment_id):
+        choices[_actions.RESUME] = _actions.RESUME_TEXT
     action_key, confirm_key = f"action_{experiment_id}", f"action_confirmed_{experiment_id}"
     result_key = f"action_result_{experiment_id}"
-    with st.expander("Actions (pause or kill this experiment)"):
-        action = st.radio(
-            "Action",
-            list(_actions.ACTIONS),
-            format_func=_actions.ACTIONS.__getitem__,
-            key=action_key,
-        )
-        confirmed = st.checkbox(
-            f"Yes, {action} experiment {summary.name} (#{summary.id})", key=confirm_key
-        )
-        st.button(
-            "Send request",
-            disabled=not confirmed,
-            type="primary",
-            on_click=_send_request,
-            args=(action_key, confirm_key, result_key),
-        )
-        if result_key in st.session_state:
-            st.success(st.session_state.pop(result_key))
+    row = st.columns([4, 3, 2], vertical_alignment="bottom")
+    action = row[0].radio(
+        "Action", list(choices), format_func=str.capitalize, horizontal=True, key=action_key
+    )
+    confirmed = row[1].checkbox(f"Yes, {action} {summary.name} (#{summary.id})", key=confirm_key)
+    row[2].button(
+        "Send request",
+        disabled=not confirmed,
+        type="primary",
+        on_click=_send_request,
+        args=(action_key, confirm_key, result_key),
+    )
+    st.caption(choices.get(str(action), ""))
+    if result_key in st.session_state:
+        st.success(st.session_state.pop(result_key))
 
 
 def _config() -> None:
@@ -483,7 +540,7 @@ def _config() -> None:
             st.json(summary.stored_config, expanded=False)
 
 
+_actions_panel()
 _context.live(_header)
 _context.live(_trials)
-_actions_panel()
 _config()

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from storage import ExperimentState
-from ui import _context, _queries
+from ui import _context, _format, _queries
 
 st.title("Experiments")
 engine = _context.require_database()
@@ -35,52 +36,76 @@ def _table() -> None:
     rows = page.rows.assign(
         open=[_context.link("experiment", experiment=int(i)) for i in page.rows["id"]]
     )
-    event = st.dataframe(
-        rows,
+    # No row selection: its checkbox column cost the width of "failed" at 1024 px, and
+    # the "open" link opens the experiment (in a new tab too).
+    st.dataframe(
+        # The state's colour on its cell and the progress bar's: a failed search's bar
+        # must not look like a running one's.
+        rows.style.apply(_state_colours, axis=1),
         hide_index=True,
         width="stretch",
-        on_select="rerun",
-        selection_mode="single-row",
         key="experiments_table",
+        # What a user scans for first, so it fits at 1024 px: which search, how far,
+        # how good, how many pruned or failed. The rest (running, queued, slots, start
+        # and end, id) is on the Experiment page.
         column_order=[
             "open",
-            "id",
             "name",
             "state",
             "progress",
             "done",
-            "running",
-            "queued",
+            "best",
             "pruned",
             "failed",
-            "best",
-            "metric",
-            "slots_in_use",
-            "started",
-            "ended",
-            "requested_action",
         ],
         column_config={
-            "open": st.column_config.LinkColumn("open", display_text="open"),
+            "open": st.column_config.LinkColumn("open", display_text="open ↗", width="small"),
             "progress": st.column_config.ProgressColumn(
-                "progress", min_value=0.0, max_value=1.0, format="percent"
+                "progress",
+                min_value=0.0,
+                max_value=1.0,
+                format="percent",
+                width="small",
+                color="gray",  # The state's tint colours the cell; red meant nothing.
             ),
-            "done": st.column_config.TextColumn("done/max", help="finished trials of max_trials"),
-            "failed": st.column_config.NumberColumn("failed", help="trials in state ERROR"),
-            "best": st.column_config.NumberColumn("best", format="%.6g"),
-            "slots_in_use": st.column_config.NumberColumn("slots in use"),
-            "started": st.column_config.DatetimeColumn("started (UTC)"),
-            "ended": st.column_config.DatetimeColumn("ended (UTC)"),
+            "done": st.column_config.TextColumn(
+                "done/max", help="finished trials of max_trials", width="small"
+            ),
+            "pruned": st.column_config.NumberColumn("pruned", width="small"),
+            "failed": st.column_config.NumberColumn(
+                "failed", help="trials in state ERROR", width="small"
+            ),
+            "running": st.column_config.NumberColumn("running", width="small"),
+            "best": st.column_config.NumberColumn(
+                "best", format=_format.COLUMN, help="best searcher metric", width="small"
+            ),
+            "slots_in_use": st.column_config.NumberColumn("slots", width="small"),
+            "started": st.column_config.DatetimeColumn("started (UTC)", format="MM-DD HH:mm"),
         },
     )
     st.caption(
         _context.rows_caption(page.offset, len(rows), page.total)
-        + " Select a row (or follow 'open') to see the experiment."
+        + " Follow 'open' to see the experiment."
     )
-    selected = event.selection.rows if event is not None else []
-    if selected:
-        experiment_id = int(rows.iloc[selected[0]]["id"])
-        st.switch_page(_context.EXPERIMENT_PAGE, query_params={"experiment": str(experiment_id)})
+
+
+# Light tints (dark text stays readable) of the trial-state colours of the charts.
+STATE_TINTS = {
+    "COMPLETED": "#d6e4f0",
+    "ACTIVE": "#dcefd9",
+    "PAUSED": "#fde6c8",
+    "ERROR": "#f8d4d3",
+    "CANCELED": "#e4e4e4",
+}
+
+
+def _state_colours(row: pd.Series) -> list[str]:
+    """The CSS of one row: its state and progress cells tinted by the state."""
+    tint = STATE_TINTS.get(str(row["state"]), "")
+    return [
+        f"background-color: {tint}" if tint and column in ("state", "progress") else ""
+        for column in row.index
+    ]
 
 
 _context.live(_table)

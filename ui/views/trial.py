@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import streamlit as st
 
 from storage import MetricKind
-from ui import _charts, _checkpoints, _context, _logs, _queries, _units
+from ui import _charts, _checkpoints, _context, _format, _logs, _queries, _units
 
 st.title("Trial")
 engine = _context.require_database()
@@ -17,14 +18,40 @@ newest = _queries.latest_trial_id(engine)
 if newest is None:
     st.info("No trials yet. They appear here as soon as a search starts them.")
     st.stop()
-requested = _context.query_int("trial")
+
+
+def _requested_trial_id() -> tuple[int | None, str | None]:
+    """The trial ``?trial=`` names (``EXPERIMENT.NUMBER``; an old link's database id) or why not."""
+    raw = st.query_params.get("trial")
+    ref = _context.parse_trial_ref(raw)
+    if isinstance(ref, tuple):
+        found = _queries.trials_by_numbers(engine, ref[0], [ref[1]])
+        if found.empty:
+            return None, f"Trial {raw} does not exist; showing the newest trial."
+        return int(found["id"].iloc[0]), None
+    if ref is None:
+        return None, None if raw is None else f"Trial {raw!r} is not a trial; showing the newest."
+    return ref, None  # An old link's database id: redirected below.
+
+
+requested, missing = _requested_trial_id()
 detail = _queries.trial_detail(engine, requested if requested is not None else newest)
 if detail is None:
-    st.warning(f"Trial {requested} does not exist; showing the newest trial.")
+    missing = (
+        missing
+        or f"Trial {st.query_params.get('trial')} does not exist; showing the newest trial."
+    )
     detail = _queries.trial_detail(engine, newest)
     if detail is None:  # Deleted between the two reads.
         st.stop()
+if missing:
+    st.warning(missing)
+# Every address names the trial as the logs do; an old ``?trial=DATABASE_ID`` is rewritten.
+ref = _context.trial_ref(detail["experiment_id"], detail["optuna_trial_number"])
+if st.query_params.get("trial") != ref and not missing:
+    st.query_params["trial"] = ref
 trial_id: int = detail["id"]
+shown: dict[str, Any] = detail
 
 # Picking another trial: experiment, then its trial number.
 choices = _queries.experiment_choices(engine)
@@ -52,11 +79,10 @@ number = int(
 if (experiment_id, number) != (detail["experiment_id"], detail["optuna_trial_number"]):
     picked = _queries.trials_by_numbers(engine, experiment_id, [number])
     if not picked.empty:
-        st.query_params["trial"] = str(int(picked["id"].iloc[0]))
+        st.query_params["trial"] = _context.trial_ref(experiment_id, number)
         st.rerun()
     st.warning(f"Experiment #{experiment_id} has no trial number {number}.")
     st.stop()
-st.query_params["trial"] = str(trial_id)
 st.page_link(
     _context.EXPERIMENT_PAGE,
     label=f"Back to experiment {detail['experiment_name']} (#{detail['experiment_id']})",
@@ -70,21 +96,25 @@ def _summary() -> None:
         st.warning(f"Trial {trial_id} no longer exists.")
         return
     metric = _queries.metric_name(info["experiment_config"])
+    ref = _context.trial_ref(info["experiment_id"], info["optuna_trial_number"])
     st.subheader(f"Trial #{info['optuna_trial_number']} of {info['experiment_name']}")
     # The state and the metric in a row of two, the counts in a row of four: at 1000 px
     # a column of a row of three cut "COMPLETED" short.
     top = st.columns(2)
     top[0].metric("State", info["state"])
-    top[1].metric(metric, _context.fmt_value(info["searcher_metric_value"]))
+    top[1].metric(metric, _format.number(info["searcher_metric_value"]))
     bottom = st.columns(4)
-    bottom[0].metric("Slot·seconds", _context.fmt_value(info["slot_seconds"]))
+    bottom[0].metric("Slot·seconds", _format.number(info["slot_seconds"]))
     bottom[1].metric("Restarts", info["restarts"])
     bottom[2].metric("Batches", info["total_batches"])
     bottom[3].metric("Slots", info["slots_per_trial"])
     started = info["started_at"]
     ended = info["ended_at"]
     when = f"started {started:%Y-%m-%d %H:%M:%S} UTC" if started else "not started yet"
-    st.caption(f"Trial id {info['id']} · Optuna trial id {info['optuna_trial_id']} · {when}")
+    st.caption(
+        f"Trial {ref} (experiment #{info['experiment_id']}, Optuna trial number "
+        f"{info['optuna_trial_number']}, as in the logs) · {when}"
+    )
     if ended is not None:
         st.caption(f"Ended {ended:%Y-%m-%d %H:%M:%S} UTC, exit code {info['exit_code']}")
     if info["error"]:
@@ -102,7 +132,11 @@ def _summary() -> None:
     if hparams:
         st.dataframe(
             pd.DataFrame(
-                {"hyperparameter": list(hparams), "value": [str(v) for v in hparams.values()]}
+                {
+                    "hyperparameter": list(hparams),
+                    "value": [_format.number(v) for v in hparams.values()],
+                    "exact value": [_format.full(v) for v in hparams.values()],
+                }
             ),
             hide_index=True,
         )
@@ -219,7 +253,9 @@ def _checkpoints_section() -> None:
     st.download_button(
         f"Download checkpoint at step {int(row['step'])}",
         data=lambda: _checkpoints.checkpoint_bytes(path),
-        file_name=_checkpoints.download_name(path),
+        file_name=_checkpoints.download_name(
+            path, shown["experiment_name"], shown["optuna_trial_number"], int(row["step"])
+        ),
         mime="application/octet-stream",
         on_click="ignore",
         key=f"download_{chosen}",
@@ -353,8 +389,8 @@ def _system() -> None:
         width="stretch",
         column_order=["agent", "gpu", "name", "samples", "mean", "max", "unit", "last_recorded"],
         column_config={
-            "mean": st.column_config.NumberColumn("mean", format="%.4g"),
-            "max": st.column_config.NumberColumn("max", format="%.4g"),
+            "mean": st.column_config.NumberColumn("mean", format=_format.COLUMN),
+            "max": st.column_config.NumberColumn("max", format=_format.COLUMN),
             "last_recorded": st.column_config.DatetimeColumn("last (UTC)"),
         },
     )
@@ -369,19 +405,20 @@ def _system() -> None:
             f"{a} · {'host' if pd.isna(g) else f'GPU {int(g)}'}"
             for a, g in zip(series["agent"], series["gpu_index"], strict=True)
         ]
+        spec = _charts.line_spec(
+            x="recorded_at",
+            y="value",
+            color="source",
+            x_title="time (UTC)",
+            y_title=_units.titled(str(metric), unit),
+            x_type="temporal",
+            y_format=unit.axis_format,
+        )
+        # A line needs two samples: a source sampled once is drawn as a point.
+        if int(series.groupby("source").size().min()) < 2:
+            spec["mark"]["point"] = {"size": 60, "filled": True}
         st.vega_lite_chart(
-            series[["recorded_at", "source", "value"]],
-            _charts.line_spec(
-                x="recorded_at",
-                y="value",
-                color="source",
-                x_title="time (UTC)",
-                y_title=_units.titled(str(metric), unit),
-                x_type="temporal",
-                y_format=unit.axis_format,
-            ),
-            height=300,
-            width="stretch",
+            series[["recorded_at", "source", "value"]], spec, height=300, width="stretch"
         )
 
 

@@ -158,7 +158,7 @@ def test_a_trial_checkpoints_to_the_bucket_restores_and_collects(
 
     # The UI's download: a zip of the checkpoint's files.
     assert checkpoint_problem(rows[-1].path, "COMPLETED") is None
-    assert download_name(rows[-1].path) == f"{rows[-1].uuid}.zip"
+    assert download_name(rows[-1].path, "bucket", 0, 12) == "bucket-0-step12.zip"
     archive = zipfile.ZipFile(io.BytesIO(checkpoint_bytes(rows[-1].path)))
     assert sorted(archive.namelist()) == ["metadata.json", "state.pt"]
     loaded = torch.load(io.BytesIO(archive.read("state.pt")), weights_only=True)
