@@ -12,7 +12,9 @@ and lists every way they break that promise:
   start and end step) recorded twice, or two checkpoints of one trial at one step (two
   attempts trained the same steps);
 - a restart from step 0 although the trial had a checkpoint before the restart began;
-- two attempts of one trial overlapping in time (runs, or their processes);
+- two attempts of one trial overlapping in time (runs, or their processes; the
+  ``torchrun`` of a run whose ranks were fenced at their start used nothing, and is no
+  overlap);
 - one slot used by the ranks of two trials at once;
 - a trial left QUEUED or RUNNING in a COMPLETED or CANCELED experiment.
 
@@ -383,6 +385,8 @@ def _attempt_overlaps(runs: Sequence[TrialRun], processes: Iterable[TrialProcess
             for process in by_attempt[trial_id, earlier.attempt]:
                 if any(_same_process(process, p) for p in next_processes):
                     continue  # one warm job's process, handed from one attempt to the next
+                if _fenced_out(earlier, process):
+                    continue
                 if process.ended_at is None:
                     reasons.append(f"{_describe(process)} never ended")
                 elif process.ended_at > next_start + _START_RESOLUTION:
@@ -393,6 +397,24 @@ def _attempt_overlaps(runs: Sequence[TrialRun], processes: Iterable[TrialProcess
                     f"{later.attempt} (started {next_start}): {'; '.join(reasons)}"
                 )
     return problems
+
+
+def _fenced_out(run: TrialRun, process: TrialProcess) -> bool:
+    """Whether ``process`` is the ``torchrun`` of a run whose ranks were fenced at start.
+
+    A driver stopped between recording a run and starting it may start its
+    ``torchrun`` after the run was judged gone and its slots given away: every rank
+    then exits before touching a device (``storage.start_ranks``), so nothing of it
+    used a slot or trained, however long the ``torchrun`` lingered. Such a run was
+    launched on a claim (``claim_token``; runs older than the rank fence have none)
+    and no rank of it ever started.
+    """
+    return (
+        process.role == ProcessRole.TORCHRUN
+        and run.claim_token is not None
+        and run.ranks_started_at is None
+        and run.ended_at is not None
+    )
 
 
 def _slot_overlaps(session: Session, chosen_trials: set[int]) -> list[str]:

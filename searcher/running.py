@@ -41,6 +41,7 @@ from searcher.outcomes import Outcomes
 from searcher.runtime_spec import build_runtime_spec
 from searcher.study_side import missing_hparams
 from storage import (
+    FENCED_EXIT_CODE,
     Checkpoint,
     CheckpointState,
     Trial,
@@ -55,7 +56,7 @@ from storage import (
 from trials import per_slot_batch_size
 from trials.coordination import allocations as slot_ledger
 from trials.coordination import warm_jobs
-from trials.coordination.allocations import ClaimedPlacement
+from trials.coordination.allocations import ClaimedPlacement, ClaimLostError
 from trials.coordination.attempts import end_run, open_runs, request_stop
 from trials.executors import LaunchRequest, TrialJob, mark_processes_ended
 from trials.labels import trial_log_name
@@ -63,6 +64,9 @@ from trials.launch.launcher import DB_URL_ENV_VAR, write_log_line
 
 _log = driver_log
 
+
+# The run's reason when its ranks were fenced at their start (``storage.start_ranks``).
+_FENCED_NOTE = "its ranks did not start: its slot claim was lost while its driver was stopped"
 
 # How often, between ticks, the driver looks whether a warm job's trial handed it back.
 _HAND_BACK_POLL_S = 0.025
@@ -177,6 +181,7 @@ class RunningTrials:
                 restored_from_checkpoint=checkpoint.uuid if checkpoint else None,
                 restored_from_step=checkpoint.step if checkpoint else None,
                 reason=None if attempt == 0 else "continued",
+                claim_token=placement.token if placement is not None else None,
             )
             session.add(run)
             trial.state = TrialState.RUNNING
@@ -249,6 +254,8 @@ class RunningTrials:
             cwd=ctx.model_dir,
             env={DB_URL_ENV_VAR: ctx.db_url},
         )
+        if placement is not None:
+            self._confirm_before_start(trial_id, placement, run_id)
         try:
             job = ctx.executor.launch(request)
         except BaseException:
@@ -284,6 +291,30 @@ class RunningTrials:
         )
         if self._running[trial_id].waiting:
             write_log_line(log_path, self._running[trial_id].waiting or "")
+
+    def _confirm_before_start(
+        self, trial_id: int, placement: ClaimedPlacement, run_id: int
+    ) -> None:
+        """Right before the processes start: the run is not ended and its claim holds.
+
+        Not what makes the launch safe (each rank checks both before it touches a
+        device: ``storage.start_ranks``), but a driver stopped since it recorded the run
+        starts nothing at all when it can tell. Raises
+        :class:`~trials.coordination.allocations.ClaimLostError` with the run ended.
+        """
+        with session_scope(self.ctx.db_url) as session:
+            run = session.get(TrialRun, run_id)
+            assert run is not None
+            if run.ended_at is None and slot_ledger.holds(
+                session, trial_id, placement, placement.token
+            ):
+                return
+            run.reason = run.reason or "its slot claim was lost before its launch"
+            end_run(session, run)
+            trial = session.get(Trial, trial_id)
+            assert trial is not None
+            trial.state = TrialState.QUEUED
+        raise ClaimLostError(trial_id, placement)
 
     def _check_reserved_job(self, trial_id: int) -> None:
         """Make sure a warm job reserved for ``trial_id`` is one this driver holds idle.
@@ -563,6 +594,10 @@ class RunningTrials:
                 trial.state = TrialState.QUEUED
                 return
             stopped_by_cluster = ending.stopped_by_cluster
+            if exit_code == FENCED_EXIT_CODE and running.hang_reason is None:
+                # Its ranks found the run ended or its slot claim gone (this driver was
+                # stopped meanwhile) and exited before touching a device: no failure.
+                stopped_by_cluster = _FENCED_NOTE
             if stopped_by_cluster is None and run.stop_reason and running.hang_reason is None:
                 # Preempted for a higher-priority trial by the cluster's placement
                 # decision: it checkpointed and goes back to the queue, no restart.

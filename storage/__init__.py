@@ -23,7 +23,14 @@ from storage._engine import (
     retry_transient,
     session_scope,
 )
-from storage._fence import AttemptSupersededError, claim_attempt, stop_requested
+from storage._fence import (
+    FENCED_EXIT_CODE,
+    AttemptSupersededError,
+    RanksFencedError,
+    claim_attempt,
+    start_ranks,
+    stop_requested,
+)
 from storage._migrate import upgrade_schema
 from storage._models import (
     Allocation,
@@ -75,6 +82,7 @@ from storage.studies import (
 __all__ = [
     "DB_ENV_VAR",
     "DEFAULT_DB_URL",
+    "FENCED_EXIT_CODE",
     "KNOWN_OPTUNA_SCHEMAS",
     "TRANSIENT_DEADLINE_S",
     "Allocation",
@@ -91,6 +99,7 @@ __all__ = [
     "OptunaSchemaError",
     "ProcessRole",
     "QueuedTrial",
+    "RanksFencedError",
     "StudyRecord",
     "StudySignature",
     "SystemMetric",
@@ -119,6 +128,7 @@ __all__ = [
     "resolve_db_url",
     "retry_transient",
     "session_scope",
+    "start_ranks",
     "stop_requested",
     "study_signature",
     "study_trials",

@@ -193,6 +193,14 @@ class TrialRun(Base):
     # "preempted by trial 4.0 (priority 1)": the owner requeues the trial without
     # counting a restart.
     stop_reason: Mapped[str | None] = mapped_column(Text)
+    # The token of the slot claim the run was launched on (None: the cluster engine
+    # placed it, or a claim made before claims had tokens). Every rank checks it before
+    # it touches a device (``storage.start_ranks``).
+    claim_token: Mapped[str | None] = mapped_column(String(64))
+    # Set by the first rank that passed that check. A run with it set has processes
+    # that may use its slots: whoever judges whether the run is gone must find them
+    # gone; one without it can no longer start once its claim is gone or it is ended.
+    ranks_started_at: Mapped[_dt.datetime | None] = mapped_column(DateTime)
 
     trial: Mapped[Trial] = relationship(back_populates="runs")
     processes: Mapped[list[TrialProcess]] = relationship(

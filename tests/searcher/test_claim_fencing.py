@@ -15,6 +15,7 @@ import datetime as _dt
 import os
 import socket
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,10 +40,10 @@ from storage import (
     utcnow,
 )
 from tests.conftest import add_experiment
-from tests.searcher.test_driver_parts import _ctx
+from tests.searcher.test_driver_parts import _config, _ctx
 from trials.coordination import allocations, cluster_queue
 from trials.coordination.allocations import ClaimedPlacement, ClaimLostError
-from trials.coordination.attempts import trial_processes_gone
+from trials.coordination.attempts import end_run, open_runs, trial_processes_gone
 from trials.launch.processes import ProcessRef
 from trials.scheduler import Agent, AgentSlots, Placement, ResourcePool
 
@@ -269,3 +270,55 @@ def test_a_process_row_starts_when_the_kernel_started_the_process(db_url: str) -
         (started,) = session.scalars(select(TrialProcess.started_at))
     assert started == utc_from_timestamp(me.create_time)
     assert (utcnow() - started).total_seconds() > 0.5  # this process is older than the row
+
+
+def test_a_claim_lost_after_the_run_was_recorded_starts_nothing_either(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Stopped after it recorded X's run, before it started X: its run was judged gone and
+    # ended (a resume), its claim released and given to Y. The launch's last look before
+    # starting the processes sees it; the ranks' own check would have refused them too.
+    frozen, x = _search(db_url, "frozen")
+    other, y = _search(db_url, "other")
+    executor = _RecordingExecutor()
+    config = _config(hyperparameters={"global_batch_size": 64})
+    cold = config.resources.model_copy(update={"reuse_workers": False, "slots_per_trial": 1})
+    ctx = replace(
+        _ctx(config.model_copy(update={"resources": cold}), experiment_id=frozen),
+        db_url=db_url,
+        pool=ONE_SLOT,
+        executor=executor,
+        run_dir=tmp_path,
+    )
+    running = RunningTrials(ctx, Outcomes(ctx, TellQueue(), PendingQueue(ctx), Control()))
+    where = Placement(x, ONE_SLOT.name, (AgentSlots(A0, (0,)),))
+    with session_scope(db_url) as session:
+        token = allocations.claim(session, where, trial_id=x, experiment_id=frozen, lease_s=30)
+    placement = ClaimedPlacement(x, ONE_SLOT.name, where.agents, token=token)
+    confirm = RunningTrials._confirm_before_start
+
+    def stopped_then_confirm(self: RunningTrials, *args: Any) -> None:
+        with session_scope(db_url) as session:
+            for run in open_runs(session, x):
+                assert end_run(session, run, reason="driver stopped")
+            allocations.release(session, x)
+            allocations.claim(
+                session,
+                Placement(y, ONE_SLOT.name, where.agents),
+                trial_id=y,
+                experiment_id=other,
+                lease_s=30,
+            )
+        confirm(self, *args)
+
+    monkeypatch.setattr(RunningTrials, "_confirm_before_start", stopped_then_confirm)
+    with pytest.raises(ClaimLostError):
+        running.launch(x, placement)
+    assert executor.launched == [] and len(running) == 0
+    assert _holders(db_url) == {("a0", 0): y}
+    with session_scope(db_url) as session:
+        (run,) = session.scalars(select(TrialRun).where(TrialRun.trial_id == x))
+        assert run.ended_at is not None and run.claim_token == token
+        assert run.ranks_started_at is None
+        trial = session.get(Trial, x)
+        assert trial is not None and trial.state == TrialState.QUEUED

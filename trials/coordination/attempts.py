@@ -14,6 +14,12 @@ later driver act safely after a crash:
   on it, or may still start on it (a run recorded by a driver that was stopped
   before it started the run's processes).
 
+Both read the runs they judge locked, in the transaction that then ends them or frees
+their slots; a run's ranks mark it started (``storage.start_ranks``) only while it is
+not ended and its claim holds. So either the ranks committed first, and the run is
+judged by its processes, or the judgement did, and the ranks exit before touching a
+device.
+
 Example:
     >>> from storage import TrialRun, session_scope
     >>> with session_scope(url) as session:
@@ -67,7 +73,13 @@ def end_run(
 
 def trial_processes_gone(session: Session, trial_id: int) -> bool:
     """Whether no process of any attempt of ``trial_id`` runs (confirmed, not assumed)."""
-    runs = list(session.scalars(select(TrialRun).where(TrialRun.trial_id == trial_id)))
+    # Locked before they are judged (PostgreSQL; SQLite's ``BEGIN IMMEDIATE`` serialises
+    # anyway): a rank marking its run started (``storage.start_ranks``) either committed
+    # first, and the run is judged started, or waits for this judgement and then sees
+    # the claim gone.
+    runs = list(
+        session.scalars(select(TrialRun).where(TrialRun.trial_id == trial_id).with_for_update())
+    )
     # A warm job holding the trial's slots runs the processes of its newest run, whichever
     # trial that was (an idle job reserved for this trial has run none of it yet).
     jobs = select(Allocation.warm_job_id).where(
@@ -102,6 +114,8 @@ def _may_still_start(session: Session, run: TrialRun) -> bool:
     """
     if run.ended_at is not None or run.external_id is not None:
         return False
+    if run.ranks_started_at is not None:
+        return False  # started: gone only once its executor finds its processes gone
     started = session.scalar(select(TrialProcess.id).where(TrialProcess.run_id == run.id).limit(1))
     if started is not None:
         return False
@@ -124,11 +138,17 @@ def request_stop(session: Session, run: TrialRun) -> None:
 
 
 def open_runs(session: Session, trial_id: int) -> list[TrialRun]:
-    """The runs of ``trial_id`` not yet confirmed ended, oldest first."""
+    """The runs of ``trial_id`` not yet confirmed ended, oldest first.
+
+    Locked (PostgreSQL) for the caller's transaction, which may end them: a rank
+    marking one started (``storage.start_ranks``) commits before this reads it, and
+    then ending the run finds its processes, or waits and then finds the run ended.
+    """
     return list(
         session.scalars(
             select(TrialRun)
             .where(TrialRun.trial_id == trial_id, TrialRun.ended_at.is_(None))
             .order_by(TrialRun.attempt)
+            .with_for_update()
         )
     )

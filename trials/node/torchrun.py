@@ -18,7 +18,9 @@ A failing rank records its own failure; torchrun failing before it starts any ra
 records nothing, except here: when the port of its rendezvous store was taken
 (``EADDRINUSE``), the wrapper records that under the attempt's run, as the ranks
 would (rank ``storage.TrialFailure.TORCHRUN_RANK``), so the driver starts the trial
-again with fresh ports instead of counting a restart.
+again with fresh ports instead of counting a restart. Ranks that exit fenced at their
+start (``storage.FENCED_EXIT_CODE``: the run was ended or its slot claim lost while its
+driver was stopped) make the wrapper exit with that code too, not torchrun's 1.
 """
 
 from __future__ import annotations
@@ -53,6 +55,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             torchrun_main(args)
         except Exception as error:
+            if ranks_fenced(error):
+                from storage import FENCED_EXIT_CODE
+
+                # Its ranks said why (the run ended or its slot claim is gone) and
+                # touched nothing: the driver reads this code as no failure.
+                return FENCED_EXIT_CODE
             taken = port_taken(error)
             if taken is not None:
                 _record_port_taken(taken)
@@ -60,6 +68,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     return run_prefixed(PREFIX, torchrun)
+
+
+def ranks_fenced(error: BaseException) -> bool:
+    """Whether ``error`` is torchrun's report of ranks that exited fenced at their start.
+
+    The first rank to fail decides: the others are ended by torchrun after it.
+
+    Example:
+        >>> ranks_fenced(RuntimeError("no ranks"))
+        False
+    """
+    if type(error).__name__ != "ChildFailedError":
+        return False
+    from storage import FENCED_EXIT_CODE
+
+    _, first = error.get_first_failure()  # type: ignore[attr-defined]
+    return bool(first.exitcode == FENCED_EXIT_CODE)
 
 
 def port_taken(error: BaseException) -> BaseException | None:

@@ -21,7 +21,10 @@ wrapper's own ``[torchrun]`` prefixer (:mod:`trials.node.torchrun`).
 Exit codes: 0 when the rank's part ended as planned (finished, pruned or preempted; the
 outcome itself is in the database), 2 for a trial that cannot run as configured (one
 line saying why), 3 when this attempt was superseded by a newer one (a driver ended it
-and restarted the trial: it stops without recording anything), 1 with one line and no
+and restarted the trial: it stops without recording anything), 4
+(``storage.FENCED_EXIT_CODE``) when, checked before anything touches a device, the run
+was already ended or its slot claim gone (its driver was stopped between recording the
+run and starting it: the slots may be another trial's), 1 with one line and no
 traceback when the database stayed unreachable or ``checkpoint_storage.path`` refused a
 checkpoint, and 1 with a traceback for any other crash.
 """
@@ -84,6 +87,9 @@ def _run() -> int:
         for problem in error.problems:
             _fail(problem)
         return 2
+    fenced = _fenced_start(spec)
+    if fenced is not None:
+        return fenced
 
     def _terminate(signum: int, _frame: object) -> None:
         # Unwind normally, so rank 0 commits its queued records and the group is left.
@@ -119,6 +125,33 @@ def _run() -> int:
         flush=True,
     )
     return 0
+
+
+def _fenced_start(spec: RuntimeSpec) -> int | None:
+    """Check, before anything touches a device, that this run may start; else its exit code.
+
+    Its driver may have been stopped between recording the run and starting it, and
+    lost the slot claim meanwhile: the slots may be another trial's now
+    (``storage.start_ranks``). A refused rank exits with ``storage.FENCED_EXIT_CODE``.
+    """
+    from storage import (
+        FENCED_EXIT_CODE,
+        RanksFencedError,
+        retry_transient,
+        session_scope,
+        start_ranks,
+    )
+
+    def check() -> None:
+        with session_scope(spec.db_url) as session:
+            start_ranks(session, spec.trial_id, spec.attempt)
+
+    try:
+        retry_transient(check)
+    except RanksFencedError as fenced:
+        print(f"slotsweep: {fenced}", file=sys.stderr, flush=True)
+        return FENCED_EXIT_CODE
+    return None
 
 
 # A trial that ended otherwise (preempted, stopped) ends its warm job: its slots may be
@@ -175,6 +208,12 @@ def _run_warm(spec: RuntimeSpec) -> int:
                 keep_entrypoint_module=current.warm.keep_entrypoint_module,
             )
             current = channel.next_trial(current.trial_id, meanwhile=reset)
+            if current is None and channel.fenced:
+                # Rank 0 found the trial handed over ended or its claim gone.
+                from storage import FENCED_EXIT_CODE
+
+                print(f"slotsweep: {channel.end_reason}", file=sys.stderr, flush=True)
+                return FENCED_EXIT_CODE
             if current is None:
                 # The driver says why in the trial's log; a rank's last line stays the
                 # trial's outcome.

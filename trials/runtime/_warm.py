@@ -59,6 +59,8 @@ class WarmChannel:
         self.db_url = spec.db_url
         self.info = info
         self.end_reason: str | None = None
+        # Set when the trial handed over was refused at its start (``storage.start_ranks``).
+        self.fenced = False
 
     # ----------------------------------------------------------------- rank 0
     def hand_back(self, trial_id: int) -> bool:
@@ -96,7 +98,13 @@ class WarmChannel:
         """Rank 0: one look at the job's row; the message for the other ranks."""
         from sqlalchemy import select, update
 
-        from storage import WarmJob, retry_transient, session_scope
+        from storage import (
+            RanksFencedError,
+            WarmJob,
+            retry_transient,
+            session_scope,
+            start_ranks,
+        )
 
         def read() -> tuple[_Message, Any]:
             with session_scope(self.db_url) as session:
@@ -120,6 +128,13 @@ class WarmChannel:
                     .where(WarmJob.id == self.job_id, WarmJob.next_run_id == row.next_run_id)
                     .values(next_run_id=None, next_spec=None)
                 )
+                # The hand-over is a start like a cold launch's: fenced the same way.
+                try:
+                    with session.begin_nested():
+                        start_ranks(session, row.next_spec["trial_id"], row.next_spec["attempt"])
+                except RanksFencedError as fenced:
+                    self.fenced = True
+                    return _Message.END, str(fenced)
                 return _Message.RUN, json.dumps(row.next_spec)
 
         return retry_transient(read)
