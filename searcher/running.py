@@ -8,7 +8,8 @@ should the driver die; then ``executor.launch`` starts it, then what finds it ag
 is recorded.
 :class:`RunningTrials` holds the :class:`~trials.executors.TrialJob` of each attempt
 this driver started, reaps those that exited (the outcome goes to
-:class:`~searcher.outcomes.Outcomes`), ends those that hang, and preempts (pause) or
+:class:`~searcher.outcomes.Outcomes`, and what it decided back to the driver as
+:mod:`searcher.decisions`), ends those that hang, and preempts (pause) or
 kills them all. :func:`end_leftovers` ends what a dead driver left running.
 
 Two attempts of a trial never overlap, and an attempt's slots go back to the ledger
@@ -19,7 +20,7 @@ not run as an example; the end-to-end tests run it)::
 
     running = RunningTrials(ctx, outcomes)
     running.launch(trial_id, placement)
-    running.reap()
+    decisions = running.reap()
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from searcher.control import Control, Stop
+from searcher.decisions import Decision
 from searcher.driver_context import DriverContext, driver_log
 from searcher.experiments import UsageError
 from searcher.outcomes import Outcomes
@@ -117,6 +119,9 @@ class RunningTrials:
     def __init__(self, ctx: DriverContext, outcomes: Outcomes) -> None:
         self.ctx = ctx
         self.outcomes = outcomes
+        # What the recorded outcomes decided, kept until the driver takes it (a tick that
+        # failed on the database leaves it for the next one).
+        self._decided: list[Decision] = []
         self._running: dict[int, _Running] = {}
         self._idle: dict[int, _IdleJob] = {}
 
@@ -387,12 +392,18 @@ class RunningTrials:
                 self._close_idle(idle, "its slots were reclaimed while its driver was stopped")
 
     # ----------------------------------------------------------------- reaping
-    def reap(self) -> None:
+    def take_decisions(self) -> list[Decision]:
+        """What the outcomes recorded so far decided (requeue, stop), for the driver to apply."""
+        decided, self._decided = self._decided, []
+        return decided
+
+    def reap(self) -> list[Decision]:
         """Record the outcome of every attempt that exited; end preempted ones past their grace.
 
         An attempt on a warm job that handed its slots back (its trial finished or was
         pruned, its processes run on) is recorded like an exit with code 0, and its job
-        waits for the next trial of its shape; idle jobs that ended are closed.
+        waits for the next trial of its shape; idle jobs that ended are closed. Returns
+        what the outcomes decided (:meth:`take_decisions`).
         """
         handed_back = self._warm_handed_back()
         for trial_id, running in list(self._running.items()):
@@ -415,6 +426,7 @@ class RunningTrials:
             # database finds the exited run again and records it then.
             del self._running[trial_id]
         self._reap_idle()
+        return self.take_decisions()
 
     def wait(self, timeout_s: float) -> None:
         """Sleep until the next tick: ``timeout_s``, or less once a warm job is handed back.
@@ -471,7 +483,7 @@ class RunningTrials:
             run.ended_at = utcnow()
             run.reason = run.reason or "ended; its ranks wait warm for the next trial"
             log_path = Path(trial.log_path or self.ctx.run_dir / "warm.log")
-            self.outcomes.finalize(session, trial, exit_code=0)
+            self._decided += self.outcomes.finalize(session, trial, exit_code=0)
         self._idle[running.warm_job_id] = _IdleJob(
             job_id=running.warm_job_id, job=running.job, slots=running.slots, log_path=log_path
         )
@@ -617,7 +629,7 @@ class RunningTrials:
                 _log.info("trial %s: %s", self.ctx.label(running.optuna_number), run.reason)
                 if trial.log_path:
                     write_log_line(Path(trial.log_path), run.reason)
-            self.outcomes.finalize(
+            self._decided += self.outcomes.finalize(
                 session,
                 trial,
                 exit_code=exit_code,

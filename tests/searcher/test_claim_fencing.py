@@ -117,7 +117,7 @@ def test_a_launch_after_the_claim_was_reclaimed_and_taken_over_starts_nothing(
     executor = _RecordingExecutor()
     ctx = replace(_ctx(experiment_id=frozen), db_url=db_url, pool=ONE_SLOT, executor=executor)
     pending = PendingQueue(ctx)
-    outcomes = Outcomes(ctx, TellQueue(), pending, Control())
+    outcomes = Outcomes(ctx, TellQueue(), Control())
     running = RunningTrials(ctx, outcomes)
     with session_scope(db_url) as session:
         trial = session.get(Trial, x)
@@ -223,7 +223,7 @@ def test_a_driver_back_from_a_freeze_notices_and_ends_attempts_whose_slots_went(
     assert stale_s is not None and stale_s > ctx.timings.lease_s
     assert control.heartbeat(ctx, Control()) is None  # fresh again
     # Its attempt's claim was reclaimed meanwhile (nothing in the ledger holds it).
-    outcomes = Outcomes(ctx, TellQueue(), PendingQueue(ctx), Control())
+    outcomes = Outcomes(ctx, TellQueue(), Control())
     running = RunningTrials(ctx, outcomes)
     job = _Job()
     running._running[trial_id] = _Running(
@@ -290,7 +290,7 @@ def test_a_claim_lost_after_the_run_was_recorded_starts_nothing_either(
         executor=executor,
         run_dir=tmp_path,
     )
-    running = RunningTrials(ctx, Outcomes(ctx, TellQueue(), PendingQueue(ctx), Control()))
+    running = RunningTrials(ctx, Outcomes(ctx, TellQueue(), Control()))
     where = Placement(x, ONE_SLOT.name, (AgentSlots(A0, (0,)),))
     with session_scope(db_url) as session:
         token = allocations.claim(session, where, trial_id=x, experiment_id=frozen, lease_s=30)
