@@ -231,7 +231,7 @@ class SearchDriver:
             study.fill_queue(len(self._running), self._pending)
             self._pending.place(self._running.launch, self._outcomes)
             apply_decisions(self._running.take_decisions(), self._pending, self._control)
-            self._running.end_unneeded_warm_jobs(self._pending.sizes())
+            self._running.warm.end_unneeded(self._pending.sizes())
             study.flush_tells()
             if (
                 not self._running

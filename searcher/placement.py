@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from searcher.driver_context import DriverContext, driver_log
-from searcher.running import EarlierAttemptRunning
+from searcher.launching import EarlierAttemptRunning
 from storage import Trial, is_transient_error, session_scope
 from trials.coordination import allocations as slot_ledger
 from trials.coordination import cluster_queue

@@ -23,6 +23,7 @@ from sqlalchemy import select, update
 
 from searcher import control
 from searcher.control import Control
+from searcher.launching import AttemptStarter
 from searcher.outcomes import Outcomes
 from searcher.placement import PendingQueue
 from searcher.running import RunningTrials, _Running
@@ -295,9 +296,9 @@ def test_a_claim_lost_after_the_run_was_recorded_starts_nothing_either(
     with session_scope(db_url) as session:
         token = allocations.claim(session, where, trial_id=x, experiment_id=frozen, lease_s=30)
     placement = ClaimedPlacement(x, ONE_SLOT.name, where.agents, token=token)
-    confirm = RunningTrials._confirm_before_start
+    confirm = AttemptStarter._confirm_before_start
 
-    def stopped_then_confirm(self: RunningTrials, *args: Any) -> None:
+    def stopped_then_confirm(self: AttemptStarter, *args: Any) -> None:
         with session_scope(db_url) as session:
             for run in open_runs(session, x):
                 assert end_run(session, run, reason="driver stopped")
@@ -311,7 +312,7 @@ def test_a_claim_lost_after_the_run_was_recorded_starts_nothing_either(
             )
         confirm(self, *args)
 
-    monkeypatch.setattr(RunningTrials, "_confirm_before_start", stopped_then_confirm)
+    monkeypatch.setattr(AttemptStarter, "_confirm_before_start", stopped_then_confirm)
     with pytest.raises(ClaimLostError):
         running.launch(x, placement)
     assert executor.launched == [] and len(running) == 0
