@@ -28,9 +28,10 @@ import enum
 import os
 import signal
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import select
 
@@ -41,9 +42,6 @@ from trials.coordination import allocations as slot_ledger
 from trials.coordination import cluster_queue
 from trials.coordination.control import Action
 from trials.retention import collect_garbage
-
-if TYPE_CHECKING:
-    from searcher.outcomes import Outcomes
 
 _log = driver_log
 
@@ -148,13 +146,14 @@ def heartbeat(ctx: DriverContext, control: Control) -> float | None:
 
 
 def finish(
-    ctx: DriverContext, state: ExperimentState, control: Control, outcomes: Outcomes
+    ctx: DriverContext, state: ExperimentState, control: Control, fail: Callable[[Trial], None]
 ) -> None:
     """Write the experiment's final ``state`` and give up ownership (one transaction).
 
     A completed experiment's checkpoints are garbage-collected; a killed or stopped
-    one fails the trials that never ran. Optuna's tells are queued in ``outcomes``:
-    flush them after this returns.
+    one fails the trials that never ran with ``fail``
+    (:meth:`searcher.outcomes.Outcomes.fail`, which queues Optuna's tells: flush them
+    after this returns).
     """
     with session_scope(ctx.db_url) as session:
         if state == ExperimentState.COMPLETED:
@@ -179,7 +178,7 @@ def finish(
                     if state == ExperimentState.CANCELED
                     else f"experiment stopped before the trial ran: {control.stop_reason}"
                 )
-                outcomes.fail(trial)
+                fail(trial)
         # Its waiting trials leave the cluster's queue until a driver runs it again.
         cluster_queue.leave(session, ctx.experiment_id)
         experiment.state = state

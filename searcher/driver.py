@@ -40,6 +40,7 @@ from sqlalchemy import select
 
 import searcher.control as control
 from searcher.control import Control, Stop
+from searcher.decisions import apply_decisions
 from searcher.driver_context import DriverContext, driver_log
 from searcher.experiments import UsageError, trial_counts
 from searcher.outcomes import Outcomes
@@ -102,7 +103,7 @@ class SearchDriver:
         self._control = Control()
         self._tells = TellQueue()
         self._pending = PendingQueue(self.ctx)
-        self._outcomes = Outcomes(self.ctx, self._tells, self._pending, self._control)
+        self._outcomes = Outcomes(self.ctx, self._tells, self._control)
         self._running = RunningTrials(self.ctx, self._outcomes)
         self._study: StudySide | None = None
 
@@ -135,7 +136,11 @@ class SearchDriver:
             ):
                 if trial.finished_at or trial.pruned_at:
                     # It finished while no driver was watching: only Optuna is not told.
-                    self._outcomes.finalize(session, trial, exit_code=None)
+                    apply_decisions(
+                        self._outcomes.finalize(session, trial, exit_code=None),
+                        self._pending,
+                        self._control,
+                    )
                     continue
                 trial.state = TrialState.QUEUED
                 self._pending.queue(trial)
@@ -201,24 +206,15 @@ class SearchDriver:
         return final
 
     def _tick(self, progress: SearchProgress) -> ExperimentState | None:
-        """One round of the loop; the experiment's final state once it ends, else None."""
+        """One round of the loop; the experiment's final state once it ends, else None.
+
+        The round is a pipeline: reap the ended attempts (their outcomes recorded),
+        apply what those decided (requeue, stop), then place the waiting trials and
+        launch what the placement gave slots.
+        """
         study = self._loaded_study()
-        now = time.monotonic()
-        if now - self._last_heartbeat >= self.ctx.timings.heartbeat_every_s:
-            stale_s = control.heartbeat(self.ctx, self._control)
-            if stale_s is not None:
-                # This driver was stopped for longer than its lease: other drivers may
-                # have reclaimed its slots meanwhile. Its claims and runs come first.
-                _log.warning(
-                    "this driver's heartbeat was %.0f s old (was it stopped?), past its "
-                    "%g s lease; checking its claims and runs",
-                    stale_s,
-                    self.ctx.timings.lease_s,
-                )
-                self._running.revalidate()
-            self._running.end_hung()
-            self._last_heartbeat = now
-        self._running.reap()
+        self._keep_lease()
+        apply_decisions(self._running.reap(), self._pending, self._control)
         study.flush_tells()
         if self._control.action in (Stop.KILL, Stop.ERROR):
             self._kill_running()
@@ -234,7 +230,8 @@ class SearchDriver:
         else:
             study.fill_queue(len(self._running), self._pending)
             self._pending.place(self._running.launch, self._outcomes)
-            self._running.end_unneeded_warm_jobs(self._pending.sizes())
+            apply_decisions(self._running.take_decisions(), self._pending, self._control)
+            self._running.warm.end_unneeded(self._pending.sizes())
             study.flush_tells()
             if (
                 not self._running
@@ -246,6 +243,25 @@ class SearchDriver:
         self._refresh_progress(progress)
         return None
 
+    def _keep_lease(self) -> None:
+        """Heartbeat every ``heartbeat_every_s``; then check claims if it was stopped, end hangs."""
+        now = time.monotonic()
+        if now - self._last_heartbeat < self.ctx.timings.heartbeat_every_s:
+            return
+        stale_s = control.heartbeat(self.ctx, self._control)
+        if stale_s is not None:
+            # This driver was stopped for longer than its lease: other drivers may
+            # have reclaimed its slots meanwhile. Its claims and runs come first.
+            _log.warning(
+                "this driver's heartbeat was %.0f s old (was it stopped?), past its "
+                "%g s lease; checking its claims and runs",
+                stale_s,
+                self.ctx.timings.lease_s,
+            )
+            self._running.revalidate()
+        self._running.end_hung()
+        self._last_heartbeat = now
+
     def _loaded_study(self) -> StudySide:
         assert self._study is not None
         return self._study
@@ -256,7 +272,7 @@ class SearchDriver:
         self._loaded_study().flush_tells()
 
     def _finish(self, state: ExperimentState) -> None:
-        control.finish(self.ctx, state, self._control, self._outcomes)
+        control.finish(self.ctx, state, self._control, self._outcomes.fail)
         self._loaded_study().flush_tells()
 
     def _refresh_progress(self, progress: SearchProgress) -> None:

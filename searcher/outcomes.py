@@ -3,9 +3,9 @@
 The decision is a pure function, :func:`decide_outcome`: the facts a trial recorded
 (:class:`OutcomeFacts`) in, a :class:`OutcomeDecision` out. :class:`Outcomes` does the
 I/O around it: it reads the facts from the database, applies the decision to the
-trial's row, writes the failure line, queues the trial again or queues Optuna's tell,
-and stops the experiment when its first trials all failed the same way
-(``fail_fast_trials``).
+trial's row, writes the failure line and queues Optuna's tell. What the driver must do
+besides, it returns as :mod:`searcher.decisions`: queue the trial again, or stop the
+experiment when its first trials all failed the same way (``fail_fast_trials``).
 
 torchrun can exit non-zero after a finished run (gloo teardown), so the record, not
 the exit code, decides.
@@ -30,12 +30,13 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from searcher.control import Control, Stop
+from searcher.control import Control
+from searcher.decisions import Decision, Requeue, StopExperiment
 from searcher.driver_context import DriverContext, driver_log
 from searcher.failures import (
     FailureRecord,
@@ -47,9 +48,6 @@ from searcher.failures import (
 from searcher.study_side import TellQueue, objective_values
 from storage import Metric, MetricKind, Trial, TrialFailure, TrialRun, TrialState, utcnow
 from trials.launch.launcher import write_log_line
-
-if TYPE_CHECKING:
-    from searcher.placement import PendingQueue
 
 _log = driver_log
 
@@ -194,17 +192,16 @@ def decide_outcome(facts: OutcomeFacts) -> OutcomeDecision:
 class Outcomes:
     """Applies outcomes to trials: the database side of :func:`decide_outcome`.
 
-    ``tells`` receives what Optuna is told, ``pending`` the restarted trials, and
-    ``control`` the request to stop the experiment when ``fail_fast_trials`` trips.
+    ``tells`` receives what Optuna is told. ``control`` is only read: once the
+    experiment is stopping, ``fail_fast_trials`` is not checked again.
     """
 
-    def __init__(
-        self, ctx: DriverContext, tells: TellQueue, pending: PendingQueue, control: Control
-    ) -> None:
+    def __init__(self, ctx: DriverContext, tells: TellQueue, control: Control) -> None:
         self.ctx = ctx
         self.tells = tells
-        self.pending = pending
         self.control = control
+        # A stop decided but not yet applied (the driver applies it after the stage).
+        self._stop_decided = False
 
     def finalize(
         self,
@@ -213,8 +210,12 @@ class Outcomes:
         exit_code: int | None,
         cause: str | None = None,
         stopped_by_cluster: str | None = None,
-    ) -> None:
-        """Record the outcome of the trial's ended attempt (its facts read in ``session``)."""
+    ) -> list[Decision]:
+        """Record the outcome of the trial's ended attempt (its facts read in ``session``).
+
+        Returns what the driver must do besides: :class:`~searcher.decisions.Requeue` the
+        trial, or :class:`~searcher.decisions.StopExperiment`.
+        """
         facts = self._facts(session, trial, exit_code, cause, stopped_by_cluster)
         decision = decide_outcome(facts)
         if decision.error is not None:
@@ -227,15 +228,14 @@ class Outcomes:
                 self._notify_failure(trial)
             if decision.note is not None:
                 self._note(session, trial, decision.note)
-            self.pending.queue(trial)
-            return
+            return [Requeue(trial_id=trial.id, slots=trial.slots_per_trial)]
         if decision.state == TrialState.ERROR:
             if decision.notify:
                 self._notify_failure(trial)
             self.fail(trial)
             if decision.check_fail_fast:
-                self._check_fail_fast(session)
-            return
+                return self._check_fail_fast(session)
+            return []
         import optuna
 
         trial.state = decision.state
@@ -244,6 +244,7 @@ class Outcomes:
         else:
             self.tells.tell(trial, values=objective_values(self.ctx.config, trial))
         trial.ended_at = utcnow()
+        return []
 
     def launch_failed(self, trial: Trial, exc: Exception) -> None:
         """Fail ``trial``, whose attempt could not start, with one line as every failure gets.
@@ -320,11 +321,11 @@ class Outcomes:
             with contextlib.suppress(OSError):
                 write_log_line(Path(trial.log_path), f"{label}: {note}")
 
-    def _check_fail_fast(self, session: Session) -> None:
+    def _check_fail_fast(self, session: Session) -> list[Decision]:
         """Stop the experiment (ERROR) when its first trials all failed the same way."""
         limit = self.ctx.config.fail_fast_trials
-        if limit <= 0 or self.control.action is not None:
-            return
+        if limit <= 0 or self.control.action is not None or self._stop_decided:
+            return []
         session.flush()
         outcomes = []
         for trial in session.scalars(
@@ -342,8 +343,9 @@ class Outcomes:
         reason = fail_fast_reason(outcomes, limit)
         if reason is not None:
             _log.warning("stopping the experiment: %s (fail_fast_trials: %d)", reason, limit)
-            self.control.action = Stop.ERROR
-            self.control.stop_reason = reason
+            self._stop_decided = True
+            return [StopExperiment(reason)]
+        return []
 
 
 def _latest_run(session: Session, trial_id: int) -> TrialRun | None:

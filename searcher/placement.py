@@ -21,7 +21,7 @@ which starts the trial's processes; this ``launch`` only shows what it is handed
     >>> pending.queue(trial)
     >>> def launch(trial_id, placement):
     ...     print(trial_id, [(part.agent.name, part.slots) for part in placement.agents])
-    >>> pending.place(launch, Outcomes(ctx, TellQueue(), pending, Control()))
+    >>> pending.place(launch, Outcomes(ctx, TellQueue(), Control()))
     1 [('local', (0, 1))]
     >>> len(pending)
     0
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from searcher.driver_context import DriverContext, driver_log
-from searcher.running import EarlierAttemptRunning
+from searcher.launching import EarlierAttemptRunning
 from storage import Trial, is_transient_error, session_scope
 from trials.coordination import allocations as slot_ledger
 from trials.coordination import cluster_queue
@@ -69,13 +69,17 @@ class PendingQueue:
 
     def queue(self, trial: Trial) -> None:
         """Add ``trial`` to the queue (once: a retried tick may queue it again)."""
-        if any(p.trial_id == trial.id for p in self._pending):
+        self.requeue(trial.id, trial.slots_per_trial)
+
+    def requeue(self, trial_id: int, slots: int) -> None:
+        """Add the trial of ``slots`` slots to the queue (once, as :meth:`queue`)."""
+        if any(p.trial_id == trial_id for p in self._pending):
             return  # queued by a tick whose transaction was retried
         self._pending.append(
             _Pending(
-                trial_id=trial.id,
-                slots=trial.slots_per_trial,
-                order=trial.id,
+                trial_id=trial_id,
+                slots=slots,
+                order=trial_id,
                 priority=self.ctx.config.resources.priority,
             )
         )

@@ -8,7 +8,8 @@ should the driver die; then ``executor.launch`` starts it, then what finds it ag
 is recorded.
 :class:`RunningTrials` holds the :class:`~trials.executors.TrialJob` of each attempt
 this driver started, reaps those that exited (the outcome goes to
-:class:`~searcher.outcomes.Outcomes`), ends those that hang, and preempts (pause) or
+:class:`~searcher.outcomes.Outcomes`, and what it decided back to the driver as
+:mod:`searcher.decisions`), ends those that hang, and preempts (pause) or
 kills them all. :func:`end_leftovers` ends what a dead driver left running.
 
 Two attempts of a trial never overlap, and an attempt's slots go back to the ledger
@@ -19,15 +20,12 @@ not run as an example; the end-to-end tests run it)::
 
     running = RunningTrials(ctx, outcomes)
     running.launch(trial_id, placement)
-    running.reap()
+    decisions = running.reap()
 """
 
 from __future__ import annotations
 
-import json
 import time
-import uuid
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,32 +33,28 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from searcher.control import Control, Stop
+from searcher.decisions import Decision
 from searcher.driver_context import DriverContext, driver_log
 from searcher.experiments import UsageError
+from searcher.launching import Attempt, AttemptStarter, EarlierAttemptRunning
 from searcher.outcomes import Outcomes
-from searcher.runtime_spec import build_runtime_spec
-from searcher.study_side import missing_hparams
+from searcher.warm import IdleJob, IdleWarmJobs
 from storage import (
     FENCED_EXIT_CODE,
-    Checkpoint,
-    CheckpointState,
     Trial,
     TrialRun,
     TrialState,
     WarmJob,
     is_transient_error,
-    retry_transient,
     session_scope,
     utcnow,
 )
-from trials import per_slot_batch_size
 from trials.coordination import allocations as slot_ledger
 from trials.coordination import warm_jobs
-from trials.coordination.allocations import ClaimedPlacement, ClaimLostError
+from trials.coordination.allocations import ClaimedPlacement
 from trials.coordination.attempts import end_run, open_runs, request_stop
-from trials.executors import LaunchRequest, TrialJob, mark_processes_ended
-from trials.labels import trial_log_name
-from trials.launch.launcher import DB_URL_ENV_VAR, write_log_line
+from trials.executors import TrialJob, mark_processes_ended
+from trials.launch.launcher import write_log_line
 
 _log = driver_log
 
@@ -70,11 +64,6 @@ _FENCED_NOTE = "its ranks did not start: its slot claim was lost while its drive
 
 # How often, between ticks, the driver looks whether a warm job's trial handed it back.
 _HAND_BACK_POLL_S = 0.025
-
-
-class EarlierAttemptRunning(RuntimeError):
-    """The trial's previous attempt is not confirmed gone yet (a node that does not
-    answer, a step Slurm has not cleaned up): the next attempt waits for it."""
 
 
 @dataclass
@@ -99,16 +88,21 @@ class _Running:
     warm_job_id: int | None = None
 
 
-@dataclass
-class _IdleJob:
-    """A warm job of this driver's between two trials: its processes wait for the next."""
-
-    job_id: int
-    job: TrialJob
-    slots: int
-    log_path: Path
-    # When this driver saw that the job was asked to end (its ranks exit on their own).
-    ending_since: float | None = None
+def _running(
+    attempt: Attempt, job: TrialJob, warm_job_id: int | None, waiting: str | None = None
+) -> _Running:
+    """The started ``attempt`` as a running one, its processes ``job``."""
+    return _Running(
+        trial_id=attempt.trial_id,
+        optuna_number=attempt.optuna_number,
+        attempt=attempt.attempt,
+        slots=attempt.slots,
+        job=job,
+        started=time.monotonic(),
+        run_id=attempt.run_id,
+        waiting=waiting,
+        warm_job_id=warm_job_id,
+    )
 
 
 class RunningTrials:
@@ -117,8 +111,12 @@ class RunningTrials:
     def __init__(self, ctx: DriverContext, outcomes: Outcomes) -> None:
         self.ctx = ctx
         self.outcomes = outcomes
+        # What the recorded outcomes decided, kept until the driver takes it (a tick that
+        # failed on the database leaves it for the next one).
+        self._decided: list[Decision] = []
         self._running: dict[int, _Running] = {}
-        self._idle: dict[int, _IdleJob] = {}
+        self.warm = IdleWarmJobs(ctx)
+        self.starter = AttemptStarter(ctx, self.warm)
 
     def __len__(self) -> int:
         return len(self._running)
@@ -126,7 +124,7 @@ class RunningTrials:
     @property
     def has_warm_jobs(self) -> bool:
         """Whether an idle warm job of this driver still has processes."""
-        return bool(self._idle)
+        return bool(self.warm)
 
     # ----------------------------------------------------------------- starting
     def launch(self, trial_id: int, placement: ClaimedPlacement | None) -> None:
@@ -138,183 +136,19 @@ class RunningTrials:
         :class:`~trials.coordination.allocations.ClaimLostError`, having recorded and started
         nothing, when the claim behind ``placement`` no longer holds.
         """
-        ctx = self.ctx
         self._check_reserved_job(trial_id)
-        with session_scope(ctx.db_url) as session:
-            if placement is not None:
-                # First, in the transaction that records the run: every executor's
-                # launch is fenced by the claim's token, warm reservations included.
-                slot_ledger.confirm_claim(session, trial_id, placement, ctx.timings.lease_s)
-            trial = session.get(Trial, trial_id)
-            assert trial is not None
-            missing = missing_hparams(ctx.config, trial.hparams)
-            if missing:
-                raise RuntimeError(
-                    f"the trial has no value for hyperparameter(s) {', '.join(missing)}"
-                )
-            warm = warm_jobs.reserved_job(session, trial_id)
-            idle = self._idle.get(warm.id) if warm is not None else None
-            # Two attempts never overlap: whatever is left of an earlier one ends first.
-            for earlier in open_runs(session, trial_id):
-                if not end_run(session, earlier, reason="ended", grace_s=ctx.timings.kill_grace_s):
-                    raise EarlierAttemptRunning(
-                        f"trial {ctx.label(trial.optuna_trial_number)} waits: attempt "
-                        f"{earlier.attempt} still has processes that could not be ended yet"
-                    )
-            attempt = len(trial.runs)
-            checkpoint = _latest_checkpoint(session, trial_id)
-            log_path = Path(
-                trial.log_path or ctx.run_dir / trial_log_name(trial.optuna_trial_number)
-            )
-            # Written before any process starts: a driver that dies from here on leaves
-            # a run whose launch token finds every process it started.
-            run = TrialRun(
-                trial_id=trial_id,
-                attempt=attempt,
-                executor=ctx.executor.name,
-                agents=[
-                    {"agent": part.agent.name, "host": part.agent.host, "slots": list(part.slots)}
-                    for part in (placement.agents if placement is not None else ())
-                ],
-                # A warm job's processes carry its first run's token; so do its runs.
-                launch_token=warm.launch_token if warm is not None else uuid.uuid4().hex,
-                restored_from_checkpoint=checkpoint.uuid if checkpoint else None,
-                restored_from_step=checkpoint.step if checkpoint else None,
-                reason=None if attempt == 0 else "continued",
-                claim_token=placement.token if placement is not None else None,
-            )
-            session.add(run)
-            trial.state = TrialState.RUNNING
-            trial.log_path = str(log_path)
-            trial.started_at = trial.started_at or utcnow()
-            session.flush()
-            run_id, token = run.id, run.launch_token
-            assert token is not None
-            warm_job_id: int | None = None
-            if warm is not None:
-                warm_job_id = warm.id
-            elif ctx.config.resources.reuse_workers and placement is not None:
-                warm_job_id = warm_jobs.open_job(
-                    session, run, placement, experiment_id=ctx.experiment_id
-                )
-            spec = build_runtime_spec(
-                ctx, trial, attempt, checkpoint, log_path=log_path, warm_job_id=warm_job_id
-            )
-            spec_json = spec.model_dump_json(exclude={"db_url"})
-            run.spec = json.loads(spec_json)
-            if warm is not None and idle is not None:
-                warm_jobs.hand_over(session, warm.id, run, run.spec)
-                idle.job.record(session, run)
-            optuna_number, slots = trial.optuna_trial_number, trial.slots_per_trial
-            restored_step = checkpoint.step if checkpoint else None
-            _, dropped = per_slot_batch_size(int(trial.hparams["global_batch_size"]), slots)
-            if dropped and attempt == 0:
-                warnings.warn(
-                    f"trial {ctx.label(trial.optuna_trial_number)}: global_batch_size "
-                    f"{trial.hparams['global_batch_size']} "
-                    f"is not divisible by slots_per_trial {slots}; "
-                    f"{dropped} samples per batch are dropped",
-                    stacklevel=1,
-                )
-        where = (
-            ", ".join(
-                f"{part.agent.name} slots {','.join(str(slot) for slot in part.slots)}"
-                for part in placement.agents
-            )
-            if placement is not None
-            else f"nodes the {ctx.executor.name} executor's cluster picks"
-        )
-        write_log_line(
-            log_path,
-            f"trial {ctx.label(optuna_number)} attempt {attempt} on {where}"
-            + (f" (warm job {warm_job_id}, already running)" if idle is not None else "")
-            + (f", restoring the checkpoint of step {restored_step}" if restored_step else ""),
-        )
-        if idle is not None:
+        attempt = self.starter.record(trial_id, placement)
+        self.starter.log_start(attempt, placement)
+        if attempt.idle is not None:
             # The ranks are running: rank 0 takes the spec from the job's row.
-            del self._idle[idle.job_id]
-            self._running[trial_id] = _Running(
-                trial_id=trial_id,
-                optuna_number=optuna_number,
-                attempt=attempt,
-                slots=slots,
-                job=idle.job,
-                started=time.monotonic(),
-                run_id=run_id,
-                warm_job_id=idle.job_id,
-            )
+            self.warm.take(attempt.idle.job_id)
+            self._running[trial_id] = _running(attempt, attempt.idle.job, attempt.idle.job_id)
             return
-        request = LaunchRequest(
-            placement=placement,
-            slots=slots,
-            spec_json=spec_json,
-            rdzv_id=f"slotsweep-{trial_id}-{attempt}",
-            token=token,
-            log_path=log_path,
-            cwd=ctx.model_dir,
-            env={DB_URL_ENV_VAR: ctx.db_url},
-        )
-        if placement is not None:
-            self._confirm_before_start(trial_id, placement, run_id)
-        try:
-            job = ctx.executor.launch(request)
-        except BaseException:
-            with session_scope(ctx.db_url) as session:
-                failed = session.get(TrialRun, run_id)
-                assert failed is not None
-                end_run(session, failed, reason="launch failed")
-            raise
-
-        def record() -> None:
-            with session_scope(ctx.db_url) as session:
-                started = session.get(TrialRun, run_id)
-                assert started is not None
-                job.record(session, started)
-
-        try:
-            # The processes run: what finds them must reach the database (the launch
-            # token finds them after a crash, but not while this driver still owns them).
-            retry_transient(record)
-        except BaseException:
-            job.end(grace_s=0.0)
-            raise
-        self._running[trial_id] = _Running(
-            trial_id=trial_id,
-            optuna_number=optuna_number,
-            attempt=attempt,
-            slots=slots,
-            job=job,
-            started=time.monotonic(),
-            run_id=run_id,
-            waiting=job.waiting_reason(),
-            warm_job_id=warm_job_id,
-        )
-        if self._running[trial_id].waiting:
-            write_log_line(log_path, self._running[trial_id].waiting or "")
-
-    def _confirm_before_start(
-        self, trial_id: int, placement: ClaimedPlacement, run_id: int
-    ) -> None:
-        """Right before the processes start: the run is not ended and its claim holds.
-
-        Not what makes the launch safe (each rank checks both before it touches a
-        device: ``storage.start_ranks``), but a driver stopped since it recorded the run
-        starts nothing at all when it can tell. Raises
-        :class:`~trials.coordination.allocations.ClaimLostError` with the run ended.
-        """
-        with session_scope(self.ctx.db_url) as session:
-            run = session.get(TrialRun, run_id)
-            assert run is not None
-            if run.ended_at is None and slot_ledger.holds(
-                session, trial_id, placement, placement.token
-            ):
-                return
-            run.reason = run.reason or "its slot claim was lost before its launch"
-            end_run(session, run)
-            trial = session.get(Trial, trial_id)
-            assert trial is not None
-            trial.state = TrialState.QUEUED
-        raise ClaimLostError(trial_id, placement)
+        job = self.starter.start_processes(attempt, placement)
+        running = _running(attempt, job, attempt.warm_job_id, waiting=job.waiting_reason())
+        self._running[trial_id] = running
+        if running.waiting:
+            write_log_line(attempt.log_path, running.waiting)
 
     def _check_reserved_job(self, trial_id: int) -> None:
         """Make sure a warm job reserved for ``trial_id`` is one this driver holds idle.
@@ -326,7 +160,7 @@ class RunningTrials:
         """
         with session_scope(self.ctx.db_url) as session:
             warm = warm_jobs.reserved_job(session, trial_id)
-            if warm is None or warm.id in self._idle:
+            if warm is None or warm.id in self.warm:
                 return
             handed_back = next(
                 (
@@ -358,7 +192,10 @@ class RunningTrials:
         if self.ctx.executor.places_trials:
             return  # the cluster engine keeps the ledger
         placed = [r for r in self._running.values() if r.waiting is None]
-        jobs = [*self._idle, *(r.warm_job_id for r in placed if r.warm_job_id is not None)]
+        jobs = [
+            *(idle.job_id for idle in self.warm),
+            *(r.warm_job_id for r in placed if r.warm_job_id is not None),
+        ]
         with session_scope(self.ctx.db_url) as session:
             by_trial = slot_ledger.held_counts(
                 session, trial_ids=[r.trial_id for r in placed if r.warm_job_id is None]
@@ -382,17 +219,21 @@ class RunningTrials:
                     running.attempt,
                 )
                 running.job.end(grace_s=0.0)
-        for idle in list(self._idle.values()):
-            if by_job.get(idle.job_id, 0) < idle.slots:
-                self._close_idle(idle, "its slots were reclaimed while its driver was stopped")
+        self.warm.close_reclaimed(by_job)
 
     # ----------------------------------------------------------------- reaping
-    def reap(self) -> None:
+    def take_decisions(self) -> list[Decision]:
+        """What the outcomes recorded so far decided (requeue, stop), for the driver to apply."""
+        decided, self._decided = self._decided, []
+        return decided
+
+    def reap(self) -> list[Decision]:
         """Record the outcome of every attempt that exited; end preempted ones past their grace.
 
         An attempt on a warm job that handed its slots back (its trial finished or was
         pruned, its processes run on) is recorded like an exit with code 0, and its job
-        waits for the next trial of its shape; idle jobs that ended are closed.
+        waits for the next trial of its shape; idle jobs that ended are closed. Returns
+        what the outcomes decided (:meth:`take_decisions`).
         """
         handed_back = self._warm_handed_back()
         for trial_id, running in list(self._running.items()):
@@ -414,7 +255,8 @@ class RunningTrials:
             # Forgotten only once the outcome is committed: a tick that failed on the
             # database finds the exited run again and records it then.
             del self._running[trial_id]
-        self._reap_idle()
+        self.warm.reap()
+        return self.take_decisions()
 
     def wait(self, timeout_s: float) -> None:
         """Sleep until the next tick: ``timeout_s``, or less once a warm job is handed back.
@@ -471,78 +313,13 @@ class RunningTrials:
             run.ended_at = utcnow()
             run.reason = run.reason or "ended; its ranks wait warm for the next trial"
             log_path = Path(trial.log_path or self.ctx.run_dir / "warm.log")
-            self.outcomes.finalize(session, trial, exit_code=0)
-        self._idle[running.warm_job_id] = _IdleJob(
-            job_id=running.warm_job_id, job=running.job, slots=running.slots, log_path=log_path
+            self._decided += self.outcomes.finalize(session, trial, exit_code=0)
+        self.warm.add(
+            IdleJob(
+                job_id=running.warm_job_id, job=running.job, slots=running.slots, log_path=log_path
+            )
         )
         del self._running[running.trial_id]
-
-    def _reap_idle(self) -> None:
-        """Close the idle warm jobs whose processes exited; end those past their grace."""
-        if not self._idle:
-            return
-        with session_scope(self.ctx.db_url) as session:
-            asked = dict(
-                session.execute(
-                    select(WarmJob.id, WarmJob.end_reason).where(
-                        WarmJob.id.in_(list(self._idle)), WarmJob.end_requested_at.is_not(None)
-                    )
-                ).all()
-            )
-        now = time.monotonic()
-        for job_id, idle in list(self._idle.items()):
-            if job_id in asked and idle.ending_since is None:
-                idle.ending_since = now
-            exited = idle.job.poll() is not None
-            overdue = (
-                idle.ending_since is not None
-                and now - idle.ending_since > self.ctx.timings.kill_grace_s
-            )
-            if exited or overdue:
-                self._close_idle(idle, asked.get(job_id))
-
-    def _close_idle(self, idle: _IdleJob, reason: str | None) -> None:
-        """End an idle job's processes and, once they are gone, free its slots."""
-        if not idle.job.end(grace_s=self.ctx.timings.kill_grace_s):
-            return  # still there: the next tick tries again
-        with session_scope(self.ctx.db_url) as session:
-            job = session.get(WarmJob, idle.job_id)
-            run = warm_jobs.latest_run(session, job) if job is not None else None
-            if run is not None:
-                # Confirms the processes gone in the database too (their rows end).
-                end_run(session, run)
-                if run.ended_at is not None:
-                    mark_processes_ended(session, run)
-            warm_jobs.close_job(session, idle.job_id, reason)
-        write_log_line(
-            idle.log_path, f"warm job {idle.job_id} ended: {reason or 'its ranks exited'}"
-        )
-        del self._idle[idle.job_id]
-
-    def end_unneeded_warm_jobs(self, waiting_sizes: set[int]) -> None:
-        """Ask the idle jobs that no waiting trial of this experiment can use to end.
-
-        Runs after the tick's placement: a job still idle then was not handed a trial,
-        and one whose size no trial of this search waits for would only hold slots.
-        """
-        unneeded = [
-            idle
-            for idle in self._idle.values()
-            if idle.ending_since is None and idle.slots not in waiting_sizes
-        ]
-        if not unneeded:
-            return
-        with session_scope(self.ctx.db_url) as session:
-            for idle in unneeded:
-                warm_jobs.request_end(session, idle.job_id, "no trial of its shape waits")
-
-    def end_warm_jobs(self, reason: str) -> None:
-        """Ask every idle warm job to end (the search pauses, ends or is killed)."""
-        if not self._idle:
-            return
-        with session_scope(self.ctx.db_url) as session:
-            for idle in self._idle.values():
-                warm_jobs.request_end(session, idle.job_id, reason)
 
     def _follow_queued(self, running: _Running) -> None:
         """Note when an attempt queued in the cluster engine starts (or why it still waits).
@@ -617,7 +394,7 @@ class RunningTrials:
                 _log.info("trial %s: %s", self.ctx.label(running.optuna_number), run.reason)
                 if trial.log_path:
                     write_log_line(Path(trial.log_path), run.reason)
-            self.outcomes.finalize(
+            self._decided += self.outcomes.finalize(
                 session,
                 trial,
                 exit_code=exit_code,
@@ -676,7 +453,7 @@ class RunningTrials:
 
     def preempt(self) -> None:
         """Ask every running attempt to checkpoint and stop (a pause); each is asked once."""
-        self.end_warm_jobs("the search pauses")
+        self.warm.end_all("the search pauses")
         asking = [r for r in self._running.values() if r.preempted_at is None]
         if not asking:
             return
@@ -697,8 +474,8 @@ class RunningTrials:
         Optuna's tells are queued in :attr:`outcomes`: flush them after this returns.
         """
         kill_grace_s = self.ctx.timings.kill_grace_s
-        for idle in list(self._idle.values()):
-            self._close_idle(idle, "the search stopped")
+        for idle in self.warm:
+            self.warm.close(idle, "the search stopped")
         for running in self._running.values():
             running.job.end(grace_s=kill_grace_s)
         with session_scope(self.ctx.db_url) as session:
@@ -770,11 +547,3 @@ def end_leftovers(ctx: DriverContext, session: Session, trial: Trial) -> None:
                 f"{', '.join(hosts)} that this machine cannot end; end them, then resume"
             )
     slot_ledger.release(session, trial.id)
-
-
-def _latest_checkpoint(session: Session, trial_id: int) -> Checkpoint | None:
-    return session.scalars(
-        select(Checkpoint)
-        .where(Checkpoint.trial_id == trial_id, Checkpoint.state == CheckpointState.COMPLETED)
-        .order_by(Checkpoint.step.desc(), Checkpoint.id.desc())
-    ).first()

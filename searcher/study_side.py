@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import select
 
@@ -44,9 +44,17 @@ from trials.config import ExperimentConfig
 if TYPE_CHECKING:
     import optuna
 
-    from searcher.placement import PendingQueue
-
 _log = driver_log
+
+
+class TrialQueue(Protocol):
+    """Where new trials wait for slots (:class:`searcher.placement.PendingQueue`)."""
+
+    def __len__(self) -> int:
+        """How many trials wait."""
+
+    def queue(self, trial: Trial) -> None:
+        """Add ``trial`` (once)."""
 
 
 def max_trials(config: ExperimentConfig) -> int:
@@ -193,7 +201,7 @@ class StudySide:
             total = trial_counts(session, self.ctx.experiment_id).total
         return max(max_trials(self.ctx.config) - total, waiting)
 
-    def fill_queue(self, running: int, pending: PendingQueue) -> None:
+    def fill_queue(self, running: int, pending: TrialQueue) -> None:
         """Ask Optuna for new trials while there is room to run them.
 
         ``running`` attempts and the ``pending`` trials together stay within

@@ -208,23 +208,9 @@ TRIALS_LAYERS: dict[str, frozenset[str]] = {
     ),
 }
 
-# Known and owned by other work of issue 27; each entry fails the test once it is gone,
-# so the list only shrinks: the driver's tick as a pipeline (item 4) removes the
-# type-only back-references between its parts.
+# Known exceptions; each entry fails the test once it is gone, so the lists only shrink.
 KNOWN_PRIVATE_IMPORTS: frozenset[tuple[str, str]] = frozenset()
-KNOWN_CYCLES = frozenset(
-    {
-        frozenset(
-            {
-                "searcher.control",
-                "searcher.outcomes",
-                "searcher.placement",
-                "searcher.running",
-                "searcher.study_side",
-            }
-        )
-    }
-)
+KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from sqlalchemy import select, update
 
 from searcher import control
 from searcher.control import Control
+from searcher.launching import AttemptStarter
 from searcher.outcomes import Outcomes
 from searcher.placement import PendingQueue
 from searcher.running import RunningTrials, _Running
@@ -135,7 +136,7 @@ def test_a_launch_after_the_claim_was_reclaimed_and_taken_over_starts_nothing(
     executor = _RecordingExecutor()
     ctx = replace(_ctx(experiment_id=frozen), db_url=db_url, pool=ONE_SLOT, executor=executor)
     pending = PendingQueue(ctx)
-    outcomes = Outcomes(ctx, TellQueue(), pending, Control())
+    outcomes = Outcomes(ctx, TellQueue(), Control())
     running = RunningTrials(ctx, outcomes)
     with session_scope(db_url) as session:
         trial = session.get(Trial, x)
@@ -241,7 +242,7 @@ def test_a_driver_back_from_a_freeze_notices_and_ends_attempts_whose_slots_went(
     assert stale_s is not None and stale_s > ctx.timings.lease_s
     assert control.heartbeat(ctx, Control()) is None  # fresh again
     # Its attempt's claim was reclaimed meanwhile (nothing in the ledger holds it).
-    outcomes = Outcomes(ctx, TellQueue(), PendingQueue(ctx), Control())
+    outcomes = Outcomes(ctx, TellQueue(), Control())
     running = RunningTrials(ctx, outcomes)
     job = _Job()
     running._running[trial_id] = _Running(
@@ -308,14 +309,14 @@ def test_a_claim_lost_after_the_run_was_recorded_starts_nothing_either(
         executor=executor,
         run_dir=tmp_path,
     )
-    running = RunningTrials(ctx, Outcomes(ctx, TellQueue(), PendingQueue(ctx), Control()))
+    running = RunningTrials(ctx, Outcomes(ctx, TellQueue(), Control()))
     where = Placement(x, ONE_SLOT.name, (AgentSlots(A0, (0,)),))
     with session_scope(db_url) as session:
         token = allocations.claim(session, where, trial_id=x, experiment_id=frozen, lease_s=30)
     placement = ClaimedPlacement(x, ONE_SLOT.name, where.agents, token=token)
-    confirm = RunningTrials._confirm_before_start
+    confirm = AttemptStarter._confirm_before_start
 
-    def stopped_then_confirm(self: RunningTrials, *args: Any) -> None:
+    def stopped_then_confirm(self: AttemptStarter, *args: Any) -> None:
         with session_scope(db_url) as session:
             for run in open_runs(session, x):
                 assert end_run(session, run, reason="driver stopped")
@@ -329,7 +330,7 @@ def test_a_claim_lost_after_the_run_was_recorded_starts_nothing_either(
             )
         confirm(self, *args)
 
-    monkeypatch.setattr(RunningTrials, "_confirm_before_start", stopped_then_confirm)
+    monkeypatch.setattr(AttemptStarter, "_confirm_before_start", stopped_then_confirm)
     with pytest.raises(ClaimLostError):
         running.launch(x, placement)
     assert executor.launched == [] and len(running) == 0

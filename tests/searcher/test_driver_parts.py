@@ -18,8 +18,10 @@ import optuna
 import pytest
 import yaml
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from searcher.control import Control, install_signal_handlers, restore_signal_handlers
+from searcher.decisions import apply_decisions
 from searcher.driver_context import DriverContext, Timings
 from searcher.failures import RunVerdict
 from searcher.outcomes import (
@@ -357,7 +359,15 @@ def test_the_driver_keeps_its_tunables_where_they_were() -> None:
 def _outcomes(db_url: str, experiment_id: int) -> tuple[Outcomes, TellQueue, PendingQueue]:
     ctx = replace(_ctx(experiment_id=experiment_id), db_url=db_url)
     tells, pending = TellQueue(), PendingQueue(ctx)
-    return Outcomes(ctx, tells, pending, Control()), tells, pending
+    return Outcomes(ctx, tells, Control()), tells, pending
+
+
+def _finalize(
+    outcomes: Outcomes, pending: PendingQueue, session: Session, trial: Trial, **facts: Any
+) -> None:
+    """Record the trial's outcome and apply what it decided, as the driver's tick does."""
+    decisions = outcomes.finalize(session, trial, **facts)
+    apply_decisions(decisions, pending, outcomes.control)
 
 
 def test_a_restart_is_queued_and_written_to_the_trials_log(db_url: str, tmp_path: Path) -> None:
@@ -367,7 +377,7 @@ def test_a_restart_is_queued_and_written_to_the_trials_log(db_url: str, tmp_path
     with session_scope(db_url) as session:
         trial = session.get(Trial, trial_id)
         assert trial is not None
-        outcomes.finalize(session, trial, exit_code=-9)
+        _finalize(outcomes, pending, session, trial, exit_code=-9)
     with session_scope(db_url) as session:
         trial = session.get(Trial, trial_id)
         assert trial is not None
@@ -408,7 +418,7 @@ def test_a_port_clash_is_queued_noted_and_not_counted_until_it_repeats(
         with session_scope(db_url) as session:
             trial = session.get(Trial, trial_id)
             assert trial is not None
-            outcomes.finalize(session, trial, exit_code=1)
+            _finalize(outcomes, pending, session, trial, exit_code=1)
             session.flush()
             session.expunge(trial)
             return trial
@@ -440,7 +450,7 @@ def test_a_completed_trial_is_told_its_values(db_url: str) -> None:
         assert trial is not None
         trial.finished_at = trial.created_at
         trial.searcher_metric_value = 0.5
-        outcomes.finalize(session, trial, exit_code=1)
+        _finalize(outcomes, pending, session, trial, exit_code=1)
     with session_scope(db_url) as session:
         trial = session.get(Trial, trial_id)
         assert trial is not None

@@ -46,8 +46,8 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections import defaultdict
-from collections.abc import Callable, Collection, Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import delete, func, or_, select, text, true, update
@@ -392,6 +392,18 @@ def _drop_dead_experiments(session: Session, now: _dt.datetime, lease_s: float) 
 _Class = tuple[int, int, int]  # (experiment, slots, priority): trials that wait alike
 
 
+@dataclass
+class _Submitted:
+    """What one decision submitted to the scheduler, by trial and by experiment."""
+
+    requests: dict[int, SlotRequest] = field(default_factory=dict)
+    experiment_of: dict[int, int] = field(default_factory=dict)
+    weights: dict[int, float] = field(default_factory=dict)
+    #: Trials the scheduler refused, and why (another cluster file's pool).
+    unschedulable: dict[int, str] = field(default_factory=dict)
+    slots_by_experiment: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+
+
 def _place(
     session: Session,
     pool: ResourcePool,
@@ -410,23 +422,63 @@ def _place(
             .group_by(Allocation.experiment_id)
         ).all()
     )
-    weights: dict[int, float] = {}
-    experiment_of: dict[int, int] = {}
-    unschedulable: dict[int, str] = {}
-    requests: dict[int, SlotRequest] = {}
-    submitted_slots: dict[int, int] = defaultdict(int)
+    submitted = _submit(scheduler, rows)
+    _set_shares(session, scheduler, pool, submitted, held)
+    placements = scheduler.schedule()
+    _claim(session, placements, submitted.experiment_of, now=now, lease_s=lease_s)
+    placed_ids = {placement.request_id for placement in placements}
+    numbers = _TrialNumbers(session)
+    waiting = [
+        request
+        for trial_id, request in submitted.requests.items()
+        if trial_id not in placed_ids and trial_id not in submitted.unschedulable
+    ]
+    # The head: the blocked one of the pass; with no slot free at all the pass tried
+    # nobody, and the first in order is the head.
+    blocked = scheduler.blocked_head
+    head: SlotRequest | None = (
+        submitted.requests[int(str(blocked))]
+        if blocked is not None
+        else min(waiting, key=lambda request: (request.priority, request.order), default=None)
+    )
+    preempting = ""
+    if pool.preemption and head is not None:
+        preempting = _preempt(session, pool, scheduler.free_slots(), head, numbers)
+    _write_reasons(session, pool, scheduler, waiting, head, preempting, numbers, now)
+    for trial_id, problem in submitted.unschedulable.items():
+        session.execute(
+            update(QueuedTrial)
+            .where(QueuedTrial.trial_id == trial_id)
+            .values(reason=problem, decided_at=now)
+        )
+
+
+def _submit(scheduler: SlotScheduler, rows: Sequence[Any]) -> _Submitted:
+    """Submit each row's trial to ``scheduler``; what was submitted (pure, no I/O)."""
+    submitted = _Submitted()
     for trial_id, owner, slots, priority, weight in rows:
-        experiment_of[trial_id] = owner
-        weights.setdefault(owner, weight)
+        submitted.experiment_of[trial_id] = owner
+        submitted.weights.setdefault(owner, weight)
         request = SlotRequest(trial_id, slots, priority=priority, order=trial_id, group=owner)
-        requests[trial_id] = request
+        submitted.requests[trial_id] = request
         try:
             scheduler.submit(request)
         except Unschedulable as exc:
             # Another driver's cluster file declares this pool differently.
-            unschedulable[trial_id] = str(exc)
+            submitted.unschedulable[trial_id] = str(exc)
             continue
-        submitted_slots[owner] += slots
+        submitted.slots_by_experiment[owner] += slots
+    return submitted
+
+
+def _set_shares(
+    session: Session,
+    scheduler: SlotScheduler,
+    pool: ResourcePool,
+    submitted: _Submitted,
+    held: Mapping[int, int],
+) -> None:
+    """Give the scheduler each experiment's fair-share standing: held, weight, served, backlog."""
     queued_slots = dict(
         session.execute(
             select(QueuedTrial.experiment_id, func.sum(QueuedTrial.slots))
@@ -440,21 +492,33 @@ def _place(
         session.execute(
             select(Trial.experiment_id, func.max(TrialRun.started_at))
             .join(TrialRun, TrialRun.trial_id == Trial.id)
-            .where(Trial.experiment_id.in_(list(weights)))
+            .where(Trial.experiment_id.in_(list(submitted.weights)))
             .group_by(Trial.experiment_id)
         ).all()
     )
-    for owner, weight in weights.items():
+    for owner, weight in submitted.weights.items():
         last = served.get(owner)
         scheduler.set_share(
             owner,
             held=int(held.get(owner, 0)),
             weight=weight,
             last_served=None if last is None else last.timestamp(),
-            backlog=max(0, int(queued_slots.get(owner, 0) or 0) - submitted_slots[owner]),
+            backlog=max(
+                0,
+                int(queued_slots.get(owner, 0) or 0) - submitted.slots_by_experiment[owner],
+            ),
         )
-    placements = scheduler.schedule()
-    placed_ids = {placement.request_id for placement in placements}
+
+
+def _claim(
+    session: Session,
+    placements: Sequence[Placement],
+    experiment_of: Mapping[int, int],
+    *,
+    now: _dt.datetime,
+    lease_s: float,
+) -> None:
+    """Claim each placement's slots in the ledger and write it to its queue row."""
     for placement in placements:
         trial_id = placement.request_id
         assert isinstance(trial_id, int)
@@ -476,30 +540,6 @@ def _place(
                 reason=None,
                 decided_at=now,
             )
-        )
-    numbers = _TrialNumbers(session)
-    waiting = [
-        request
-        for trial_id, request in requests.items()
-        if trial_id not in placed_ids and trial_id not in unschedulable
-    ]
-    # The head: the blocked one of the pass; with no slot free at all the pass tried
-    # nobody, and the first in order is the head.
-    blocked = scheduler.blocked_head
-    head: SlotRequest | None = (
-        requests[int(str(blocked))]
-        if blocked is not None
-        else min(waiting, key=lambda request: (request.priority, request.order), default=None)
-    )
-    preempting = ""
-    if pool.preemption and head is not None:
-        preempting = _preempt(session, pool, scheduler.free_slots(), head, numbers)
-    _write_reasons(session, pool, scheduler, waiting, head, preempting, numbers, now)
-    for trial_id, problem in unschedulable.items():
-        session.execute(
-            update(QueuedTrial)
-            .where(QueuedTrial.trial_id == trial_id)
-            .values(reason=problem, decided_at=now)
         )
 
 

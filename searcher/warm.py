@@ -1,0 +1,148 @@
+"""The search driver's idle warm jobs: ranks kept running between two trials of one shape.
+
+With ``resources.reuse_workers`` a trial that finished or was pruned hands its job back
+and the job's processes wait for the next trial of its shape
+(:mod:`trials.coordination.warm_jobs` keeps the rows). :class:`IdleWarmJobs` holds the
+idle jobs of this driver: it closes those that exited or were asked to end, asks the
+ones no waiting trial can use to end, and gives one to the launch of the trial the
+placement reserved it for. The running attempts (:class:`searcher.running.RunningTrials`)
+hand jobs back to it and take them from it.
+
+The driver uses it so (its jobs run processes, so this is not run as an example; the
+end-to-end tests run it)::
+
+    warm = IdleWarmJobs(ctx)
+    warm.add(IdleJob(job_id=1, job=job, slots=2, log_path=log_path))
+    warm.end_unneeded(waiting_sizes={4})  # no trial of 2 slots waits: job 1 is asked to end
+    warm.reap()  # closed once its ranks exited (or past kill_grace_s)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import select
+
+from searcher.driver_context import DriverContext
+from storage import WarmJob, session_scope
+from trials.coordination import warm_jobs
+from trials.coordination.attempts import end_run
+from trials.executors import TrialJob, mark_processes_ended
+from trials.launch.launcher import write_log_line
+
+
+@dataclass
+class IdleJob:
+    """A warm job of this driver's between two trials: its processes wait for the next."""
+
+    job_id: int
+    job: TrialJob
+    slots: int
+    log_path: Path
+    # When this driver saw that the job was asked to end (its ranks exit on their own).
+    ending_since: float | None = None
+
+
+class IdleWarmJobs:
+    """This driver's idle warm jobs, by job id."""
+
+    def __init__(self, ctx: DriverContext) -> None:
+        self.ctx = ctx
+        self._idle: dict[int, IdleJob] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._idle)
+
+    def __contains__(self, job_id: int) -> bool:
+        return job_id in self._idle
+
+    def __iter__(self) -> Iterator[IdleJob]:
+        return iter(list(self._idle.values()))
+
+    def get(self, job_id: int) -> IdleJob | None:
+        """The idle job ``job_id``, if this driver holds it."""
+        return self._idle.get(job_id)
+
+    def add(self, idle: IdleJob) -> None:
+        """Hold ``idle`` (its trial handed it back) until a trial of its shape takes it."""
+        self._idle[idle.job_id] = idle
+
+    def take(self, job_id: int) -> None:
+        """Stop holding the job: a trial's attempt runs on it now."""
+        del self._idle[job_id]
+
+    def reap(self) -> None:
+        """Close the idle warm jobs whose processes exited; end those past their grace."""
+        if not self._idle:
+            return
+        with session_scope(self.ctx.db_url) as session:
+            asked = dict(
+                session.execute(
+                    select(WarmJob.id, WarmJob.end_reason).where(
+                        WarmJob.id.in_(list(self._idle)), WarmJob.end_requested_at.is_not(None)
+                    )
+                ).all()
+            )
+        now = time.monotonic()
+        for job_id, idle in list(self._idle.items()):
+            if job_id in asked and idle.ending_since is None:
+                idle.ending_since = now
+            exited = idle.job.poll() is not None
+            overdue = (
+                idle.ending_since is not None
+                and now - idle.ending_since > self.ctx.timings.kill_grace_s
+            )
+            if exited or overdue:
+                self.close(idle, asked.get(job_id))
+
+    def close(self, idle: IdleJob, reason: str | None) -> None:
+        """End an idle job's processes and, once they are gone, free its slots."""
+        if not idle.job.end(grace_s=self.ctx.timings.kill_grace_s):
+            return  # still there: the next tick tries again
+        with session_scope(self.ctx.db_url) as session:
+            job = session.get(WarmJob, idle.job_id)
+            run = warm_jobs.latest_run(session, job) if job is not None else None
+            if run is not None:
+                # Confirms the processes gone in the database too (their rows end).
+                end_run(session, run)
+                if run.ended_at is not None:
+                    mark_processes_ended(session, run)
+            warm_jobs.close_job(session, idle.job_id, reason)
+        write_log_line(
+            idle.log_path, f"warm job {idle.job_id} ended: {reason or 'its ranks exited'}"
+        )
+        del self._idle[idle.job_id]
+
+    def close_reclaimed(self, held_by_job: Mapping[int, int]) -> None:
+        """Close the jobs holding fewer slots than they run on (``held_by_job``: the ledger's)."""
+        for idle in self:
+            if held_by_job.get(idle.job_id, 0) < idle.slots:
+                self.close(idle, "its slots were reclaimed while its driver was stopped")
+
+    def end_unneeded(self, waiting_sizes: set[int]) -> None:
+        """Ask the idle jobs that no waiting trial of this experiment can use to end.
+
+        Runs after the tick's placement: a job still idle then was not handed a trial,
+        and one whose size no trial of this search waits for would only hold slots.
+        """
+        unneeded = [
+            idle
+            for idle in self._idle.values()
+            if idle.ending_since is None and idle.slots not in waiting_sizes
+        ]
+        if not unneeded:
+            return
+        with session_scope(self.ctx.db_url) as session:
+            for idle in unneeded:
+                warm_jobs.request_end(session, idle.job_id, "no trial of its shape waits")
+
+    def end_all(self, reason: str) -> None:
+        """Ask every idle warm job to end (the search pauses, ends or is killed)."""
+        if not self._idle:
+            return
+        with session_scope(self.ctx.db_url) as session:
+            for idle in self._idle.values():
+                warm_jobs.request_end(session, idle.job_id, reason)
