@@ -333,9 +333,10 @@ def test_a_trial_across_both_nodes_checkpoints_to_a_bucket(
     slurm_bucket: tuple[str, dict[str, str]],
 ) -> None:
     bucket, credentials = slurm_bucket
+    # One epoch (one checkpoint) shows the bucket written from a two-node trial.
     path = _search(
         tmp_path,
-        searcher={"max_trials": 1},
+        searcher={"max_trials": 1, "max_length": {"epochs": 1}, "pruner": {"name": "none"}},
         checkpoint_storage={"path": f"{bucket}/sweeps", "save_trial_latest": 1},
     )
     run_to_end(["run", str(path), "--db", slurm_database], {**allocation, **credentials}, tmp_path)

@@ -6,7 +6,8 @@ does not exist (one line naming the URL and the provider's reason). Then a two-r
 trial checkpointing to the bucket: a rank SIGKILLed, the next attempt restored from the
 bucket mid-epoch, retention deleting exactly the checkpoints its policy names, the UI's
 download, and the credentials in none of the logs, the spec, the command line or the
-database.
+database; beside its first attempt, a one-rank trial whose bucket is missing fails with
+one line.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import textwrap
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -32,7 +34,7 @@ from trials.checkpoint_storage import CheckpointStorageError
 from trials.runtime._checkpoint import read_checkpoint, write_checkpoint
 from ui._checkpoints import checkpoint_bytes, checkpoint_problem, download_name
 
-from .conftest import create_trial, run_worker
+from .conftest import TrialHandle, create_trial, run_worker
 
 pytestmark = pytest.mark.slow
 
@@ -116,6 +118,15 @@ def test_a_trial_checkpoints_to_the_bucket_restores_and_collects(
     s3_bucket: str, db_url: str, tmp_path: Path
 ) -> None:
     storage_path = f"{s3_bucket}/ckpt"
+    missing_path = f"{s3_bucket}-missing/ckpt"
+    missing = create_trial(
+        db_url,
+        tmp_path,
+        slots_per_trial=1,
+        max_length={"batches": 4},
+        min_checkpoint_period={"batches": 4},
+        checkpoint_storage={"path": missing_path},
+    )
     crashed = create_trial(
         db_url,
         tmp_path,
@@ -125,8 +136,15 @@ def test_a_trial_checkpoints_to_the_bucket_restores_and_collects(
         min_checkpoint_period={"batches": 4},
         checkpoint_storage={"path": storage_path, "save_trial_latest": 1, "save_trial_best": 0},
     )
-    first = run_worker(crashed)
+    # A trial whose bucket is missing runs beside the first attempt: each is a whole
+    # torchrun start, and running them together saves one start's wall time.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        missing_run = pool.submit(run_worker, missing, nproc=1)
+        first = run_worker(crashed)
+        failed = missing_run.result()
     assert first.returncode != 0
+    _assert_failed_with_one_line(failed, missing, missing_path)
+    assert _checkpoints(db_url, missing.spec.trial_id) == []
     rows = _checkpoints(db_url, crashed.spec.trial_id)
     assert [(r.step, r.state) for r in rows] == [(4, CheckpointState.COMPLETED)]
     folder = f"{storage_path}/{crashed.spec.experiment_id}/{crashed.spec.trial_id}"
@@ -172,6 +190,22 @@ def test_a_trial_checkpoints_to_the_bucket_restores_and_collects(
     assert os.environ["AWS_SECRET_ACCESS_KEY"] == S3_SECRET  # what the ranks inherited
 
 
+def _assert_failed_with_one_line(
+    result: subprocess.CompletedProcess[str], handle: TrialHandle, storage_path: str
+) -> None:
+    """The trial failed with one line naming its folder and the missing bucket, no secret."""
+    output = result.stdout + result.stderr
+    folder = f"{storage_path}/{handle.spec.experiment_id}/{handle.spec.trial_id}"
+    line = (
+        f"[rank 0] slotsweep: checkpoint_storage.path {folder}: "
+        "The specified bucket does not exist"
+    )
+    assert result.returncode != 0
+    assert output.count(line) == 1, output[-3000:]
+    assert "Traceback" not in output.split(line)[0]
+    assert S3_SECRET not in output
+
+
 def _checkpoints(db_url: str, trial_id: int) -> list[Checkpoint]:
     with session_scope(db_url) as session:
         rows = list(
@@ -197,29 +231,3 @@ def _database_text(db_url: str) -> str:
             for table in tables
             for row in session.execute(text(f'SELECT * FROM "{table}"'))
         )
-
-
-def test_a_trial_whose_bucket_is_missing_fails_with_one_line(
-    s3_bucket: str, db_url: str, tmp_path: Path
-) -> None:
-    missing = f"{s3_bucket}-missing/ckpt"
-    handle = create_trial(
-        db_url,
-        tmp_path,
-        slots_per_trial=1,
-        max_length={"batches": 4},
-        min_checkpoint_period={"batches": 4},
-        checkpoint_storage={"path": missing},
-    )
-    result = run_worker(handle, nproc=1)
-    output = result.stdout + result.stderr
-    folder = f"{missing}/{handle.spec.experiment_id}/{handle.spec.trial_id}"
-    line = (
-        f"[rank 0] slotsweep: checkpoint_storage.path {folder}: "
-        "The specified bucket does not exist"
-    )
-    assert result.returncode != 0
-    assert output.count(line) == 1, output[-3000:]
-    assert "Traceback" not in output.split(line)[0]
-    assert S3_SECRET not in output
-    assert _checkpoints(db_url, handle.spec.trial_id) == []
