@@ -23,6 +23,7 @@ from sqlalchemy import select, update
 
 from searcher import control
 from searcher.control import Control
+from searcher.decisions import apply_decisions
 from searcher.launching import AttemptStarter
 from searcher.outcomes import Outcomes
 from searcher.placement import PendingQueue
@@ -351,7 +352,8 @@ def test_an_attempt_whose_ranks_exited_fenced_is_queued_again_without_a_restart(
         _ctx(experiment_id=experiment_id), db_url=db_url, pool=ONE_SLOT, run_dir=tmp_path
     )
     pending = PendingQueue(ctx)
-    running = RunningTrials(ctx, Outcomes(ctx, TellQueue(), pending, Control()))
+    control = Control()
+    running = RunningTrials(ctx, Outcomes(ctx, TellQueue(), control))
     with session_scope(db_url) as session:
         run = TrialRun(trial_id=trial_id, attempt=0, agents=[], launch_token="t-fenced")
         session.add(run)
@@ -361,7 +363,7 @@ def test_an_attempt_whose_ranks_exited_fenced_is_queued_again_without_a_restart(
     running._running[trial_id] = _Running(
         trial_id=trial_id, optuna_number=0, attempt=0, slots=1, job=job, started=0.0, run_id=run_id
     )
-    running.reap()
+    apply_decisions(running.reap(), pending, control)
     assert len(running) == 0 and len(pending) == 1
     with session_scope(db_url) as session:
         trial = session.get(Trial, trial_id)
