@@ -117,16 +117,7 @@ def learning_curve_spec(
         {"field": "value", "type": "quantitative", "title": y_title, "format": _format.D3},
         {"field": "hparams", "type": "nominal", "title": "hyperparameters"},
     ]
-    x_enc: dict[str, Any] = {"field": x, "type": "quantitative", "title": x_title}
-    if integer_x:
-        x_enc["axis"] = {"tickMinStep": 1, "format": "d"}
-    y_enc = {
-        "field": "value",
-        "type": "quantitative",
-        "title": y_title + (" (log scale)" if log_y else ""),
-        "scale": {"type": "log"} if log_y else {"zero": False},
-        "axis": {"format": _format.D3},
-    }
+    x_enc, y_enc = _curve_axes(x, x_title, y_title, log_y=log_y, integer_x=integer_x)
     faint = {"test": "datum.state === 'PRUNED'", "value": PRUNED_OPACITY}
     lines: dict[str, Any] = {
         "mark": {"type": "line", "strokeWidth": 1.5, "point": {"size": 18}},
@@ -145,17 +136,7 @@ def learning_curve_spec(
         },
     }
     if selectable:
-        lines["params"] = [
-            {"name": PICK, "select": {"type": "point", "fields": ["number"], "on": "click"}}
-        ]
-        lines["encoding"]["opacity"] = {
-            "condition": [{"param": PICK, "empty": False, "value": 1.0}, faint],
-            "value": 0.6,
-        }
-        lines["encoding"]["strokeWidth"] = {
-            "condition": {"param": PICK, "empty": False, "value": 3.5},
-            "value": 1.5,
-        }
+        _pick_on_click(lines, faint)
     best = {
         "transform": [{"filter": "datum.best"}],
         "mark": {"type": "line", "color": "#111111", "strokeWidth": 3.5, "point": True},
@@ -175,18 +156,52 @@ def learning_curve_spec(
     }
     layers: list[dict[str, Any]] = [lines, best, stopped]
     if rungs:
-        layers.insert(
-            0,
-            {
-                "data": {"values": [{"rung": r} for r in rungs]},
-                "mark": {"type": "rule", "strokeDash": [6, 4], "color": "#555555"},
-                "encoding": {
-                    "x": {"field": "rung", "type": "quantitative"},
-                    "tooltip": [{"field": "rung", "title": f"ASHA rung ({x_title})"}],
-                },
-            },
-        )
+        layers.insert(0, _rung_rules(rungs, x_title))
     return {"layer": layers}
+
+
+def _curve_axes(
+    x: str, x_title: str, y_title: str, *, log_y: bool, integer_x: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The learning curves' x and y encodings (whole-number ticks, a log or free y scale)."""
+    x_enc: dict[str, Any] = {"field": x, "type": "quantitative", "title": x_title}
+    if integer_x:
+        x_enc["axis"] = {"tickMinStep": 1, "format": "d"}
+    y_enc = {
+        "field": "value",
+        "type": "quantitative",
+        "title": y_title + (" (log scale)" if log_y else ""),
+        "scale": {"type": "log"} if log_y else {"zero": False},
+        "axis": {"format": _format.D3},
+    }
+    return x_enc, y_enc
+
+
+def _pick_on_click(lines: dict[str, Any], faint: dict[str, Any]) -> None:
+    """Let clicks on ``lines`` select trials (:data:`PICK`), drawn opaque and thick."""
+    lines["params"] = [
+        {"name": PICK, "select": {"type": "point", "fields": ["number"], "on": "click"}}
+    ]
+    lines["encoding"]["opacity"] = {
+        "condition": [{"param": PICK, "empty": False, "value": 1.0}, faint],
+        "value": 0.6,
+    }
+    lines["encoding"]["strokeWidth"] = {
+        "condition": {"param": PICK, "empty": False, "value": 3.5},
+        "value": 1.5,
+    }
+
+
+def _rung_rules(rungs: list[float], x_title: str) -> dict[str, Any]:
+    """ASHA's rungs as dashed vertical rules, named in their tooltip."""
+    return {
+        "data": {"values": [{"rung": r} for r in rungs]},
+        "mark": {"type": "rule", "strokeDash": [6, 4], "color": "#555555"},
+        "encoding": {
+            "x": {"field": "rung", "type": "quantitative"},
+            "tooltip": [{"field": "rung", "title": f"ASHA rung ({x_title})"}],
+        },
+    }
 
 
 # Holders of slots take these in turn; a free slot is light grey with a dark label.
