@@ -40,7 +40,6 @@ from trials.scheduler._core import (
     Placement,
     SlotRequest,
     SlotScheduler,
-    WaitReason,
     schedule,
 )
 from trials.scheduler._fitting import (
@@ -51,6 +50,7 @@ from trials.scheduler._fitting import (
     valid_slots_per_trial,
 )
 from trials.scheduler._preemption import RunningRequest, choose_preemptions
+from trials.scheduler._wait_reasons import WaitReason
 
 __all__ = [
     "CLUSTER_ENV_VAR",

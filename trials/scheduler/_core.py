@@ -37,7 +37,7 @@ Rules (Determined's, made explicit):
 Cost per decision is independent of the queue length: waiting requests are grouped by
 size and group (a request that cannot fit means no later request of the same size can),
 so a pass looks at one head per (size, group), and agents are indexed by their number of
-free slots.
+free slots (:mod:`trials.scheduler._free_slots`).
 
 After a pass, :meth:`SlotScheduler.why_waiting` says why a request still waits
 (:class:`WaitReason`: no fit, agents reserved for the blocked head, a higher priority
@@ -58,11 +58,12 @@ import heapq
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from trials.config import DEFAULT_PRIORITY
 from trials.scheduler._cluster import Agent, ResourcePool
-from trials.scheduler._fitting import check_schedulable, size_counts
+from trials.scheduler._fitting import check_schedulable
+from trials.scheduler._free_slots import FreeSlots
+from trials.scheduler._wait_reasons import WaitReason, WaitReasons
 
 
 @dataclass(frozen=True)
@@ -107,60 +108,19 @@ class Placement:
         return sum(len(part.slots) for part in self.agents)
 
 
-WaitKind = Literal["no_fit", "reserved", "priority", "fair_share"]
-
-
-@dataclass(frozen=True)
-class WaitReason:
-    """Why a request is still queued after a :meth:`SlotScheduler.schedule` pass.
-
-    ``kind`` is for code (a badge, a metric label); ``text`` is one line for people.
-    ``blocked_by`` is the request the free slots are held back for (kind ``"reserved"``).
-
-    Example:
-        >>> WaitReason("priority", "behind priority 1 trials")
-        WaitReason(kind='priority', text='behind priority 1 trials', blocked_by=None)
-    """
-
-    kind: WaitKind
-    text: str
-    blocked_by: Hashable | None = None
-
-
 # A queued request in its (size, group) heap: (priority, order, seq, request_id).
 _Entry = tuple[int, int, int, Hashable]
 # A (size, group) heap's head in a pass: (priority, held / weight of the group when it was
 # pushed, order, seq, size, group). ``seq`` is unique, so groups are never compared.
 _Head = tuple[int, tuple[float, float], int, int, int, Hashable]
-# The label functions a cached reason was formatted with, and the reason.
-_CachedReason = tuple[Callable[[Hashable], str], Callable[[Hashable], str], WaitReason]
-
-
-def _water_fill(
-    capacity: float, demand: Mapping[Hashable, float], weight: Mapping[Hashable, float]
-) -> dict[Hashable, float]:
-    """Weighted max-min fair shares of ``capacity``: ``weight * level`` each, capped by demand.
-
-    Groups asking for less than their weighted part keep what they ask for, and what they
-    leave is split among the others in proportion to their weights (water-filling).
-
-    Example:
-        >>> _water_fill(10, {"a": 2, "b": 20, "c": 20}, {"a": 1, "b": 1, "c": 3})
-        {'a': 2, 'b': 2.0, 'c': 6.0}
-    """
-    shares: dict[Hashable, float] = {}
-    left = float(capacity)
-    weight_left = sum(weight[group] for group in demand)
-    for group in sorted(demand, key=lambda g: demand[g] / weight[g]):
-        share = min(demand[group], left * weight[group] / weight_left)
-        shares[group] = share
-        left -= share
-        weight_left -= weight[group]
-    return {group: shares[group] for group in demand}
 
 
 class SlotScheduler:
     """The scheduler's state for one pool: free slots per agent and the waiting requests.
+
+    It owns the queue and the order of a pass; where the free slots are and what fits
+    is kept by a :class:`~trials.scheduler._free_slots.FreeSlots`, and why a request
+    waits is worked out by :class:`~trials.scheduler._wait_reasons.WaitReasons`.
 
     :func:`schedule` builds one per call; a long-lived caller (the simulation, a driver
     that keeps its queue) keeps one and updates it with :meth:`submit`, :meth:`cancel`,
@@ -180,30 +140,10 @@ class SlotScheduler:
         self, pool: ResourcePool, free_slots: Mapping[str, Iterable[int]] | None = None
     ) -> None:
         self.pool = pool
-        self._agents = pool.agents
-        self._index = {agent.name: i for i, agent in enumerate(self._agents)}
-        if len(self._index) != len(self._agents):
-            raise ValueError(f"resource pool {pool.name!r} declares an agent name twice")
-        self._size = [agent.size for agent in self._agents]
-        self._total = sum(self._size)
-        self._max = max(self._size, default=0)
-        self._sizes_desc = sorted({s for s in self._size if s > 0}, reverse=True)
-        self._mixed_sizes = len(self._sizes_desc) > 1
-        self._counts = size_counts(pool)
-        self._best = pool.fitting_policy == "best"
-        self._hetero = pool.allowing_heterogeneous_fits
-        self._free_ids: list[set[int]] = []
-        self._nfree: list[int] = []
-        # Agents indexed by their number of free slots, and fully free agents by size:
-        # a fit looks at a few buckets instead of scanning every agent.
-        self._by_free: list[set[int]] = []
-        self._whole: dict[int, set[int]] = {}
-        self._free_total = 0
-        # What :meth:`why_waiting` derived from the state since the last change: reasons
-        # per (slots, group, priority) and fair shares per priority.
-        self._reasons: dict[tuple[int, Hashable, int], _CachedReason] = {}
-        self._shares: dict[int, dict[Hashable, float]] = {}
-        self.set_free_slots(free_slots)
+        # Where the slots are and what fits: bookkeeping of its own, whose attributes
+        # and methods the pass reads directly.
+        self._free = FreeSlots(pool)
+        self._free.set(free_slots)
         self._groups: dict[tuple[int, Hashable], list[_Entry]] = {}
         self._live: dict[Hashable, tuple[int, SlotRequest]] = {}
         self._seq = 0
@@ -222,6 +162,16 @@ class SlotScheduler:
         self._queued_slots: dict[int, dict[Hashable, int]] = {}
         self._queued_count: dict[int, int] = {}
         self._last_priority: dict[Hashable, int] = {}
+        # What :meth:`why_waiting` derives from the state, kept until the state changes.
+        self._why = WaitReasons(
+            self._free,
+            held=self._held,
+            weight=self._weight,
+            backlog=self._backlog,
+            queued_slots=self._queued_slots,
+            queued_count=self._queued_count,
+            last_priority=self._last_priority,
+        )
         self._reserved_agents: frozenset[int] = frozenset()
         self._blocked = False
         self.reserved: tuple[str, ...] = ()
@@ -235,63 +185,45 @@ class SlotScheduler:
 
     def set_free_slots(self, free_slots: Mapping[str, Iterable[int]] | None) -> None:
         """Replace the free slots of every agent (``None``: all free; missing agent: none free)."""
-        if free_slots is not None:
-            unknown = sorted(set(free_slots) - set(self._index))
-            if unknown:
-                raise ValueError(
-                    f"free_slots names agents not in resource pool {self.pool.name!r}: "
-                    f"{', '.join(unknown)}"
-                )
-        self._free_ids = []
-        for agent in self._agents:
-            if free_slots is None:
-                ids = set(agent.slots)
-            else:
-                ids = set(free_slots.get(agent.name, ()))
-                if ids and not ids.issubset(agent.slots):
-                    stray = sorted(ids.difference(agent.slots))
-                    raise ValueError(f"agent {agent.name!r} has no slots {stray}")
-            self._free_ids.append(ids)
-        self._invalidate()
-        self._nfree = [len(ids) for ids in self._free_ids]
-        self._by_free = [set() for _ in range(self._max + 1)]
-        self._whole = {size: set() for size in self._sizes_desc}
-        for i, n in enumerate(self._nfree):
-            self._by_free[n].add(i)
-            if n == self._size[i] and n > 0:
-                self._whole[n].add(i)
-        self._free_total = sum(self._nfree)
+        self._free.set(free_slots)
+        self._why.clear()
 
     def free_slots(self) -> dict[str, frozenset[int]]:
         """Each agent's free slot ids now."""
-        return {
-            a.name: frozenset(ids) for a, ids in zip(self._agents, self._free_ids, strict=True)
-        }
+        return self._free.by_agent()
 
     @property
     def free_total(self) -> int:
-        return self._free_total
+        return self._free.free_total
 
     @property
     def used_total(self) -> int:
-        return self._total - self._free_total
+        return self._free.total - self._free.free_total
+
+    def fits(self, slots: int) -> bool:
+        """Whether a request of ``slots`` would fit the free slots now, ignoring any reservation.
+
+        Preemption (:func:`~trials.scheduler.choose_preemptions`) asks this of hypothetical
+        free slots, so it and the scheduler never disagree on what fits.
+
+        Example:
+            >>> from trials.scheduler import Agent, ResourcePool
+            >>> sched = SlotScheduler(ResourcePool("default", (Agent("a1", "h", (0, 1)),)))
+            >>> sched.fits(2), sched.fits(3)
+            (True, False)
+        """
+        return self._free.fit(slots, frozenset()) is not None
 
     def release(self, placement: Placement) -> None:
         """Give a finished (or failed-to-start) placement's slots back."""
+        give_back = self._free.give_back
         for part in placement.agents:
-            i = self._index[part.agent.name]
-            ids = set(part.slots)
-            if ids & self._free_ids[i] or not ids <= set(self._agents[i].slots):
-                raise ValueError(
-                    f"agent {part.agent.name!r}: slots {sorted(ids)} are not all in use"
-                )
-            self._move(i, self._nfree[i] + len(ids))
-            self._free_ids[i] |= ids
+            give_back(part.agent.name, part.slots)
         held = self._held.get(placement.group)
         if held is not None:
             # ``set_share`` may have been told a smaller figure since the placement.
             self._held[placement.group] = max(0, held - placement.slots)
-        self._invalidate()
+        self._why.clear()
 
     # -- fair share ---------------------------------------------------------------
 
@@ -341,7 +273,7 @@ class SlotScheduler:
         if last_served is not None:
             self._served[group] = last_served
             self._served_top = max(self._served_top, last_served)
-        self._invalidate()
+        self._why.clear()
 
     def _share_key(self, group: Hashable, fair: bool) -> tuple[float, float]:
         """Where ``group`` stands in fair share: (held / weight, last served)."""
@@ -355,28 +287,6 @@ class SlotScheduler:
     def held_by(self, group: Hashable) -> int:
         """Slots ``group`` holds: as last :meth:`set_share`, plus placements, minus releases."""
         return self._held.get(group, 0)
-
-    def _invalidate(self) -> None:
-        self._reasons.clear()
-        self._shares.clear()
-
-    def _take(self, i: int, n: int) -> tuple[int, ...]:
-        ids = tuple(sorted(self._free_ids[i])[:n])
-        self._free_ids[i].difference_update(ids)
-        self._move(i, self._nfree[i] - n)
-        return ids
-
-    def _move(self, i: int, new: int) -> None:
-        old = self._nfree[i]
-        size = self._size[i]
-        self._by_free[old].discard(i)
-        self._by_free[new].add(i)
-        if old == size:
-            self._whole[size].discard(i)
-        if new == size:
-            self._whole[size].add(i)
-        self._nfree[i] = new
-        self._free_total += new - old
 
     # -- queue --------------------------------------------------------------------
 
@@ -396,7 +306,7 @@ class SlotScheduler:
         by_group[request.group] = by_group.get(request.group, 0) + request.slots
         self._queued_count[request.priority] = self._queued_count.get(request.priority, 0) + 1
         self._last_priority[request.group] = request.priority
-        self._invalidate()
+        self._why.clear()
 
     def cancel(self, request_id: Hashable) -> bool:
         """Drop a queued request; False if it was not queued. (Heaps skip it lazily.)"""
@@ -404,7 +314,7 @@ class SlotScheduler:
         if live is None:
             return False
         self._dequeued(live[1])
-        self._invalidate()
+        self._why.clear()
         return True
 
     def _dequeued(self, request: SlotRequest) -> None:
@@ -446,7 +356,7 @@ class SlotScheduler:
         Also sets :attr:`reserved` and :attr:`blocked_head`, and adds each placement's
         slots to what its group holds.
         """
-        self._invalidate()
+        self._why.clear()
         firsts: list[tuple[tuple[int, Hashable], _Entry]] = []
         drained: list[tuple[int, Hashable]] = []
         for key in self._groups:
@@ -477,7 +387,9 @@ class SlotScheduler:
         failed: set[int] = set()
         self._blocked = False
         self.blocked_head = None
-        available = self._free_total
+        free = self._free
+        fit_slots, take, agents = free.fit, free.take, free.agents
+        available = free.free_total
         while heads and available > 0:
             head = heapq.heappop(heads)
             priority, share, order, seq, size, group = head
@@ -493,7 +405,7 @@ class SlotScheduler:
                     heapq.heappush(heads, (priority, now, order, seq, size, group))
                     continue
             key = (size, group)
-            fit = self._fit(size, reserved)
+            fit = fit_slots(size, reserved)
             if fit is None:
                 failed.add(size)
                 if self._blocked:
@@ -502,8 +414,8 @@ class SlotScheduler:
                 self.blocked_head = self._groups[key][0][3]
                 if not backfill:
                     break
-                reserved = self._reserve(size)
-                available -= sum(self._nfree[i] for i in reserved)
+                reserved = free.reserve(size)
+                available -= sum(free.nfree[i] for i in reserved)
                 continue
             _, _, _, request_id = heapq.heappop(self._groups[key])
             _, request = self._live.pop(request_id)
@@ -511,7 +423,7 @@ class SlotScheduler:
             held[group] = held.get(group, 0) + size
             self._served_top += 1.0
             self._served[group] = self._served_top
-            parts = tuple(AgentSlots(self._agents[i], self._take(i, n)) for i, n in fit)
+            parts = tuple(AgentSlots(agents[i], take(i, n)) for i, n in fit)
             placements.append(Placement(request_id, self.pool.name, parts, group))
             available -= size
             entry = self._peek(key)
@@ -519,7 +431,7 @@ class SlotScheduler:
                 key_now = self._share_key(group, fair)
                 heapq.heappush(heads, (entry[0], key_now, entry[1], entry[2], size, group))
         self._reserved_agents = reserved
-        self.reserved = tuple(self._agents[i].name for i in sorted(reserved))
+        self.reserved = tuple(agents[i].name for i in sorted(reserved))
         return placements
 
     # -- wait reasons -------------------------------------------------------------
@@ -563,195 +475,16 @@ class SlotScheduler:
             raise KeyError(request_id)
         request = live[1]
         if self._blocked and request_id == self.blocked_head:
-            return WaitReason("no_fit", self._no_fit_text(request.slots))
-        key = (request.slots, request.group, request.priority)
-        cached = self._reasons.get(key)
-        if cached is not None and cached[0] is label and cached[1] is group_label:
-            return cached[2]
-        reason = self._reason(request, label, group_label)
-        self._reasons[key] = (label, group_label, reason)
-        return reason
-
-    def _reason(
-        self,
-        request: SlotRequest,
-        label: Callable[[Hashable], str],
-        group_label: Callable[[Hashable], str],
-    ) -> WaitReason:
-        slots, group, priority = request.slots, request.group, request.priority
-        reserved = self._reserved_agents
-        if (
-            reserved
-            and self._fit(slots, reserved) is None
-            and self._fit(slots, frozenset()) is not None
-        ):
-            head = self.blocked_head
-            return WaitReason(
-                "reserved",
-                f"agents {', '.join(self.reserved)} reserved for trial {label(head)} "
-                "by backfilling",
-                blocked_by=head,
-            )
-        lowest = min(self._queued_count)
-        if lowest < priority:
-            return WaitReason("priority", f"behind priority {lowest} trials")
-        if len(self._queued_slots[priority]) > 1:
-            share = self._fair_shares(priority)[group]
-            held = self._held.get(group, 0)
-            # A share computed in floats may miss an integer holding by a rounding error.
-            if held >= share - 1e-9:
-                return WaitReason(
-                    "fair_share",
-                    f"fair share: experiment {group_label(group)} holds its share "
-                    f"({held} of {round(share, 1):g} slots)",
-                )
-        return WaitReason("no_fit", self._no_fit_text(slots))
-
-    def _fair_shares(self, priority: int) -> dict[Hashable, float]:
-        """Each group's weighted max-min share of the pool at ``priority`` (cached)."""
-        shares = self._shares.get(priority)
-        if shares is not None:
-            return shares
-        held, weight = self._held, self._weight
-        demand = {
-            group: held.get(group, 0) + slots + self._backlog.get(group, 0)
-            for group, slots in self._queued_slots.get(priority, {}).items()
-        }
-        # A group with nothing queued still takes part with what it holds, at the
-        # priority of the last request it submitted here.
-        for group, slots in held.items():
-            if slots and group not in demand and self._last_priority.get(group) == priority:
-                demand[group] = slots
-        shares = _water_fill(self._total, demand, {g: weight.get(g, 1.0) for g in demand})
-        self._shares[priority] = shares
-        return shares
-
-    def _no_fit_text(self, slots: int) -> str:
-        pool = self.pool.name
-        if slots <= self._max:
-            return f"no agent in pool {pool} has {_count(slots, 'free slot')}"
-        if self._hetero:
-            return f"pool {pool} has fewer than {_count(slots, 'slot')} on whole free agents"
-        size = self._agent_size_for(slots)
-        return (
-            f"pool {pool} has fewer than {_count(slots // size, 'free agent')} "
-            f"of {_count(size, 'slot')}"
+            return self._why.no_fit(request.slots)
+        return self._why.reason(
+            request.slots,
+            request.group,
+            request.priority,
+            head=self.blocked_head,
+            reserved=self._reserved_agents,
+            label=label,
+            group_label=group_label,
         )
-
-    def _agent_size_for(self, slots: int) -> int:
-        """The agent size a multi-agent request takes whole agents of (the largest that can)."""
-        return next(
-            s for s in self._sizes_desc if slots % s == 0 and slots // s <= self._counts[s]
-        )
-
-    def fits(self, slots: int) -> bool:
-        """Whether a request of ``slots`` would fit the free slots now, ignoring any reservation.
-
-        Preemption (:func:`~trials.scheduler.choose_preemptions`) asks this of hypothetical
-        free slots, so it and the scheduler never disagree on what fits.
-
-        Example:
-            >>> from trials.scheduler import Agent, ResourcePool
-            >>> sched = SlotScheduler(ResourcePool("default", (Agent("a1", "h", (0, 1)),)))
-            >>> sched.fits(2), sched.fits(3)
-            (True, False)
-        """
-        return self._fit(slots, frozenset()) is not None
-
-    def _fit(self, slots: int, reserved: frozenset[int]) -> list[tuple[int, int]] | None:
-        """(agent index, slot count) pairs for a request of ``slots``, avoiding ``reserved``."""
-        if slots <= self._max:
-            i = self._fit_one(slots, reserved)
-            return None if i is None else [(i, slots)]
-        if self._hetero:
-            return self._fit_heterogeneous(slots, reserved)
-        for size in self._sizes_desc:
-            if slots % size:
-                continue
-            whole = self._whole[size]
-            candidates = whole - reserved if reserved else whole
-            k = slots // size
-            if len(candidates) >= k:
-                return [(i, size) for i in sorted(candidates)[:k]]
-        return None
-
-    def _fit_one(self, slots: int, reserved: frozenset[int]) -> int | None:
-        counts = range(slots, self._max + 1) if self._best else range(self._max, slots - 1, -1)
-        for n in counts:
-            bucket = self._by_free[n]
-            if not bucket:
-                continue
-            if not reserved or reserved.isdisjoint(bucket):
-                return min(bucket)
-            rest = bucket - reserved
-            if rest:
-                return min(rest)
-        return None
-
-    def _fit_heterogeneous(
-        self, slots: int, reserved: frozenset[int]
-    ) -> list[tuple[int, int]] | None:
-        size = self._size
-        candidates = [i for whole in self._whole.values() for i in whole if i not in reserved]
-        if sum(size[i] for i in candidates) < slots:
-            return None
-        candidates.sort(key=lambda i: (-size[i], i))
-        # Largest agents whole until the rest fits on one agent: as few agents as possible.
-        chosen: list[tuple[int, int]] = []
-        remaining = slots
-        for position, i in enumerate(candidates):
-            if size[i] < remaining:
-                chosen.append((i, size[i]))
-                remaining -= size[i]
-                continue
-            fits = [j for j in candidates[position:] if size[j] >= remaining]
-            # Best fit: the smallest agent that holds the rest; worst fit: the largest.
-            last = min(fits, key=lambda j: (size[j], j)) if self._best else fits[0]
-            chosen.append((last, remaining))
-            break
-        return chosen
-
-    def _reserve(self, slots: int) -> frozenset[int]:
-        """The agents the blocked head request will start on once they drain."""
-        size = self._size
-        if slots <= self._max:
-            # One agent large enough to hold the request.
-            eligible = [s for s in self._sizes_desc if s >= slots]
-            count, cover = 1, 0
-        elif self._hetero:
-            # Whole agents of any sizes that add up to the request.
-            eligible = self._sizes_desc
-            count, cover = len(self._agents), slots
-        else:
-            # ``k`` agents of the size the request is a multiple of.
-            wanted = self._agent_size_for(slots)
-            eligible, count, cover = [wanted], slots // wanted, 0
-        chosen: list[int] = []
-        covered = 0
-        # Most free slots first: those agents drain soonest, so the head waits least.
-        for n in range(self._max, -1, -1):
-            bucket = self._by_free[n]
-            if not bucket:
-                continue
-            if self._mixed_sizes:
-                members = sorted(
-                    (i for i in bucket if size[i] in eligible), key=lambda i: (-size[i], i)
-                )
-            elif count - len(chosen) == 1:
-                members = [min(bucket)]
-            else:
-                members = sorted(bucket)
-            for i in members:
-                chosen.append(i)
-                covered += size[i]
-                if len(chosen) == count or (cover and covered >= cover):
-                    return frozenset(chosen)
-        return frozenset(chosen)
-
-
-def _count(n: int, noun: str) -> str:
-    """``1 free slot``, ``2 free slots``: reasons read as words."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def schedule(
