@@ -290,6 +290,12 @@ def s3_bucket(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
         "AWS_ENDPOINT_URL": s3_server,
     }.items():
         monkeypatch.setenv(name, value)
+    # fsspec keeps one S3 filesystem per set of arguments, and the endpoint comes from
+    # the environment: a test that pointed it elsewhere (the Slurm bridge) must not
+    # leave its filesystem to the next test on this worker.
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
     bucket = f"test-{uuid.uuid4().hex[:16]}"
     boto3.client("s3").create_bucket(Bucket=bucket)
     return f"s3://{bucket}"
