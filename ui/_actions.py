@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from storage import DB_ENV_VAR, Experiment, ExperimentState, session_scope
+from storage import DB_ENV_VAR, Experiment, ExperimentState, get_engine, session_scope
 from trials.coordination import control
 
 # Keyed by the actions' values: the page's radio shows and returns plain text.
@@ -85,7 +85,9 @@ def request_action(url: str, experiment_id: int, action: str) -> str:
 def resumable(url: str, experiment_id: int) -> bool:
     """Whether ``slotsweep resume`` would run the experiment now: PAUSED, or ACTIVE with
     no live driver (created with ``--detach``, or its driver died)."""
-    with session_scope(url) as session:
+    # Read-only, like every page: the read-write engine checks the schema first, which
+    # takes SQLite's write lock while a search is writing.
+    with session_scope(get_engine(url, read_only=True)) as session:
         experiment = session.get(Experiment, experiment_id)
         if experiment is None:
             return False
