@@ -137,6 +137,7 @@ def _fenced_start(spec: RuntimeSpec) -> int | None:
     from storage import (
         FENCED_EXIT_CODE,
         RanksFencedError,
+        get_engine,
         retry_transient,
         session_scope,
         start_ranks,
@@ -151,6 +152,10 @@ def _fenced_start(spec: RuntimeSpec) -> int | None:
     except RanksFencedError as fenced:
         print(f"slotsweep: {fenced}", file=sys.stderr, flush=True)
         return FENCED_EXIT_CODE
+    finally:
+        # Only rank 0 writes after this: no rank keeps an idle pooled connection for the
+        # whole trial (one per rank adds up on PostgreSQL). The engine stays usable.
+        get_engine(spec.db_url).dispose()
     return None
 
 
