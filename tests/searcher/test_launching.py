@@ -25,7 +25,7 @@ from searcher.outcomes import Outcomes
 from searcher.placement import PendingQueue
 from searcher.running import RunningTrials
 from searcher.study_side import TellQueue
-from storage import Experiment, Trial, TrialState, session_scope, utcnow
+from storage import Experiment, Trial, TrialState, WarmJob, session_scope, utcnow
 from tests.conftest import add_experiment
 from tests.searcher.test_claim_fencing import _holders, _RecordingExecutor
 from tests.searcher.test_driver_parts import _ctx
@@ -126,3 +126,33 @@ def test_a_transient_error_stops_the_launches_and_gives_the_later_claims_back(
         Requeue(trial_id=b, slots=1),
         Requeue(trial_id=c, slots=1),
     ]
+
+
+def test_a_trial_whose_reserved_warm_job_this_driver_does_not_run_waits_for_it_to_end(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    pending, running, _, (a, b, c) = _placed_three(db_url, tmp_path)
+    with session_scope(db_url) as session:
+        trial = session.get(Trial, a)
+        assert trial is not None
+        job = WarmJob(
+            experiment_id=trial.experiment_id,
+            resource_pool=THREE_SLOTS.name,
+            slots=1,
+            placement=[],
+            launch_token="t-left",
+            reserved_trial_id=a,
+        )
+        session.add(job)
+        session.flush()
+        job_id = job.id
+    later = {b: EarlierAttemptRunning("b waits"), c: EarlierAttemptRunning("c waits")}
+    monkeypatch.setattr(running.starter, "start", _failing_start(later))
+    with caplog.at_level(logging.WARNING, logger="searcher.driver"):
+        decisions = running.launch(pending.place())
+    assert f"trial {a} waits: the warm job reserved for it is ending" in caplog.text
+    assert decisions[0] == Requeue(trial_id=a, slots=1) and len(running) == 0
+    assert a not in _holders(db_url).values()
+    with session_scope(db_url) as session:
+        asked = session.get(WarmJob, job_id)
+        assert asked is not None and asked.end_reason == "its driver does not run it"
