@@ -209,8 +209,9 @@ class SearchDriver:
         """One round of the loop; the experiment's final state once it ends, else None.
 
         The round is a pipeline: reap the ended attempts (their outcomes recorded),
-        apply what those decided (requeue, stop), then place the waiting trials and
-        launch what the placement gave slots.
+        apply what those decided (requeue, stop), then place the waiting trials, launch
+        what the placement gave slots, and apply what the launches decided (a trial
+        that started nothing waits again).
         """
         study = self._loaded_study()
         self._keep_lease()
@@ -229,8 +230,8 @@ class SearchDriver:
                 return ExperimentState.PAUSED
         else:
             study.fill_queue(len(self._running), self._pending)
-            self._pending.place(self._running.launch, self._outcomes)
-            apply_decisions(self._running.take_decisions(), self._pending, self._control)
+            placed = self._pending.place()
+            apply_decisions(self._running.launch(placed), self._pending, self._control)
             self._running.warm.end_unneeded(self._pending.sizes())
             study.flush_tells()
             if (
