@@ -82,6 +82,7 @@ class DriverIntegrations:
         self._mlflow_failing = False
         self._mlflow_next_at = 0.0
         self._mlflow_backoff_s = POLL_S
+        self._mlflow_caught_up = False
 
     @property
     def active(self) -> bool:
@@ -110,7 +111,7 @@ class DriverIntegrations:
         deadline = time.monotonic() + timeout
         self._stop.set()
         self._thread.join(max(0.0, deadline - time.monotonic()))
-        done = not self._thread.is_alive()
+        done = not self._thread.is_alive() and (self._mlflow is None or self._mlflow_caught_up)
         if self._poster is not None:
             done = self._poster.close(max(0.0, deadline - time.monotonic())) and done
         if not done and self._mlflow is not None:
@@ -188,8 +189,9 @@ class DriverIntegrations:
         try:
             # At the end, on until everything is logged (close() bounds the wait); a new
             # trial's run is made by one sync and given its metrics by the next.
-            while not self._mlflow.sync() and final and self._mlflow.changed:
-                pass
+            caught_up = self._mlflow.sync()
+            while not caught_up and final and self._mlflow.changed:
+                caught_up = self._mlflow.sync()
         except Exception as exc:  # whatever the client raises: the server is retried
             self._mlflow_backoff_s = min(self._mlflow_backoff_s * 2, MAX_BACKOFF_S)
             self._mlflow_next_at = time.monotonic() + self._mlflow_backoff_s
@@ -201,6 +203,7 @@ class DriverIntegrations:
                     _first_line(exc),
                 )
             return
+        self._mlflow_caught_up = caught_up
         if self._mlflow_failing:
             self._mlflow_failing = False
             _log.warning("MLflow at %s answers again; catching up", self._mlflow.tracking_uri)

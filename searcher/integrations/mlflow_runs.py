@@ -104,14 +104,18 @@ class MlflowExport:
         self.changed = False
 
     def sync(self) -> bool:
-        """Log what the database gained since the last sync; whether everything is logged.
+        """Log what the database gained since the last sync; whether MLflow has it all now.
+
+        All: every metric recorded so far, every ended trial's end, and the search's
+        end once it ended (a paused search's trials stay RUNNING there, as here).
 
         Raises whatever the tracking server's client raises (unreachable, refused): the
         caller retries, and the next sync starts where this one stopped.
         """
         with session_scope(self.db_url) as session:
             experiment = read_experiment(session, self.experiment_id)
-            self._connect(experiment)
+        self._connect(experiment)  # no database transaction held while MLflow answers
+        with session_scope(self.db_url) as session:
             pages = {
                 t.id: metric_points(session, t.id, self._runs[t.id][1])
                 for t in experiment.trials
@@ -139,8 +143,6 @@ class MlflowExport:
             elif trial.state.is_terminal:
                 self._end_trial(entry, trial)
                 self.changed = True
-            else:
-                caught_up = False
         if caught_up and experiment.state in _SEARCH_STATUS and not self._parent_done:
             self._end_search(experiment)
             self.changed = True
