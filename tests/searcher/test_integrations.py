@@ -30,6 +30,7 @@ from searcher.integrations import (
     require,
 )
 from searcher.submission import validate_run
+from storage import Experiment as ExperimentRow
 from storage import (
     ExperimentState,
     Metric,
@@ -39,7 +40,6 @@ from storage import (
     session_scope,
     utcnow,
 )
-from storage import Experiment as ExperimentRow
 from tests.conftest import free_port
 from tests.searcher.conftest import write_experiment
 from trials.config import ConfigError, NotificationConfig, load_config, parse_config
