@@ -24,7 +24,12 @@ Example:
 from __future__ import annotations
 
 from searcher.integrations.driver_side import CLOSE_TIMEOUT_S, DriverIntegrations
-from searcher.integrations.extras import integration_problem, missing_extra_message, require
+from searcher.integrations.extras import (
+    ensure_installed,
+    integration_problem,
+    missing_extra_message,
+    require,
+)
 from searcher.integrations.mlflow_runs import MlflowExport, search_key
 from searcher.integrations.notifications import Poster, notification_body, payload_for
 from searcher.integrations.records import ExperimentRecord, TrialRecord, read_experiment
@@ -38,6 +43,7 @@ __all__ = [
     "Poster",
     "TensorBoardExport",
     "TrialRecord",
+    "ensure_installed",
     "integration_problem",
     "missing_extra_message",
     "notification_body",

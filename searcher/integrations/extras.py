@@ -28,6 +28,16 @@ def missing_extra_message(module: str, extra: str) -> str:
     return f"{module} is not installed: pip install 'slotsweep[{extra}]'"
 
 
+def ensure_installed(module: str, *, extra: str) -> None:
+    """:func:`require` without the import (MLflow takes seconds to import: the thread does).
+
+    Example:
+        >>> ensure_installed("json", extra="none")
+    """
+    if importlib.util.find_spec(module) is None:
+        raise UsageError(missing_extra_message(module, extra))
+
+
 def require(module: str, *, extra: str) -> ModuleType:
     """Import ``module``; a :class:`UsageError` naming ``pip install 'slotsweep[extra]'`` if absent."""
     try:
@@ -46,6 +56,9 @@ def integration_problem(config: ExperimentConfig) -> str | None:
         >>> integration_problem(config) is None
         True
     """
-    if config.integrations.mlflow is not None and importlib.util.find_spec("mlflow") is None:
-        return f"integrations.mlflow: {missing_extra_message('mlflow', 'mlflow')}"
+    if config.integrations.mlflow is not None:
+        try:
+            ensure_installed("mlflow", extra="mlflow")
+        except UsageError as exc:
+            return f"integrations.mlflow: {exc}"
     return None

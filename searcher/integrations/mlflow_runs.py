@@ -26,7 +26,7 @@ import os
 import time
 from typing import Any
 
-from searcher.integrations.extras import require
+from searcher.integrations.extras import ensure_installed
 from searcher.integrations.records import (
     PAGE_ROWS,
     ExperimentRecord,
@@ -82,7 +82,7 @@ class MlflowExport:
         tracking_uri: str,
         experiment_name: str | None = None,
     ) -> None:
-        require("mlflow", extra="mlflow")
+        ensure_installed("mlflow", extra="mlflow")
         # MLflow's client prints each ended run's URL to stdout, the driver's summary.
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         # Its own retries (7, over minutes) would hold a failed sync that long: slotsweep
