@@ -73,6 +73,8 @@ class ExperimentRecord:
     metric: str
     smaller_is_better: bool
     created_at: float
+    #: The config's hyperparameter names (constants included), sorted.
+    hyperparameters: tuple[str, ...]
     trials: tuple[TrialRecord, ...]
     #: Counts by state: ``total``, ``queued``, ``running``, ``completed``, ``pruned``, ``errored``.
     counts: dict[str, int] = field(default_factory=dict)
@@ -95,7 +97,8 @@ def read_experiment(session: Session, experiment_id: int) -> ExperimentRecord:
     row = session.get(Experiment, experiment_id)
     if row is None:
         raise UsageError(f"experiment: no experiment with id {experiment_id}")
-    searcher = read_stored_config(row.config).searcher
+    config = read_stored_config(row.config)
+    searcher = config.searcher
     trials = session.scalars(
         select(Trial)
         .where(Trial.experiment_id == experiment_id)
@@ -109,6 +112,7 @@ def read_experiment(session: Session, experiment_id: int) -> ExperimentRecord:
         metric=searcher.metric,
         smaller_is_better=searcher.smaller_is_better,
         created_at=epoch_seconds(row.created_at) or 0.0,
+        hyperparameters=tuple(sorted(config.hyperparameters)),
         trials=tuple(
             TrialRecord(
                 id=t.id,

@@ -182,9 +182,8 @@ def _hparam_value(value: Any) -> bool | int | float | str:
 def _hparams_experiment(experiment: ExperimentRecord) -> Any:
     from tensorboard.plugins.hparams import summary_v2
 
-    names = sorted({name for t in experiment.trials for name in t.hyperparameters})
     return summary_v2.hparams_config_pb(
-        hparams=[summary_v2.HParam(name) for name in names],
+        hparams=[summary_v2.HParam(name) for name in experiment.hyperparameters],
         metrics=[summary_v2.Metric(f"validation/{experiment.metric}")],
         time_created_secs=experiment.created_at,
     )
