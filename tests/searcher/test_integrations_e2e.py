@@ -29,9 +29,6 @@ from tests.conftest import cli_environment, free_port
 from tests.searcher.conftest import run_cli, write_experiment
 from tests.searcher.test_integrations import _Recorder
 
-mlflow = pytest.importorskip("mlflow")
-pytest.importorskip("tensorboard")
-
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("integrations-search")]
 
 SERVER_START_S = 90.0
@@ -71,6 +68,8 @@ def _wait_for(url: str, process: subprocess.Popen[Any], log: Path) -> None:
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real MLflow tracking server on 127.0.0.1 with a SQLite backend; its URI."""
+    # Imported here, not at collection: MLflow takes seconds to import.
+    pytest.importorskip("mlflow")
     folder = tmp_path_factory.mktemp("mlflow")
     port = free_port()
     log = folder / "server.log"
@@ -119,6 +118,9 @@ def logged_search(
                 "mlflow": {"tracking_uri": mlflow_server, "experiment_name": "driver-logged"}
             },
             notifications=[{"url": hook.url, "on": ["completed", "trial_failed"]}],
+            # Both trials at once, one slot each: the search's time is one trial's.
+            resources={"slots_per_trial": 1},
+            searcher={"max_concurrent_trials": 2},
         )
         db_url = f"sqlite:///{folder / 'search.db'}"
         env = {**cli_environment(), "SLOTSWEEP_LOG_DIR": str(folder / "logs")}
@@ -156,7 +158,9 @@ def _db_trials(search: LoggedSearch) -> dict[str, dict[str, Any]]:
 
 def _mlflow_trials(uri: str, experiment_name: str) -> tuple[Any, dict[str, dict[str, Any]]]:
     """The parent run and each trial's run (by label) of an MLflow experiment."""
-    client = mlflow.tracking.MlflowClient(uri)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
     experiment = client.get_experiment_by_name(experiment_name)
     assert experiment is not None
     runs = client.search_runs([experiment.experiment_id])
@@ -210,6 +214,7 @@ def test_export_mlflow_logs_a_finished_search_once(
 def test_tensorboard_serves_the_search_and_stops_with_the_command(
     logged_search: LoggedSearch, tmp_path: Path
 ) -> None:
+    pytest.importorskip("tensorboard")
     port = free_port()
     env = {**cli_environment(), "SLOTSWEEP_LOG_DIR": str(tmp_path / "logs")}
     log = tmp_path / "tensorboard.log"
