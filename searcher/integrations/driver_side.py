@@ -83,6 +83,7 @@ class DriverIntegrations:
         self._mlflow_next_at = 0.0
         self._mlflow_backoff_s = POLL_S
         self._mlflow_caught_up = False
+        self._step_failing = False
 
     @property
     def active(self) -> bool:
@@ -130,7 +131,11 @@ class DriverIntegrations:
             try:
                 self._step(final=stopping)
             except Exception as exc:  # the database, transiently: the next step retries
-                _log.debug("integrations: %s", exc)
+                if not self._step_failing:
+                    self._step_failing = True
+                    _log.warning("integrations: %s; retrying", _first_line(exc))
+            else:
+                self._step_failing = False
             if stopping:
                 return
 

@@ -12,6 +12,7 @@ import hashlib
 import http.server
 import json
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -175,6 +176,23 @@ def test_a_missing_extra_is_named_with_its_pip_command(
     )
     with pytest.raises(UsageError, match=r"pip install 'slotsweep\[mlflow\]'"):
         validate_run(config, parse_cluster(_POOL), f"sqlite:///{tmp_path / 'x.db'}")
+
+
+def test_tensorboard_without_its_extra_exits_2_in_one_line(
+    tmp_path: Path,
+    db_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from searcher.cli import main
+
+    _experiment(tmp_path, db_url)
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if not installed
+    assert main(["tensorboard", "1", "--db", db_url, "--logdir", str(tmp_path / "tb")]) == 2
+    assert capsys.readouterr().err == (
+        "tensorboard is not installed: pip install 'slotsweep[tensorboard]'\n"
+    )
+    assert not (tmp_path / "tb").exists()
 
 
 # ---------------------------------------------------------------------- webhooks
