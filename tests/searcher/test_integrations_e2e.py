@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from sqlalchemy import select
 
@@ -46,6 +47,23 @@ def _stop_group(process: subprocess.Popen[Any]) -> None:
     # The server's workers share its group: none may outlive it.
     with pytest.raises(ProcessLookupError):
         os.killpg(process.pid, 0)
+
+
+def _alive_with(pid: int, marker: str) -> bool:
+    """Whether ``pid`` is a live process running ``marker`` (not a zombie, not a reused pid)."""
+    try:
+        process = psutil.Process(pid)
+        return process.status() != psutil.STATUS_ZOMBIE and marker in " ".join(process.cmdline())
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _describe(pid: int) -> str:
+    try:
+        process = psutil.Process(pid)
+        return f"{pid}: {process.status()} ppid {process.ppid()} {process.cmdline()}"
+    except psutil.NoSuchProcess:
+        return f"{pid}: gone"
 
 
 def _get(url: str) -> Any:
@@ -247,8 +265,7 @@ def test_tensorboard_serves_the_search_and_stops_with_the_command(
         command.send_signal(signal.SIGTERM)  # by its PID: it stops TensorBoard and exits
         assert command.wait(30) == 0, log.read_text()[-3000:]
         _stop_group(command)
-    with pytest.raises(ProcessLookupError):
-        os.kill(board_pid, 0)
+    assert not _alive_with(board_pid, "tensorboard.main"), _describe(board_pid)
     steps = _db_trials(logged_search)["1.0"]["val_loss_steps"]
     from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
 
