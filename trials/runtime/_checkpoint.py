@@ -25,7 +25,6 @@ Callers save on every rank alike; the choice is made once, where the context is 
 from __future__ import annotations
 
 import json
-import os
 import random
 import uuid as uuid_lib
 from collections.abc import Callable, Mapping
@@ -34,32 +33,13 @@ from typing import IO, Any, Protocol
 
 import torch
 
-from trials.checkpoint_storage import join, store_for
+from trials.checkpoint_storage import store_for
 from trials.config import is_url
 from trials.runtime._recording import Recorder
 
 STATE_FILE = "state.pt"
 METADATA_FILE = "metadata.json"
 FORMAT_VERSION = 1
-
-
-def trial_checkpoint_dir(
-    storage_path: str, model_dir: str, experiment_id: int, trial_id: int
-) -> Path | str:
-    """The folder (or, for a URL, the prefix) holding one trial's checkpoints.
-
-    Example:
-        >>> str(trial_checkpoint_dir("ckpt", "/exp", 3, 7))
-        '/exp/ckpt/3/7'
-        >>> trial_checkpoint_dir("s3://bucket/ckpt", "/exp", 3, 7)
-        's3://bucket/ckpt/3/7'
-    """
-    if is_url(storage_path):
-        return join(storage_path, str(experiment_id), str(trial_id))
-    base = Path(os.path.expanduser(storage_path))
-    if not base.is_absolute():
-        base = Path(model_dir) / base
-    return base / str(experiment_id) / str(trial_id)
 
 
 def write_checkpoint(

@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import torch
 
+from trials.checkpoint_storage import trial_checkpoint_dir
 from trials.config import Length, RuntimeSpec, per_slot_batch_size
 from trials.runtime._checkpoint import (
     FORMAT_VERSION,
@@ -32,7 +33,6 @@ from trials.runtime._checkpoint import (
     CheckpointWriter,
     TrialCheckpoints,
     read_checkpoint,
-    trial_checkpoint_dir,
 )
 from trials.runtime._data import batches_per_epoch
 from trials.runtime._distributed import (

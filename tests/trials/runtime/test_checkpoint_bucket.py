@@ -38,7 +38,7 @@ from storage import (
     upgrade_schema,
 )
 from tests.conftest import S3_SECRET, add_experiment
-from trials import CheckpointStorageConfig, collect_garbage, store_for
+from trials import CheckpointStorageConfig, collect_garbage, store_for, trial_checkpoint_dir
 from trials.checkpoint_storage import CheckpointStorageError
 from trials.runtime._checkpoint import read_checkpoint, write_checkpoint
 from ui._checkpoints import checkpoint_bytes, checkpoint_problem, download_name
@@ -67,29 +67,41 @@ _HALF_WRITE = textwrap.dedent(
 def test_a_half_written_upload_is_never_offered_and_is_collected(
     s3_bucket: str, tmp_path: Path
 ) -> None:
-    folder = f"{s3_bucket}/ckpt/1/1"
-    before, size = write_checkpoint(folder, "before", {"w": torch.arange(5.0)}, {"step": 1})
-    assert before == f"{folder}/before" and size > 0
-    killed = subprocess.run(
-        [sys.executable, "-c", _HALF_WRITE, folder], capture_output=True, text=True, timeout=120
-    )
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
-    store = store_for(folder)
-    half = f"{folder}/half"
-    assert store.fs.exists(f"{half[len('s3://') :]}/state.pt")  # uploaded, no manifest
-    assert not store.is_complete(half)
-    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
-        read_checkpoint(half)
-    assert store.incomplete(folder) == [half]
-    torch.testing.assert_close(read_checkpoint(before)["w"], torch.arange(5.0))
-    assert checkpoint_problem(half, "COMPLETED") == (
-        f"The checkpoint is missing from storage: {half}"
-    )
-
-    # Retention's garbage collection removes the half-written prefix, not the recorded one.
     db_url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     upgrade_schema(db_url)
-    experiment_id, (trial_id,) = add_experiment(db_url)
+    experiment_id, (trial_id, bare_trial_id) = add_experiment(db_url, [{}, {}])
+    policy = CheckpointStorageConfig(path=f"{s3_bucket}/ckpt")
+    folder = str(trial_checkpoint_dir(policy.path, ".", experiment_id, trial_id))
+    # A trial whose only upload was killed: no row leads to its folder.
+    bare_folder = str(trial_checkpoint_dir(policy.path, ".", experiment_id, bare_trial_id))
+    before, size = write_checkpoint(folder, "before", {"w": torch.arange(5.0)}, {"step": 1})
+    assert before == f"{folder}/before" and size > 0
+    killed = [
+        subprocess.Popen(
+            [sys.executable, "-c", _HALF_WRITE, where], stderr=subprocess.PIPE, text=True
+        )
+        for where in (folder, bare_folder)
+    ]
+    for process in killed:
+        _, stderr = process.communicate(timeout=120)
+        assert process.returncode == -signal.SIGKILL, stderr
+    store = store_for(folder)
+    half, bare_half = f"{folder}/half", f"{bare_folder}/half"
+    for location in (half, bare_half):
+        assert store.fs.exists(f"{location[len('s3://') :]}/state.pt")  # uploaded, no manifest
+        assert not store.is_complete(location)
+        with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+            read_checkpoint(location)
+        assert checkpoint_problem(location, "COMPLETED") == (
+            f"The checkpoint is missing from storage: {location}"
+        )
+    assert store.incomplete(folder) == [half]
+    assert store.incomplete(bare_folder) == [bare_half]
+    torch.testing.assert_close(read_checkpoint(before)["w"], torch.arange(5.0))
+
+    # Retention's garbage collection removes the half-written prefix, not the recorded
+    # one: rank 0's in its own trial's folder only, the driver's final sweep in every
+    # trial's, the one with no recorded checkpoint included.
     with session_scope(db_url) as session:
         session.add(
             Checkpoint(
@@ -100,17 +112,20 @@ def test_a_half_written_upload_is_never_offered_and_is_collected(
                 state=CheckpointState.COMPLETED,
             )
         )
-    with session_scope(db_url) as session:
-        deleted = collect_garbage(
-            session,
-            experiment_id=experiment_id,
-            policy=CheckpointStorageConfig(path=s3_bucket),
-            metric="val_loss",
-            smaller_is_better=True,
-            trial_id=trial_id,
-        )
-    assert deleted == []
-    assert store.incomplete(folder) == []
+    for only_trial in (trial_id, None):
+        with session_scope(db_url) as session:
+            deleted = collect_garbage(
+                session,
+                experiment_id=experiment_id,
+                policy=policy,
+                metric="val_loss",
+                smaller_is_better=True,
+                trial_id=only_trial,
+            )
+        assert deleted == []
+        assert store.incomplete(folder) == []
+        assert store.incomplete(bare_folder) == ([bare_half] if only_trial else [])
+    assert not store.fs.exists(bare_folder[len("s3://") :])
     assert store.is_complete(str(before))
 
 
