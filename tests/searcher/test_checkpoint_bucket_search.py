@@ -6,6 +6,8 @@ checkpoints its policy names (objects and rows), the UI's download reads the buc
 and the credentials appear in no output, log file, stored spec or database row. The
 first trial's rank is SIGKILLed mid-epoch once its first checkpoint is recorded: the
 driver's restart runs on a new warm job and restores that checkpoint from the bucket.
+The uploads run in the background (``async_upload``): each trial's last checkpoint is
+recorded before its end, and the driver's retention finds exactly what it should.
 The store's own cases and a restore from the bucket after a killed rank are in
 ``tests/trials/runtime/test_checkpoint_bucket.py``.
 """
@@ -20,7 +22,6 @@ import subprocess
 import threading
 import time
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -54,7 +55,7 @@ def test_a_search_keeps_its_checkpoints_in_a_bucket(s3_bucket: str, tmp_path: Pa
         # 32 samples a batch: an epoch is many more than the 4 batches between checkpoints.
         hyperparameters={"global_batch_size": 32},
         # The first attempt slowly enough to be killed between its two checkpoints.
-        data={"batch_delay_s": 0.5, "fast_from_attempt": 1},
+        data={"batch_delay_s": 1.0, "fast_from_attempt": 1},
         max_restarts=1,
         searcher={
             "max_trials": 1,
@@ -63,7 +64,12 @@ def test_a_search_keeps_its_checkpoints_in_a_bucket(s3_bucket: str, tmp_path: Pa
             "pruner": {"name": "none"},
         },
         resources={"slots_per_trial": 1, "reuse_workers": True},
-        checkpoint_storage={"path": storage_path, "save_trial_latest": 1, "save_trial_best": 0},
+        checkpoint_storage={
+            "path": storage_path,
+            "save_trial_latest": 1,
+            "save_trial_best": 0,
+            "async_upload": True,
+        },
     )
     config = yaml.safe_load(path.read_text())
     config["min_validation_period"] = config["min_checkpoint_period"] = {"batches": 4}
@@ -71,9 +77,16 @@ def test_a_search_keeps_its_checkpoints_in_a_bucket(s3_bucket: str, tmp_path: Pa
     db = f"sqlite:///{tmp_path / 'search.db'}"
     common = ["--db", db, "--slots", "2", "--no-progress"]
     killed: list[int] = []
-    first, command_lines = _run_watching_command_lines(
-        ["run", str(path), *common], env, tmp_path, meanwhile=lambda: _kill_rank(db, killed)
-    )
+    done = threading.Event()
+    killer = threading.Thread(target=_kill_rank_once_checkpointed, args=(db, killed, done))
+    killer.start()
+    try:
+        first, command_lines = _run_watching_command_lines(
+            ["run", str(path), *common], env, tmp_path
+        )
+    finally:
+        done.set()
+        killer.join()
     assert first.returncode == 0, first.stderr[-3000:]
     assert killed, first.stdout[-3000:]
     assert any("trials.node.worker" in line for line in command_lines)
@@ -134,13 +147,19 @@ def test_a_search_keeps_its_checkpoints_in_a_bucket(s3_bucket: str, tmp_path: Pa
     assert storage_path in dump and S3_SECRET not in dump
 
 
+def _kill_rank_once_checkpointed(db: str, killed: list[int], done: threading.Event) -> None:
+    """SIGKILL the first trial's rank once its first checkpoint is recorded, before its
+    second (its pid in ``killed``); give up once ``done`` is set."""
+    while not killed and not done.wait(0.1):
+        _kill_rank(db, killed)
+
+
 def _kill_rank(db: str, killed: list[int]) -> None:
-    """SIGKILL the first trial's rank once its first checkpoint is recorded (once)."""
-    if killed or not Path(db.removeprefix("sqlite:///")).exists():
+    if not Path(db.removeprefix("sqlite:///")).exists():
         return
     try:
         with session_scope(db) as session:
-            if session.scalar(select(func.count()).select_from(Checkpoint)) == 0:
+            if session.scalar(select(func.count()).select_from(Checkpoint)) != 1:
                 return
             pid = session.scalar(
                 select(TrialProcess.pid).where(
@@ -155,10 +174,9 @@ def _kill_rank(db: str, killed: list[int]) -> None:
 
 
 def _run_watching_command_lines(
-    args: list[str], env: dict[str, str], cwd: Path, meanwhile: Callable[[], None] = lambda: None
+    args: list[str], env: dict[str, str], cwd: Path
 ) -> tuple[subprocess.CompletedProcess[str], set[str]]:
-    """``slotsweep ARGS`` to its end, every command line on the machine meanwhile, and
-    ``meanwhile()`` called at each look."""
+    """``slotsweep ARGS`` to its end, and every command line on the machine meanwhile."""
     driver = start_cli(args, env, cwd)
     output: list[str] = []
     reader = threading.Thread(target=lambda: output.extend(driver.communicate(timeout=300)))
@@ -169,7 +187,6 @@ def _run_watching_command_lines(
     while reader.is_alive():
         for process in psutil.process_iter(["cmdline"]):
             seen.add(" ".join(process.info["cmdline"] or []))
-        meanwhile()
         time.sleep(0.5)
     reader.join()
     return subprocess.CompletedProcess(args, driver.returncode, *output), seen

@@ -9,7 +9,7 @@ a rank SIGKILLed, the next attempt restored from the bucket mid-epoch, retention
 deleting exactly the checkpoints its policy names, the UI's download, and the
 credentials in none of the logs, the spec, the command line or the database; beside
 its first attempt, a one-rank trial whose bucket is missing fails with one line, and
-beside its second, one whose bucket refuses uploads (as for a full disk).
+beside its second, one whose bucket refuses its background uploads (as for a full disk).
 """
 
 from __future__ import annotations
@@ -231,7 +231,8 @@ def test_a_trial_checkpoints_to_the_bucket_restores_and_collects(
         slots_per_trial=1,
         max_length={"batches": 4},
         min_checkpoint_period={"batches": 4},
-        checkpoint_storage={"path": f"{refusing_bucket}/ckpt"},
+        # Written in the background: the refusal fails the trial all the same.
+        checkpoint_storage={"path": f"{refusing_bucket}/ckpt", "async_upload": True},
     )
     restarted = crashed.with_changes(attempt=1, restore_checkpoint_path=rows[0].path)
     with ThreadPoolExecutor(max_workers=1) as pool:
