@@ -14,9 +14,7 @@ What is atomic:
 - :class:`ObjectStore` cannot rename (object stores copy), so a checkpoint's prefix
   ``<uuid>/`` is temporary until its manifest ``MANIFEST.json`` (every file with its
   size) is written last. A reader ignores a prefix without a manifest, or whose files
-  do not match it; retention's garbage collection deletes such half-written prefixes,
-  and the whole ones that no database row records (a crash between the manifest and
-  the row).
+  do not match it; retention's garbage collection deletes such half-written prefixes.
 
 Credentials come only from where the provider's library looks itself (for S3:
 ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``, ``AWS_PROFILE``,
@@ -131,10 +129,6 @@ class CheckpointStore(Protocol):
         """Locations under ``directory`` of checkpoints a crash left half-written."""
         ...
 
-    def leftovers(self, directory: str) -> list[str]:
-        """Locations under ``directory`` that retention deletes unless a row records them."""
-        ...
-
 
 class LocalStore:
     """Checkpoints in a folder: written to ``.tmp-<uuid>``, fsynced, renamed into place."""
@@ -192,10 +186,6 @@ class LocalStore:
         if not folder.is_dir():
             return []
         return sorted(str(p) for p in folder.iterdir() if p.name.startswith(TMP_PREFIX))
-
-    def leftovers(self, directory: str) -> list[str]:
-        """The hidden temporaries only: a folder's checkpoints are left as they are."""
-        return self.incomplete(directory)
 
 
 class ObjectStore:
@@ -270,21 +260,13 @@ class ObjectStore:
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm(self._key(location), recursive=True)
 
-    def _prefixes(self, directory: str) -> list[str]:
+    def incomplete(self, directory: str) -> list[str]:
         try:
             entries = self.fs.ls(self._key(directory), detail=False, refresh=True)
         except FileNotFoundError:
             return []
-        return sorted(join(directory, str(e).rstrip("/").rsplit("/", 1)[-1]) for e in entries)
-
-    def incomplete(self, directory: str) -> list[str]:
-        return [p for p in self._prefixes(directory) if self._manifest(p) is None]
-
-    def leftovers(self, directory: str) -> list[str]:
-        """Every prefix: one without a manifest is half-written, and one with a manifest
-        that no row records is a write whose recording was cut off (rank 0 killed
-        between the manifest and the row, or a superseded attempt's write)."""
-        return self._prefixes(directory)
+        prefixes = [join(directory, str(e).rstrip("/").rsplit("/", 1)[-1]) for e in entries]
+        return sorted(p for p in prefixes if self._manifest(p) is None)
 
 
 def _os_error(error: BaseException) -> OSError | None:

@@ -13,8 +13,7 @@ transaction refuses it first. The rules are pure functions the runtime and the
 driver share; :func:`collect_garbage` applies them to the database and the storage
 (a folder or a bucket, :mod:`trials.checkpoint_storage`), and also deletes what a
 crash left half-written in the trials' folders (a ``.tmp-*`` folder, a prefix without
-a manifest, a whole prefix that no row records), a trial's folder included when it has
-no recorded checkpoint at all: no
+a manifest), a trial's folder included when it has no recorded checkpoint at all: no
 run writes there when it runs (rank 0 collects after its own write has ended, the
 driver once no trial runs).
 """
@@ -192,15 +191,14 @@ def _delete_half_written(
     rows: Sequence[Any],
     trial_id: int | None,
 ) -> None:
-    """Delete what a crash left half-written in the trials' folders (and, in a bucket,
-    whole checkpoints no row records: see ``CheckpointStore.leftovers``).
+    """Delete what a crash left half-written in the trials' folders.
 
     The folders are those of ``rows``' checkpoints and those the layout gives the
     experiment's trials (``trial_id``'s alone when given): a trial whose only upload
     was killed half-way has no row to find its folder by. A location any row records
     (whatever its state) is never touched.
     """
-    from sqlalchemy import or_, select
+    from sqlalchemy import select
 
     from storage import Checkpoint, Experiment, Trial
 
@@ -218,19 +216,12 @@ def _delete_half_written(
         }
     for folder in sorted(folders):
         store = store_for(folder)
-        leftovers = store.leftovers(folder)
+        leftovers = store.incomplete(folder)
         if not leftovers:
             continue
-        names = [location.rstrip("/").rsplit("/", 1)[-1] for location in leftovers]
-        recorded: set[str] = set()
-        for path, uuid in session.execute(
-            select(Checkpoint.path, Checkpoint.uuid).where(
-                or_(Checkpoint.path.in_(leftovers), Checkpoint.uuid.in_(names))
-            )
-        ):
-            # By uuid too: a location a row records is never deleted, however its
-            # path was spelled when it was recorded.
-            recorded |= {path, uuid}
-        for location, name in zip(leftovers, names, strict=True):
-            if location not in recorded and name not in recorded:
+        recorded = set(
+            session.scalars(select(Checkpoint.path).where(Checkpoint.path.in_(leftovers)))
+        )
+        for location in leftovers:
+            if location not in recorded:
                 store.delete(location)
