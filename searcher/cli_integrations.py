@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import subprocess
 import sys
@@ -160,15 +161,33 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
-    """End TensorBoard: SIGTERM, then SIGKILL after :data:`STOP_GRACE_S`."""
+    """End TensorBoard and what it started: SIGTERM, then SIGKILL after :data:`STOP_GRACE_S`.
+
+    TensorBoard starts its data server as a child that exits only when it notices its
+    parent gone; it is ended here too, so nothing outlives the command.
+    """
+    import psutil
+
     if process.poll() is not None:
         return
+    try:
+        children = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        children = []
     process.terminate()
     try:
         process.wait(STOP_GRACE_S)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+    for child in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.terminate()
+    _, alive = psutil.wait_procs(children, timeout=STOP_GRACE_S)
+    for child in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+    psutil.wait_procs(alive, timeout=STOP_GRACE_S)
 
 
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
