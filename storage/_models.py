@@ -458,3 +458,31 @@ class SystemMetric(Base):
     name: Mapped[str] = mapped_column(String(64))
     value: Mapped[float] = mapped_column(Float)
     recorded_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class FusionChoice(Base):
+    """The DDP bucket size ``optimizations.auto_tune_tensor_fusion`` chose for one model shape.
+
+    One row per experiment, model shape (a digest of its parameters' shapes and dtypes)
+    and world size: a later trial of the same search with the same shape and world size
+    uses ``bucket_mb`` instead of probing again. The step times of each size tried are
+    the measuring trial's ``Timing`` rows named ``tensor_fusion_<size>mb``.
+    """
+
+    __tablename__ = "slotsweep_fusion_choices"
+    __table_args__ = (
+        UniqueConstraint("experiment_id", "shape_key", "world_size", name="uq_fusion_choice"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("slotsweep_experiments.id", ondelete="CASCADE")
+    )
+    shape_key: Mapped[str] = mapped_column(String(64))
+    world_size: Mapped[int] = mapped_column(Integer)
+    bucket_mb: Mapped[float] = mapped_column(Float)
+    # The trial whose probes chose it (its timings hold the step times).
+    trial_id: Mapped[int | None] = mapped_column(
+        ForeignKey("slotsweep_trials.id", ondelete="SET NULL")
+    )
+    recorded_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
