@@ -317,6 +317,7 @@ _BOOLEAN_FIELDS: dict[str, dict[str, Any]] = {
     "optimizations.average_training_metrics": {},
     "optimizations.auto_tune_tensor_fusion": {},
     "profiling.enabled": {},
+    "profiling.synthetic_data": {},
 }
 
 

@@ -102,6 +102,10 @@ class ProfilingConfig(ConfigModel):
     system_metrics_interval_s: float = Field(
         default=5.0, gt=0, le=_MAX_SAMPLE_INTERVAL_S, allow_inf_nan=False
     )
+    #: Train on the first batch again and again, already on the device: the input
+    #: pipeline's cost taken out (``slotsweep diagnose`` measures it so; the model
+    #: learns nothing useful this way).
+    synthetic_data: bool = False
 
 
 class PrunerSpec(ConfigModel):

@@ -75,6 +75,17 @@ def timing_name(bucket_mb: float) -> str:
     return f"tensor_fusion_{bucket_mb:g}mb"
 
 
+def exchanged(module: torch.nn.Module) -> tuple[int, int]:
+    """The trained parameters' count and their gradients' bytes (before compression).
+
+    Example:
+        >>> exchanged(torch.nn.Linear(4, 2))
+        (10, 40)
+    """
+    trained = [p for p in module.parameters() if p.requires_grad]
+    return sum(p.numel() for p in trained), sum(p.numel() * p.element_size() for p in trained)
+
+
 def shape_key(module: torch.nn.Module, optimizations: OptimizationsConfig) -> str:
     """A digest of what decides the best size: the trained parameters' shapes and dtypes,
     in order, and the gradient compression (it changes the bytes on the wire)."""
@@ -166,7 +177,15 @@ def tune_tensor_fusion(
     windows: list[TimingWindow] = [
         summarize(timing_name(size), times, 0, 0) for size, times in step_times.items()
     ]
-    recorder.record_fusion_choice(key, world_size, choice, windows)
+    parameters, gradient_bytes = exchanged(module)
+    recorder.record_fusion_choice(
+        key,
+        world_size,
+        choice,
+        windows,
+        parameters=parameters,
+        gradient_bytes=gradient_bytes,
+    )
     if is_chief:
         tried = ", ".join(
             f"{size:g} MB {statistics.median(times) * 1e3:.2f} ms"

@@ -314,7 +314,14 @@ class ChiefRecorder:
         return self.call(lambda: self._transaction(read))
 
     def record_fusion_choice(
-        self, shape_key: str, world_size: int, bucket_mb: float, windows: Sequence[TimingWindow]
+        self,
+        shape_key: str,
+        world_size: int,
+        bucket_mb: float,
+        windows: Sequence[TimingWindow],
+        *,
+        parameters: int,
+        gradient_bytes: int,
     ) -> None:
         """The chosen size for later trials; the probes' step times as this trial's timings.
 
@@ -348,6 +355,8 @@ class ChiefRecorder:
                             shape_key=shape_key,
                             world_size=world_size,
                             bucket_mb=bucket_mb,
+                            parameters=parameters,
+                            gradient_bytes=gradient_bytes,
                             trial_id=self.spec.trial_id,
                         )
                     )

@@ -80,7 +80,14 @@ class Recorder(Protocol):
         ...
 
     def record_fusion_choice(
-        self, shape_key: str, world_size: int, bucket_mb: float, windows: Sequence[TimingWindow]
+        self,
+        shape_key: str,
+        world_size: int,
+        bucket_mb: float,
+        windows: Sequence[TimingWindow],
+        *,
+        parameters: int,
+        gradient_bytes: int,
     ) -> None:
         """The chosen bucket size, and the step times of every size tried (as timings)."""
         ...
@@ -162,7 +169,14 @@ class NoRecorder:
         return None
 
     def record_fusion_choice(
-        self, shape_key: str, world_size: int, bucket_mb: float, windows: Sequence[TimingWindow]
+        self,
+        shape_key: str,
+        world_size: int,
+        bucket_mb: float,
+        windows: Sequence[TimingWindow],
+        *,
+        parameters: int,
+        gradient_bytes: int,
     ) -> None:
         """Nothing: rank 0 records the choice."""
 
