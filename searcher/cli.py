@@ -22,6 +22,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from rich.console import Console
 
+from searcher.diagnose_command import add_parser as add_diagnose_parser
+from searcher.diagnose_command import cmd_diagnose
+
 if TYPE_CHECKING:
     from searcher.api import Experiment
 
@@ -209,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     agents = commands.add_parser("agents", help="agents and resource pools")
     _add_db(agents)
     _add_cluster(agents)
+
+    add_diagnose_parser(commands, (_add_db, _add_cluster, _add_json))
 
     ui = commands.add_parser("ui", help="start the web UI")
     _add_db(ui)
@@ -533,6 +538,7 @@ def _cmd_ui(args: argparse.Namespace) -> int:
 
 _HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": _cmd_run,
+    "diagnose": cmd_diagnose,
     "resume": _cmd_resume,
     "activate": _cmd_resume,
     "continue": _cmd_continue,
