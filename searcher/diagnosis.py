@@ -341,6 +341,7 @@ class Report:
                 "sweep_step_s": {f"{k:g}": asdict(v) for k, v in exchange.sweep.items()},
             },
             "suggestions": [asdict(s) for s in self.suggestions],
+            "step_split_s": step_split(self),
         }
 
 
