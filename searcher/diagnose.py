@@ -18,7 +18,8 @@ run it when the slots are free). The probes (:func:`probe_plan`):
 
 Each throughput probe trains :data:`PROBE_BATCHES` batches timed in windows of
 :data:`WINDOW_BATCHES` (the first window is warm-up and left out); every number is
-given as the median over the windows and their range. The conclusions are
+given as the median over the windows and their range. ``--probes`` runs only some of
+the optional probes (``configured`` and ``synthetic`` always run). The conclusions are
 :mod:`searcher.diagnosis`'s pure functions. The diagnosis is stored in ``--db``
 (``storage.Diagnosis``), linked to the latest experiment of the same name if any.
 
@@ -38,7 +39,10 @@ from typing import Any, TextIO
 
 from rich.console import Console
 from rich.table import Table
+from sqlalchemy import func, select
 
+import searcher.samplers as samplers
+import searcher.space as space
 from searcher.diagnosis import (
     NO_EXCHANGE_AGGREGATION,
     Exchange,
@@ -51,8 +55,23 @@ from searcher.diagnosis import (
     share_removed,
     suggest,
 )
-from searcher.experiments import UsageError
+from searcher.driver import SearchDriver
+from searcher.experiments import UsageError, create_experiment
+from searcher.submission import open_database, validate_run
+from searcher.trial_test import failure_line, first_point, temporary_places
+from storage import (
+    Diagnosis,
+    Experiment,
+    FusionChoice,
+    SystemMetric,
+    Timing,
+    Trial,
+    TrialState,
+    session_scope,
+    upgrade_schema,
+)
 from trials.config import ConstHP, ExperimentConfig, load_config, parse_config
+from trials.executors import load_cluster
 
 PROBE_BATCHES = 60
 WINDOW_BATCHES = 10
@@ -86,8 +105,6 @@ class PlannedProbe:
 def point_of(config: ExperimentConfig, assignments: Sequence[str]) -> dict[str, Any]:
     """Every hyperparameter's value at the probed point: constants, the first point of
     the space, then ``assignments`` (``key=value``, checked as ``enqueue`` checks them)."""
-    import searcher.space as space
-    from searcher.trial_test import first_point
 
     words = dict(first_point(config))
     for word in assignments:
@@ -221,9 +238,6 @@ def diagnose(
     Every probe config is validated against the cluster before the first one runs, so
     an unplaceable size is refused (``Unschedulable``) with nothing started.
     """
-    from searcher.submission import open_database, validate_run
-    from searcher.trial_test import temporary_places
-    from trials.executors import load_cluster
 
     out = out or sys.stderr
     unknown = sorted(set(only) - {*REQUIRED_PROBES, *OPTIONAL_PROBES})
@@ -321,13 +335,6 @@ def build_report(
 
 def _run_probe(planned: PlannedProbe, validated: Any, config_path: Path) -> int:
     """Drive the probe's one-trial search to its end; the trial's id (or ProbeFailed)."""
-    from sqlalchemy import select
-
-    import searcher.samplers as samplers
-    from searcher.driver import SearchDriver
-    from searcher.experiments import create_experiment
-    from searcher.trial_test import failure_line
-    from storage import Trial, TrialState, session_scope
 
     experiment_id = create_experiment(
         planned.config,
@@ -347,9 +354,6 @@ def _run_probe(planned: PlannedProbe, validated: Any, config_path: Path) -> int:
 
 def _probe(planned: PlannedProbe, db_url: str, trial_id: int) -> Probe:
     """A probe's windows (the first left out as warm-up) and mean system metrics."""
-    from sqlalchemy import func, select
-
-    from storage import SystemMetric, Timing, session_scope
 
     with session_scope(db_url) as session:
         rows = session.scalars(select(Timing).where(Timing.trial_id == trial_id)).all()
@@ -368,7 +372,8 @@ def _probe(planned: PlannedProbe, db_url: str, trial_id: int) -> Probe:
     windows = []
     for (start, _), phases in sorted(grouped.items()):
         batches = max((r.count for r in phases if r.name == "train_batch"), default=0)
-        if (start == 0 and len(grouped) > 2) or batches == 0:
+        warm_up = start == 0 and len(grouped) > 2
+        if warm_up or batches == 0:
             continue
         input_s = sum(r.total_s for r in phases if r.name in INPUT_PHASES)
         train_s = sum(r.total_s for r in phases if r.name == "train_batch")
@@ -388,9 +393,6 @@ def _probe(planned: PlannedProbe, db_url: str, trial_id: int) -> Probe:
 
 def _exchange(db_url: str, trial_id: int, config: ExperimentConfig) -> Exchange | None:
     """The bucket sweep's medians and what a step exchanges (the fusion choice's row)."""
-    from sqlalchemy import select
-
-    from storage import FusionChoice, Timing, session_scope
 
     with session_scope(db_url) as session:
         choice = session.scalars(
@@ -402,8 +404,9 @@ def _exchange(db_url: str, trial_id: int, config: ExperimentConfig) -> Exchange 
         if choice is None or not rows:
             return None
         sweep = {
+            # A size's passes are not windowed: its range is median to 95th percentile.
             float(r.name.removeprefix("tensor_fusion_").removesuffix("mb")): Spread(
-                r.p50_s, min(r.p50_s, r.mean_s), r.p95_s
+                r.p50_s, r.p50_s, r.p95_s
             )
             for r in rows
         }
@@ -418,9 +421,6 @@ def _exchange(db_url: str, trial_id: int, config: ExperimentConfig) -> Exchange 
 
 def _store(db_url: str, config: ExperimentConfig, config_path: Path, report: Report) -> int:
     """Record the diagnosis, linked to the latest experiment of the same name; its id."""
-    from sqlalchemy import select
-
-    from storage import Diagnosis, Experiment, session_scope, upgrade_schema
 
     upgrade_schema(db_url)
     with session_scope(db_url) as session:
