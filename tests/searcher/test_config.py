@@ -318,6 +318,7 @@ _BOOLEAN_FIELDS: dict[str, dict[str, Any]] = {
     "optimizations.auto_tune_tensor_fusion": {},
     "profiling.enabled": {},
     "profiling.synthetic_data": {},
+    "checkpoint_storage.async_upload": {},
 }
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from trials.config import NotificationConfig
+
 FittingPolicy = Literal["best", "worst"]
 
 
@@ -123,6 +125,8 @@ class Cluster:
     #: With executor "sbatch": how trials are submitted (the agents are the partition's
     #: nodes, known to validate sizes; Slurm picks the nodes of each job).
     slurm_jobs: SlurmJobSettings | None = None
+    #: Webhooks every search on this cluster posts to (the cluster file's ``notifications``).
+    notifications: tuple[NotificationConfig, ...] = ()
 
     def pool(self, name: str) -> ResourcePool:
         """The pool called ``name``; raises :class:`UnknownPool` listing the pools otherwise."""
