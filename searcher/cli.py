@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from rich.console import Console
 
 import searcher.cli_integrations as cli_integrations
+from searcher.diagnose_command import add_parser as add_diagnose_parser
+from searcher.diagnose_command import cmd_diagnose
 
 if TYPE_CHECKING:
     from searcher.api import Experiment
@@ -213,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     agents = commands.add_parser("agents", help="agents and resource pools")
     _add_db(agents)
     _add_cluster(agents)
+
+    add_diagnose_parser(commands, (_add_db, _add_cluster, _add_json))
 
     ui = commands.add_parser("ui", help="start the web UI")
     _add_db(ui)
@@ -543,6 +547,7 @@ def _cmd_ui(args: argparse.Namespace) -> int:
 
 _HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": _cmd_run,
+    "diagnose": cmd_diagnose,
     "resume": _cmd_resume,
     "activate": _cmd_resume,
     "continue": _cmd_continue,

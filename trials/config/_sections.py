@@ -64,6 +64,9 @@ class OptimizationsConfig(ConfigModel):
     tensor_fusion_threshold: float = Field(
         default=64.0, gt=0, le=_MAX_BUCKET_MB, allow_inf_nan=False
     )
+    #: Determined's name: at the start of training, time a few DDP bucket sizes and keep
+    #: the fastest (instead of ``tensor_fusion_threshold``) for the rest of the trial.
+    auto_tune_tensor_fusion: bool = False
 
 
 class CheckpointStorageConfig(ConfigModel):
@@ -107,6 +110,10 @@ class ProfilingConfig(ConfigModel):
     system_metrics_interval_s: float = Field(
         default=5.0, gt=0, le=_MAX_SAMPLE_INTERVAL_S, allow_inf_nan=False
     )
+    #: Train on the first batch again and again, already on the device: the input
+    #: pipeline's cost taken out (``slotsweep diagnose`` measures it so; the model
+    #: learns nothing useful this way).
+    synthetic_data: bool = False
 
 
 class PrunerSpec(ConfigModel):

@@ -447,17 +447,34 @@ class PyTorchTrialContext(TrialContext):
         """Move ``model`` to this rank's device and, with several ranks, wrap it in DDP.
 
         Returns the model to call in ``train_batch`` (the DDP wrapper when distributed).
+        With ``optimizations.auto_tune_tensor_fusion`` the ranks first time a few DDP
+        bucket sizes on a stand-in of the model and wrap it with the fastest
+        (:mod:`trials.runtime._fusion`).
         """
         model = model.to(self.device)
         self.models.append(model)
         wrapped: torch.nn.Module = model
         if self.distributed.distributed:
             from trials.runtime._ddp import wrap_ddp
+            from trials.runtime._fusion import tune_tensor_fusion
 
+            optimizations = self.spec.optimizations
+            if optimizations.auto_tune_tensor_fusion:
+                bucket_mb = tune_tensor_fusion(
+                    model,
+                    self.device,
+                    optimizations,
+                    self._recorder,
+                    world_size=self.world_size,
+                    is_chief=self.is_chief,
+                )
+                optimizations = optimizations.model_copy(
+                    update={"tensor_fusion_threshold": bucket_mb}
+                )
             wrapped = wrap_ddp(
                 model,
                 self.device,
-                self.spec.optimizations,
+                optimizations,
                 find_unused_parameters=find_unused_parameters,
             )
         self.wrapped_models.append(wrapped)
