@@ -235,3 +235,37 @@ def test_bad_input_and_unplaceable_sizes_are_refused_in_one_line(
     assert main(["diagnose", str(path), "--db", db, "--slots", "1"]) == 2
     assert capsys.readouterr().err == refused and len(refused.strip().splitlines()) == 1
     assert psutil.Process().children(recursive=True) == []
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+def test_probes_on_gpus_report_utilisation_and_memory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On GPU slots (NVML's, no cluster file) every probe carries the GPUs' use and memory."""
+    from tests.gpu import cuda_device_count
+
+    db = f"sqlite:///{tmp_path / 'user.db'}"
+    slots = str(min(2, cuda_device_count()))
+    code = main(
+        [
+            "diagnose",
+            str(_experiment(tmp_path)),
+            "--hparams",
+            "global_batch_size=64",
+            "--slots",
+            slots,
+            "--db",
+            db,
+            "--json",
+            "--probes",
+            "buckets",
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(captured.out)
+    for probe in report["probes"]:
+        system = probe["system"]
+        assert system["gpu_util_percent"] >= 0 and system["gpu_memory_used_gb"] > 0, probe
+    assert psutil.Process().children(recursive=True) == []
