@@ -1,0 +1,110 @@
+"""Searches on a real three-node Ray cluster (``.ci/ray.sh``): the Ray executor end to end.
+
+The driver runs in the root namespace and reaches the cluster through Ray Client; the
+agents are the two worker nodes (2 CPU slots each; the head has none), every attempt
+is a placement group of one bundle per node and one actor per node running that
+node's ``torchrun``, and every rank writes to PostgreSQL on the bridge address.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from storage import Metric, ProcessRole, Trial, TrialProcess, TrialRun, TrialState, session_scope
+from tests.conftest import cli_environment
+from tests.ray_cluster import RayCluster
+from tests.searcher.conftest import (
+    assert_search_consistent,
+    completed_checkpoints,
+    run_cli,
+    run_to_end,
+    start_cli,
+    wait_for,
+    write_experiment,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+
+def _search(tmp_path: Path, **overrides: Any) -> Path:
+    """The digits search with trials of 4 slots (both worker nodes) unless told otherwise."""
+    overrides.setdefault("resources", {"slots_per_trial": 4})
+    return write_experiment(tmp_path / "exp", **overrides)
+
+
+def _env(ray_cluster: RayCluster, tmp_path: Path, **ray: object) -> dict[str, str]:
+    env = cli_environment()
+    env["SLOTSWEEP_CLUSTER"] = str(ray_cluster.cluster_file(tmp_path, **ray))
+    return env
+
+
+def _leftover_actors(ray_cluster: RayCluster) -> list[str]:
+    """The names of slotsweep's actors still alive on the cluster (asked from a new client)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import ray; ray.init(logging_level='ERROR', namespace='slotsweep'); "
+            "print(' '.join(n for n in ray.util.list_named_actors() "
+            "if n.startswith('slotsweep-')))",
+        ],
+        env={**cli_environment(), "RAY_ADDRESS": ray_cluster.address},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.split()
+
+
+def test_a_trial_spans_both_worker_nodes_and_a_size_no_node_shape_holds_is_refused(
+    tmp_path: Path, ray_cluster: RayCluster, ray_database: str
+) -> None:
+    env = _env(ray_cluster, tmp_path)
+    refused = run_cli(
+        [
+            "run",
+            str(_search(tmp_path / "big", resources={"slots_per_trial": 3})),
+            "--db",
+            ray_database,
+        ],
+        env,
+        tmp_path,
+    )
+    assert refused.returncode == 2, refused.stderr
+    # Two worker nodes of 2 CPU slots: sizes 1, 2 (one node) and 4 (both, whole).
+    assert "1, 2, 4" in refused.stderr, refused.stderr
+
+    path = _search(tmp_path, searcher={"max_trials": 1})
+    run_to_end(["run", str(path), "--db", ray_database], env, tmp_path)
+
+    with session_scope(ray_database) as session:
+        (trial,) = session.scalars(select(Trial))
+        assert trial.state == TrialState.COMPLETED, trial.error
+        (run,) = session.scalars(select(TrialRun))
+        assert run.executor == "ray"
+        assert run.external_id == f"slotsweep-{run.launch_token}"
+        assert sorted(a["agent"] for a in run.agents) == ["raynode1", "raynode2"]
+        ranks = list(
+            session.scalars(select(TrialProcess).where(TrialProcess.role == ProcessRole.RANK))
+        )
+        # World size 4 on gloo: two ranks on each worker node, each on its own host.
+        assert sorted(r.rank for r in ranks) == [0, 1, 2, 3]
+        assert {r.host for r in ranks} == {"raynode1", "raynode2"}
+        assert all(r.ended_at is not None for r in ranks)
+        losses = session.scalars(select(Metric).where(Metric.name == "val_loss")).all()
+        assert losses and trial.searcher_metric_value is not None
+    log = Path(str(trial.log_path)).read_text()
+    assert "[rank 3]" in log and "[rank 0]" in log
+    assert re.search(r"NCCL and gloo use network interface \S+", log), log[-2000:]
+    assert not _leftover_actors(ray_cluster)
+    assert_search_consistent(ray_database)
