@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +48,6 @@ def _env(ray_cluster: RayCluster, tmp_path: Path, **ray: object) -> dict[str, st
 
 def _leftover_actors(ray_cluster: RayCluster) -> list[str]:
     """The names of slotsweep's actors still alive on the cluster (asked from a new client)."""
-    import subprocess
-    import sys
-
     done = subprocess.run(
         [
             sys.executable,
@@ -107,4 +106,97 @@ def test_a_trial_spans_both_worker_nodes_and_a_size_no_node_shape_holds_is_refus
     assert "[rank 3]" in log and "[rank 0]" in log
     assert re.search(r"NCCL and gloo use network interface \S+", log), log[-2000:]
     assert not _leftover_actors(ray_cluster)
+    assert_search_consistent(ray_database)
+
+
+def _runs(db: str) -> list[TrialRun]:
+    with session_scope(db) as session:
+        runs = list(
+            session.scalars(select(TrialRun).order_by(TrialRun.trial_id, TrialRun.attempt))
+        )
+        session.expunge_all()
+    return runs
+
+
+def test_a_lost_node_fails_the_attempt_and_the_trial_resumes_on_the_other_node(
+    tmp_path: Path, ray_cluster: RayCluster, ray_database: str
+) -> None:
+    # A short reservation timeout: a restart placed on the lost node before Ray has
+    # marked it dead waits for its placement group that long, then goes back to the queue.
+    env = _env(ray_cluster, tmp_path, reserve_timeout_s=10)
+    path = _search(
+        tmp_path,
+        entrypoint="slow_model:SlowDigitsTrial",
+        resources={"slots_per_trial": 2},
+        searcher={"max_trials": 1, "max_length": {"epochs": 3}},
+    )
+    driver = start_cli(["run", str(path), "--db", ray_database], env, tmp_path)
+    lost = ""
+    try:
+        wait_for(lambda: completed_checkpoints(ray_database) > 0, timeout=300, what="a checkpoint")
+        (run,) = _runs(ray_database)
+        (lost,) = [agent["agent"] for agent in run.agents]
+        ray_cluster.stop_node(lost)
+        out, err = driver.communicate(timeout=600)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        if lost:
+            ray_cluster.start_node(lost)
+    assert driver.returncode == 0, f"{out}\n{err}"
+    runs = _runs(ray_database)
+    with session_scope(ray_database) as session:
+        (trial,) = session.scalars(select(Trial))
+        assert trial.state == TrialState.COMPLETED, trial.error
+        assert trial.restarts == 1
+    finished = runs[-1]
+    assert [agent["agent"] for agent in finished.agents] != [lost]
+    assert finished.restored_from_step, [(r.attempt, r.reason) for r in runs]
+    log = Path(str(trial.log_path)).read_text()
+    assert f"Ray node {lost} lost its actor" in log, log[-3000:]
+    assert_search_consistent(ray_database)
+
+
+def test_resume_ends_a_killed_drivers_actors_and_no_trial_is_lost_or_run_twice(
+    tmp_path: Path, ray_cluster: RayCluster, ray_database: str
+) -> None:
+    env = _env(ray_cluster, tmp_path)
+    path = _search(
+        tmp_path,
+        entrypoint="slow_model:SlowDigitsTrial",
+        resources={"slots_per_trial": 2},
+        searcher={
+            "max_trials": 2,
+            "max_concurrent_trials": 2,
+            "max_length": {"epochs": 2},
+            "pruner": {"name": "none"},
+        },
+    )
+    driver = start_cli(["run", str(path), "--db", ray_database], env, tmp_path)
+    try:
+        wait_for(
+            lambda: completed_checkpoints(ray_database) > 0 and len(_runs(ray_database)) == 2,
+            timeout=300,
+            what="two running trials and a checkpoint",
+        )
+        driver.send_signal(signal.SIGKILL)
+        driver.communicate(timeout=30)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    # Ray would end them itself once the dead driver's client session times out (30 s).
+    assert len(_leftover_actors(ray_cluster)) == 2
+    run_to_end(["resume", "digits-large-batch", "--db", ray_database], env, tmp_path)
+
+    assert not _leftover_actors(ray_cluster)
+    runs = _runs(ray_database)
+    with session_scope(ray_database) as session:
+        trials = list(session.scalars(select(Trial)))
+        assert [t.state for t in trials] == [TrialState.COMPLETED] * 2, [t.error for t in trials]
+    for trial in trials:
+        attempts = [(r.attempt, r.reason or "") for r in runs if r.trial_id == trial.id]
+        # Each attempt 0 was ended by resume; a trial whose ranks had recorded its end
+        # meanwhile is done, any other went on from its checkpoint as attempt 1.
+        assert [attempt for attempt, _ in attempts] in ([0], [0, 1]), attempts
+        assert "driver stopped" in attempts[0][1], attempts
     assert_search_consistent(ray_database)

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trials.executors._base import JobEnding
-from trials.executors._process_rows import mark_processes_ended
+from trials.executors._process_rows import add_torchrun_row, mark_processes_ended
 from trials.executors._ray_node import ClusterProbe, NodeRunner
 from trials.executors._slurm_commands import rendezvous_port
 from trials.executors._slurm_node import IFNAME_ENV_VAR, RDZV_HOST_ENV_VAR, RDZV_NODE_ENV_VAR
@@ -69,6 +69,14 @@ GROUP_PREFIX = "slotsweep-"
 # A node's pin: a sliver of Ray's per-node resource, so the bundle lands on that node.
 _PIN = 0.001
 _CALL_TIMEOUT_S = 30.0
+# Ray Client's server starts a process per driver; on a loaded head that start fails
+# now and then ("Starting Ray client server failed"), and a second try succeeds.
+_CONNECT_TRIES = 3
+_CONNECT_RETRY_S = 2.0
+# How long recording a launch waits for the actors' torchrun to start, to record its
+# pids (Ray starts an actor's worker in a second or two); a later start is still noted
+# in the run's agents when the driver sees it.
+_START_WAIT_S = 10.0
 _GONE_WAIT_S = 15.0
 _USAGE_TTL_S = 2.0
 
@@ -102,16 +110,23 @@ def connect(address: str | None) -> Any:
             "executor ray: no Ray cluster named; set ray.address in the cluster file "
             "(ray://HEAD:10001) or RAY_ADDRESS"
         )
-    try:
-        ray.init(
-            address=address,
-            namespace=RAY_NAMESPACE,
-            logging_level="ERROR",
-            log_to_driver=False,
-        )
-    except Exception as exc:  # Ray raises ConnectionError, RuntimeError, gRPC errors...
-        raise RayError(f"executor ray: cannot connect to {address}: {exc}") from None
-    return ray
+    last: Exception | None = None
+    for attempt in range(_CONNECT_TRIES):
+        if attempt:
+            time.sleep(_CONNECT_RETRY_S)
+        try:
+            ray.init(
+                address=address,
+                namespace=RAY_NAMESPACE,
+                logging_level="ERROR",
+                log_to_driver=False,
+            )
+            return ray
+        except Exception as exc:  # Ray raises ConnectionError, RuntimeError, gRPC errors...
+            last = exc
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+    raise RayError(f"executor ray: cannot connect to {address}: {last}")
 
 
 def group_name(token: str) -> str:
@@ -240,7 +255,7 @@ class RayJob:
             except Exception as exc:  # the node died before its torchrun started
                 self._node_lost(index, exc)
                 continue
-            self.agents[index].update(host=info["host"], slots=info["slots"])
+            self.agents[index].update(info)
         self._started = True
         return True
 
@@ -305,8 +320,23 @@ class RayJob:
         return True
 
     def record(self, session: Session, run: TrialRun) -> None:
+        deadline = time.monotonic() + _START_WAIT_S
+        while not self._started and self._exit is None and time.monotonic() < deadline:
+            if not self._check_started():
+                time.sleep(0.1)
         run.agents = self.describe()
         run.external_id = self.name
+        for agent in run.agents:
+            if agent.get("create_time") is not None:
+                add_torchrun_row(
+                    session,
+                    run,
+                    agent=agent["agent"],
+                    host=agent["host"],
+                    slots=agent["slots"],
+                    pid=agent["pid"],
+                    create_time=agent["create_time"],
+                )
 
     def waiting_reason(self) -> str | None:
         if self._started or self._exit is not None:
@@ -339,16 +369,14 @@ def _end_actors(actors: Sequence[Any], group: Any | None) -> None:
             ray.util.remove_placement_group(group)
 
 
-def _named_actors(token: str) -> list[Any]:
-    """The live actors of the attempt with launch token ``token`` (any driver's)."""
-    ray = _ray()
+def _named_actors(token: str) -> list[str]:
+    """The names of the live actors of the attempt with launch token ``token`` (any driver's)."""
     prefix = f"{group_name(token)}-"
-    found = []
-    for name in ray.util.list_named_actors():
-        if isinstance(name, str) and name.startswith(prefix):
-            with contextlib.suppress(ValueError):  # ended meanwhile
-                found.append(ray.get_actor(name, namespace=RAY_NAMESPACE))
-    return found
+    return [
+        name
+        for name in _ray().util.list_named_actors()
+        if isinstance(name, str) and name.startswith(prefix)
+    ]
 
 
 class RayExecutor:
@@ -448,7 +476,7 @@ class RayExecutor:
             return True
         try:
             gone = self._end_named(run.launch_token, grace_s=grace_s)
-        except RayError:
+        except Exception:  # Ray does not answer (RayError, a timeout): nothing confirmed
             return False
         if gone:
             mark_processes_ended(session, run)
@@ -457,22 +485,15 @@ class RayExecutor:
     def _end_named(self, token: str, *, grace_s: float) -> bool:
         """End the actors and placement group of attempt ``token``; whether none is left."""
         ray = self._connect()
-        actors = _named_actors(token)
-        refs = [actor.terminate.remote(grace_s) for actor in actors]
-        for ref in refs:
-            with contextlib.suppress(Exception):  # dead already, or killed below
-                ray.get(ref, timeout=grace_s + _GONE_WAIT_S)
-        try:
-            group = ray.util.get_placement_group(group_name(token))
-        except ValueError:
-            group = None
-        _end_actors(actors, group)
-        deadline = time.monotonic() + _GONE_WAIT_S
-        while _named_actors(token):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.2)
-        return True
+        if not _named_actors(token):
+            return True
+        left = ray.get(
+            self._probe_actor().end_attempt.remote(
+                f"{group_name(token)}-", RAY_NAMESPACE, grace_s
+            ),
+            timeout=grace_s + 2 * _GONE_WAIT_S + _CALL_TIMEOUT_S,
+        )
+        return not left
 
     def leftovers_gone(self, session: Session, run: TrialRun) -> bool:
         if run.ended_at is not None or not run.launch_token:
@@ -504,6 +525,17 @@ class RayExecutor:
                 lost.add(name)
         return frozenset(lost)
 
+    def _probe_actor(self) -> Any:
+        """This driver's :class:`ClusterProbe` (no CPU, on the head node), started once."""
+        if self._probe is None:
+            self._probe = (
+                self._connect()
+                .remote(ClusterProbe)
+                .options(num_cpus=0, resources={"node:__internal_head__": _PIN})
+                .remote()
+            )
+        return self._probe
+
     def _node_usage(self) -> dict[str, tuple[bool, float]] | None:
         """Each node's (alive, slots others use), asked at most every few seconds."""
         now = time.monotonic()
@@ -511,15 +543,10 @@ class RayExecutor:
             return self._usage[1]
         try:
             ray = self._connect()
-            if self._probe is None:
-                self._probe = (
-                    ray.remote(ClusterProbe)
-                    .options(num_cpus=0, resources={"node:__internal_head__": _PIN})
-                    .remote()
-                )
             resource = _slot_resource(bool(self.cluster is not None and self.cluster.gpu_slots))
             usage: dict[str, tuple[bool, float]] = ray.get(
-                self._probe.node_usage.remote(GROUP_PREFIX, resource), timeout=_CALL_TIMEOUT_S
+                self._probe_actor().node_usage.remote(GROUP_PREFIX, resource),
+                timeout=_CALL_TIMEOUT_S,
             )
         except Exception:
             self._probe = None

@@ -63,7 +63,7 @@ class NodeRunner:
         slots: Sequence[int],
         gpu_slots: bool,
     ) -> dict[str, Any]:
-        """Start ``torchrun`` (its arguments) on this node; where it runs (host, pid, slots).
+        """Start ``torchrun`` (its arguments) on this node; where it runs (host, pid, slots...).
 
         ``slots`` are the placement's slots of this node; with GPU slots the bundle's
         GPUs (what Ray put in ``CUDA_VISIBLE_DEVICES``) are the slots the ranks record.
@@ -94,7 +94,18 @@ class NodeRunner:
         if self._start_error is not None:
             raise RuntimeError(self._start_error)
         assert self._process is not None
-        return {"host": address, "pid": self._process.pid, "slots": given}
+        import psutil
+
+        try:
+            create_time = psutil.Process(self._process.pid).create_time()
+        except psutil.Error:
+            create_time = None  # exited at once: its exit code tells the rest
+        return {
+            "host": address,
+            "pid": self._process.pid,
+            "create_time": create_time,
+            "slots": given,
+        }
 
     def _run(self, argv: list[str], env: dict[str, str], cwd: str) -> None:
         """Start ``torchrun`` from this thread, then read its output until it exits."""
@@ -181,3 +192,41 @@ class ClusterProbe:
             if node["Alive"] or node["NodeManagerAddress"] not in usage:
                 usage[node["NodeManagerAddress"]] = (bool(node["Alive"]), foreign)
         return usage
+
+    def end_attempt(self, prefix: str, namespace: str, grace_s: float) -> list[str]:
+        """End the actors named ``prefix*`` (``torchrun`` first, ``grace_s``) and their group.
+
+        Done here, inside the cluster: a Ray Client driver cannot call methods on the
+        handle of an actor another driver created. Returns the names still alive.
+        """
+        import contextlib
+
+        import ray
+
+        def named() -> list[str]:
+            return [
+                entry["name"]
+                for entry in ray.util.list_named_actors(all_namespaces=True)
+                if entry["namespace"] == namespace and entry["name"].startswith(prefix)
+            ]
+
+        handles: list[Any] = []
+        for name in named():
+            with contextlib.suppress(ValueError):  # ended meanwhile
+                handles.append(ray.get_actor(name, namespace=namespace))
+        endings: list[Any] = [handle.terminate.remote(grace_s) for handle in handles]
+        for ending in endings:
+            with contextlib.suppress(Exception):  # a dead actor took its torchrun with it
+                ray.get(ending, timeout=grace_s + 15)
+        for handle in handles:
+            with contextlib.suppress(Exception):
+                ray.kill(handle, no_restart=True)
+        group = prefix.rstrip("-")
+        with contextlib.suppress(Exception):  # no such group (left already)
+            ray.util.remove_placement_group(ray.util.get_placement_group(group))
+        deadline = time.monotonic() + 15
+        left = named()
+        while left and time.monotonic() < deadline:
+            time.sleep(0.2)
+            left = named()
+        return left
