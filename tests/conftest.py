@@ -53,6 +53,9 @@ _SHARED_SESSION_FIXTURES = {
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
+        if "ray" in getattr(getattr(item, "callspec", None), "params", {}).values():
+            # A test parametrized on the Ray executor asks for the Ray cluster at run time.
+            fixtures.add("ray_cluster")
         group = next(
             (group for name, group in _SHARED_SESSION_FIXTURES.items() if name in fixtures), None
         )

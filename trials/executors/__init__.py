@@ -115,7 +115,7 @@ def reach_problem(executor: Executor, pool: ResourcePool) -> str | None:
         >>> from trials.scheduler import Agent, ResourcePool
         >>> pool = ResourcePool("default", (Agent("a", "gpu-7", (0,)),))
         >>> print(reach_problem(LocalExecutor(), pool))
-        cluster: agent 'a' of resource pool 'default' is on host 'gpu-7'; the local executor starts trials on this machine only (its agents' host: localhost, 127.0.0.1 or this machine's name); run slotsweep on that host, or use executor: slurm
+        cluster: agent 'a' of resource pool 'default' is on host 'gpu-7'; the local executor starts trials on this machine only (its agents' host: localhost, 127.0.0.1 or this machine's name); run slotsweep on that host, or use executor: slurm or executor: ray
     """
     if executor.remote:
         return None
@@ -125,6 +125,6 @@ def reach_problem(executor: Executor, pool: ResourcePool) -> str | None:
                 f"cluster: agent '{agent.name}' of resource pool '{pool.name}' is on host "
                 f"'{agent.host}'; the {executor.name} executor starts trials on this machine "
                 "only (its agents' host: localhost, 127.0.0.1 or this machine's name); run "
-                "slotsweep on that host, or use executor: slurm"
+                "slotsweep on that host, or use executor: slurm or executor: ray"
             )
     return None
