@@ -18,7 +18,17 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from storage import Metric, ProcessRole, Trial, TrialProcess, TrialRun, TrialState, session_scope
+from storage import (
+    Allocation,
+    Metric,
+    ProcessRole,
+    Trial,
+    TrialProcess,
+    TrialRun,
+    TrialState,
+    WarmJob,
+    session_scope,
+)
 from tests.conftest import cli_environment
 from tests.ray_cluster import RayCluster
 from tests.searcher.conftest import (
@@ -65,7 +75,7 @@ def _leftover_actors(ray_cluster: RayCluster) -> list[str]:
     return done.stdout.split()
 
 
-def test_a_trial_spans_both_worker_nodes_and_a_size_no_node_shape_holds_is_refused(
+def test_trials_span_both_worker_nodes_on_one_warm_job_and_a_size_no_node_holds_is_refused(
     tmp_path: Path, ray_cluster: RayCluster, ray_database: str
 ) -> None:
     env = _env(ray_cluster, tmp_path)
@@ -83,26 +93,37 @@ def test_a_trial_spans_both_worker_nodes_and_a_size_no_node_shape_holds_is_refus
     # Two worker nodes of 2 CPU slots: sizes 1, 2 (one node) and 4 (both, whole).
     assert "1, 2, 4" in refused.stderr, refused.stderr
 
-    path = _search(tmp_path, searcher={"max_trials": 1})
+    # Two trials on one warm job: its ranks (across both nodes, one process group over
+    # the bridge) run the second trial too.
+    path = _search(
+        tmp_path,
+        resources={"slots_per_trial": 4, "reuse_workers": True},
+        searcher={"max_trials": 2, "pruner": {"name": "none"}},
+    )
     run_to_end(["run", str(path), "--db", ray_database], env, tmp_path)
 
     with session_scope(ray_database) as session:
-        (trial,) = session.scalars(select(Trial))
-        assert trial.state == TrialState.COMPLETED, trial.error
-        (run,) = session.scalars(select(TrialRun))
-        assert run.executor == "ray"
-        assert run.external_id == f"slotsweep-{run.launch_token}"
-        assert sorted(a["agent"] for a in run.agents) == ["raynode1", "raynode2"]
+        trials = list(session.scalars(select(Trial).order_by(Trial.id)))
+        assert [t.state for t in trials] == [TrialState.COMPLETED] * 2, [t.error for t in trials]
+        assert all(t.searcher_metric_value is not None for t in trials)
+        runs = list(session.scalars(select(TrialRun).order_by(TrialRun.id)))
+        assert len(runs) == 2 and len({r.launch_token for r in runs}) == 1
+        assert {r.executor for r in runs} == {"ray"}
+        assert {r.external_id for r in runs} == {f"slotsweep-{runs[0].launch_token}"}
+        assert sorted(a["agent"] for a in runs[0].agents) == ["raynode1", "raynode2"]
+        (job,) = session.scalars(select(WarmJob))
+        assert job.trials_run == 2 and job.ended_at is not None
         ranks = list(
             session.scalars(select(TrialProcess).where(TrialProcess.role == ProcessRole.RANK))
         )
         # World size 4 on gloo: two ranks on each worker node, each on its own host.
-        assert sorted(r.rank for r in ranks) == [0, 1, 2, 3]
+        assert sorted({r.rank for r in ranks}) == [0, 1, 2, 3]
         assert {r.host for r in ranks} == {"raynode1", "raynode2"}
         assert all(r.ended_at is not None for r in ranks)
-        losses = session.scalars(select(Metric).where(Metric.name == "val_loss")).all()
-        assert losses and trial.searcher_metric_value is not None
-    log = Path(str(trial.log_path)).read_text()
+        assert session.scalars(select(Metric).where(Metric.name == "val_loss")).first()
+        # The job's slots left the ledger with it.
+        assert not session.scalars(select(Allocation)).first()
+    log = Path(str(trials[0].log_path)).read_text()
     assert "[rank 3]" in log and "[rank 0]" in log
     assert re.search(r"NCCL and gloo use network interface \S+", log), log[-2000:]
     assert not _leftover_actors(ray_cluster)
