@@ -8,6 +8,8 @@ Example:
     $ slotsweep list
     $ slotsweep describe 3 --json
     $ slotsweep continue 3 --more-trials 8
+    $ slotsweep tensorboard 3
+    $ slotsweep export mlflow 3 --tracking-uri http://127.0.0.1:5000
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from rich.console import Console
+
+import searcher.cli_integrations as cli_integrations
 
 if TYPE_CHECKING:
     from searcher.api import Experiment
@@ -215,6 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     ui.add_argument(
         "--port", type=_int_in("--port", 1, _MAX_PORT), default=8501, help="port (default 8501)"
+    )
+    cli_integrations.add_commands(
+        commands,
+        add_db=_add_db,
+        add_experiment=_add_experiment,
+        port=_int_in("--port", 1, _MAX_PORT),
     )
     return parser
 
@@ -544,6 +554,7 @@ _HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "task": _cmd_task,
     "agents": _cmd_agents,
     "ui": _cmd_ui,
+    **cli_integrations.HANDLERS,
 }
 
 

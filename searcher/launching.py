@@ -13,13 +13,16 @@ starts no process: the job's running ranks take its spec from the job's row.
 Two attempts of a trial never overlap: an earlier one not confirmed gone raises
 :class:`EarlierAttemptRunning` and the trial waits.
 
+A launch that raised is settled here too (:func:`settle_failed_launch`): a trial that
+started nothing goes back to the pending queue (a :class:`~searcher.decisions.Requeue`),
+one whose launch failed for good is failed. When a transient database error stops the
+launches, the placements not tried yet give their claims back (:func:`release_claims`).
+
 The running attempts use it so (this starts processes, so it is not run as an
 example; the end-to-end tests run it)::
 
     starter = AttemptStarter(ctx, warm)
-    attempt = starter.record(trial_id, placement)
-    starter.log_start(attempt, placement)
-    job = starter.start_processes(attempt, placement)
+    attempt, job = starter.start(trial_id, placement)
 """
 
 from __future__ import annotations
@@ -27,13 +30,17 @@ from __future__ import annotations
 import json
 import uuid
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from searcher.driver_context import DriverContext
+from searcher.decisions import Decision, Requeue
+from searcher.driver_context import DriverContext, driver_log
+from searcher.outcomes import Outcomes
+from searcher.placement import Placed
 from searcher.runtime_spec import build_runtime_spec
 from searcher.study_side import missing_hparams
 from searcher.warm import IdleJob, IdleWarmJobs
@@ -43,6 +50,7 @@ from storage import (
     Trial,
     TrialRun,
     TrialState,
+    is_transient_error,
     retry_transient,
     session_scope,
     utcnow,
@@ -88,6 +96,50 @@ class AttemptStarter:
         self.ctx = ctx
         #: This driver's idle warm jobs: an attempt reserved one runs on its ranks.
         self.warm = warm
+
+    def start(self, trial_id: int, placement: ClaimedPlacement | None) -> tuple[Attempt, TrialJob]:
+        """Record, log and start the trial's next attempt; returns it and the job that runs it.
+
+        An attempt on an idle warm job starts no process: the job is taken from the idle
+        ones, and its running ranks take the attempt.
+        """
+        attempt = self.record(trial_id, placement)
+        self.log_start(attempt, placement)
+        if attempt.idle is not None:
+            # The ranks are running: rank 0 takes the spec from the job's row.
+            self.warm.take(attempt.idle.job_id)
+            return attempt, attempt.idle.job
+        return attempt, self.start_processes(attempt, placement)
+
+    def check_reserved_job(self, trial_id: int, warm_runs: Mapping[int, int | None]) -> int | None:
+        """Make sure a warm job reserved for ``trial_id`` is one this driver holds idle.
+
+        ``warm_runs`` maps the run of each attempt this driver runs to its warm job. A
+        decision may reserve a job whose trial handed it back after this tick's reap: the
+        run that handed it back is returned, for its hand-back to be recorded now, and
+        the trial goes onto the job. A job that no attempt of this driver ran (a new
+        driver ends every warm job left before it starts anything) is asked to end, and
+        the trial waits until its slots are freed (:class:`EarlierAttemptRunning`).
+        """
+        with session_scope(self.ctx.db_url) as session:
+            warm = warm_jobs.reserved_job(session, trial_id)
+            if warm is None or warm.id in self.warm:
+                return None
+            handed_back = next(
+                (
+                    run_id
+                    for run_id, job_id in warm_runs.items()
+                    if job_id == warm.id and warm.current_run_id != run_id
+                ),
+                None,
+            )
+            if handed_back is None:
+                warm_jobs.request_end(session, warm.id, "its driver does not run it")
+        if handed_back is not None:
+            return handed_back
+        raise EarlierAttemptRunning(
+            f"trial {trial_id} waits: the warm job reserved for it is ending"
+        )
 
     def record(self, trial_id: int, placement: ClaimedPlacement | None) -> Attempt:
         """Confirm the claim and write the attempt's run row, before any process starts."""
@@ -257,6 +309,52 @@ class AttemptStarter:
             assert trial is not None
             trial.state = TrialState.QUEUED
         raise ClaimLostError(trial_id, placement)
+
+
+def settle_failed_launch(
+    ctx: DriverContext, outcomes: Outcomes, placed: Placed, exc: Exception
+) -> list[Decision] | None:
+    """What becomes of the trial whose launch raised ``exc``; None for a transient error.
+
+    A claim lost between the decision and the launch, or an earlier attempt still
+    running, started nothing: the trial waits for a new placement (a
+    :class:`~searcher.decisions.Requeue`). A transient database error returns None: nothing
+    was started (the run's row comes first), and the caller retries the tick. Any other
+    failure releases the slots and fails the trial.
+    """
+    if isinstance(exc, ClaimLostError):
+        # This driver was stopped between the decision and the launch, and the
+        # claim was reclaimed (or released by a resume) meanwhile: the slots may be
+        # another trial's now. Nothing started; the trial waits for a new placement.
+        driver_log.warning("%s; nothing started, the trial waits for a new placement", exc)
+        assert placed.placement is not None
+        with session_scope(ctx.db_url) as session:
+            slot_ledger.release_claim(session, placed.trial_id, placed.placement.token)
+        return [Requeue(trial_id=placed.trial_id, slots=placed.slots)]
+    if isinstance(exc, EarlierAttemptRunning):
+        # Not a failure of the trial: it waits, its slots go back meanwhile.
+        driver_log.warning("%s", exc)
+        with session_scope(ctx.db_url) as session:
+            slot_ledger.release(session, placed.trial_id)
+        return [Requeue(trial_id=placed.trial_id, slots=placed.slots)]
+    if is_transient_error(exc):
+        return None
+    with session_scope(ctx.db_url) as session:
+        slot_ledger.release(session, placed.trial_id)
+        trial = session.get(Trial, placed.trial_id)
+        assert trial is not None
+        outcomes.launch_failed(trial, exc)
+    return []
+
+
+def release_claims(ctx: DriverContext, placed: Sequence[Placed]) -> None:
+    """Give back the slots claimed for ``placed``, whose launches were not tried."""
+    claimed = [each.trial_id for each in placed if each.placement is not None]
+    if not claimed:
+        return
+    with session_scope(ctx.db_url) as session:
+        for trial_id in claimed:
+            slot_ledger.release(session, trial_id)
 
 
 def _warn_dropped_samples(ctx: DriverContext, trial: Trial, attempt: int) -> None:

@@ -5,23 +5,23 @@ cluster's, not this driver's: each tick writes this experiment's waiting trials 
 the shared queue table and runs one placement decision over every experiment's
 waiting trials (:func:`trials.coordination.cluster_queue.decide`, one decision at a time under
 the database's lock), which claims the slots of whatever it places in the shared
-ledger (:mod:`trials.coordination.allocations`, leased). This driver then starts the trials placed
-for its own experiment; a launch that fails for good gives the slots back and fails
-the trial, and one whose claim was lost meanwhile (this driver was stopped past its
-lease) starts nothing and waits for a new placement.
+ledger (:mod:`trials.coordination.allocations`, leased). :meth:`PendingQueue.place` takes the
+trials placed for this experiment off the queue and returns their placements, in the
+decision's order; the launching step (:meth:`searcher.running.RunningTrials.launch`)
+starts them, and a trial that could not start comes back here as a
+:class:`~searcher.decisions.Requeue`.
 
-Example (the driver passes :meth:`RunningTrials.launch <searcher.running.RunningTrials.launch>`,
-which starts the trial's processes; this ``launch`` only shows what it is handed):
+Example (the driver hands the placements to
+:meth:`RunningTrials.launch <searcher.running.RunningTrials.launch>`, which starts the
+trials' processes):
 
-    >>> from searcher.control import Control, claim_ownership
-    >>> from searcher.outcomes import Outcomes
-    >>> from searcher.study_side import TellQueue
+    >>> from searcher.control import claim_ownership
     >>> claim_ownership(ctx)  # the queue of an experiment without a driver is dropped
     >>> pending = PendingQueue(ctx)
     >>> pending.queue(trial)
-    >>> def launch(trial_id, placement):
-    ...     print(trial_id, [(part.agent.name, part.slots) for part in placement.agents])
-    >>> pending.place(launch, Outcomes(ctx, TellQueue(), Control()))
+    >>> for placed in pending.place():
+    ...     agents = placed.placement.agents if placed.placement else ()
+    ...     print(placed.trial_id, [(part.agent.name, part.slots) for part in agents])
     1 [('local', (0, 1))]
     >>> len(pending)
     0
@@ -29,20 +29,25 @@ which starts the trial's processes; this ``launch`` only shows what it is handed
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from searcher.driver_context import DriverContext, driver_log
-from searcher.launching import EarlierAttemptRunning
-from storage import Trial, is_transient_error, session_scope
+from searcher.driver_context import DriverContext
+from storage import Trial, session_scope
 from trials.coordination import allocations as slot_ledger
 from trials.coordination import cluster_queue
-from trials.coordination.allocations import ClaimedPlacement, ClaimLostError
+from trials.coordination.allocations import ClaimedPlacement
 from trials.coordination.attempts import trial_processes_gone
 
-if TYPE_CHECKING:
-    from searcher.outcomes import Outcomes
+
+@dataclass(frozen=True)
+class Placed:
+    """A trial the placement decision placed, taken off the pending queue to be launched."""
+
+    trial_id: int
+    #: The trial's ``slots_per_trial`` (it is queued again with them if it cannot start).
+    slots: int
+    #: Its claimed slots; None where the executor's cluster engine places trials.
+    placement: ClaimedPlacement | None
 
 
 @dataclass
@@ -84,25 +89,25 @@ class PendingQueue:
             )
         )
 
-    def place(
-        self, launch: Callable[[int, ClaimedPlacement | None], None], outcomes: Outcomes
-    ) -> None:
-        """Start every pending trial that the cluster's placement decision placed.
+    def place(self) -> list[Placed]:
+        """Take off the queue every pending trial that the cluster's placement decision placed.
 
         The decision (one at a time, over every experiment's queue) claims the slots;
-        ``launch(trial_id, placement)`` then starts each trial of this experiment it
-        placed. A launch that failed transiently is queued again (the error propagates:
-        the tick is retried); any other failure releases the slots and fails the trial.
+        the placements come back in the decision's order, for the launching step
+        (:meth:`searcher.running.RunningTrials.launch`) to start. A trial the decision
+        placed that no longer waits here (it ended while queued) gets its slots back.
         """
         if not self._pending:
-            return
+            return []
         ctx = self.ctx
         if ctx.executor.places_trials:
             # The cluster engine (Slurm) places them and keeps its own ledger.
-            for pending in sorted(self._pending, key=lambda p: (p.priority, p.order)):
-                self._pending.remove(pending)
-                self._start(pending, None, launch, outcomes)
-            return
+            engine_places = [
+                Placed(p.trial_id, p.slots, None)
+                for p in sorted(self._pending, key=lambda p: (p.priority, p.order))
+            ]
+            self._pending.clear()
+            return engine_places
         resources = ctx.config.resources
         # A lost or drained node takes no trial until its executor has it back.
         down = ctx.executor.unavailable_agents([agent.name for agent in ctx.pool.agents])
@@ -121,7 +126,7 @@ class PendingQueue:
                     for p in self._pending
                 ],
             )
-            placed = cluster_queue.decide(
+            decided = cluster_queue.decide(
                 session,
                 ctx.pool,
                 experiment_id=ctx.experiment_id,
@@ -129,58 +134,16 @@ class PendingQueue:
                 processes_gone=lambda trial_id: trial_processes_gone(session, trial_id),
                 unavailable_agents=down,
             )
-        for position, (trial_id, placement) in enumerate(placed):
-            waiting = next((p for p in self._pending if p.trial_id == trial_id), None)
-            if waiting is None:
+        waiting = {p.trial_id: p for p in self._pending}
+        placed: list[Placed] = []
+        for trial_id, placement in decided:
+            pending = waiting.pop(trial_id, None)
+            if pending is None:
                 # Not waiting here any more (ended while queued): its slots go back.
                 with session_scope(ctx.db_url) as session:
                     slot_ledger.release(session, trial_id)
                 continue
-            self._pending.remove(waiting)
-            try:
-                self._start(waiting, placement, launch, outcomes)
-            except BaseException:
-                # The tick is retried: the trials placed after this one wait again,
-                # without the slots claimed for them.
-                with session_scope(ctx.db_url) as session:
-                    for later_id, _ in placed[position + 1 :]:
-                        slot_ledger.release(session, later_id)
-                raise
-
-    def _start(
-        self,
-        pending: _Pending,
-        placement: ClaimedPlacement | None,
-        launch: Callable[[int, ClaimedPlacement | None], None],
-        outcomes: Outcomes,
-    ) -> None:
-        """``launch`` one trial whose slots are claimed (or left to the cluster engine)."""
-        ctx = self.ctx
-        try:
-            launch(pending.trial_id, placement)
-        except ClaimLostError as exc:
-            # This driver was stopped between the decision and the launch, and the
-            # claim was reclaimed (or released by a resume) meanwhile: the slots may be
-            # another trial's now. Nothing started; the trial waits for a new placement.
-            driver_log.warning("%s; nothing started, the trial waits for a new placement", exc)
-            assert placement is not None
-            with session_scope(ctx.db_url) as session:
-                slot_ledger.release_claim(session, pending.trial_id, placement.token)
-            self._pending.append(pending)
-        except EarlierAttemptRunning as exc:
-            # Not a failure of the trial: it waits, its slots go back meanwhile.
-            driver_log.warning("%s", exc)
-            with session_scope(ctx.db_url) as session:
-                slot_ledger.release(session, pending.trial_id)
-            self._pending.append(pending)
-        except Exception as exc:
-            if is_transient_error(exc):
-                # Nothing was started (the run's row comes first); the next tick
-                # claims the slots again.
-                self._pending.append(pending)
-                raise
-            with session_scope(ctx.db_url) as session:
-                slot_ledger.release(session, pending.trial_id)
-                trial = session.get(Trial, pending.trial_id)
-                assert trial is not None
-                outcomes.launch_failed(trial, exc)
+            placed.append(Placed(trial_id, pending.slots, placement))
+        # Taken off only now: a database error above leaves every trial waiting here.
+        self._pending = [p for p in self._pending if p.trial_id in waiting]
+        return placed

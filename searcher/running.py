@@ -15,17 +15,18 @@ kills them all. :func:`end_leftovers` ends what a dead driver left running.
 Two attempts of a trial never overlap, and an attempt's slots go back to the ledger
 only once its processes are confirmed gone.
 
-The driver's tick uses it so (``launch`` starts the attempt's processes, so this is
+The driver's tick uses it so (``launch`` starts the attempts' processes, so this is
 not run as an example; the end-to-end tests run it)::
 
     running = RunningTrials(ctx, outcomes)
-    running.launch(trial_id, placement)
     decisions = running.reap()
+    decisions = running.launch(pending.place())
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,11 +34,17 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from searcher.control import Control, Stop
-from searcher.decisions import Decision
+from searcher.decisions import Decision, Requeue
 from searcher.driver_context import DriverContext, driver_log
 from searcher.experiments import UsageError
-from searcher.launching import Attempt, AttemptStarter, EarlierAttemptRunning
+from searcher.launching import (
+    Attempt,
+    AttemptStarter,
+    release_claims,
+    settle_failed_launch,
+)
 from searcher.outcomes import Outcomes
+from searcher.placement import Placed
 from searcher.warm import IdleJob, IdleWarmJobs
 from storage import (
     FENCED_EXIT_CODE,
@@ -51,7 +58,6 @@ from storage import (
 )
 from trials.coordination import allocations as slot_ledger
 from trials.coordination import warm_jobs
-from trials.coordination.allocations import ClaimedPlacement
 from trials.coordination.attempts import end_run, open_runs, request_stop
 from trials.executors import TrialJob, mark_processes_ended
 from trials.launch.launcher import write_log_line
@@ -88,9 +94,7 @@ class _Running:
     warm_job_id: int | None = None
 
 
-def _running(
-    attempt: Attempt, job: TrialJob, warm_job_id: int | None, waiting: str | None = None
-) -> _Running:
+def _running(attempt: Attempt, job: TrialJob, waiting: str | None) -> _Running:
     """The started ``attempt`` as a running one, its processes ``job``."""
     return _Running(
         trial_id=attempt.trial_id,
@@ -101,7 +105,7 @@ def _running(
         started=time.monotonic(),
         run_id=attempt.run_id,
         waiting=waiting,
-        warm_job_id=warm_job_id,
+        warm_job_id=attempt.warm_job_id,
     )
 
 
@@ -127,57 +131,58 @@ class RunningTrials:
         return bool(self.warm)
 
     # ----------------------------------------------------------------- starting
-    def launch(self, trial_id: int, placement: ClaimedPlacement | None) -> None:
-        """Start the trial's next attempt on ``placement`` (its slots are claimed).
+    def launch(self, placed: Sequence[Placed]) -> list[Decision]:
+        """Start each placed trial's next attempt, in order; returns what the launches decided.
 
-        ``placement`` is None for an executor whose cluster engine places trials
-        (``executor.places_trials``): the attempt is submitted there and waits in
-        that engine's queue until it starts. Raises
-        :class:`~trials.coordination.allocations.ClaimLostError`, having recorded and started
-        nothing, when the claim behind ``placement`` no longer holds.
+        A trial that started nothing (its claim was lost, or an earlier attempt still
+        runs) goes back to the queue; one whose launch failed is failed, its slots
+        released (:func:`~searcher.launching.settle_failed_launch`). A transient database
+        error stops the launches and propagates (the tick is retried): that trial and the
+        later ones go back to the queue, the later ones without their claims, and what was
+        decided waits in :meth:`take_decisions` for the next tick.
         """
-        self._check_reserved_job(trial_id)
-        attempt = self.starter.record(trial_id, placement)
-        self.starter.log_start(attempt, placement)
-        if attempt.idle is not None:
-            # The ranks are running: rank 0 takes the spec from the job's row.
-            self.warm.take(attempt.idle.job_id)
-            self._running[trial_id] = _running(attempt, attempt.idle.job, attempt.idle.job_id)
-            return
-        job = self.starter.start_processes(attempt, placement)
-        running = _running(attempt, job, attempt.warm_job_id, waiting=job.waiting_reason())
-        self._running[trial_id] = running
-        if running.waiting:
-            write_log_line(attempt.log_path, running.waiting)
+        for position, each in enumerate(placed):
+            try:
+                self._launch_one(each)
+            except BaseException:
+                # The tick is retried: the trials placed after this one wait again,
+                # without the slots claimed for them.
+                later = placed[position + 1 :]
+                self._decided += [Requeue(trial_id=p.trial_id, slots=p.slots) for p in later]
+                release_claims(self.ctx, later)
+                raise
+        return self.take_decisions()
 
-    def _check_reserved_job(self, trial_id: int) -> None:
-        """Make sure a warm job reserved for ``trial_id`` is one this driver holds idle.
+    def _launch_one(self, placed: Placed) -> None:
+        """Start one placed trial's next attempt; settle a launch that raised (:meth:`launch`).
 
-        A decision may reserve a job whose trial handed it back after this tick's reap:
-        that hand-back is recorded now, and the trial goes onto the job. A job that no
-        attempt of this driver ran (a new driver ends every warm job left before it
-        starts anything) is asked to end, and the trial waits until its slots are freed.
+        Its placement is None for an executor whose cluster engine places trials
+        (``executor.places_trials``): the attempt is submitted there and waits in that
+        engine's queue until it starts.
         """
-        with session_scope(self.ctx.db_url) as session:
-            warm = warm_jobs.reserved_job(session, trial_id)
-            if warm is None or warm.id in self.warm:
-                return
-            handed_back = next(
-                (
-                    running
-                    for running in self._running.values()
-                    if running.warm_job_id == warm.id and warm.current_run_id != running.run_id
-                ),
-                None,
+        trial_id = placed.trial_id
+        try:
+            on_warm = {r.run_id: r for r in self._running.values() if r.warm_job_id is not None}
+            handed_back = self.starter.check_reserved_job(
+                trial_id, {run_id: r.warm_job_id for run_id, r in on_warm.items()}
             )
-            if handed_back is None:
-                warm_jobs.request_end(session, warm.id, "its driver does not run it")
-        if handed_back is not None:
-            self._record_hand_back(handed_back)
-            return
-        raise EarlierAttemptRunning(
-            f"trial {trial_id} waits: the warm job reserved for it is ending"
-        )
+            if handed_back is not None:
+                self._record_hand_back(on_warm[handed_back])
+            attempt, job = self.starter.start(trial_id, placed.placement)
+            running = _running(
+                attempt, job, None if attempt.idle is not None else job.waiting_reason()
+            )
+            self._running[trial_id] = running
+            if running.waiting:
+                write_log_line(attempt.log_path, running.waiting)
+        except Exception as exc:
+            settled = settle_failed_launch(self.ctx, self.outcomes, placed, exc)
+            if settled is None:
+                # Nothing was started (the run's row comes first); the next tick
+                # claims the slots again.
+                self._decided.append(Requeue(trial_id=trial_id, slots=placed.slots))
+                raise
+            self._decided += settled
 
     def revalidate(self) -> None:
         """After this driver was stopped past its lease: end attempts whose slots were reclaimed.

@@ -48,6 +48,7 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 
 from searcher.experiments import UsageError, find_experiment
+from searcher.integrations import integration_problem
 from searcher.preflight import check_entrypoint
 from searcher.relocation import NO_RELOCATION, Relocation, missing_folder
 from storage import (
@@ -265,6 +266,7 @@ def _checked(
         check_schedulable(pool, slots)
     _refuse(executor_problem(executor, config))
     _refuse(reach_problem(executor, pool))
+    _refuse(integration_problem(config))
     return ValidatedRun(
         config=config,
         cluster=cluster,

@@ -27,6 +27,7 @@ from storage import Checkpoint, CheckpointState, Experiment, Trial, TrialState
 from trials.config import read_stored_config
 from trials.coordination.cluster_queue import queue_view, waiting_reason
 from trials.labels import trial_label
+from trials.numbers import significant
 
 if TYPE_CHECKING:
     from trials.coordination.allocations import SlotHolder
@@ -49,7 +50,7 @@ def format_value(value: object) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return significant(value)
     return str(value)
 
 

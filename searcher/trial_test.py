@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from searcher.failures import FailureRecord
+from searcher.tables import format_value
 from trials.config import ConfigError, ConstHP, ExperimentConfig, load_config, parse_config
 
 if TYPE_CHECKING:
@@ -247,7 +248,7 @@ class _TestRun:
         if not values:
             _say(self.out, "validation", "FAILED", f"no '{metric}' was reported", None)
             return None
-        _say(self.out, "validation", "ok", f"{metric}={values[-1].value:.4g}", None)
+        _say(self.out, "validation", "ok", f"{metric}={format_value(values[-1].value)}", None)
         if checkpoint is None:
             _say(self.out, "checkpoint", "FAILED", "no checkpoint was written", None)
             return None

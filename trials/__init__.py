@@ -12,7 +12,7 @@ checkpoint storage and retention, GPU detection) import none of them; every sub-
 each rank keeps heavy imports (Optuna, SQLAlchemy) lazy so a trial starts fast.
 """
 
-from trials.checkpoint_storage import CheckpointStorageError, store_for
+from trials.checkpoint_storage import CheckpointStorageError, store_for, trial_checkpoint_dir
 from trials.config import (
     CheckpointStorageConfig,
     Length,
@@ -39,4 +39,5 @@ __all__ = [
     "is_url",
     "per_slot_batch_size",
     "store_for",
+    "trial_checkpoint_dir",
 ]

@@ -23,10 +23,10 @@ from sqlalchemy import select, update
 
 from searcher import control
 from searcher.control import Control
-from searcher.decisions import apply_decisions
+from searcher.decisions import Requeue, apply_decisions
 from searcher.launching import AttemptStarter
 from searcher.outcomes import Outcomes
-from searcher.placement import PendingQueue
+from searcher.placement import PendingQueue, Placed
 from searcher.running import RunningTrials, _Running
 from searcher.study_side import TellQueue
 from storage import (
@@ -137,38 +137,33 @@ def test_a_launch_after_the_claim_was_reclaimed_and_taken_over_starts_nothing(
     executor = _RecordingExecutor()
     ctx = replace(_ctx(experiment_id=frozen), db_url=db_url, pool=ONE_SLOT, executor=executor)
     pending = PendingQueue(ctx)
-    outcomes = Outcomes(ctx, TellQueue(), Control())
-    running = RunningTrials(ctx, outcomes)
+    control = Control()
+    running = RunningTrials(ctx, Outcomes(ctx, TellQueue(), control))
     with session_scope(db_url) as session:
         trial = session.get(Trial, x)
         assert trial is not None
         pending.queue(trial)
-    taken_over: list[int] = []
-
-    def stopped_then_launch(trial_id: int, placement: ClaimedPlacement | None) -> None:
-        # The decision claimed a0 slot 0 for X. The driver is stopped before it
-        # launches X, past its lease; the other search's driver queues Y and decides.
-        assert placement is not None and _holders(db_url) == {("a0", 0): x}
-        _expire_leases(db_url, frozen)
-        entry = cluster_queue.QueueEntry(
-            trial_id=y, experiment_id=other, pool=ONE_SLOT.name, slots=1
+    # The decision claims a0 slot 0 for X.
+    placed = pending.place()
+    assert [each.trial_id for each in placed] == [x] and _holders(db_url) == {("a0", 0): x}
+    # The driver is stopped before it launches X, past its lease; the other search's
+    # driver queues Y and decides.
+    _expire_leases(db_url, frozen)
+    entry = cluster_queue.QueueEntry(trial_id=y, experiment_id=other, pool=ONE_SLOT.name, slots=1)
+    with session_scope(db_url) as session:
+        cluster_queue.enqueue(session, [entry])
+        taken_over = cluster_queue.decide(
+            session,
+            ONE_SLOT,
+            experiment_id=other,
+            lease_s=30,
+            processes_gone=lambda trial_id: trial_processes_gone(session, trial_id),
         )
-        with session_scope(db_url) as session:
-            cluster_queue.enqueue(session, [entry])
-            placed = cluster_queue.decide(
-                session,
-                ONE_SLOT,
-                experiment_id=other,
-                lease_s=30,
-                processes_gone=lambda trial_id: trial_processes_gone(session, trial_id),
-            )
-        taken_over.extend(trial_id for trial_id, _ in placed)
-        # Continued: the driver goes on with the launch it was about to make.
-        running.launch(trial_id, placement)
+    # Continued: the driver goes on with the launches it was about to make.
+    apply_decisions(running.launch(placed), pending, control)
 
-    pending.place(stopped_then_launch, outcomes)
-
-    assert taken_over == [y] and _holders(db_url) == {("a0", 0): y}
+    assert [trial_id for trial_id, _ in taken_over] == [y]
+    assert _holders(db_url) == {("a0", 0): y}
     # Nothing of X started or was recorded; it waits for a new placement.
     assert executor.launched == []
     assert len(running) == 0 and len(pending) == 1
@@ -332,8 +327,9 @@ def test_a_claim_lost_after_the_run_was_recorded_starts_nothing_either(
         confirm(self, *args)
 
     monkeypatch.setattr(AttemptStarter, "_confirm_before_start", stopped_then_confirm)
-    with pytest.raises(ClaimLostError):
-        running.launch(x, placement)
+    # The claim was lost: nothing starts, and X waits for a new placement.
+    decisions = running.launch([Placed(trial_id=x, slots=1, placement=placement)])
+    assert decisions == [Requeue(trial_id=x, slots=1)]
     assert executor.launched == [] and len(running) == 0
     assert _holders(db_url) == {("a0", 0): y}
     with session_scope(db_url) as session:

@@ -316,6 +316,7 @@ _BOOLEAN_FIELDS: dict[str, dict[str, Any]] = {
     "optimizations.average_aggregated_gradients": {},
     "optimizations.average_training_metrics": {},
     "profiling.enabled": {},
+    "checkpoint_storage.async_upload": {},
 }
 
 

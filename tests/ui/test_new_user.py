@@ -91,7 +91,7 @@ def test_compare_curves_offer_batches_epochs_samples_and_slot_seconds(
 def test_values_keep_four_significant_digits_everywhere(
     render: PageRenderer, synthetic_search: DemoSearch
 ) -> None:
-    # Issue 33 item 2: "0.00002" for 1.67e-05; one format on every page.
+    # Issue 33 item 2: "0.00002" for 1.67e-05; one format on every page and in the CLI.
     app = render("experiment", synthetic_search.url, experiment=synthetic_search.experiment_id)
     assert_no_exception(app)
     configs = [json.loads(table.proto.columns or "{}") for table in app.dataframe]
@@ -103,6 +103,28 @@ def test_values_keep_four_significant_digits_everywhere(
         and column["type_config"].get("format")
     }
     assert number_formats == {_format.COLUMN, "#%d"}  # and trial numbers as #N
+    # The displayed text is rounded; the table's data (what the grid's CSV download and a
+    # double-clicked cell show) is each trial's exact stored value.
+    with get_engine(synthetic_search.url, read_only=True).connect() as conn:
+        stored = {
+            int(number): json.loads(hparams) if isinstance(hparams, str) else hparams
+            for number, hparams in conn.execute(
+                sa.text(
+                    "SELECT optuna_trial_number, hparams FROM slotsweep_trials"
+                    " WHERE experiment_id = :e"
+                ),
+                {"e": synthetic_search.experiment_id},
+            )
+        }
+    tables = [t.value for t in app.dataframe if {"number", "hp.lr"} <= set(t.value.columns)]
+    assert tables and all(table["hp.lr"].dtype == float for table in tables)
+    shown = {
+        int(n): lr
+        for table in tables
+        for n, lr in zip(table["number"], table["hp.lr"], strict=True)
+    }
+    assert shown == {n: h["lr"] for n, h in stored.items() if n in shown}
+    assert any(_format.number(lr) != repr(lr) for lr in shown.values())
     trial = render("trial", synthetic_search.url, trial=synthetic_search.completed_trial_id)
     hparams = next(t.value for t in trial.dataframe if "exact value" in t.value.columns)
     for shown, exact in zip(hparams["value"], hparams["exact value"], strict=True):
@@ -264,3 +286,22 @@ def test_compare_experiments_plots_every_trial_and_lists_failed_searches(
     for spec, data in charts:
         assert len(data) == len(ended) - first
         assert spec["encoding"]["y"]["axis"]["format"] == _format.D3
+
+
+def test_one_number_format_in_text_tables_and_cli() -> None:
+    # The browser rounds NumberColumn cells with sprintf-js and prints the result as
+    # JavaScript does; the page's text and the CLI must read the same.
+    from searcher.tables import format_value
+
+    shown_by_browser = {
+        0.03833332156156663: "0.03833",
+        1.67e-05: "0.0000167",
+        1.2e-07: "1.2e-7",
+        1234567.0: "1235000",
+        12345.678: "12350",
+        2.26558463665e-06: "0.000002266",
+        100.0: "100",
+    }
+    for value, text in shown_by_browser.items():
+        assert _format.number(value) == format_value(value) == text
+    assert _format.COLUMN == "%.4g" and _format.D3 == ".4~r"

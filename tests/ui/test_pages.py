@@ -472,8 +472,14 @@ def test_cluster_lists_every_slot_and_its_holder(
     assert held["slot"].tolist() == [0, 1]
     assert set(held["experiment"]) == {"regression-demo"}
     assert set(held["open"]) == {f"trial?trial={running}"}
+    # Issue 33: a free slot's cells are empty, not "None"; trials are EXP.N, not a bare #.
+    free = slots[slots["state"] == "free"]
+    assert len(free) and {*free["experiment"], *free["open"], *free["warm job"]} == {""}
+    assert "trial #" not in slots.columns
     allocations = app.dataframe[3].value
     assert allocations["trial_state"].tolist() == ["RUNNING", "RUNNING"]
+    assert "trial_number" not in app.dataframe[3].proto.column_order
+    assert set(allocations["warm_job_id"]) == set(allocations["warm_state"]) == {""}
 
 
 def test_cluster_without_a_layout_shows_held_slots_and_says_why(

@@ -25,6 +25,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from trials.config._batching import per_slot_batch_size
+from trials.config._integrations import (
+    NOTIFICATION_EVENTS,
+    IntegrationsConfig,
+    MlflowConfig,
+    NotificationConfig,
+    NotificationEvent,
+)
 from trials.config._sections import (
     CheckpointStorageConfig,
     Length,
@@ -103,6 +110,7 @@ __all__ = [
     "DEFAULT_PRIORITY",
     "DEFAULT_WEIGHT",
     "MAX_TRIALS",
+    "NOTIFICATION_EVENTS",
     "CategoricalHP",
     "CheckpointStorageConfig",
     "ConfigError",
@@ -112,8 +120,12 @@ __all__ = [
     "ExperimentConfig",
     "Hyperparameter",
     "IntHP",
+    "IntegrationsConfig",
     "Length",
     "LogHP",
+    "MlflowConfig",
+    "NotificationConfig",
+    "NotificationEvent",
     "ObjectiveConfig",
     "OptimizationsConfig",
     "ProfilingConfig",

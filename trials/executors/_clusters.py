@@ -11,6 +11,7 @@ so the scheduler never imports an executor.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +34,14 @@ from trials.scheduler import (
 def slurm_cluster(nodes: SlurmNodes) -> Cluster:
     """The cluster of ``nodes`` as Slurm lists them (a partition's, or the allocation's)."""
     if nodes.jobs is not None:
-        return partition_cluster(
+        cluster = partition_cluster(
             nodes.jobs,
             slot_type=nodes.slot_type,
             dtrain_network_interface=nodes.dtrain_network_interface,
         )
-    return allocation_cluster(dtrain_network_interface=nodes.dtrain_network_interface)
+    else:
+        cluster = allocation_cluster(dtrain_network_interface=nodes.dtrain_network_interface)
+    return replace(cluster, notifications=nodes.notifications)
 
 
 def parse_cluster(raw: Any) -> Cluster:
@@ -54,7 +57,7 @@ def parse_cluster(raw: Any) -> Cluster:
     if isinstance(found, SlurmNodes):
         return slurm_cluster(found)
     if isinstance(found, RayNodes):
-        return ray_cluster(found)
+        return replace(ray_cluster(found), notifications=found.notifications)
     return found
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from trials.config import NotificationConfig
+
 FittingPolicy = Literal["best", "worst"]
 
 
@@ -147,6 +149,8 @@ class Cluster:
     slurm_jobs: SlurmJobSettings | None = None
     #: With executor "ray": how to reach the Ray cluster whose nodes are the agents.
     ray: RaySettings | None = None
+    #: Webhooks every search on this cluster posts to (the cluster file's ``notifications``).
+    notifications: tuple[NotificationConfig, ...] = ()
 
     def pool(self, name: str) -> ResourcePool:
         """The pool called ``name``; raises :class:`UnknownPool` listing the pools otherwise."""

@@ -15,6 +15,8 @@
           - {name: a2, host: 127.0.0.1, slots: [0, 1]}   # explicit GPU indices
     dtrain_network_interface: eth0    # optional: NCCL/gloo interface between nodes
                                       # (a name Linux allows: 1-15 bytes, no space, / or :)
+    notifications:                    # optional: webhooks for every search on the cluster
+      - {url: "https://hooks.slack.com/services/T0/B0/XYZ", on: [completed, error]}
 
 ``executor: slurm`` (or ``--cluster slurm``, or running inside ``salloc``/``sbatch``
 with no cluster file) takes the agents from the Slurm allocation instead. With a
@@ -67,7 +69,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError, field_validator
 
-from trials.config import ConfigModel, validation_problems
+from trials.config import ConfigModel, NotificationConfig, validation_problems
 from trials.scheduler._cluster import (
     DEFAULT_RAY_RESERVE_TIMEOUT_S,
     Agent,
@@ -108,6 +110,7 @@ class SlurmNodes:
     jobs: SlurmJobSettings | None = None
     slot_type: SlotType | None = None
     dtrain_network_interface: str | None = None
+    notifications: tuple[NotificationConfig, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,7 @@ class RayNodes:
 
     settings: RaySettings
     dtrain_network_interface: str | None = None
+    notifications: tuple[NotificationConfig, ...] = ()
 
 
 SlotId = Annotated[int, Field(ge=0, lt=MAX_SLOTS_PER_AGENT, strict=True)]
@@ -271,6 +275,8 @@ class _ClusterSpec(ConfigModel):
     # One Slurm job per trial (sbatch) instead of job steps of an allocation.
     slurm: _SlurmJobsSpec | None = None
     ray: _RaySpec | None = None
+    # Webhooks every search on this cluster posts to (beside its own config's).
+    notifications: list[NotificationConfig] = Field(default_factory=list, max_length=100)
 
     @field_validator("dtrain_network_interface")
     @classmethod
@@ -329,6 +335,7 @@ def read_cluster(raw: Any) -> Cluster | SlurmNodes | RayNodes:
                 reserve_timeout_s=ray.reserve_timeout_s,
             ),
             dtrain_network_interface=spec.dtrain_network_interface,
+            notifications=tuple(spec.notifications),
         )
     if spec.executor == "slurm":
         if spec.resource_pools is not None:
@@ -350,8 +357,12 @@ def read_cluster(raw: Any) -> Cluster | SlurmNodes | RayNodes:
                 ),
                 slot_type=spec.slurm.slot_type,
                 dtrain_network_interface=spec.dtrain_network_interface,
+                notifications=tuple(spec.notifications),
             )
-        return SlurmNodes(dtrain_network_interface=spec.dtrain_network_interface)
+        return SlurmNodes(
+            dtrain_network_interface=spec.dtrain_network_interface,
+            notifications=tuple(spec.notifications),
+        )
     if spec.resource_pools is None:
         raise ClusterConfigError(["resource_pools: required field is missing"])
     problems: list[str] = []
@@ -383,6 +394,7 @@ def read_cluster(raw: Any) -> Cluster | SlurmNodes | RayNodes:
         raise ClusterConfigError(problems)
     return Cluster(
         dtrain_network_interface=spec.dtrain_network_interface,
+        notifications=tuple(spec.notifications),
         pools=tuple(
             ResourcePool(
                 name=pool.name,

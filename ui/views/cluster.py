@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
+from streamlit.elements.lib.column_types import ColumnConfig
 
 from storage import TrialState
 from trials.labels import trial_label
@@ -42,19 +43,21 @@ def _layout_section(layout: list[_cluster.AgentLayout]) -> None:
             hide_index=True,
             width="stretch",
         )
+        # A free slot's cells are empty, not "None"; a trial reads EXPERIMENT.NUMBER, as
+        # in the slot map above and in every other table.
         slots = pd.DataFrame(
             [
                 {
                     "agent": agent.name,
                     "slot": slot,
-                    "state": _slot_state(held.get((agent.name, slot))),
-                    "experiment": held.get((agent.name, slot), {}).get("experiment"),
-                    "trial #": held.get((agent.name, slot), {}).get("optuna_trial_number"),
-                    "warm job": held.get((agent.name, slot), {}).get("warm_job_id"),
-                    "open": _trial_link(held.get((agent.name, slot))),
+                    "state": _slot_state(holder),
+                    "experiment": (holder or {}).get("experiment") or "",
+                    "open": _trial_link(holder) or "",
+                    "warm job": _warm_job_text((holder or {}).get("warm_job_id")),
                 }
                 for agent in agents
                 for slot in agent.slots
+                for holder in [held.get((agent.name, slot))]
             ]
         )
         st.dataframe(
@@ -62,13 +65,22 @@ def _layout_section(layout: list[_cluster.AgentLayout]) -> None:
             hide_index=True,
             width="stretch",
             column_config={
-                "open": st.column_config.LinkColumn("trial", display_text="open"),
-                "warm job": st.column_config.NumberColumn(
+                "open": _trial_column(),
+                "warm job": st.column_config.TextColumn(
                     "warm job",
                     help="The warm job (`resources.reuse_workers`) whose workers hold the slot.",
                 ),
             },
         )
+
+
+def _trial_column() -> ColumnConfig:
+    """A link column showing the trial's ``EXPERIMENT.NUMBER`` taken from its link."""
+    return st.column_config.LinkColumn("trial", display_text=r"trial=([^&]+)")
+
+
+def _warm_job_text(warm_job_id: object) -> str:
+    return "" if warm_job_id is None or pd.isna(warm_job_id) else str(int(warm_job_id))  # type: ignore[call-overload]
 
 
 def _trial(holder: dict[str, object]) -> str:
@@ -243,17 +255,17 @@ def _page() -> None:
     offset = _context.pager(total, key="allocations_page", page_size=200)
     page = _queries.allocations(engine, limit=200, offset=offset)
     rows = page.rows.assign(
+        warm_job_id=[_warm_job_text(j) for j in page.rows["warm_job_id"]],
+        warm_state=page.rows["warm_state"].fillna(""),
         open=[
-            None
-            if pd.isna(i)
-            else _context.link("trial", trial=_context.trial_ref(int(e), int(n)))
+            "" if pd.isna(i) else _context.link("trial", trial=_context.trial_ref(int(e), int(n)))
             for i, e, n in zip(
                 page.rows["trial_id"],
                 page.rows["experiment_id"],
                 page.rows["trial_number"],
                 strict=True,
             )
-        ]
+        ],
     )
     st.dataframe(
         rows,
@@ -266,7 +278,6 @@ def _page() -> None:
             "host",
             "slot",
             "experiment",
-            "trial_number",
             "trial_state",
             "warm_job_id",
             "warm_state",
@@ -274,9 +285,8 @@ def _page() -> None:
             "lease_expires_at",
         ],
         column_config={
-            "open": st.column_config.LinkColumn("trial", display_text="open"),
-            "trial_number": st.column_config.NumberColumn("trial #"),
-            "warm_job_id": st.column_config.NumberColumn("warm job"),
+            "open": _trial_column(),
+            "warm_job_id": st.column_config.TextColumn("warm job"),
             "warm_state": st.column_config.TextColumn(
                 "warm job state", help="running, reserved (starting), idle or ending"
             ),

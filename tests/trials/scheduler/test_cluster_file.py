@@ -193,7 +193,7 @@ def test_booleans_are_true_or_false_only(field: str, value: Any) -> None:
         ),
         (
             {"pools": []},
-            "pools: unknown field; allowed: executor, dtrain_network_interface, resource_pools, slurm, ray",
+            "pools: unknown field; allowed: executor, dtrain_network_interface, resource_pools, slurm, ray, notifications",
         ),
     ],
 )
