@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -311,13 +312,17 @@ class RayJob:
         _end_actors(self.actors, self.group)
 
     def end(self, *, grace_s: float) -> bool:
-        if self._exit is None:
-            gone = self._terminate(grace_s=grace_s)
-            if self._started:
-                self._collect()
-            self._release()
-            return gone
-        return True
+        if self._exit is not None:
+            return True
+        gone = self._terminate(grace_s=grace_s)
+        if self._started:
+            self._collect()
+        self._release()
+        # Ended from here: what each node's torchrun returned, else what SIGTERM gives.
+        failed = [code for code in self._codes.values() if code != 0]
+        ended_all = len(self._codes) == len(self.actors)
+        self._exit = failed[0] if failed else (0 if ended_all else -signal.SIGTERM)
+        return gone
 
     def record(self, session: Session, run: TrialRun) -> None:
         deadline = time.monotonic() + _START_WAIT_S
