@@ -34,7 +34,7 @@ Example:
     >>> validate_run(config, away, "sqlite:////tmp/search.db")
     Traceback (most recent call last):
     ...
-    searcher.experiments.UsageError: cluster: agent 'a1' of resource pool 'default' is on host 'gpu-7'; the local executor starts trials on this machine only (its agents' host: localhost, 127.0.0.1 or this machine's name); run slotsweep on that host, or use executor: slurm
+    searcher.experiments.UsageError: cluster: agent 'a1' of resource pool 'default' is on host 'gpu-7'; the local executor starts trials on this machine only (its agents' host: localhost, 127.0.0.1 or this machine's name); run slotsweep on that host, or use executor: slurm or executor: ray
 """
 
 from __future__ import annotations

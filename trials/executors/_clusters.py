@@ -1,10 +1,11 @@
-"""Which cluster a search runs on: the cluster file, Slurm's nodes, or this machine.
+"""Which cluster a search runs on: the cluster file, Slurm's or Ray's nodes, or this machine.
 
 The scheduler validates a cluster file (:func:`trials.scheduler.read_cluster`); a file
 with ``executor: slurm`` leaves the agents to Slurm, and only the Slurm executors know
 how to ask it: the allocation's nodes (:func:`~trials.executors._slurm.allocation_cluster`)
-or a partition's (:func:`~trials.executors._slurm_jobs.partition_cluster`). Here the
-two meet, so the scheduler never imports an executor.
+or a partition's (:func:`~trials.executors._slurm_jobs.partition_cluster`); one with
+``executor: ray`` to Ray (:func:`~trials.executors._ray.ray_cluster`). Here they meet,
+so the scheduler never imports an executor.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trials.config import YamlError, read_yaml
+from trials.executors._ray import ray_cluster
 from trials.executors._slurm import allocation_cluster
 from trials.executors._slurm_jobs import partition_cluster
 from trials.scheduler import (
@@ -22,6 +24,7 @@ from trials.scheduler import (
     SLURM_CLUSTER,
     Cluster,
     ClusterConfigError,
+    RayNodes,
     SlurmNodes,
     local_cluster,
     read_cluster,
@@ -51,7 +54,11 @@ def parse_cluster(raw: Any) -> Cluster:
         (0, 1)
     """
     found = read_cluster(raw)
-    return slurm_cluster(found) if isinstance(found, SlurmNodes) else found
+    if isinstance(found, SlurmNodes):
+        return slurm_cluster(found)
+    if isinstance(found, RayNodes):
+        return replace(ray_cluster(found), notifications=found.notifications)
+    return found
 
 
 def load_cluster(path: str | Path | None = None, *, slots: int | None = None) -> Cluster:

@@ -33,6 +33,17 @@ with no cluster file) takes the agents from the Slurm allocation instead. With a
       sbatch_options: ["--mem=64G"]   # optional; not the options slotsweep sets itself
       slot_type: gpu             # gpu | cpu; default: gpu when the nodes have GPUs
 
+``executor: ray`` takes the agents from a Ray cluster instead: its alive nodes, each
+with its GPUs as slots (CPU slots on nodes without GPUs). Every key of the ``ray:``
+block is optional::
+
+    executor: ray
+    ray:
+      address: ray://head-node:10001   # default: $RAY_ADDRESS
+      slot_type: gpu                   # gpu | cpu; default: gpu when the nodes have GPUs
+      reserve_timeout_s: 60            # a trial whose slots Ray has not reserved by
+                                       # then goes back to the queue
+
 Without a file the cluster is one pool ``default`` holding this machine, named after
 its hostname, with its GPUs as slots (found through NVML) or else one slot per CPU.
 Every problem in a file becomes one line naming the field path; :class:`ClusterConfigError`
@@ -59,7 +70,15 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, ValidationError, field_validator
 
 from trials.config import ConfigModel, NotificationConfig, validation_problems
-from trials.scheduler._cluster import Agent, Cluster, ResourcePool, SlotType, SlurmJobSettings
+from trials.scheduler._cluster import (
+    DEFAULT_RAY_RESERVE_TIMEOUT_S,
+    Agent,
+    Cluster,
+    RaySettings,
+    ResourcePool,
+    SlotType,
+    SlurmJobSettings,
+)
 from trials.scheduler._sbatch_options import sbatch_option_problems
 
 CLUSTER_ENV_VAR = "SLOTSWEEP_CLUSTER"
@@ -90,6 +109,18 @@ class SlurmNodes:
 
     jobs: SlurmJobSettings | None = None
     slot_type: SlotType | None = None
+    dtrain_network_interface: str | None = None
+    notifications: tuple[NotificationConfig, ...] = ()
+
+
+@dataclass(frozen=True)
+class RayNodes:
+    """A cluster file's ``executor: ray``: the agents are the nodes of a Ray cluster.
+
+    The Ray executor asks Ray for them (:func:`trials.executors.parse_cluster`).
+    """
+
+    settings: RaySettings
     dtrain_network_interface: str | None = None
     notifications: tuple[NotificationConfig, ...] = ()
 
@@ -226,14 +257,24 @@ class _SlurmJobsSpec(ConfigModel):
         ]
 
 
+class _RaySpec(ConfigModel):
+    address: str | None = Field(default=None, min_length=1, max_length=1000)
+    slot_type: Literal["gpu", "cpu"] | None = None
+    # Ray starts an actor's worker process in a second or two; far below that every
+    # trial would go back to the queue, far above it a lost node holds a trial a day.
+    reserve_timeout_s: float = Field(default=DEFAULT_RAY_RESERVE_TIMEOUT_S, ge=5, le=86400)
+
+
 class _ClusterSpec(ConfigModel):
     # Where trials run. With "slurm" the agents are the nodes of the Slurm allocation
-    # the search runs in, so the file declares no resource pools.
-    executor: Literal["local", "slurm"] = "local"
+    # the search runs in, with "ray" the nodes of a Ray cluster, so the file declares
+    # no resource pools.
+    executor: Literal["local", "slurm", "ray"] = "local"
     dtrain_network_interface: str | None = None
     resource_pools: list[_PoolSpec] | None = Field(default=None, min_length=1)
     # One Slurm job per trial (sbatch) instead of job steps of an allocation.
     slurm: _SlurmJobsSpec | None = None
+    ray: _RaySpec | None = None
     # Webhooks every search on this cluster posts to (beside its own config's).
     notifications: list[NotificationConfig] = Field(default_factory=list, max_length=100)
 
@@ -257,11 +298,16 @@ class _ClusterSpec(ConfigModel):
         return value
 
 
-def read_cluster(raw: Any) -> Cluster | SlurmNodes:
+def read_cluster(raw: Any) -> Cluster | SlurmNodes | RayNodes:
     """Validate a loaded cluster document; raises :class:`ClusterConfigError` listing every problem.
 
     A file with ``executor: slurm`` declares no agents: it is returned as the
-    :class:`SlurmNodes` to ask Slurm for (:func:`trials.executors.parse_cluster` does).
+    :class:`SlurmNodes` to ask Slurm for (:func:`trials.executors.parse_cluster` does);
+    one with ``executor: ray`` as the :class:`RayNodes` to ask Ray for.
+
+    Example:
+        >>> read_cluster({"executor": "ray", "ray": {"address": "ray://head:10001"}}).settings.address
+        'ray://head:10001'
     """
     if not isinstance(raw, dict):
         raise ClusterConfigError(["<top level>: must be a mapping with a 'resource_pools' list"])
@@ -271,6 +317,26 @@ def read_cluster(raw: Any) -> Cluster | SlurmNodes:
         raise ClusterConfigError(validation_problems(exc, _ClusterSpec)) from None
     if spec.slurm is not None and spec.executor != "slurm":
         raise ClusterConfigError(["slurm: needs executor: slurm"])
+    if spec.ray is not None and spec.executor != "ray":
+        raise ClusterConfigError(["ray: needs executor: ray"])
+    if spec.executor == "ray":
+        if spec.resource_pools is not None:
+            raise ClusterConfigError(
+                [
+                    "resource_pools: not allowed with executor: ray "
+                    "(the agents are the nodes of the Ray cluster)"
+                ]
+            )
+        ray = spec.ray or _RaySpec()
+        return RayNodes(
+            settings=RaySettings(
+                address=ray.address,
+                slot_type=ray.slot_type,
+                reserve_timeout_s=ray.reserve_timeout_s,
+            ),
+            dtrain_network_interface=spec.dtrain_network_interface,
+            notifications=tuple(spec.notifications),
+        )
     if spec.executor == "slurm":
         if spec.resource_pools is not None:
             raise ClusterConfigError(
