@@ -112,4 +112,4 @@ def share_text(spread: Mapping[str, float] | None) -> str:
     """
     if spread is None:
         return "not measured"
-    return f"{spread['median']:.0%} ({spread['low']:.0%}-{spread['high']:.0%})"
+    return f"{spread['median']:.0%} ({spread['low'] * 100:.0f}-{spread['high']:.0%})"
