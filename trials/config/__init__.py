@@ -26,13 +26,16 @@ from typing import TYPE_CHECKING, Any
 
 from trials.config._batching import per_slot_batch_size
 from trials.config._sections import (
+    STEPS_PER_SLOT_SECOND,
     CheckpointStorageConfig,
     Length,
+    MaxLength,
     OptimizationsConfig,
     ProfilingConfig,
     PrunerSpec,
     RuntimeSpec,
     WarmSpec,
+    slot_seconds_step,
 )
 from trials.config._storage_url import is_url
 from trials.config._validation import ConfigModel, validation_problems
@@ -103,6 +106,7 @@ __all__ = [
     "DEFAULT_PRIORITY",
     "DEFAULT_WEIGHT",
     "MAX_TRIALS",
+    "STEPS_PER_SLOT_SECOND",
     "CategoricalHP",
     "CheckpointStorageConfig",
     "ConfigError",
@@ -114,6 +118,7 @@ __all__ = [
     "IntHP",
     "Length",
     "LogHP",
+    "MaxLength",
     "ObjectiveConfig",
     "OptimizationsConfig",
     "ProfilingConfig",
@@ -134,6 +139,7 @@ __all__ = [
     "read_stored_config",
     "read_stored_hyperparameters",
     "read_yaml",
+    "slot_seconds_step",
     "validation_problems",
 ]
 
