@@ -143,19 +143,23 @@ def search_config(
     folder: Path,
     n_startup_trials: int | None = None,
     warm: bool = False,
+    resource: str | None = None,
+    min_resource: float = 1,
 ) -> dict[str, Any]:
     """The example's experiment with the benchmark's searcher settings for ``arm``.
 
     ``warm``: with warm workers (``resources.reuse_workers: true``), for both arms alike.
+    ``resource``: ASHA's rungs in ``slot_seconds`` (``pruner.resource``) from
+    ``min_resource`` slot-seconds, instead of epochs from one.
     """
     example = yaml.safe_load((EXAMPLE / "experiment.yaml").read_text())
     if arm == "random":
         searcher: dict[str, Any] = {"name": "random", "pruner": {"name": "none"}}
     else:
-        searcher = {
-            "name": "tpe",
-            "pruner": {"name": "asha", "min_resource": 1, "reduction_factor": 3},
-        }
+        pruner: dict[str, Any] = {"name": "asha", "min_resource": 1, "reduction_factor": 3}
+        if resource is not None:
+            pruner.update(resource=resource, min_resource=min_resource)
+        searcher = {"name": "tpe", "pruner": pruner}
         if n_startup_trials is not None:
             searcher["n_startup_trials"] = n_startup_trials
     searcher.update(
@@ -427,6 +431,8 @@ def run_one(
             folder=folder,
             n_startup_trials=args.n_startup_trials,
             warm=warm,
+            resource=args.resource,
+            min_resource=args.min_resource,
         ),
     )
     env = bench_env(folder)
@@ -553,6 +559,18 @@ def print_summary(results: dict[str, list[SearchResult]], *, warm: bool = False)
         f"ratio of medians, 90% bootstrap interval over these {len(pairs)} seeds: "
         f"{fmt(low)} to {fmt(high)}"
     )
+    per_seed_s = ", ".join(
+        f"{ours.seed}: {fmt(ours.reach.slot_seconds / base.reach.slot_seconds, 2)}"
+        for base, ours in pairs
+    )
+    print(f"tpe_asha / random slot-seconds per seed: {per_seed_s}")
+    low_s, high_s = bootstrap_interval(
+        [(b.reach.slot_seconds, o.reach.slot_seconds) for b, o in pairs]
+    )
+    print(
+        f"slot-seconds ratio of medians, 90% bootstrap interval over these {len(pairs)} "
+        f"seeds: {fmt(low_s)} to {fmt(high_s)}"
+    )
     (a, a_s), (b, b_s) = medians["random"], medians["tpe_asha"]
     if warm:
         # The trials' own spans, without the jobs' idle gaps between trials.
@@ -595,6 +613,19 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         default=None,
         help="TPE's random start-up trials (default: the driver's default, 10)",
+    )
+    parser.add_argument(
+        "--resource",
+        choices=["slot_seconds"],
+        default=None,
+        help="TPE+ASHA's rungs in slot-seconds (searcher.pruner.resource) instead of epochs",
+    )
+    parser.add_argument(
+        "--min-resource",
+        type=float,
+        default=0.1,
+        help="with --resource slot_seconds: ASHA's first rung in slot-seconds (about one "
+        "epoch of this model at batch 64)",
     )
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--full", action="store_true", help="run every search to max_trials")
@@ -648,7 +679,12 @@ def main(argv: list[str] | None = None) -> None:
             f"target val_accuracy >= {args.target}; max_length {args.epochs} epochs; "
             f"max_trials {args.max_trials}; seeds {args.seeds}; 1 slot per trial, 2 at once; "
             f"TPE n_startup_trials {args.n_startup_trials or 'default (10)'}; "
-            f"mode {' and '.join(args.modes)}",
+            f"mode {' and '.join(args.modes)}; ASHA rungs in "
+            + (
+                f"slot-seconds from {args.min_resource}"
+                if args.resource
+                else "epochs from 1"
+            ),
             flush=True,
         )
         by_mode = run_all(args)
