@@ -680,11 +680,7 @@ def main(argv: list[str] | None = None) -> None:
             f"max_trials {args.max_trials}; seeds {args.seeds}; 1 slot per trial, 2 at once; "
             f"TPE n_startup_trials {args.n_startup_trials or 'default (10)'}; "
             f"mode {' and '.join(args.modes)}; ASHA rungs in "
-            + (
-                f"slot-seconds from {args.min_resource}"
-                if args.resource
-                else "epochs from 1"
-            ),
+            + (f"slot-seconds from {args.min_resource}" if args.resource else "epochs from 1"),
             flush=True,
         )
         by_mode = run_all(args)

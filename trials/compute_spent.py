@@ -51,9 +51,7 @@ class RunSpan:
         """
         if self.training_started_at is None:
             return 0.0
-        until = min(
-            m for m in (self.ended_at, self.last_progress_at, moment) if m is not None
-        )
+        until = min(m for m in (self.ended_at, self.last_progress_at, moment) if m is not None)
         return max(0.0, (until - self.training_started_at).total_seconds())
 
 

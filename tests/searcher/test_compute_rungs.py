@@ -64,7 +64,9 @@ EXPENSIVE = (2, 0.8, [0.90])
 CHEAP = (1, 0.25, [0.80, 0.90, 0.94, 0.96])
 
 
-def _run(study: optuna.Study, trial_spec: tuple[int, float, list[float]], *, compute: bool) -> bool:
+def _run(
+    study: optuna.Study, trial_spec: tuple[int, float, list[float]], *, compute: bool
+) -> bool:
     """Report the trial's epochs, asking the pruner after each; whether it was pruned."""
     slots, seconds, values = trial_spec
     trial = study.ask()

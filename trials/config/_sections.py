@@ -120,7 +120,7 @@ def slot_seconds_step(slot_seconds: float) -> int:
         >>> slot_seconds_step(2.519), slot_seconds_step(0.0)
         (251, 0)
     """
-    return min(INT32_MAX, int(math.floor(slot_seconds * STEPS_PER_SLOT_SECOND + 1e-9)))
+    return min(INT32_MAX, math.floor(slot_seconds * STEPS_PER_SLOT_SECOND + 1e-9))
 
 
 class OptimizationsConfig(ConfigModel):
