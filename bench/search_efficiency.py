@@ -128,6 +128,7 @@ from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session
 
 from storage import Experiment, Metric, MetricKind, Trial, TrialRun, WarmJob, session_scope
+from trials import RunSpan, slot_seconds_spent
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "digits"
@@ -203,6 +204,10 @@ class Reach:
     # every search pays whatever its searcher (a bound: it holds the first report's
     # batches too).
     startup_slot_seconds: float | None = None
+    # Slot-seconds of training alone, as the pruner counts it with ``resource:
+    # slot_seconds`` (each run from its first batch to its last record): what the
+    # searchers' choices cost, without start-ups, set-ups and hand-overs.
+    training_slot_seconds: float | None = None
 
 
 _ACCURACY = (Metric.kind == MetricKind.VALIDATION, Metric.name == "val_accuracy")
@@ -267,6 +272,16 @@ def compute_to_target(db_url: str, target: float) -> Reach:
                 TrialRun.id
             )
         ).all()
+        spans = session.execute(
+            select(
+                Trial.slots_per_trial,
+                TrialRun.training_started_at,
+                TrialRun.progress_at,
+                TrialRun.ended_at,
+            )
+            .join(Trial, Trial.id == TrialRun.trial_id)
+            .where(TrialRun.started_at <= moment)
+        ).all()
         first_metric = dict(
             session.execute(
                 select(Metric.trial_id, func.min(Metric.recorded_at)).group_by(Metric.trial_id)
@@ -295,6 +310,10 @@ def compute_to_target(db_url: str, target: float) -> Reach:
         held += slots * _held_s(started, until, moment)
         first = first_metric.get(first_trial_on_job.get(token, -1))
         startup += slots * _held_s(started, _first(until, first), moment)
+    training = sum(
+        slot_seconds_spent([RunSpan(start, progress, ended)], slots, moment)
+        for slots, start, progress, ended in spans
+    )
     return Reach(
         reached=hit is not None,
         epochs=float(sum(round(e or 0.0, 6) for _, e in epochs)),
@@ -305,6 +324,7 @@ def compute_to_target(db_url: str, target: float) -> Reach:
         hit_accuracy=None if hit is None else float(hit[3] or 0.0),
         trial_slot_seconds=trial_slot_seconds,
         startup_slot_seconds=startup,
+        training_slot_seconds=training,
     )
 
 
@@ -597,6 +617,14 @@ def print_summary(results: dict[str, list[SearchResult]], *, warm: bool = False)
     print(
         f"slot-seconds beyond the start-ups: random {fmt(beyond[0], 1)} tpe_asha "
         f"{fmt(beyond[1], 1)} ratio {fmt(beyond[1] / beyond[0])}"
+    )
+    training = [
+        median([r.reach.training_slot_seconds or 0.0 for r in results[arm]]) for arm in ARMS
+    ]
+    print(
+        f"slot-seconds of training alone (first batch to last record, as compute rungs "
+        f"count): random {fmt(training[0], 1)} tpe_asha {fmt(training[1], 1)} "
+        f"ratio {fmt(training[1] / training[0]) if training[0] else '-'}"
     )
     print(f"slot-seconds: random {fmt(a_s, 1)} tpe_asha {fmt(b_s, 1)} ratio {fmt(b_s / a_s)}")
     print(f"random_compute={fmt(a, 1)} tpe_asha_compute={fmt(b, 1)} ratio={fmt(b / a)}")
