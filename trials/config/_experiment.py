@@ -27,6 +27,7 @@ from pydantic import (
     Field,
     TypeAdapter,
     ValidationError,
+    field_serializer,
     field_validator,
     model_validator,
 )
@@ -258,6 +259,11 @@ class PrunerConfig(_Strict):
     min_early_stopping_rate: int = Field(default=0, ge=0, le=100)
     n_startup_trials: int = Field(default=5, ge=0, le=MAX_TRIALS)
     n_warmup_steps: int = Field(default=0, ge=0, le=INT32_MAX)
+
+    @field_serializer("min_resource")
+    def _whole_as_integer(self, value: float) -> int | float:
+        # Stored and shown as written: 1, not 1.0, for epochs and batches.
+        return int(value) if value.is_integer() else value
 
 
 class ObjectiveConfig(_Strict):
