@@ -5,8 +5,8 @@ batch, its start-up done. Pruning rungs in slot-seconds (``searcher.pruner.resou
 slot_seconds``) count a trial's compute from it, run by run, so the count survives a
 restart. Runs written before this revision have none: they count no compute.
 
-Revision ID: 0010
-Revises: 0009
+Revision ID: 0011
+Revises: 0010
 Create Date: 2026-11-26 02:20:00.000000
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0010"
-down_revision = "0009"
+revision = "0011"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 
