@@ -8,6 +8,8 @@ Example:
     $ slotsweep list
     $ slotsweep describe 3 --json
     $ slotsweep continue 3 --more-trials 8
+    $ slotsweep tensorboard 3
+    $ slotsweep export mlflow 3 --tracking-uri http://127.0.0.1:5000
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from rich.console import Console
+
+import searcher.cli_integrations as cli_integrations
+from searcher.diagnose_command import add_parser as add_diagnose_parser
+from searcher.diagnose_command import cmd_diagnose
 
 if TYPE_CHECKING:
     from searcher.api import Experiment
@@ -210,11 +216,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_db(agents)
     _add_cluster(agents)
 
+    add_diagnose_parser(commands, (_add_db, _add_cluster, _add_json))
+
     ui = commands.add_parser("ui", help="start the web UI")
     _add_db(ui)
     ui.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     ui.add_argument(
         "--port", type=_int_in("--port", 1, _MAX_PORT), default=8501, help="port (default 8501)"
+    )
+    cli_integrations.add_commands(
+        commands,
+        add_db=_add_db,
+        add_experiment=_add_experiment,
+        port=_int_in("--port", 1, _MAX_PORT),
     )
     return parser
 
@@ -533,6 +547,7 @@ def _cmd_ui(args: argparse.Namespace) -> int:
 
 _HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": _cmd_run,
+    "diagnose": cmd_diagnose,
     "resume": _cmd_resume,
     "activate": _cmd_resume,
     "continue": _cmd_continue,
@@ -544,6 +559,7 @@ _HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "task": _cmd_task,
     "agents": _cmd_agents,
     "ui": _cmd_ui,
+    **cli_integrations.HANDLERS,
 }
 
 

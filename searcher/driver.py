@@ -43,6 +43,7 @@ from searcher.control import Control, Stop
 from searcher.decisions import apply_decisions
 from searcher.driver_context import DriverContext, driver_log
 from searcher.experiments import UsageError, trial_counts
+from searcher.integrations import DriverIntegrations
 from searcher.outcomes import Outcomes
 from searcher.placement import PendingQueue
 from searcher.progress import SearchProgress
@@ -106,6 +107,13 @@ class SearchDriver:
         self._outcomes = Outcomes(self.ctx, self._tells, self._control)
         self._running = RunningTrials(self.ctx, self._outcomes)
         self._study: StudySide | None = None
+        # MLflow and notifications: a thread of their own, fed from the database.
+        self._integrations = DriverIntegrations(
+            self.db_url,
+            self.experiment_id,
+            self.config,
+            cluster_notifications=run.cluster.notifications,
+        )
 
     # ----------------------------------------------------------------- set-up
     def _recover(self, study: StudySide) -> None:
@@ -164,6 +172,7 @@ class SearchDriver:
             metric=self.config.searcher.metric,
         )
         control.install_signal_handlers(self._control)
+        self._integrations.start()
         final: ExperimentState | None = None
         self._last_heartbeat = 0.0
         outage_since: float | None = None
@@ -195,15 +204,40 @@ class SearchDriver:
         except control.DriverReplacedError:
             # Another driver owns the experiment now, and with it these trials: it ended
             # what this one left running before it took over. Nothing here is ours to end.
+            self._integrations.close()
             raise
-        except BaseException:
+        except BaseException as exc:
             self._kill_running()
             self._finish(ExperimentState.PAUSED)
+            self._integrations.search_ended(
+                ExperimentState.PAUSED.value,
+                "interrupted (Ctrl-C)"
+                if isinstance(exc, KeyboardInterrupt)
+                else f"the driver stopped: {type(exc).__name__}: {exc}",
+            )
+            self._integrations.close()
             raise
         finally:
             control.restore_signal_handlers(self._control)
         self._finish(final)
+        self._integrations.search_ended(final.value, self._end_reason(final))
+        self._integrations.close()
         return final
+
+    def _end_reason(self, state: ExperimentState) -> str:
+        """The one line a notification gives for how the search ended."""
+        if state == ExperimentState.ERROR:
+            return self._control.stop_reason or "the search stopped with an error"
+        if state == ExperimentState.PAUSED:
+            return "paused (slotsweep pause, the UI, or Ctrl-C); resume with slotsweep resume"
+        if state == ExperimentState.CANCELED:
+            return "killed"
+        with session_scope(self.db_url) as session:
+            counts = trial_counts(session, self.experiment_id)
+        return (
+            f"{counts.total} trials: {counts.completed} completed, {counts.pruned} pruned, "
+            f"{counts.errored} failed"
+        )
 
     def _tick(self, progress: SearchProgress) -> ExperimentState | None:
         """One round of the loop; the experiment's final state once it ends, else None.

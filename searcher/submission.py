@@ -34,7 +34,7 @@ Example:
     >>> validate_run(config, away, "sqlite:////tmp/search.db")
     Traceback (most recent call last):
     ...
-    searcher.experiments.UsageError: cluster: agent 'a1' of resource pool 'default' is on host 'gpu-7'; the local executor starts trials on this machine only (its agents' host: localhost, 127.0.0.1 or this machine's name); run slotsweep on that host, or use executor: slurm
+    searcher.experiments.UsageError: cluster: agent 'a1' of resource pool 'default' is on host 'gpu-7'; the local executor starts trials on this machine only (its agents' host: localhost, 127.0.0.1 or this machine's name); run slotsweep on that host, or use executor: slurm or executor: ray
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 
 from searcher.experiments import UsageError, find_experiment
+from searcher.integrations import integration_problem
 from searcher.preflight import check_entrypoint
 from searcher.relocation import NO_RELOCATION, Relocation, missing_folder
 from storage import (
@@ -265,6 +266,7 @@ def _checked(
         check_schedulable(pool, slots)
     _refuse(executor_problem(executor, config))
     _refuse(reach_problem(executor, pool))
+    _refuse(integration_problem(config))
     return ValidatedRun(
         config=config,
         cluster=cluster,

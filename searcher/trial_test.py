@@ -154,7 +154,7 @@ class _TestRun:
         self.out = out
 
     def run(self) -> int:
-        with _temporary_places(self.tmp):
+        with temporary_places(self.tmp):
             experiment_id = self._create()
             started = time.monotonic()
             self._drive(experiment_id)
@@ -238,7 +238,7 @@ class _TestRun:
             trial_id, state = trial.id, trial.state
             batches, log_path = trial.total_batches or 0, trial.log_path
             if state != TrialState.COMPLETED:
-                _say(self.out, "trial", "FAILED", self._reason(session, trial), started)
+                _say(self.out, "trial", "FAILED", failure_line(session, trial), started)
                 self._show_log_tail(log_path)
                 return None
             session.expunge_all()
@@ -254,27 +254,6 @@ class _TestRun:
             return None
         _say(self.out, "checkpoint", "ok", f"saved after batch {checkpoint.step}", None)
         return trial_id, checkpoint
-
-    def _reason(self, session: Any, trial: Any) -> str:
-        """The failure of the rank that failed first, else the exit code."""
-        from sqlalchemy import select
-
-        from storage import TrialFailure
-
-        failure = session.scalars(
-            select(TrialFailure)
-            .where(TrialFailure.trial_id == trial.id)
-            .order_by(TrialFailure.recorded_at, TrialFailure.id)
-        ).first()
-        if failure is None:
-            return f"{trial.state.value}, exit code {trial.exit_code}"
-        who = FailureRecord(
-            failure.rank, failure.exception_type, failure.message, failure.steps_completed
-        ).who
-        return (
-            f"{who}: {failure.exception_type}: {failure.message} "
-            f"(after {failure.steps_completed} batches)"
-        )
 
     def _show_log_tail(self, log_path: str | None) -> None:
         if not log_path or not Path(log_path).is_file():
@@ -374,15 +353,38 @@ class _TestRun:
             reason = (
                 f"did not end within {RESTORE_TIMEOUT_S:g} s"
                 if exit_code is None
-                else self._reason(session, trial)
+                else failure_line(session, trial)
             )
         _say(self.out, "restore", "FAILED", reason, started)
         self._show_log_tail(str(log_path))
         return False
 
 
+def failure_line(session: Any, trial: Any) -> str:
+    """One line for a failed trial: the failure of the rank that failed first (its own
+    exception and message), else the trial's state and exit code."""
+    from sqlalchemy import select
+
+    from storage import TrialFailure
+
+    failure = session.scalars(
+        select(TrialFailure)
+        .where(TrialFailure.trial_id == trial.id)
+        .order_by(TrialFailure.recorded_at, TrialFailure.id)
+    ).first()
+    if failure is None:
+        return f"{trial.state.value}, exit code {trial.exit_code}"
+    who = FailureRecord(
+        failure.rank, failure.exception_type, failure.message, failure.steps_completed
+    ).who
+    return (
+        f"{who}: {failure.exception_type}: {failure.message} "
+        f"(after {failure.steps_completed} batches)"
+    )
+
+
 @contextlib.contextmanager
-def _temporary_places(tmp: Path) -> Iterator[None]:
+def temporary_places(tmp: Path) -> Iterator[None]:
     """Logs and the trials' scratch space under ``tmp`` while the test runs."""
     saved_log_dir = os.environ.get("SLOTSWEEP_LOG_DIR")
     saved_tempdir = tempfile.tempdir

@@ -461,3 +461,58 @@ class SystemMetric(Base):
     name: Mapped[str] = mapped_column(String(64))
     value: Mapped[float] = mapped_column(Float)
     recorded_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class FusionChoice(Base):
+    """The DDP bucket size ``optimizations.auto_tune_tensor_fusion`` chose for one model shape.
+
+    One row per experiment, model shape (a digest of its parameters' shapes and dtypes)
+    and world size: a later trial of the same search with the same shape and world size
+    uses ``bucket_mb`` instead of probing again. The step times of each size tried are
+    the measuring trial's ``Timing`` rows named ``tensor_fusion_<size>mb``.
+    """
+
+    __tablename__ = "slotsweep_fusion_choices"
+    __table_args__ = (
+        UniqueConstraint("experiment_id", "shape_key", "world_size", name="uq_fusion_choice"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("slotsweep_experiments.id", ondelete="CASCADE")
+    )
+    shape_key: Mapped[str] = mapped_column(String(64))
+    world_size: Mapped[int] = mapped_column(Integer)
+    bucket_mb: Mapped[float] = mapped_column(Float)
+    # What the exchange moves per optimizer step: the trained parameters and their
+    # gradients' bytes before compression.
+    parameters: Mapped[int] = mapped_column(BigInteger)
+    gradient_bytes: Mapped[int] = mapped_column(BigInteger)
+    # The trial whose probes chose it (its timings hold the step times).
+    trial_id: Mapped[int | None] = mapped_column(
+        ForeignKey("slotsweep_trials.id", ondelete="SET NULL")
+    )
+    recorded_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class Diagnosis(Base):
+    """What ``slotsweep diagnose`` measured for one configuration, and its verdict.
+
+    Linked to the experiment of the same configuration when one is named or found by
+    name, else standalone. ``report`` is the whole ``--json`` document (probes, shares,
+    scaling, the bucket sweep, the settings to try): its shape is
+    ``searcher.diagnosis.Report``, versioned by its ``format`` key.
+    """
+
+    __tablename__ = "slotsweep_diagnoses"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    experiment_id: Mapped[int | None] = mapped_column(
+        ForeignKey("slotsweep_experiments.id", ondelete="SET NULL"), index=True
+    )
+    name: Mapped[str] = mapped_column(String(255))
+    config_path: Mapped[str | None] = mapped_column(Text)
+    # communication-bound, input-bound, compute-bound or scaling well.
+    verdict: Mapped[str] = mapped_column(String(32))
+    report: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)

@@ -1673,7 +1673,7 @@ def _add_checkpoints(
     trial: _HugeTrial,
     rng: random.Random,
 ) -> None:
-    from trials.runtime._checkpoint import trial_checkpoint_dir
+    from trials import trial_checkpoint_dir
     from trials.runtime._recorder import checkpoint_row
 
     folder = trial_checkpoint_dir(

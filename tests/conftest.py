@@ -33,16 +33,18 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "replay"))
 # minute a real cluster is given, so tests wait for the event instead of the default.
 os.environ.setdefault(TIMINGS_ENV_VAR, "heartbeat_every_s=1,lease_s=8,driver_stale_after_s=6")
 
-# slurm_cluster, slurm_postgres fixtures; the gpu marker's skips.
-pytest_plugins = ["tests.slurm_cluster", "tests.gpu"]
+# slurm_cluster, slurm_postgres, ray_cluster, ray_postgres fixtures; the gpu marker's skips.
+pytest_plugins = ["tests.slurm_cluster", "tests.ray_cluster", "tests.gpu"]
 
 # With pytest-xdist (`.ci/test` runs `--dist loadgroup`), the tests that share one of these
 # costly session fixtures go to one worker, so each is built once per run (a Slurm
-# cluster in network namespaces, a real search); every other test goes wherever a
+# or Ray cluster in network namespaces, a real search); every other test goes wherever a
 # worker is free.
 _SHARED_SESSION_FIXTURES = {
     "slurm_cluster": "slurm",
     "slurm_postgres": "slurm",
+    "ray_cluster": "ray",
+    "ray_postgres": "ray",
     "real_search": "real-search",
     "failed_search": "real-search",
 }
@@ -51,6 +53,9 @@ _SHARED_SESSION_FIXTURES = {
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
+        if "ray" in getattr(getattr(item, "callspec", None), "params", {}).values():
+            # A test parametrized on the Ray executor asks for the Ray cluster at run time.
+            fixtures.add("ray_cluster")
         group = next(
             (group for name, group in _SHARED_SESSION_FIXTURES.items() if name in fixtures), None
         )

@@ -12,7 +12,7 @@ checkpoint storage and retention, a trial's compute spent, GPU detection) import
 each rank keeps heavy imports (Optuna, SQLAlchemy) lazy so a trial starts fast.
 """
 
-from trials.checkpoint_storage import CheckpointStorageError, store_for
+from trials.checkpoint_storage import CheckpointStorageError, store_for, trial_checkpoint_dir
 from trials.compute_spent import RunSpan, slot_seconds_spent
 from trials.config import (
     CheckpointStorageConfig,
@@ -42,4 +42,5 @@ __all__ = [
     "per_slot_batch_size",
     "slot_seconds_spent",
     "store_for",
+    "trial_checkpoint_dir",
 ]

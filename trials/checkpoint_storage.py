@@ -61,6 +61,28 @@ def join(base: str, *parts: str) -> str:
     return str(Path(base).joinpath(*parts))
 
 
+def trial_checkpoint_dir(
+    storage_path: str, model_dir: str, experiment_id: int, trial_id: int
+) -> Path | str:
+    """The folder (or, for a URL, the prefix) holding one trial's checkpoints.
+
+    Layout: ``<checkpoint_storage.path>/<experiment_id>/<trial_id>/``; a relative
+    ``storage_path`` is taken relative to the experiment's model directory.
+
+    Example:
+        >>> str(trial_checkpoint_dir("ckpt", "/exp", 3, 7))
+        '/exp/ckpt/3/7'
+        >>> trial_checkpoint_dir("s3://bucket/ckpt", "/exp", 3, 7)
+        's3://bucket/ckpt/3/7'
+    """
+    if is_url(storage_path):
+        return join(storage_path, str(experiment_id), str(trial_id))
+    base = Path(os.path.expanduser(storage_path))
+    if not base.is_absolute():
+        base = Path(model_dir) / base
+    return base / str(experiment_id) / str(trial_id)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -13,8 +13,9 @@ transaction refuses it first. The rules are pure functions the runtime and the
 driver share; :func:`collect_garbage` applies them to the database and the storage
 (a folder or a bucket, :mod:`trials.checkpoint_storage`), and also deletes what a
 crash left half-written in the trials' folders (a ``.tmp-*`` folder, a prefix without
-a manifest): no run writes there when it runs (rank 0 collects after its own write,
-the driver once no trial runs).
+a manifest), a trial's folder included when it has no recorded checkpoint at all: no
+run writes there when it runs (rank 0 collects after its own write has ended, the
+driver once no trial runs).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trials.checkpoint_storage import store_for
+from trials.checkpoint_storage import store_for, trial_checkpoint_dir
 from trials.config import CheckpointStorageConfig
 
 if TYPE_CHECKING:
@@ -174,21 +175,45 @@ def collect_garbage(
             store_for(row.path).delete(row.path)
             row.state = CheckpointState.DELETED
     _delete_half_written(
-        session, rows if trial_id is None else [r for r in rows if r.trial_id == trial_id]
+        session,
+        experiment_id,
+        policy,
+        rows if trial_id is None else [r for r in rows if r.trial_id == trial_id],
+        trial_id,
     )
     return sorted(doomed)
 
 
-def _delete_half_written(session: Session, rows: Sequence[Any]) -> None:
-    """Delete what a crash left half-written beside ``rows``' checkpoints.
+def _delete_half_written(
+    session: Session,
+    experiment_id: int,
+    policy: CheckpointStorageConfig,
+    rows: Sequence[Any],
+    trial_id: int | None,
+) -> None:
+    """Delete what a crash left half-written in the trials' folders.
 
-    A location any row records (whatever its state) is never touched.
+    The folders are those of ``rows``' checkpoints and those the layout gives the
+    experiment's trials (``trial_id``'s alone when given): a trial whose only upload
+    was killed half-way has no row to find its folder by. A location any row records
+    (whatever its state) is never touched.
     """
     from sqlalchemy import select
 
-    from storage import Checkpoint
+    from storage import Checkpoint, Experiment, Trial
 
     folders = {row.path.rstrip("/").rsplit("/", 1)[0] for row in rows}
+    experiment = session.get(Experiment, experiment_id)
+    if experiment is not None:
+        trial_ids = (
+            [trial_id]
+            if trial_id is not None
+            else session.scalars(select(Trial.id).where(Trial.experiment_id == experiment_id))
+        )
+        folders |= {
+            str(trial_checkpoint_dir(policy.path, experiment.model_dir, experiment_id, tid))
+            for tid in trial_ids
+        }
     for folder in sorted(folders):
         store = store_for(folder)
         leftovers = store.incomplete(folder)

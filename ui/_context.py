@@ -29,6 +29,7 @@ EXPERIMENT_PAGE = "views/experiment.py"
 TRIAL_PAGE = "views/trial.py"
 CLUSTER_PAGE = "views/cluster.py"
 COMPARE_PAGE = "views/compare.py"
+DIAGNOSIS_PAGE = "views/diagnosis.py"
 # The Compare page overlays 2 to this many trials or experiments; more is unreadable.
 MAX_COMPARED = 5
 

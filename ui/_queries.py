@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 from storage import (
     Allocation,
     Checkpoint,
+    Diagnosis,
     Experiment,
     ExperimentState,
     Metric,
@@ -72,6 +73,7 @@ _S = SystemMetric.__table__
 _F = TrialFailure.__table__
 _Q = QueuedTrial.__table__
 _W = WarmJob.__table__
+_D = Diagnosis.__table__
 
 # Columns a user may sort the trials table by; anything else is refused, never
 # interpolated into SQL.
@@ -522,6 +524,7 @@ def trial_detail(engine: Engine, trial_id: int) -> dict[str, Any] | None:
                     _T,
                     _E.c.name.label("experiment_name"),
                     _E.c.config.label("experiment_config"),
+                    _E.c.config_path.label("experiment_config_path"),
                 )
                 .join(_E, _E.c.id == _T.c.experiment_id)
                 .where(_T.c.id == trial_id)
@@ -1450,3 +1453,23 @@ def _step_bucket(conn: Any, where: list[Any], max_points: int) -> Any:
         return None
     width = max(1, math.ceil((high - low + 1) / max(1, max_points)))
     return ((_M.c.step - low) // width) if width > 1 else _M.c.step
+
+
+def diagnosis_choices(engine: Engine, limit: int = 200) -> pd.DataFrame:
+    """Stored diagnoses, newest first: id, name, verdict, experiment id, when."""
+    with engine.connect() as conn:
+        return _frame(
+            conn.execute(
+                sa.select(_D.c.id, _D.c.name, _D.c.verdict, _D.c.experiment_id, _D.c.created_at)
+                .order_by(_D.c.id.desc())
+                .limit(limit)
+            )
+        )
+
+
+def diagnosis_report(engine: Engine, diagnosis_id: int) -> dict[str, Any] | None:
+    """One diagnosis: its row's fields and ``report``, the ``slotsweep diagnose --json``
+    document it stored."""
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(_D).where(_D.c.id == diagnosis_id)).mappings().first()
+    return None if row is None else dict(row)

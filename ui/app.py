@@ -34,6 +34,7 @@ navigation = st.navigation(
         st.Page(_context.TRIAL_PAGE, title="Trial", url_path="trial"),
         st.Page(_context.COMPARE_PAGE, title="Compare", url_path="compare"),
         st.Page(_context.CLUSTER_PAGE, title="Cluster", url_path="cluster"),
+        st.Page(_context.DIAGNOSIS_PAGE, title="Diagnosis", url_path="diagnosis"),
     ]
 )
 _context.sidebar()

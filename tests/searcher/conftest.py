@@ -43,6 +43,12 @@ from trials.launch.processes import ProcessRef, is_alive
 # tests/searcher/test_slurm_jobs.py for one job per trial (a cancelled job, a
 # preempted one, a killed driver and resume).
 EXECUTORS = ("local", "local-warm")
+#: The executors the fault-injection tests (tests/searcher/test_fault_injection.py)
+#: run on: those above, and Ray on the real Ray test cluster (its nodes are network
+#: namespaces of this machine, so their processes are in its process table too, and
+#: signals to recorded pids are the same faults). Its own faults (a lost node, a
+#: killed driver and resume) are tests/searcher/test_ray.py.
+FAULT_EXECUTORS = (*EXECUTORS, "ray")
 
 
 def write_experiment(folder: Path, **overrides: Any) -> Path:
@@ -89,9 +95,25 @@ def experiment_yaml(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(params=EXECUTORS)
-def executor(request: pytest.FixtureRequest) -> str:
-    """The executor the test's searches run their trials on."""
+def executor(request: pytest.FixtureRequest, tmp_path: Path, cli_env: dict[str, str]) -> str:
+    """The executor the test's searches run their trials on.
+
+    For ``ray`` (a test parametrized with :data:`FAULT_EXECUTORS`) the Ray test cluster
+    is the cluster of every CLI call made with ``cli_env`` (``SLOTSWEEP_CLUSTER``), and
+    the search's database must be :func:`executor_database`'s PostgreSQL.
+    """
+    if request.param == "ray":
+        ray_cluster = request.getfixturevalue("ray_cluster")
+        cli_env["SLOTSWEEP_CLUSTER"] = str(ray_cluster.cluster_file(tmp_path))
     return str(request.param)
+
+
+@pytest.fixture
+def executor_database(request: pytest.FixtureRequest, executor: str, tmp_path: Path) -> str:
+    """The URL of the search's database: SQLite, or PostgreSQL the Ray nodes reach."""
+    if executor == "ray":
+        return str(request.getfixturevalue("ray_database"))
+    return f"sqlite:///{tmp_path / 'sweep.db'}"
 
 
 def executor_args(executor: str) -> list[str]:
@@ -100,7 +122,7 @@ def executor_args(executor: str) -> list[str]:
     The local executor is the default and needs none; each executor added later maps
     to its own arguments here.
     """
-    arguments: dict[str, list[str]] = {"local": [], "local-warm": []}
+    arguments: dict[str, list[str]] = {"local": [], "local-warm": [], "ray": []}
     return list(arguments[executor])
 
 
@@ -208,8 +230,12 @@ def trial_processes(
 
 
 def process_alive(row: TrialProcess) -> bool:
-    """Whether the recorded process still runs (a reused pid does not count)."""
-    return bool(is_alive(ProcessRef(row.host, row.pid, row.create_time)))
+    """Whether the recorded process still runs (a reused pid does not count).
+
+    Asked of this machine whatever host the row names: a test cluster's nodes (network
+    namespaces) share its process table.
+    """
+    return bool(is_alive(ProcessRef("127.0.0.1", row.pid, row.create_time)))
 
 
 def assert_search_consistent(db: str) -> None:

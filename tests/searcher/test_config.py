@@ -364,7 +364,10 @@ _BOOLEAN_FIELDS: dict[str, dict[str, Any]] = {
     "resources.keep_entrypoint_module": {"resources.reuse_workers": True},
     "optimizations.average_aggregated_gradients": {},
     "optimizations.average_training_metrics": {},
+    "optimizations.auto_tune_tensor_fusion": {},
     "profiling.enabled": {},
+    "profiling.synthetic_data": {},
+    "checkpoint_storage.async_upload": {},
 }
 
 

@@ -8,8 +8,8 @@ consistency check finds nothing (every finished trial kept, no metric recorded t
 restart from step 0 past a checkpoint, no two attempts of a trial overlapping, no slot
 held by two trials), every trial is terminal and the experiment COMPLETED.
 
-Every test takes the ``executor`` fixture, so each executor added later must pass them
-all. The processes to kill are found as a later driver would find them: from their
+Every test takes the ``executor`` fixture over ``FAULT_EXECUTORS``, so each executor
+added later must pass them all. The processes to kill are found as a later driver would find them: from their
 ``slotsweep_trial_processes`` rows (pid and kernel start time).
 """
 
@@ -39,9 +39,11 @@ from storage import (
     TrialProcess,
     TrialRun,
     TrialState,
+    optuna_storage,
     session_scope,
 )
 from tests.searcher.conftest import (
+    FAULT_EXECUTORS,
     assert_search_consistent,
     completed_checkpoints,
     executor_args,
@@ -146,8 +148,9 @@ def _first_checkpointed_trial(db: str) -> int:
     return int(trial_id)
 
 
+@pytest.mark.parametrize("executor", FAULT_EXECUTORS, indirect=True)
 def test_search_survives_crashes_at_chosen_and_random_moments(
-    tmp_path: Path, cli_env: dict[str, str], executor: str
+    tmp_path: Path, cli_env: dict[str, str], executor: str, executor_database: str
 ) -> None:
     """One search crashed at three chosen moments, then its driver killed at random ones.
 
@@ -174,8 +177,10 @@ def test_search_survives_crashes_at_chosen_and_random_moments(
         data={"batch_delay_s": 0.08, "fsync_delay_s": 0.4},
     )
     checkpoint_root = tmp_path / "exp" / "checkpoints"
-    db = f"sqlite:///{tmp_path / 'sweep.db'}"
-    common = ["--db", db, "--slots", "2", *executor_args(executor)]
+    db = executor_database
+    # Two slots of this machine; a cluster file (Ray's) gives each agent's slots itself.
+    slots = [] if executor == "ray" else ["--slots", "2"]
+    common = ["--db", db, *slots, *executor_args(executor)]
     resume_args = ["resume", "digits-large-batch", *common]
 
     # 1. Power loss after a trial recorded its first checkpoint.
@@ -261,7 +266,7 @@ def test_search_survives_crashes_at_chosen_and_random_moments(
             select(Checkpoint).where(Checkpoint.state == CheckpointState.COMPLETED)
         ):
             assert Path(checkpoint.path).exists()
-    study = optuna.load_study(study_name=study_name, storage=db)
+    study = optuna.load_study(study_name=study_name, storage=optuna_storage(db))
     assert [t.state.name for t in study.trials] == ["COMPLETE"] * SEARCH_TRIALS
     _assert_no_process_left(db)
     # No metric recorded twice, no attempts overlapping, Optuna agreeing, and the rest.
@@ -276,8 +281,9 @@ def _completed_checkpoint_past(db: str, step: int) -> bool:
     return newest is not None and newest > step
 
 
+@pytest.mark.parametrize("executor", FAULT_EXECUTORS, indirect=True)
 def test_killed_torchrun_killed_rank_and_hung_rank_each_restart_the_trial(
-    tmp_path: Path, cli_env: dict[str, str], executor: str
+    tmp_path: Path, cli_env: dict[str, str], executor: str, executor_database: str
 ) -> None:
     """One 2-slot trial meets three faults, one per attempt, each after a checkpoint:
 
@@ -300,7 +306,7 @@ def test_killed_torchrun_killed_rank_and_hung_rank_each_restart_the_trial(
         max_restarts=3,
         resources=executor_resources(executor),
     )
-    db = f"sqlite:///{tmp_path / 'sweep.db'}"
+    db = executor_database
     driver = start_cli(["run", str(path), "--db", db, *executor_args(executor)], cli_env, tmp_path)
 
     # Attempt 0: torchrun SIGKILLed after the first checkpoint; its ranks go with it.

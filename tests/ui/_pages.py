@@ -17,6 +17,7 @@ PAGES = {
     "trial": "views/trial.py",
     "compare": "views/compare.py",
     "cluster": "views/cluster.py",
+    "diagnosis": "views/diagnosis.py",
 }
 # The first render of a page imports plotly/optuna/pandas; CI machines are slow.
 RENDER_TIMEOUT_S = 60.0

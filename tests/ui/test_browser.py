@@ -50,7 +50,7 @@ CHROMIUM_FLAGS = (
 SIZES = ((1400, 900), (1024, 768))
 WIDE, NARROW = SIZES[0][0], SIZES[1][0]
 # Every page in the sidebar's order, with the title its h1 shows.
-NAVIGATION = ("Experiments", "Experiment", "Trial", "Compare", "Cluster")
+NAVIGATION = ("Experiments", "Experiment", "Trial", "Compare", "Cluster", "Diagnosis")
 WAIT_S = 60.0
 
 pytestmark = pytest.mark.slow

@@ -232,8 +232,9 @@ def test_cluster_page_shows_warm_jobs_idle_or_running_which_trial(
         "w4": "free",
     }
     idle_rows = slots.loc[on[demo.idle_job]]
-    assert idle_rows["open"].isna().all() and idle_rows["trial #"].isna().all()
-    assert set(idle_rows["warm job"]) == {demo.idle_job}
+    # No trial on an idle job's slots: empty cells, not "None" (issue 33).
+    assert set(idle_rows["open"]) == {""} and "trial #" not in slots.columns
+    assert set(idle_rows["warm job"]) == {str(demo.idle_job)}
     allocations = _table_with(app, "warm_state")
     assert allocations.groupby("agent")["warm_state"].first().tolist() == [
         "running",

@@ -25,6 +25,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from trials.config._batching import per_slot_batch_size
+from trials.config._integrations import (
+    NOTIFICATION_EVENTS,
+    IntegrationsConfig,
+    MlflowConfig,
+    NotificationConfig,
+    NotificationEvent,
+)
 from trials.config._sections import (
     STEPS_PER_SLOT_SECOND,
     CheckpointStorageConfig,
@@ -106,6 +113,7 @@ __all__ = [
     "DEFAULT_PRIORITY",
     "DEFAULT_WEIGHT",
     "MAX_TRIALS",
+    "NOTIFICATION_EVENTS",
     "STEPS_PER_SLOT_SECOND",
     "CategoricalHP",
     "CheckpointStorageConfig",
@@ -116,9 +124,13 @@ __all__ = [
     "ExperimentConfig",
     "Hyperparameter",
     "IntHP",
+    "IntegrationsConfig",
     "Length",
     "LogHP",
     "MaxLength",
+    "MlflowConfig",
+    "NotificationConfig",
+    "NotificationEvent",
     "ObjectiveConfig",
     "OptimizationsConfig",
     "ProfilingConfig",

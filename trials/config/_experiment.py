@@ -32,6 +32,7 @@ from pydantic import (
     model_validator,
 )
 
+from trials.config._integrations import IntegrationsConfig, NotificationConfig
 from trials.config._sections import (
     MAX_SLOT_SECONDS,
     STEPS_PER_SLOT_SECOND,
@@ -399,6 +400,10 @@ class ExperimentConfig(_Strict):
     """Stop the experiment with state ERROR when its first N trials all failed with the
     same error and none succeeded (a bug, not bad luck); 0 turns this off."""
     data: dict[str, Any] = Field(default_factory=dict)
+    integrations: IntegrationsConfig = Field(default_factory=IntegrationsConfig)
+    """Tools the driver logs the search to from the database (MLflow)."""
+    notifications: list[NotificationConfig] = Field(default_factory=list, max_length=100)
+    """Webhooks posted to on the search's events (besides the cluster file's)."""
 
     @field_validator("entrypoint")
     @classmethod

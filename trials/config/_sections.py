@@ -135,6 +135,9 @@ class OptimizationsConfig(ConfigModel):
     tensor_fusion_threshold: float = Field(
         default=64.0, gt=0, le=_MAX_BUCKET_MB, allow_inf_nan=False
     )
+    #: Determined's name: at the start of training, time a few DDP bucket sizes and keep
+    #: the fastest (instead of ``tensor_fusion_threshold``) for the rest of the trial.
+    auto_tune_tensor_fusion: bool = False
 
 
 class CheckpointStorageConfig(ConfigModel):
@@ -143,12 +146,20 @@ class CheckpointStorageConfig(ConfigModel):
     ``path``: a folder (relative to the model directory unless absolute) or an fsspec
     URL such as ``s3://bucket/prefix`` (:mod:`trials.checkpoint_storage`); a URL with
     credentials in it is refused, so none is stored with the experiment.
+
+    ``async_upload``: rank 0 serialises a checkpoint in memory and writes it on a
+    background thread while training goes on; the checkpoint is recorded once its
+    files (and, in a bucket, its manifest) are written. The next save and the trial's
+    end wait for it, and a failed write fails the trial there. The price: twice the
+    checkpoint's size in memory while it is written, and a crash during the write loses
+    it (the restart uses the checkpoint before).
     """
 
     path: str = Field(default="./checkpoints", min_length=1, max_length=4096)
     save_trial_latest: int = Field(default=1, ge=0, le=INT32_MAX)
     save_trial_best: int = Field(default=1, ge=0, le=INT32_MAX)
     save_experiment_best: int = Field(default=0, ge=0, le=INT32_MAX)
+    async_upload: bool = False
 
     @field_validator("path")
     @classmethod
@@ -170,6 +181,10 @@ class ProfilingConfig(ConfigModel):
     system_metrics_interval_s: float = Field(
         default=5.0, gt=0, le=_MAX_SAMPLE_INTERVAL_S, allow_inf_nan=False
     )
+    #: Train on the first batch again and again, already on the device: the input
+    #: pipeline's cost taken out (``slotsweep diagnose`` measures it so; the model
+    #: learns nothing useful this way).
+    synthetic_data: bool = False
 
 
 class PrunerSpec(ConfigModel):

@@ -2,11 +2,12 @@
 
 ``LocalExecutor`` starts ``torchrun`` on this machine; ``SlurmExecutor`` starts each
 attempt as a Slurm job step inside the allocation the search runs in;
-``SbatchExecutor`` submits each attempt as a Slurm job of its own. The driver
+``SbatchExecutor`` submits each attempt as a Slurm job of its own; ``RayExecutor``
+starts each attempt as one actor per node of a Ray cluster. The driver
 talks to :class:`Executor` only; :func:`executor_for` picks one for a cluster and
 :func:`executor_named` finds the one that started a recorded run. Which cluster a
 search runs on is decided here too (:func:`load_cluster`): a Slurm cluster's agents are
-what Slurm says, and only these executors ask it. Each executor records and ends the
+what Slurm says, a Ray cluster's what Ray says, and only these executors ask them. Each executor records and ends the
 rows of the processes it starts (:func:`mark_processes_ended`).
 
 May import ``storage``, the base modules of ``trials``, :mod:`trials.scheduler`,
@@ -22,6 +23,7 @@ from trials.executors._base import Executor, JobEnding, LaunchRequest, TrialJob
 from trials.executors._clusters import load_cluster, parse_cluster, slurm_cluster
 from trials.executors._local import LocalExecutor
 from trials.executors._process_rows import mark_processes_ended
+from trials.executors._ray import RayError, RayExecutor
 from trials.executors._slurm import SlurmExecutor
 from trials.executors._slurm_jobs import SbatchExecutor
 from trials.launch.processes import is_local_host
@@ -34,6 +36,8 @@ __all__ = [
     "JobEnding",
     "LaunchRequest",
     "LocalExecutor",
+    "RayError",
+    "RayExecutor",
     "SbatchExecutor",
     "SlurmExecutor",
     "TrialJob",
@@ -54,6 +58,8 @@ def executor_for(cluster: Cluster) -> Executor:
         return SlurmExecutor(cluster)
     if cluster.executor == "sbatch":
         return SbatchExecutor(cluster)
+    if cluster.executor == "ray":
+        return RayExecutor(cluster)
     return LocalExecutor(use_gpus=cluster.gpu_slots)
 
 
@@ -63,9 +69,12 @@ def executor_named(name: str) -> Executor:
         return SlurmExecutor(None)
     if name == "sbatch":
         return SbatchExecutor(None)
+    if name == "ray":
+        # The cluster this process loaded connected it; else $RAY_ADDRESS says where.
+        return RayExecutor(None)
     if name == "local":
         return LocalExecutor()
-    raise ValueError(f"executor: unknown executor {name!r} (local, slurm, sbatch)")
+    raise ValueError(f"executor: unknown executor {name!r} (local, slurm, sbatch, ray)")
 
 
 def database_problem(executor: Executor, db_url: str) -> str | None:
@@ -106,7 +115,7 @@ def reach_problem(executor: Executor, pool: ResourcePool) -> str | None:
         >>> from trials.scheduler import Agent, ResourcePool
         >>> pool = ResourcePool("default", (Agent("a", "gpu-7", (0,)),))
         >>> print(reach_problem(LocalExecutor(), pool))
-        cluster: agent 'a' of resource pool 'default' is on host 'gpu-7'; the local executor starts trials on this machine only (its agents' host: localhost, 127.0.0.1 or this machine's name); run slotsweep on that host, or use executor: slurm
+        cluster: agent 'a' of resource pool 'default' is on host 'gpu-7'; the local executor starts trials on this machine only (its agents' host: localhost, 127.0.0.1 or this machine's name); run slotsweep on that host, or use executor: slurm or executor: ray
     """
     if executor.remote:
         return None
@@ -116,6 +125,6 @@ def reach_problem(executor: Executor, pool: ResourcePool) -> str | None:
                 f"cluster: agent '{agent.name}' of resource pool '{pool.name}' is on host "
                 f"'{agent.host}'; the {executor.name} executor starts trials on this machine "
                 "only (its agents' host: localhost, 127.0.0.1 or this machine's name); run "
-                "slotsweep on that host, or use executor: slurm"
+                "slotsweep on that host, or use executor: slurm or executor: ray"
             )
     return None

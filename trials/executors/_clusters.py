@@ -1,19 +1,22 @@
-"""Which cluster a search runs on: the cluster file, Slurm's nodes, or this machine.
+"""Which cluster a search runs on: the cluster file, Slurm's or Ray's nodes, or this machine.
 
 The scheduler validates a cluster file (:func:`trials.scheduler.read_cluster`); a file
 with ``executor: slurm`` leaves the agents to Slurm, and only the Slurm executors know
 how to ask it: the allocation's nodes (:func:`~trials.executors._slurm.allocation_cluster`)
-or a partition's (:func:`~trials.executors._slurm_jobs.partition_cluster`). Here the
-two meet, so the scheduler never imports an executor.
+or a partition's (:func:`~trials.executors._slurm_jobs.partition_cluster`); one with
+``executor: ray`` to Ray (:func:`~trials.executors._ray.ray_cluster`). Here they meet,
+so the scheduler never imports an executor.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from trials.config import YamlError, read_yaml
+from trials.executors._ray import ray_cluster
 from trials.executors._slurm import allocation_cluster
 from trials.executors._slurm_jobs import partition_cluster
 from trials.scheduler import (
@@ -21,6 +24,7 @@ from trials.scheduler import (
     SLURM_CLUSTER,
     Cluster,
     ClusterConfigError,
+    RayNodes,
     SlurmNodes,
     local_cluster,
     read_cluster,
@@ -30,12 +34,14 @@ from trials.scheduler import (
 def slurm_cluster(nodes: SlurmNodes) -> Cluster:
     """The cluster of ``nodes`` as Slurm lists them (a partition's, or the allocation's)."""
     if nodes.jobs is not None:
-        return partition_cluster(
+        cluster = partition_cluster(
             nodes.jobs,
             slot_type=nodes.slot_type,
             dtrain_network_interface=nodes.dtrain_network_interface,
         )
-    return allocation_cluster(dtrain_network_interface=nodes.dtrain_network_interface)
+    else:
+        cluster = allocation_cluster(dtrain_network_interface=nodes.dtrain_network_interface)
+    return replace(cluster, notifications=nodes.notifications)
 
 
 def parse_cluster(raw: Any) -> Cluster:
@@ -48,7 +54,11 @@ def parse_cluster(raw: Any) -> Cluster:
         (0, 1)
     """
     found = read_cluster(raw)
-    return slurm_cluster(found) if isinstance(found, SlurmNodes) else found
+    if isinstance(found, SlurmNodes):
+        return slurm_cluster(found)
+    if isinstance(found, RayNodes):
+        return replace(ray_cluster(found), notifications=found.notifications)
+    return found
 
 
 def load_cluster(path: str | Path | None = None, *, slots: int | None = None) -> Cluster:

@@ -34,19 +34,41 @@ if TYPE_CHECKING:
 def record_launch(session: Session, run: TrialRun, processes: TrialProcesses) -> None:
     """Add a TORCHRUN row for each agent's ``torchrun`` of ``run``."""
     for command, ref in zip(processes.commands, processes.refs, strict=True):
-        session.add(
-            TrialProcess(
-                run_id=run.id,
-                trial_id=run.trial_id,
-                attempt=run.attempt,
-                role=ProcessRole.TORCHRUN,
-                agent=command.agent,
-                host=command.host,
-                slots=list(command.slots),
-                pid=ref.pid,
-                create_time=ref.create_time,
-            )
+        add_torchrun_row(
+            session,
+            run,
+            agent=command.agent,
+            host=command.host,
+            slots=command.slots,
+            pid=ref.pid,
+            create_time=ref.create_time,
         )
+
+
+def add_torchrun_row(
+    session: Session,
+    run: TrialRun,
+    *,
+    agent: str,
+    host: str,
+    slots: Sequence[int],
+    pid: int,
+    create_time: float,
+) -> None:
+    """Add the TORCHRUN row of one agent's ``torchrun`` of ``run``."""
+    session.add(
+        TrialProcess(
+            run_id=run.id,
+            trial_id=run.trial_id,
+            attempt=run.attempt,
+            role=ProcessRole.TORCHRUN,
+            agent=agent,
+            host=host,
+            slots=list(slots),
+            pid=pid,
+            create_time=create_time,
+        )
+    )
 
 
 def _open_rows(session: Session, run_ids: Sequence[int]) -> list[TrialProcess]:

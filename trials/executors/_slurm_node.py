@@ -1,6 +1,8 @@
 """One node's part of a Slurm job step: ``python -m trials.executors._slurm_node TORCHRUN_ARGS``.
 
-``srun`` runs the same command on every node of the step; what differs per node comes
+The Ray executor's node actors run it too (:mod:`trials.executors._ray_node`), naming
+the agent in ``SLOTSWEEP_AGENT``. ``srun`` runs the same command on every node of the
+step; what differs per node comes
 from Slurm's environment: the agent is ``SLURMD_NODENAME`` and its slots come from
 ``SLOTSWEEP_NODE_SLOTS`` (the placement's slots of every node, as JSON), or, in a job
 that Slurm placed, from the GPUs Slurm gave the step (else CPU slots 0..n-1). There
@@ -89,7 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from trials.node.torchrun import main as torchrun_main
 
     args = list(sys.argv[1:] if argv is None else argv)
-    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    # A Ray actor names its agent (a Ray node's name need not be its host name).
+    node = (
+        os.environ.get("SLURMD_NODENAME") or os.environ.get(AGENT_ENV_VAR) or socket.gethostname()
+    )
     os.environ[AGENT_ENV_VAR] = node
     slots = json.loads(os.environ.get(NODE_SLOTS_ENV_VAR, "{}")).get(node)
     if slots is None and os.environ.get(RDZV_PORT_ENV_VAR):

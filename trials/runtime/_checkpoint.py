@@ -20,12 +20,19 @@ Who writes: rank 0 holds a :class:`TrialCheckpoints`, which writes the files and
 records the checkpoint's row; every other rank holds :data:`NO_CHECKPOINTS`, which
 writes nothing (the trial's checkpoint is rank 0's state, gathered where it must be).
 Callers save on every rank alike; the choice is made once, where the context is built.
+
+With ``checkpoint_storage.async_upload`` rank 0's write overlaps training: the state is
+serialised to memory on the training thread (a snapshot), written and recorded on a
+background thread, and waited for by the next save and by the trial's end. The
+guarantees stay: a checkpoint is recorded only once it is whole (its manifest
+written), so a crash never loses a recorded one; it may lose the one being written,
+and a restart then continues from the one before.
 """
 
 from __future__ import annotations
 
+import io
 import json
-import os
 import random
 import uuid as uuid_lib
 from collections.abc import Callable, Mapping
@@ -34,8 +41,9 @@ from typing import IO, Any, Protocol
 
 import torch
 
-from trials.checkpoint_storage import join, store_for
+from trials.checkpoint_storage import FileWriter, store_for
 from trials.config import is_url
+from trials.runtime._background import Background
 from trials.runtime._recording import Recorder
 
 STATE_FILE = "state.pt"
@@ -43,33 +51,10 @@ METADATA_FILE = "metadata.json"
 FORMAT_VERSION = 1
 
 
-def trial_checkpoint_dir(
-    storage_path: str, model_dir: str, experiment_id: int, trial_id: int
-) -> Path | str:
-    """The folder (or, for a URL, the prefix) holding one trial's checkpoints.
-
-    Example:
-        >>> str(trial_checkpoint_dir("ckpt", "/exp", 3, 7))
-        '/exp/ckpt/3/7'
-        >>> trial_checkpoint_dir("s3://bucket/ckpt", "/exp", 3, 7)
-        's3://bucket/ckpt/3/7'
-    """
-    if is_url(storage_path):
-        return join(storage_path, str(experiment_id), str(trial_id))
-    base = Path(os.path.expanduser(storage_path))
-    if not base.is_absolute():
-        base = Path(model_dir) / base
-    return base / str(experiment_id) / str(trial_id)
-
-
-def write_checkpoint(
-    directory: Path | str, uuid: str, state: Mapping[str, Any], metadata: Mapping[str, Any]
-) -> tuple[Path | str, int]:
-    """Write ``state`` as checkpoint ``uuid`` under ``directory``; ``(location, size_bytes)``.
-
-    The location is a :class:`~pathlib.Path` for a folder, the URL for object storage.
-    Raises :class:`~trials.checkpoint_storage.CheckpointStorageError` when the storage refuses the write.
-    """
+def checkpoint_files(
+    state: Mapping[str, Any], metadata: Mapping[str, Any]
+) -> dict[str, FileWriter]:
+    """The files of a checkpoint of ``state``, each as a writer of its bytes."""
 
     def write_state(f: IO[bytes]) -> None:
         torch.save(dict(state), f)
@@ -77,10 +62,42 @@ def write_checkpoint(
     def write_metadata(f: IO[bytes]) -> None:
         f.write(json.dumps(dict(metadata), indent=2, sort_keys=True, default=str).encode())
 
-    location, size = store_for(directory).write(
-        str(directory), uuid, {STATE_FILE: write_state, METADATA_FILE: write_metadata}
-    )
+    return {STATE_FILE: write_state, METADATA_FILE: write_metadata}
+
+
+def in_memory(files: Mapping[str, FileWriter]) -> dict[str, FileWriter]:
+    """``files`` serialised now, as writers of those bytes: a snapshot that stays as it is
+    while training goes on changing the tensors it was taken from."""
+    snapshot: dict[str, FileWriter] = {}
+    for name, write in files.items():
+        buffer = io.BytesIO()
+        write(buffer)
+
+        def write_bytes(f: IO[bytes], data: io.BytesIO = buffer) -> None:
+            f.write(data.getbuffer())
+
+        snapshot[name] = write_bytes
+    return snapshot
+
+
+def write_files(
+    directory: Path | str, uuid: str, files: Mapping[str, FileWriter]
+) -> tuple[Path | str, int]:
+    """Write ``files`` as checkpoint ``uuid`` under ``directory``; ``(location, size_bytes)``.
+
+    The location is a :class:`~pathlib.Path` for a folder, the URL for object storage.
+    Raises :class:`~trials.checkpoint_storage.CheckpointStorageError` when the storage
+    refuses the write.
+    """
+    location, size = store_for(directory).write(str(directory), uuid, files)
     return (location if is_url(location) else Path(location)), size
+
+
+def write_checkpoint(
+    directory: Path | str, uuid: str, state: Mapping[str, Any], metadata: Mapping[str, Any]
+) -> tuple[Path | str, int]:
+    """Write ``state`` as checkpoint ``uuid`` under ``directory`` (see :func:`write_files`)."""
+    return write_files(directory, uuid, checkpoint_files(state, metadata))
 
 
 class CheckpointWriter(Protocol):
@@ -100,21 +117,35 @@ class CheckpointWriter(Protocol):
         """
         ...
 
+    def wait(self) -> None:
+        """Wait until the checkpoints written so far are recorded; raise a write's failure."""
+        ...
+
 
 class TrialCheckpoints:
     """Rank 0's writer: the files under the trial's folder, then the row, then garbage.
 
-    The row is recorded synchronously: once :meth:`write` returns, a restart finds the
-    checkpoint.
+    The row is recorded once the files are whole. Synchronously by default: once
+    :meth:`write` returns, a restart finds the checkpoint. With ``async_upload`` the
+    state is serialised to memory in :meth:`write` and the files written and recorded
+    on a background thread (:mod:`trials.runtime._background`) while training goes on;
+    :meth:`wait`, the next :meth:`write` and the trial's end (the runner) wait for it.
     """
 
     def __init__(
-        self, directory: Path | str, *, experiment_id: int, trial_id: int, recorder: Recorder
+        self,
+        directory: Path | str,
+        *,
+        experiment_id: int,
+        trial_id: int,
+        recorder: Recorder,
+        async_upload: bool = False,
     ) -> None:
         self.directory = directory
         self._experiment_id = experiment_id
         self._trial_id = trial_id
         self._recorder = recorder
+        self._background = Background("slotsweep-checkpoint-write") if async_upload else None
 
     def write(
         self,
@@ -125,9 +156,8 @@ class TrialCheckpoints:
         metrics: Mapping[str, float],
     ) -> str:
         uuid = str(uuid_lib.uuid4())
-        path, size = write_checkpoint(
-            self.directory,
-            uuid,
+        metrics = dict(metrics)
+        files = checkpoint_files(
             build_state(),
             {
                 "uuid": uuid,
@@ -135,19 +165,36 @@ class TrialCheckpoints:
                 "experiment_id": self._experiment_id,
                 "steps_completed": steps_completed,
                 "epoch": epoch,
-                "metrics": dict(metrics),
+                "metrics": metrics,
                 "format": FORMAT_VERSION,
             },
         )
-        self._recorder.checkpoint(
-            uuid=uuid,
-            step=steps_completed,
-            epoch=epoch,
-            path=path,
-            size_bytes=size,
-            metrics=metrics,
-        )
+
+        def write_and_record(files: Mapping[str, FileWriter]) -> None:
+            path, size = write_files(self.directory, uuid, files)
+            # Only now: a checkpoint is recorded once its files (its manifest) are whole.
+            self._recorder.checkpoint(
+                uuid=uuid,
+                step=steps_completed,
+                epoch=epoch,
+                path=path,
+                size_bytes=size,
+                metrics=metrics,
+            )
+
+        if self._background is None:
+            write_and_record(files)
+            return uuid
+        # The previous checkpoint is recorded (or its failure raised here) first: rows go
+        # in step order, and one snapshot at a time is held in memory.
+        self._background.wait()
+        snapshot = in_memory(files)
+        self._background.start(lambda: write_and_record(snapshot))
         return uuid
+
+    def wait(self) -> None:
+        if self._background is not None:
+            self._background.wait()
 
 
 class NoCheckpoints:
@@ -167,6 +214,9 @@ class NoCheckpoints:
         metrics: Mapping[str, float],
     ) -> None:
         return None
+
+    def wait(self) -> None:
+        """Nothing was written."""
 
 
 NO_CHECKPOINTS = NoCheckpoints()

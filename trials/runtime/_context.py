@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import torch
 
+from trials.checkpoint_storage import trial_checkpoint_dir
 from trials.config import Length, RuntimeSpec, per_slot_batch_size
 from trials.runtime._checkpoint import (
     FORMAT_VERSION,
@@ -32,7 +33,6 @@ from trials.runtime._checkpoint import (
     CheckpointWriter,
     TrialCheckpoints,
     read_checkpoint,
-    trial_checkpoint_dir,
 )
 from trials.runtime._data import batches_per_epoch
 from trials.runtime._distributed import (
@@ -124,6 +124,7 @@ class TrialContext:
                 experiment_id=spec.experiment_id,
                 trial_id=spec.trial_id,
                 recorder=recorder,
+                async_upload=spec.checkpoint_storage.async_upload,
             )
             self._preemption = ChiefPreemption(recorder)
         if "global_batch_size" not in spec.hparams:
@@ -362,13 +363,22 @@ class TrialContext:
             build_state, steps_completed=steps_completed, epoch=epoch, metrics=metrics
         )
 
+    def _wait_for_checkpoints(self) -> None:
+        """Wait until every checkpoint written so far is recorded (rank 0's background
+        writes); raise the failure of one that could not be written."""
+        self._checkpoints.wait()
+
     def save_checkpoint(
         self, state: Mapping[str, Any], steps_completed: int, *, epoch: float | None = None
     ) -> str:
         """Save rank 0's ``state`` (tensors and plain containers) as a checkpoint (collective).
 
         Returns the checkpoint's uuid on every rank. Only rank 0's ``state`` is written;
-        the checkpoint records the validation metrics reported at the same step.
+        the checkpoint records the validation metrics reported at the same step. With
+        ``checkpoint_storage.async_upload`` the state is copied to memory here and
+        written while training goes on: the checkpoint is recorded (a restart continues
+        from it) once it is written, the next save and the trial's end wait for that,
+        and a failed write fails the trial there.
         """
         uuid = self._write_checkpoint(
             lambda: {
@@ -452,17 +462,34 @@ class PyTorchTrialContext(TrialContext):
         """Move ``model`` to this rank's device and, with several ranks, wrap it in DDP.
 
         Returns the model to call in ``train_batch`` (the DDP wrapper when distributed).
+        With ``optimizations.auto_tune_tensor_fusion`` the ranks first time a few DDP
+        bucket sizes on a stand-in of the model and wrap it with the fastest
+        (:mod:`trials.runtime._fusion`).
         """
         model = model.to(self.device)
         self.models.append(model)
         wrapped: torch.nn.Module = model
         if self.distributed.distributed:
             from trials.runtime._ddp import wrap_ddp
+            from trials.runtime._fusion import tune_tensor_fusion
 
+            optimizations = self.spec.optimizations
+            if optimizations.auto_tune_tensor_fusion:
+                bucket_mb = tune_tensor_fusion(
+                    model,
+                    self.device,
+                    optimizations,
+                    self._recorder,
+                    world_size=self.world_size,
+                    is_chief=self.is_chief,
+                )
+                optimizations = optimizations.model_copy(
+                    update={"tensor_fusion_threshold": bucket_mb}
+                )
             wrapped = wrap_ddp(
                 model,
                 self.device,
-                self.spec.optimizations,
+                optimizations,
                 find_unused_parameters=find_unused_parameters,
             )
         self.wrapped_models.append(wrapped)

@@ -1,6 +1,7 @@
 """The managed training loop that runs a :class:`~trials.runtime.PyTorchTrial`.
 
-Per batch: next batch -> device -> ``train_batch`` (under DDP's ``no_sync`` on all but
+Per batch: next batch -> device (with ``profiling.synthetic_data``, the first batch
+again, already there) -> ``train_batch`` (under DDP's ``no_sync`` on all but
 the last batch of an aggregation group, and under autocast) -> LR schedulers after an
 optimizer step. Reports, validations and checkpoints happen only after an optimizer
 step, so a checkpoint never holds half-aggregated gradients. Nothing per batch waits
@@ -356,21 +357,32 @@ class ManagedLoop:
         if self._restored_rng is not None:
             restore_rng_state(self._restored_rng, self.device)
         iterator = None
+        synthetic = self.spec.profiling.synthetic_data
+        held_batch: Any = None
         outcome: TrialOutcome | None = None
         # Start-up is over: the trial's compute counts from here.
         ctx._recorder.training_started()
         while self.step < s.max_batches:
-            if iterator is None:
+            if iterator is None and held_batch is None:
                 self.train_sampler.set_epoch(self.epoch_idx)
                 self.train_sampler.set_start_index(self.batch_in_epoch * self.train_batch_size)
                 self._loader_generator.manual_seed(ctx.seed * 7919 + self.epoch_idx)
                 iterator = iter(self.train_loader)
             profiler.begin_batch()
-            batch = next(iterator)
-            profiler.lap("dataloader_next")
-            if not cpu:
-                batch = ctx.to_device(batch)
-            profiler.lap("to_device")
+            if held_batch is None:
+                assert iterator is not None  # made above whenever no batch is held
+                batch = next(iterator)
+                profiler.lap("dataloader_next")
+                if not cpu:
+                    batch = ctx.to_device(batch)
+                profiler.lap("to_device")
+                if synthetic:
+                    held_batch = batch
+            else:
+                # profiling.synthetic_data: no input pipeline, its phases cost nothing.
+                batch = held_batch
+                profiler.lap("dataloader_next")
+                profiler.lap("to_device")
             batch_in_epoch = self.batch_in_epoch
             is_step = s.is_optimizer_step(batch_in_epoch, self.step)
             ctx._is_optimizer_step = is_step

@@ -298,6 +298,76 @@ class ChiefRecorder:
 
         self.submit(lambda: self._transaction(write))
 
+    def fusion_choice(self, shape_key: str, world_size: int) -> float | None:
+        """The bucket size (MB) an earlier trial of this experiment chose for the shape."""
+
+        def read(session: Session) -> float | None:
+            from sqlalchemy import select
+
+            from storage import FusionChoice
+
+            return session.scalar(
+                select(FusionChoice.bucket_mb).where(
+                    FusionChoice.experiment_id == self.spec.experiment_id,
+                    FusionChoice.shape_key == shape_key,
+                    FusionChoice.world_size == world_size,
+                )
+            )
+
+        return self.call(lambda: self._transaction(read))
+
+    def record_fusion_choice(
+        self,
+        shape_key: str,
+        world_size: int,
+        bucket_mb: float,
+        windows: Sequence[TimingWindow],
+        *,
+        parameters: int,
+        gradient_bytes: int,
+    ) -> None:
+        """The chosen size for later trials; the probes' step times as this trial's timings.
+
+        Two trials of one shape that probe at the same time both measure; the first
+        choice recorded stays (the unique key refuses the second, which is not an error).
+        """
+        self.timings(windows)
+
+        def write(session: Session) -> None:
+            from sqlalchemy import select
+            from sqlalchemy.exc import IntegrityError
+
+            from storage import FusionChoice
+
+            exists = session.scalar(
+                select(FusionChoice.id).where(
+                    FusionChoice.experiment_id == self.spec.experiment_id,
+                    FusionChoice.shape_key == shape_key,
+                    FusionChoice.world_size == world_size,
+                )
+            )
+            if exists is not None:
+                return
+            try:
+                # A savepoint: on PostgreSQL another trial may insert between the
+                # select and this insert (SQLite's writes are serialised).
+                with session.begin_nested():
+                    session.add(
+                        FusionChoice(
+                            experiment_id=self.spec.experiment_id,
+                            shape_key=shape_key,
+                            world_size=world_size,
+                            bucket_mb=bucket_mb,
+                            parameters=parameters,
+                            gradient_bytes=gradient_bytes,
+                            trial_id=self.spec.trial_id,
+                        )
+                    )
+            except IntegrityError:
+                pass
+
+        self.submit(lambda: self._transaction(write))
+
     def register(self, processes: Sequence[RankProcess]) -> None:
         """Record every rank's process under this attempt's run (and its first progress).
 

@@ -87,6 +87,23 @@ class Recorder(Protocol):
         """Profiling windows of the loop's phases."""
         ...
 
+    def fusion_choice(self, shape_key: str, world_size: int) -> float | None:
+        """The bucket size (MB) this search already chose for a model shape and world size."""
+        ...
+
+    def record_fusion_choice(
+        self,
+        shape_key: str,
+        world_size: int,
+        bucket_mb: float,
+        windows: Sequence[TimingWindow],
+        *,
+        parameters: int,
+        gradient_bytes: int,
+    ) -> None:
+        """The chosen bucket size, and the step times of every size tried (as timings)."""
+        ...
+
     def checkpoint(
         self,
         *,
@@ -168,6 +185,22 @@ class NoRecorder:
 
     def timings(self, windows: Sequence[TimingWindow]) -> None:
         """Nothing: only rank 0 profiles."""
+
+    def fusion_choice(self, shape_key: str, world_size: int) -> float | None:
+        """None: rank 0 looks the choice up and broadcasts it."""
+        return None
+
+    def record_fusion_choice(
+        self,
+        shape_key: str,
+        world_size: int,
+        bucket_mb: float,
+        windows: Sequence[TimingWindow],
+        *,
+        parameters: int,
+        gradient_bytes: int,
+    ) -> None:
+        """Nothing: rank 0 records the choice."""
 
     def checkpoint(
         self,

@@ -193,6 +193,9 @@ def run_trial(spec: RuntimeSpec, info: DistributedInfo | None = None) -> TrialOu
             recorder.training_started()
             target(context)
             outcome = TrialOutcome.PRUNED if context.pruned else TrialOutcome.FINISHED
+        # The last checkpoint is recorded before the trial's end is: the driver (or the
+        # warm job's next trial) must find it. A write that failed fails the trial here.
+        context._wait_for_checkpoints()
         if outcome is TrialOutcome.FINISHED:
             recorder.finished(context.steps_reported)
         else:
@@ -213,6 +216,11 @@ def run_trial(spec: RuntimeSpec, info: DistributedInfo | None = None) -> TrialOu
         _finish_before_terminating()
         raise
     finally:
+        if context is not None and failure is not None:
+            # A checkpoint still being written when the rank fails is recorded if its
+            # write succeeds, as it would have been had training not gone on meanwhile.
+            with contextlib.suppress(Exception):
+                context._wait_for_checkpoints()
         system_metrics.stop()
         recorder.close()
         if joined:

@@ -6,7 +6,7 @@ of waiting requests; :func:`read_cluster` validates a cluster file and
 Slot ownership across drivers lives in the database (:mod:`trials.coordination.allocations`).
 
 May import the base modules of ``trials`` only: every other part of ``trials`` builds on
-it. Which cluster a search runs on, where Slurm must be asked, is the executors' part
+it. Which cluster a search runs on, where Slurm or Ray must be asked, is the executors' part
 (:func:`trials.executors.load_cluster`).
 
 Example:
@@ -20,6 +20,7 @@ from trials.scheduler._cluster import (
     Agent,
     Cluster,
     FittingPolicy,
+    RaySettings,
     ResourcePool,
     SlotType,
     SlurmJobSettings,
@@ -31,6 +32,7 @@ from trials.scheduler._cluster_file import (
     MAX_SLOTS_PER_AGENT,
     SLURM_CLUSTER,
     ClusterConfigError,
+    RayNodes,
     SlurmNodes,
     local_cluster,
     read_cluster,
@@ -63,6 +65,8 @@ __all__ = [
     "ClusterConfigError",
     "FittingPolicy",
     "Placement",
+    "RayNodes",
+    "RaySettings",
     "ResourcePool",
     "RunningRequest",
     "SlotRequest",

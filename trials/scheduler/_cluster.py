@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from trials.config import NotificationConfig
+
 FittingPolicy = Literal["best", "worst"]
 
 
@@ -105,13 +107,35 @@ class SlurmJobSettings:
     slot_type: SlotType = "gpu"
 
 
+#: How long a Ray placement group may stay unsatisfied before the trial goes back to the
+#: queue: long enough for Ray to start the actors' worker processes under load, short
+#: enough that a node lost between decision and reservation does not hold a trial.
+DEFAULT_RAY_RESERVE_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class RaySettings:
+    """A Ray cluster's connection and slot rules, from the cluster file's ``ray:`` block.
+
+    ``address`` is what ``ray.init`` takes (``ray://HEAD:10001`` for a driver outside
+    the cluster); None: ``$RAY_ADDRESS``. ``slot_type`` says whether a slot is a GPU or
+    a CPU of a node (None: GPUs where the nodes have them). A trial whose placement
+    group Ray has not reserved after ``reserve_timeout_s`` goes back to the queue.
+    """
+
+    address: str | None = None
+    slot_type: SlotType | None = None
+    reserve_timeout_s: float = DEFAULT_RAY_RESERVE_TIMEOUT_S
+
+
 @dataclass(frozen=True)
 class Cluster:
     """Every resource pool that trials can be scheduled on."""
 
     pools: tuple[ResourcePool, ...]
-    #: Where trials run: "local" (this machine), "slurm" (job steps of an allocation)
-    #: or "sbatch" (one Slurm job per trial, placed by Slurm).
+    #: Where trials run: "local" (this machine), "slurm" (job steps of an allocation),
+    #: "sbatch" (one Slurm job per trial, placed by Slurm) or "ray" (actors on a Ray
+    #: cluster's nodes).
     executor: str = "local"
     #: Determined's name: the network interface trials use between nodes (sets
     #: NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME); None picks one per trial and logs it.
@@ -123,6 +147,10 @@ class Cluster:
     #: With executor "sbatch": how trials are submitted (the agents are the partition's
     #: nodes, known to validate sizes; Slurm picks the nodes of each job).
     slurm_jobs: SlurmJobSettings | None = None
+    #: With executor "ray": how to reach the Ray cluster whose nodes are the agents.
+    ray: RaySettings | None = None
+    #: Webhooks every search on this cluster posts to (the cluster file's ``notifications``).
+    notifications: tuple[NotificationConfig, ...] = ()
 
     def pool(self, name: str) -> ResourcePool:
         """The pool called ``name``; raises :class:`UnknownPool` listing the pools otherwise."""

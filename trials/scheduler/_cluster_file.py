@@ -15,6 +15,8 @@
           - {name: a2, host: 127.0.0.1, slots: [0, 1]}   # explicit GPU indices
     dtrain_network_interface: eth0    # optional: NCCL/gloo interface between nodes
                                       # (a name Linux allows: 1-15 bytes, no space, / or :)
+    notifications:                    # optional: webhooks for every search on the cluster
+      - {url: "https://hooks.slack.com/services/T0/B0/XYZ", on: [completed, error]}
 
 ``executor: slurm`` (or ``--cluster slurm``, or running inside ``salloc``/``sbatch``
 with no cluster file) takes the agents from the Slurm allocation instead. With a
@@ -30,6 +32,17 @@ with no cluster file) takes the agents from the Slurm allocation instead. With a
       constraint: a100           # optional, sbatch --constraint
       sbatch_options: ["--mem=64G"]   # optional; not the options slotsweep sets itself
       slot_type: gpu             # gpu | cpu; default: gpu when the nodes have GPUs
+
+``executor: ray`` takes the agents from a Ray cluster instead: its alive nodes, each
+with its GPUs as slots (CPU slots on nodes without GPUs). Every key of the ``ray:``
+block is optional::
+
+    executor: ray
+    ray:
+      address: ray://head-node:10001   # default: $RAY_ADDRESS
+      slot_type: gpu                   # gpu | cpu; default: gpu when the nodes have GPUs
+      reserve_timeout_s: 60            # a trial whose slots Ray has not reserved by
+                                       # then goes back to the queue
 
 Without a file the cluster is one pool ``default`` holding this machine, named after
 its hostname, with its GPUs as slots (found through NVML) or else one slot per CPU.
@@ -56,8 +69,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError, field_validator
 
-from trials.config import ConfigModel, validation_problems
-from trials.scheduler._cluster import Agent, Cluster, ResourcePool, SlotType, SlurmJobSettings
+from trials.config import ConfigModel, NotificationConfig, validation_problems
+from trials.scheduler._cluster import (
+    DEFAULT_RAY_RESERVE_TIMEOUT_S,
+    Agent,
+    Cluster,
+    RaySettings,
+    ResourcePool,
+    SlotType,
+    SlurmJobSettings,
+)
 from trials.scheduler._sbatch_options import sbatch_option_problems
 
 CLUSTER_ENV_VAR = "SLOTSWEEP_CLUSTER"
@@ -89,6 +110,19 @@ class SlurmNodes:
     jobs: SlurmJobSettings | None = None
     slot_type: SlotType | None = None
     dtrain_network_interface: str | None = None
+    notifications: tuple[NotificationConfig, ...] = ()
+
+
+@dataclass(frozen=True)
+class RayNodes:
+    """A cluster file's ``executor: ray``: the agents are the nodes of a Ray cluster.
+
+    The Ray executor asks Ray for them (:func:`trials.executors.parse_cluster`).
+    """
+
+    settings: RaySettings
+    dtrain_network_interface: str | None = None
+    notifications: tuple[NotificationConfig, ...] = ()
 
 
 SlotId = Annotated[int, Field(ge=0, lt=MAX_SLOTS_PER_AGENT, strict=True)]
@@ -223,14 +257,26 @@ class _SlurmJobsSpec(ConfigModel):
         ]
 
 
+class _RaySpec(ConfigModel):
+    address: str | None = Field(default=None, min_length=1, max_length=1000)
+    slot_type: Literal["gpu", "cpu"] | None = None
+    # Ray starts an actor's worker process in a second or two; far below that every
+    # trial would go back to the queue, far above it a lost node holds a trial a day.
+    reserve_timeout_s: float = Field(default=DEFAULT_RAY_RESERVE_TIMEOUT_S, ge=5, le=86400)
+
+
 class _ClusterSpec(ConfigModel):
     # Where trials run. With "slurm" the agents are the nodes of the Slurm allocation
-    # the search runs in, so the file declares no resource pools.
-    executor: Literal["local", "slurm"] = "local"
+    # the search runs in, with "ray" the nodes of a Ray cluster, so the file declares
+    # no resource pools.
+    executor: Literal["local", "slurm", "ray"] = "local"
     dtrain_network_interface: str | None = None
     resource_pools: list[_PoolSpec] | None = Field(default=None, min_length=1)
     # One Slurm job per trial (sbatch) instead of job steps of an allocation.
     slurm: _SlurmJobsSpec | None = None
+    ray: _RaySpec | None = None
+    # Webhooks every search on this cluster posts to (beside its own config's).
+    notifications: list[NotificationConfig] = Field(default_factory=list, max_length=100)
 
     @field_validator("dtrain_network_interface")
     @classmethod
@@ -252,11 +298,16 @@ class _ClusterSpec(ConfigModel):
         return value
 
 
-def read_cluster(raw: Any) -> Cluster | SlurmNodes:
+def read_cluster(raw: Any) -> Cluster | SlurmNodes | RayNodes:
     """Validate a loaded cluster document; raises :class:`ClusterConfigError` listing every problem.
 
     A file with ``executor: slurm`` declares no agents: it is returned as the
-    :class:`SlurmNodes` to ask Slurm for (:func:`trials.executors.parse_cluster` does).
+    :class:`SlurmNodes` to ask Slurm for (:func:`trials.executors.parse_cluster` does);
+    one with ``executor: ray`` as the :class:`RayNodes` to ask Ray for.
+
+    Example:
+        >>> read_cluster({"executor": "ray", "ray": {"address": "ray://head:10001"}}).settings.address
+        'ray://head:10001'
     """
     if not isinstance(raw, dict):
         raise ClusterConfigError(["<top level>: must be a mapping with a 'resource_pools' list"])
@@ -266,6 +317,26 @@ def read_cluster(raw: Any) -> Cluster | SlurmNodes:
         raise ClusterConfigError(validation_problems(exc, _ClusterSpec)) from None
     if spec.slurm is not None and spec.executor != "slurm":
         raise ClusterConfigError(["slurm: needs executor: slurm"])
+    if spec.ray is not None and spec.executor != "ray":
+        raise ClusterConfigError(["ray: needs executor: ray"])
+    if spec.executor == "ray":
+        if spec.resource_pools is not None:
+            raise ClusterConfigError(
+                [
+                    "resource_pools: not allowed with executor: ray "
+                    "(the agents are the nodes of the Ray cluster)"
+                ]
+            )
+        ray = spec.ray or _RaySpec()
+        return RayNodes(
+            settings=RaySettings(
+                address=ray.address,
+                slot_type=ray.slot_type,
+                reserve_timeout_s=ray.reserve_timeout_s,
+            ),
+            dtrain_network_interface=spec.dtrain_network_interface,
+            notifications=tuple(spec.notifications),
+        )
     if spec.executor == "slurm":
         if spec.resource_pools is not None:
             raise ClusterConfigError(
@@ -286,8 +357,12 @@ def read_cluster(raw: Any) -> Cluster | SlurmNodes:
                 ),
                 slot_type=spec.slurm.slot_type,
                 dtrain_network_interface=spec.dtrain_network_interface,
+                notifications=tuple(spec.notifications),
             )
-        return SlurmNodes(dtrain_network_interface=spec.dtrain_network_interface)
+        return SlurmNodes(
+            dtrain_network_interface=spec.dtrain_network_interface,
+            notifications=tuple(spec.notifications),
+        )
     if spec.resource_pools is None:
         raise ClusterConfigError(["resource_pools: required field is missing"])
     problems: list[str] = []
@@ -319,6 +394,7 @@ def read_cluster(raw: Any) -> Cluster | SlurmNodes:
         raise ClusterConfigError(problems)
     return Cluster(
         dtrain_network_interface=spec.dtrain_network_interface,
+        notifications=tuple(spec.notifications),
         pools=tuple(
             ResourcePool(
                 name=pool.name,

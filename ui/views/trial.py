@@ -9,7 +9,8 @@ import pandas as pd
 import streamlit as st
 
 from storage import MetricKind
-from ui import _charts, _checkpoints, _context, _format, _logs, _queries, _units
+from trials.config import ConstHP
+from ui import _charts, _checkpoints, _context, _diagnosis, _format, _logs, _queries, _units
 
 st.title("Trial")
 engine = _context.require_database()
@@ -422,6 +423,27 @@ def _system() -> None:
         )
 
 
+def _diagnose_command() -> None:
+    """The command that diagnoses this trial's point of the space, to copy."""
+    config = shown["experiment_config"]
+    searched = (
+        []
+        if config is None
+        else [name for name, hp in config.hyperparameters.items() if not isinstance(hp, ConstHP)]
+    )
+    with st.expander("Diagnose this configuration"):
+        st.caption(
+            "Where this trial's step time goes (communication, input, compute) and what to "
+            "change, measured by short probes of it on the configured slots:"
+        )
+        st.code(
+            _diagnosis.diagnose_command(
+                shown["experiment_config_path"], shown["hparams"], searched, _context.db_url()
+            ),
+            language="bash",
+        )
+
+
 def _page() -> None:
     _summary()
     _metrics()
@@ -430,6 +452,7 @@ def _page() -> None:
     _log()
     _profile()
     _system()
+    _diagnose_command()
 
 
 _context.live(_page)

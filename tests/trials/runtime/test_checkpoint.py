@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
+from trials import trial_checkpoint_dir
 from trials.runtime._checkpoint import (
     METADATA_FILE,
     STATE_FILE,
     capture_rng_state,
     read_checkpoint,
     restore_rng_state,
-    trial_checkpoint_dir,
     write_checkpoint,
 )
 

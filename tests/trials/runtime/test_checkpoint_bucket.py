@@ -2,12 +2,13 @@
 
 The store on its own: a checkpoint round trip, an upload SIGKILLed half-way (never
 offered, the previous one still loads, garbage collection removes it), a bucket that
-does not exist (one line naming the URL and the provider's reason). Then a two-rank
-trial checkpointing to the bucket: a rank SIGKILLed, the next attempt restored from the
-bucket mid-epoch, retention deleting exactly the checkpoints its policy names, the UI's
-download, and the credentials in none of the logs, the spec, the command line or the
-database; beside its first attempt, a one-rank trial whose bucket is missing fails with
-one line.
+does not exist or refuses uploads (one line naming the URL and the provider's reason,
+the checkpoints written before kept). Then a two-rank trial checkpointing to the bucket:
+a rank SIGKILLed, the next attempt restored from the bucket mid-epoch, retention
+deleting exactly the checkpoints its policy names, the UI's download, and the
+credentials in none of the logs, the spec, the command line or the database; beside
+its first attempt, a one-rank trial whose bucket is missing fails with one line, and
+beside its second, one whose bucket refuses its background uploads (as for a full disk).
 """
 
 from __future__ import annotations
@@ -23,13 +24,21 @@ import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import boto3
 import pytest
 import torch
 from sqlalchemy import select, text
 
-from storage import Checkpoint, CheckpointState, session_scope, upgrade_schema
+from storage import (
+    Checkpoint,
+    CheckpointState,
+    Trial,
+    TrialFailure,
+    session_scope,
+    upgrade_schema,
+)
 from tests.conftest import S3_SECRET, add_experiment
-from trials import CheckpointStorageConfig, collect_garbage, store_for
+from trials import CheckpointStorageConfig, collect_garbage, store_for, trial_checkpoint_dir
 from trials.checkpoint_storage import CheckpointStorageError
 from trials.runtime._checkpoint import read_checkpoint, write_checkpoint
 from ui._checkpoints import checkpoint_bytes, checkpoint_problem, download_name
@@ -58,29 +67,41 @@ _HALF_WRITE = textwrap.dedent(
 def test_a_half_written_upload_is_never_offered_and_is_collected(
     s3_bucket: str, tmp_path: Path
 ) -> None:
-    folder = f"{s3_bucket}/ckpt/1/1"
-    before, size = write_checkpoint(folder, "before", {"w": torch.arange(5.0)}, {"step": 1})
-    assert before == f"{folder}/before" and size > 0
-    killed = subprocess.run(
-        [sys.executable, "-c", _HALF_WRITE, folder], capture_output=True, text=True, timeout=120
-    )
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
-    store = store_for(folder)
-    half = f"{folder}/half"
-    assert store.fs.exists(f"{half[len('s3://') :]}/state.pt")  # uploaded, no manifest
-    assert not store.is_complete(half)
-    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
-        read_checkpoint(half)
-    assert store.incomplete(folder) == [half]
-    torch.testing.assert_close(read_checkpoint(before)["w"], torch.arange(5.0))
-    assert checkpoint_problem(half, "COMPLETED") == (
-        f"The checkpoint is missing from storage: {half}"
-    )
-
-    # Retention's garbage collection removes the half-written prefix, not the recorded one.
     db_url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     upgrade_schema(db_url)
-    experiment_id, (trial_id,) = add_experiment(db_url)
+    experiment_id, (trial_id, bare_trial_id) = add_experiment(db_url, [{}, {}])
+    policy = CheckpointStorageConfig(path=f"{s3_bucket}/ckpt")
+    folder = str(trial_checkpoint_dir(policy.path, ".", experiment_id, trial_id))
+    # A trial whose only upload was killed: no row leads to its folder.
+    bare_folder = str(trial_checkpoint_dir(policy.path, ".", experiment_id, bare_trial_id))
+    before, size = write_checkpoint(folder, "before", {"w": torch.arange(5.0)}, {"step": 1})
+    assert before == f"{folder}/before" and size > 0
+    killed = [
+        subprocess.Popen(
+            [sys.executable, "-c", _HALF_WRITE, where], stderr=subprocess.PIPE, text=True
+        )
+        for where in (folder, bare_folder)
+    ]
+    for process in killed:
+        _, stderr = process.communicate(timeout=120)
+        assert process.returncode == -signal.SIGKILL, stderr
+    store = store_for(folder)
+    half, bare_half = f"{folder}/half", f"{bare_folder}/half"
+    for location in (half, bare_half):
+        assert store.fs.exists(f"{location[len('s3://') :]}/state.pt")  # uploaded, no manifest
+        assert not store.is_complete(location)
+        with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+            read_checkpoint(location)
+        assert checkpoint_problem(location, "COMPLETED") == (
+            f"The checkpoint is missing from storage: {location}"
+        )
+    assert store.incomplete(folder) == [half]
+    assert store.incomplete(bare_folder) == [bare_half]
+    torch.testing.assert_close(read_checkpoint(before)["w"], torch.arange(5.0))
+
+    # Retention's garbage collection removes the half-written prefix, not the recorded
+    # one: rank 0's in its own trial's folder only, the driver's final sweep in every
+    # trial's, the one with no recorded checkpoint included.
     with session_scope(db_url) as session:
         session.add(
             Checkpoint(
@@ -91,17 +112,20 @@ def test_a_half_written_upload_is_never_offered_and_is_collected(
                 state=CheckpointState.COMPLETED,
             )
         )
-    with session_scope(db_url) as session:
-        deleted = collect_garbage(
-            session,
-            experiment_id=experiment_id,
-            policy=CheckpointStorageConfig(path=s3_bucket),
-            metric="val_loss",
-            smaller_is_better=True,
-            trial_id=trial_id,
-        )
-    assert deleted == []
-    assert store.incomplete(folder) == []
+    for only_trial in (trial_id, None):
+        with session_scope(db_url) as session:
+            deleted = collect_garbage(
+                session,
+                experiment_id=experiment_id,
+                policy=policy,
+                metric="val_loss",
+                smaller_is_better=True,
+                trial_id=only_trial,
+            )
+        assert deleted == []
+        assert store.incomplete(folder) == []
+        assert store.incomplete(bare_folder) == ([bare_half] if only_trial else [])
+    assert not store.fs.exists(bare_folder[len("s3://") :])
     assert store.is_complete(str(before))
 
 
@@ -112,6 +136,42 @@ def test_a_missing_bucket_is_one_line_naming_the_url(s3_bucket: str) -> None:
     assert str(error.value) == (
         f"checkpoint_storage.path {folder}: The specified bucket does not exist"
     )
+
+
+@pytest.mark.parametrize("elements", [5, 16_000_000], ids=["one-object", "multipart"])
+def test_a_bucket_refusing_writes_is_one_line_and_keeps_the_previous(
+    s3_bucket: str, elements: int
+) -> None:
+    folder = f"{s3_bucket}/ckpt/1/1"
+    before, _ = write_checkpoint(folder, "before", {"w": torch.arange(5.0)}, {"step": 1})
+    _refuse_writes(s3_bucket)
+    # 64 MB goes up in parts (s3fs's blocks are smaller): each part is refused too.
+    with pytest.raises(CheckpointStorageError) as error:
+        write_checkpoint(folder, "after", {"w": torch.zeros(elements)}, {"step": 2})
+    # moto answers 403 with no body: botocore's reason is the HTTP status's.
+    assert str(error.value) == f"checkpoint_storage.path {folder}: Forbidden"
+    store = store_for(folder)
+    assert store.fs.ls(folder[len("s3://") :], refresh=True) == [str(before)[len("s3://") :]]
+    torch.testing.assert_close(read_checkpoint(before)["w"], torch.arange(5.0))
+
+
+def _refuse_writes(bucket_url: str) -> None:
+    """A bucket policy denying every upload to ``s3://BUCKET`` (reads and deletes stay)."""
+    import boto3
+
+    bucket = bucket_url[len("s3://") :]
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Deny",
+                "Principal": "*",
+                "Action": "s3:PutObject",
+                "Resource": f"arn:aws:s3:::{bucket}/*",
+            }
+        ],
+    }
+    boto3.client("s3").put_bucket_policy(Bucket=bucket, Policy=json.dumps(policy))
 
 
 def test_a_trial_checkpoints_to_the_bucket_restores_and_collects(
@@ -143,7 +203,9 @@ def test_a_trial_checkpoints_to_the_bucket_restores_and_collects(
         first = run_worker(crashed)
         failed = missing_run.result()
     assert first.returncode != 0
-    _assert_failed_with_one_line(failed, missing, missing_path)
+    _assert_failed_with_one_line(
+        failed, missing, missing_path, "The specified bucket does not exist"
+    )
     assert _checkpoints(db_url, missing.spec.trial_id) == []
     rows = _checkpoints(db_url, crashed.spec.trial_id)
     assert [(r.step, r.state) for r in rows] == [(4, CheckpointState.COMPLETED)]
@@ -153,9 +215,27 @@ def test_a_trial_checkpoints_to_the_bucket_restores_and_collects(
     # The driver's restart: attempt 1 restores step 4 from the bucket (mid-epoch: an
     # epoch is 8 batches) and trains to step 12. Retention keeps the newest and the one
     # the attempt (not ended: the driver would end it) restores from; it deletes step 8.
+    # Beside it, a trial whose bucket refuses every upload fails as for a full disk.
+    refusing_bucket = f"{s3_bucket}-refusing"
+    boto3.client("s3").create_bucket(Bucket=refusing_bucket[len("s3://") :])
+    _refuse_writes(refusing_bucket)
+    refused = create_trial(
+        db_url,
+        tmp_path,
+        slots_per_trial=1,
+        max_length={"batches": 4},
+        min_checkpoint_period={"batches": 4},
+        # Written in the background: the refusal fails the trial all the same.
+        checkpoint_storage={"path": f"{refusing_bucket}/ckpt", "async_upload": True},
+    )
     restarted = crashed.with_changes(attempt=1, restore_checkpoint_path=rows[0].path)
-    second = run_worker(restarted)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        refused_run = pool.submit(run_worker, refused, nproc=1)
+        second = run_worker(restarted)
+        refused_result = refused_run.result()
     assert second.returncode == 0, second.stderr[-4000:]
+    _assert_failed_with_one_line(refused_result, refused, f"{refusing_bucket}/ckpt", "Forbidden")
+    assert _checkpoints(db_url, refused.spec.trial_id) == []
     rows = _checkpoints(db_url, crashed.spec.trial_id)
     assert [(r.step, r.state) for r in rows] == [
         (4, CheckpointState.COMPLETED),
@@ -191,19 +271,26 @@ def test_a_trial_checkpoints_to_the_bucket_restores_and_collects(
 
 
 def _assert_failed_with_one_line(
-    result: subprocess.CompletedProcess[str], handle: TrialHandle, storage_path: str
+    result: subprocess.CompletedProcess[str], handle: TrialHandle, storage_path: str, reason: str
 ) -> None:
-    """The trial failed with one line naming its folder and the missing bucket, no secret."""
+    """The trial failed as for a full disk: one line naming its folder and the provider's
+    ``reason``, no traceback before it, no secret, the failure recorded, no finish."""
     output = result.stdout + result.stderr
     folder = f"{storage_path}/{handle.spec.experiment_id}/{handle.spec.trial_id}"
-    line = (
-        f"[rank 0] slotsweep: checkpoint_storage.path {folder}: "
-        "The specified bucket does not exist"
-    )
+    line = f"[rank 0] slotsweep: checkpoint_storage.path {folder}: {reason}"
     assert result.returncode != 0
     assert output.count(line) == 1, output[-3000:]
     assert "Traceback" not in output.split(line)[0]
     assert S3_SECRET not in output
+    with session_scope(handle.db_url) as session:
+        trial = session.get(Trial, handle.spec.trial_id)
+        assert trial is not None and trial.finished_at is None
+        failures = list(
+            session.scalars(
+                select(TrialFailure.message).where(TrialFailure.trial_id == handle.spec.trial_id)
+            )
+        )
+    assert f"checkpoint_storage.path {folder}: {reason}" in failures
 
 
 def _checkpoints(db_url: str, trial_id: int) -> list[Checkpoint]:

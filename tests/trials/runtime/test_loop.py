@@ -156,6 +156,29 @@ def test_aggregated_gradients_equal_one_step_on_the_larger_batch(
     assert not torch.allclose(after_k4, initial.weight.detach())  # a step did happen
 
 
+def test_synthetic_data_trains_on_the_first_batch_again_and_again(
+    make_trial: Callable[..., TrialHandle],
+) -> None:
+    """``profiling.synthetic_data``: four batches aggregated into one step are the first
+    batch four times, so the step equals one step on the first batch alone."""
+    linear = {"global_batch_size": 4, "linear": True, "momentum": 0.0, "lr": 0.1}
+    synthetic = make_trial(
+        hparams=linear,
+        max_length={"batches": 4},
+        optimizations={"aggregation_frequency": 4},
+        slots_per_trial=1,
+        profiling={"enabled": True, "synthetic_data": True},
+    )
+    first_only = make_trial(hparams=linear, max_length={"batches": 1}, slots_per_trial=1, **QUIET)
+    assert run(synthetic) == run(first_only) == "finished"
+    torch.testing.assert_close(
+        final_weight(synthetic.db_url, synthetic.spec.trial_id),
+        final_weight(first_only.db_url, first_only.spec.trial_id),
+        rtol=1e-6,
+        atol=1e-7,
+    )
+
+
 def test_mixed_precision_on_this_cpu_against_float32(
     make_trial: Callable[..., TrialHandle], recwarn: pytest.WarningsRecorder
 ) -> None:

@@ -12,15 +12,19 @@ import yaml
 
 from trials._system_metrics import detect_gpus
 from trials.executors import load_cluster, parse_cluster
+from trials.executors._ray import node_agents
 from trials.executors._slurm_commands import sbatch_argv
 from trials.scheduler import (
     CLUSTER_ENV_VAR,
     Agent,
     Cluster,
     ClusterConfigError,
+    RayNodes,
+    RaySettings,
     ResourcePool,
     SlurmJobSettings,
     UnknownPool,
+    read_cluster,
 )
 from trials.scheduler._sbatch_options import MANAGED_SBATCH_OPTIONS, sbatch_option_problems
 
@@ -189,7 +193,7 @@ def test_booleans_are_true_or_false_only(field: str, value: Any) -> None:
         ),
         (
             {"pools": []},
-            "pools: unknown field; allowed: executor, dtrain_network_interface, resource_pools, slurm",
+            "pools: unknown field; allowed: executor, dtrain_network_interface, resource_pools, slurm, ray, notifications",
         ),
     ],
 )
@@ -303,9 +307,56 @@ def test_a_slurm_cluster_file_takes_its_agents_from_the_allocation_not_the_file(
         "resource_pools: not allowed with executor: slurm "
         "(the agents are the nodes of the Slurm allocation)"
     ]
-    assert problems_of({"executor": "ray"}) == [
-        "executor: Input should be 'local' or 'slurm' (got 'ray')"
+    assert problems_of({"executor": "kubernetes"}) == [
+        "executor: Input should be 'local', 'slurm' or 'ray' (got 'kubernetes')"
     ]
+
+
+def test_a_ray_cluster_file_takes_its_agents_from_ray_and_checks_its_block_first() -> None:
+    pools = {"resource_pools": [{"name": "p", "agents": [{"name": "a", "slots": 1}]}]}
+    assert problems_of({"executor": "ray", **pools}) == [
+        "resource_pools: not allowed with executor: ray (the agents are the nodes of the Ray cluster)"
+    ]
+    assert problems_of({"ray": {"address": "ray://h:10001"}}) == ["ray: needs executor: ray"]
+    problems = problems_of(
+        {"executor": "ray", "ray": {"slot_type": "tpu", "reserve_timeout_s": 1, "adress": "x"}}
+    )
+    assert [problem.split(":")[0] for problem in problems] == [
+        "ray.adress",
+        "ray.reserve_timeout_s",
+        "ray.slot_type",
+    ], problems
+    found = read_cluster({"executor": "ray", "dtrain_network_interface": "ens5"})
+    assert isinstance(found, RayNodes)
+    assert found.settings == RaySettings() and found.dtrain_network_interface == "ens5"
+
+
+def test_ray_nodes_become_agents_with_gpu_or_cpu_slots() -> None:
+    def node(host: str, address: str, alive: bool = True, **resources: float) -> dict[str, Any]:
+        return {
+            "NodeManagerHostname": host,
+            "NodeManagerAddress": address,
+            "Alive": alive,
+            "Resources": resources,
+        }
+
+    nodes = [
+        node("gpu1", "10.0.0.2", CPU=16, GPU=4),
+        node("cpu1", "10.0.0.3", CPU=8),
+        node("gpu2", "10.0.0.4", alive=False, CPU=16, GPU=4),  # dead: Ray keeps listing it
+        node("box", "10.0.0.5", GPU=2),
+        node("box", "10.0.0.6", GPU=2),  # two Ray nodes on one host
+    ]
+    agents, use_gpus = node_agents(nodes, None)
+    assert use_gpus
+    assert [(a.name, a.host, a.slots) for a in agents] == [
+        ("box@10.0.0.5", "10.0.0.5", (0, 1)),
+        ("box@10.0.0.6", "10.0.0.6", (0, 1)),
+        ("gpu1", "10.0.0.2", (0, 1, 2, 3)),
+    ]
+    agents, use_gpus = node_agents(nodes, "cpu")
+    assert not use_gpus
+    assert [(a.name, len(a.slots)) for a in agents] == [("cpu1", 8), ("gpu1", 16)]
 
 
 def test_slurm_outside_an_allocation_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,174 @@
+"""A real multi-node Ray cluster on this machine, for tests: ``.ci/ray.sh`` from Python.
+
+Registered as a pytest plugin by ``tests/conftest.py``, so every test may ask for:
+
+- ``ray_cluster`` (session): a head ``rayhead`` (no CPUs: no trial runs there) and two
+  worker nodes ``raynode1`` and ``raynode2`` with 2 CPUs each, every node a network
+  namespace with its own address and host name. A driver reaches it through Ray Client
+  at :attr:`RayCluster.address`; :meth:`RayCluster.cluster_file` writes the cluster
+  file of a search on it.
+- ``ray_postgres`` (session): a PostgreSQL server on the bridge address, which the
+  ranks on the nodes reach; ``ray_database``: a fresh database of the test's own there.
+
+A test that loses a node (:meth:`RayCluster.stop_node`) starts it again before it ends.
+Root only (network namespaces); the fixtures skip otherwise, and where ``ray`` is not
+installed (the extra ``slotsweep[ray]``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from tests.conftest import REPO_ROOT, PostgresServer
+
+RAY_SCRIPT = REPO_ROOT / ".ci" / "ray.sh"
+
+
+class RayClusterError(RuntimeError):
+    """``.ci/ray.sh`` failed; the message holds the end of its output."""
+
+
+class RayCluster:
+    """A Ray cluster of three nodes (one per network namespace) on this machine.
+
+    :meth:`start` creates it in :attr:`conf_dir` (a new temporary folder unless given),
+    :meth:`stop` stops every node by its session id and removes the namespaces and the
+    folder.
+    """
+
+    def __init__(self, conf_dir: Path | None = None) -> None:
+        self.conf_dir = conf_dir or Path(tempfile.mkdtemp(prefix="slotsweep-ray-"))
+        #: ``ray://<head>:10001``: where a driver outside the namespaces connects.
+        self.address = ""
+        #: (host name, address) of each node: rayhead, raynode1, raynode2.
+        self.nodes: list[tuple[str, str]] = []
+        #: The bridge address: this machine's as the nodes see it.
+        self.controller_address = ""
+        #: The nodes' subnet, e.g. ``10.214.7.0/24``.
+        self.subnet = ""
+
+    def _script(self, action: str, *args: str, timeout: float = 300) -> str:
+        env = {**os.environ, "SLOTSWEEP_RAY": str(Path(sys.executable).parent / "ray")}
+        done = subprocess.run(
+            ["bash", str(RAY_SCRIPT), action, str(self.conf_dir), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+        if done.returncode != 0:
+            raise RayClusterError(
+                f"ray.sh {action} failed ({done.returncode}): {(done.stdout + done.stderr)[-3000:]}"
+            )
+        return done.stdout
+
+    def start(self) -> None:
+        """Start the head and both workers; return once Ray lists all three alive."""
+        self._script("start", timeout=600)
+        env = _read_assignments(self.conf_dir / "env")
+        cluster = _read_assignments(self.conf_dir / "cluster")
+        self.address = env["RAY_ADDRESS"]
+        self.controller_address = cluster["SLOTSWEEP_RAY_CONTROLLER"]
+        self.subnet = cluster["SLOTSWEEP_RAY_SUBNET"]
+        self.nodes = [
+            (name, address)
+            for name, address in (
+                pair.split(":") for pair in cluster["SLOTSWEEP_RAY_NODES"].split(",")
+            )
+        ]
+
+    def stop(self) -> None:
+        """Stop every node by session id, remove the network and the folder."""
+        try:
+            self._script("stop")
+        finally:
+            shutil.rmtree(self.conf_dir, ignore_errors=True)
+
+    def stop_node(self, name: str) -> None:
+        """Lose a node as in a power cut: SIGKILL its raylet, workers and their torchrun.
+
+        The head marks it dead within about 5 s (fast health checks); calls to its
+        actors fail at once.
+        """
+        self._script("node-stop", name)
+
+    def start_node(self, name: str) -> None:
+        """Start a lost node again (a new Ray node id); return once Ray lists it alive."""
+        self._script("node-start", name, timeout=300)
+
+    def cluster_file(self, folder: Path, **ray: object) -> Path:
+        """A cluster file of ``executor: ray`` on this cluster (``ray:`` keys added)."""
+        import yaml
+
+        path = folder / "ray-cluster.yaml"
+        path.write_text(
+            yaml.safe_dump({"executor": "ray", "ray": {"address": self.address, **ray}})
+        )
+        return path
+
+
+def _read_assignments(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines of a file that ``.ci/ray.sh`` wrote."""
+    pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    return {key: value for key, value in pairs}
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[RayCluster]:
+    """A three-node Ray cluster for the whole session; every node stopped by session id."""
+    if os.geteuid() != 0:
+        pytest.skip("a Ray cluster on network namespaces needs root")
+    if shutil.which("ray", path=str(Path(sys.executable).parent)) is None:
+        pytest.skip("ray is not installed (pip install 'slotsweep[ray]')")
+    cluster = RayCluster()
+    try:
+        cluster.start()
+    except BaseException:
+        cluster.stop()
+        raise
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def ray_postgres(ray_cluster: RayCluster) -> Iterator[PostgresServer]:
+    """A PostgreSQL server on the bridge address, which the ranks on the nodes reach."""
+    prefix = ray_cluster.subnet.split("/")[1]
+    server = PostgresServer(listen_address=f"{ray_cluster.controller_address}/{prefix}")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.remove()
+
+
+@pytest.fixture
+def ray_database(ray_postgres: PostgresServer) -> Iterator[str]:
+    """A fresh database of the test's own on the nodes' PostgreSQL server (its URL)."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(
+        ray_postgres.url.replace("postgresql://", "postgresql+psycopg://"),
+        isolation_level="AUTOCOMMIT",
+    )
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = ray_postgres.url.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()

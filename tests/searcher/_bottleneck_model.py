@@ -1,0 +1,64 @@
+"""Test-only digits trials with a bottleneck put in on purpose, for ``slotsweep diagnose``.
+
+``data.loader_delay_s``: every training sample takes this long to load (a slow input
+pipeline; the validation set is not slowed). ``data.exchange_delay_s``: a DDP
+communication hook sleeps this long before each bucket's all-reduce (a slow network).
+``data.compute_delay_s``: every training batch computes (sleeps) this long beside its
+real work. ``data.fail_message``: the first training batch raises ``ValueError`` with it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from model import DigitsTrial
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.utils.data import Dataset
+
+from trials.runtime import DataLoader, PyTorchTrialContext
+
+
+class _SlowSamples(Dataset[Any]):
+    def __init__(self, inner: Any, delay_s: float) -> None:
+        self.inner = inner
+        self.delay_s = delay_s
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int) -> Any:
+        time.sleep(self.delay_s)
+        return self.inner[index]
+
+
+def _sleeping_allreduce(delay_s: float) -> Any:
+    # Unannotated on purpose: DDP checks a hook's annotations at runtime.
+    def hook(state, bucket):  # type: ignore[no-untyped-def]
+        time.sleep(delay_s)
+        return default_hooks.allreduce_hook(state, bucket)
+
+    return hook
+
+
+class BottleneckDigitsTrial(DigitsTrial):
+    def __init__(self, context: PyTorchTrialContext) -> None:
+        super().__init__(context)
+        data = context.data
+        self._loader_delay_s = float(data.get("loader_delay_s", 0.0))
+        self._fail_message = data.get("fail_message")
+        self._compute_delay_s = float(data.get("compute_delay_s", 0.0))
+        exchange_delay_s = float(data.get("exchange_delay_s", 0.0))
+        if exchange_delay_s and context.world_size > 1:
+            self.model.register_comm_hook(None, _sleeping_allreduce(exchange_delay_s))
+
+    def build_training_data_loader(self) -> DataLoader:
+        if not self._loader_delay_s:
+            return super().build_training_data_loader()
+        return DataLoader(_SlowSamples(self.train_set, self._loader_delay_s), shuffle=True)
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
+        if self._fail_message:
+            raise ValueError(self._fail_message)
+        time.sleep(self._compute_delay_s)
+        return super().train_batch(batch, epoch_idx, batch_idx)

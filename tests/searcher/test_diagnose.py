@@ -1,0 +1,271 @@
+"""``slotsweep diagnose``: the verdict from numbers (pure, microseconds), the probe plan,
+and real probes of the digits example with a bottleneck put in on purpose."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import select
+
+from searcher.cli import main
+from searcher.diagnose import OPTIONAL_PROBES, build_report, point_of, probe_plan
+from searcher.diagnosis import (
+    Exchange,
+    Probe,
+    Spread,
+    Verdict,
+    Window,
+    efficiency,
+    judge,
+    share_removed,
+    step_split,
+    suggest,
+)
+from storage import Diagnosis, get_engine, session_scope
+from trials.config import load_config
+
+from .conftest import write_experiment
+
+HERE = Path(__file__).resolve().parent
+
+
+def probe(name: str, step_s: float, *, slots: int = 2, input_s: float = 0.0) -> Probe:
+    windows = tuple(
+        Window(10, input_s * 10, (step_s - input_s) * 10 * f, 0.0) for f in (0.9, 1.0, 1.1)
+    )
+    return Probe(name, name, slots, 32 * slots, windows)
+
+
+# -- pure: microseconds --------------------------------------------------------------
+
+
+def test_the_verdict_names_the_larger_share_past_the_bound() -> None:
+    assert judge(communication_share=0.5, input_share=0.3, efficiency=0.4) is (
+        Verdict.COMMUNICATION_BOUND
+    )
+    assert judge(communication_share=0.3, input_share=0.5, efficiency=0.4) is Verdict.INPUT_BOUND
+    assert judge(communication_share=0.1, input_share=0.1, efficiency=0.9) is Verdict.SCALING_WELL
+    assert judge(communication_share=0.1, input_share=0.1, efficiency=0.5) is (
+        Verdict.COMPUTE_BOUND
+    )
+    assert judge(communication_share=0.0, input_share=0.0, efficiency=None) is (
+        Verdict.SCALING_WELL
+    )
+
+
+def test_shares_and_efficiency_carry_the_spread_of_the_windows() -> None:
+    share = share_removed(Spread(1.0, 0.8, 1.2), Spread(0.5, 0.4, 0.6))
+    assert (share.median, share.low, share.high) == pytest.approx((0.5, 0.25, 2 / 3))
+    assert share_removed(Spread(1.0, 1.0, 1.0), Spread(2.0, 2.0, 2.0)).median == 0.0
+    assert efficiency(Spread(150.0, 150.0, 150.0), 2, Spread(100.0, 100.0, 100.0)).median == 0.75
+    assert efficiency(Spread(200.0, 200.0, 200.0), 4, Spread(100.0, 100.0, 100.0), 2).median == 1.0
+
+
+def test_suggestions_carry_the_gain_their_probe_measured() -> None:
+    configured = probe("configured", 0.04)
+    no_exchange, synthetic = probe("no_exchange", 0.01), probe("synthetic", 0.04)
+    sweep = {1.0: Spread(0.002, 0.002, 0.002), 64.0: Spread(0.004, 0.004, 0.004)}
+    exchange = Exchange(1000, 4000, 2, 64.0, sweep)
+    tips = suggest(
+        Verdict.COMMUNICATION_BOUND,
+        configured=configured,
+        no_exchange=no_exchange,
+        synthetic=synthetic,
+        exchange=exchange,
+        aggregation_frequency=1,
+        compression="none",
+    )
+    gains = {tip.setting.split(":")[0]: tip.gain for tip in tips}
+    assert gains["optimizations.aggregation_frequency"] == pytest.approx(4.0)
+    assert gains["optimizations.gradient_compression"] is None
+    assert gains["optimizations.tensor_fusion_threshold"] == pytest.approx(2.0)
+    assert exchange.best_bucket_mb == 1.0 and exchange.bandwidth_bytes_s == 2_000_000
+    slow_input = probe("configured", 0.04, input_s=0.03)
+    (tip,) = suggest(
+        Verdict.INPUT_BOUND,
+        configured=slow_input,
+        no_exchange=None,
+        synthetic=probe("synthetic", 0.01),
+        exchange=None,
+        aggregation_frequency=1,
+        compression="none",
+    )
+    assert "num_workers" in tip.setting and tip.gain == pytest.approx(4.0)
+
+
+def test_a_step_splits_into_compute_communication_and_input(tmp_path: Path) -> None:
+    config = load_config(write_experiment(tmp_path / "exp"))
+    report = build_report(
+        config,
+        [
+            probe("configured", 0.04, input_s=0.01),
+            probe("synthetic", 0.03),
+            probe("no_exchange", 0.02, input_s=0.01),
+        ],
+        None,
+    )
+    split = step_split(report)
+    assert split["input"] == pytest.approx(0.01)
+    assert split["communication"] == pytest.approx(0.02)
+    assert sum(split.values()) == pytest.approx(0.04)
+    assert json.loads(json.dumps(report.as_json()))["verdict"] == report.verdict.value
+
+
+# -- the plan: configs only ------------------------------------------------------------
+
+
+def test_the_plan_keeps_the_per_slot_batch_and_fixes_the_point(tmp_path: Path) -> None:
+    config = load_config(write_experiment(tmp_path / "exp"))
+    point = point_of(config, ["global_batch_size=64"])
+    plan = {p.name: p for p in probe_plan(config, point, tmp_path, agent_slots=1)}
+    assert set(plan) == {"configured", "synthetic", *OPTIONAL_PROBES}
+    one = plan["one_slot"].config
+    assert one.resources.slots_per_trial == 1 and plan["one_slot"].samples_per_step == 32
+    assert one.hyperparameters["global_batch_size"].val == 32  # type: ignore[union-attr]
+    assert plan["configured"].config.hyperparameters["lr"].val == 1.0e-4  # type: ignore[union-attr]
+    assert plan["synthetic"].config.profiling.synthetic_data
+    assert plan["no_exchange"].config.optimizations.aggregation_frequency == 1000
+    assert plan["buckets"].config.optimizations.auto_tune_tensor_fusion
+    assert plan["one_agent"].slots == 1  # two slots span agents of one slot each
+
+
+# -- real probes -------------------------------------------------------------------------
+
+
+def _experiment(tmp_path: Path, **data: Any) -> Path:
+    path = write_experiment(
+        tmp_path / "exp",
+        entrypoint="bottleneck_model:BottleneckDigitsTrial",
+        data=data,
+    )
+    shutil.copy(HERE / "_bottleneck_model.py", path.parent / "bottleneck_model.py")
+    return path
+
+
+def _diagnose(
+    path: Path, db: str, capsys: pytest.CaptureFixture[str], *extra: str
+) -> tuple[int, dict[str, Any] | None, str]:
+    code = main(
+        [
+            "diagnose",
+            str(path),
+            "--hparams",
+            "global_batch_size=64",
+            "--slots",
+            "2",
+            "--db",
+            db,
+            "--json",
+            *extra,
+        ]
+    )
+    captured = capsys.readouterr()
+    return code, json.loads(captured.out) if code == 0 else None, captured.err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("data", "probes", "verdicts"),
+    [
+        ({"loader_delay_s": 0.002}, ["synthetic"], {"input-bound"}),
+        ({"exchange_delay_s": 0.05}, ["no_exchange"], {"communication-bound"}),
+        ({"compute_delay_s": 0.03}, ["no_exchange"], {"compute-bound", "scaling well"}),
+    ],
+    ids=["slow-loader", "slow-exchange", "neither"],
+)
+def test_diagnose_names_the_bottleneck_put_in(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    data: dict[str, Any],
+    probes: list[str],
+    verdicts: set[str],
+) -> None:
+    """Each case runs only the probes its verdict needs: every probe is a real trial."""
+    db = f"sqlite:///{tmp_path / 'user.db'}"
+    code, report, err = _diagnose(_experiment(tmp_path, **data), db, capsys, "--probes", *probes)
+    assert code == 0, err
+    assert report is not None and report["verdict"] in verdicts, report
+    optional = [name for name in probes if name in OPTIONAL_PROBES]
+    assert [p["name"] for p in report["probes"]] == ["configured", "synthetic", *optional]
+    assert all(len(p["windows"]) >= 3 for p in report["probes"])
+    with session_scope(db) as session:
+        (stored,) = session.scalars(select(Diagnosis)).all()
+        assert stored.verdict == report["verdict"] and stored.report == report
+    assert psutil.Process().children(recursive=True) == []
+
+
+@pytest.mark.slow
+def test_a_failing_probe_prints_its_error_and_leaves_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = f"sqlite:///{tmp_path / 'user.db'}"
+    path = _experiment(tmp_path, fail_message="no layer named 'conv9'")
+    code, _, err = _diagnose(path, db, capsys, "--probes", "synthetic")
+    assert code == 1
+    (line,) = err.strip().splitlines()[-1:]
+    assert line.startswith("slotsweep diagnose: probe configured: rank ")
+    assert "ValueError: no layer named 'conv9'" in line
+    assert psutil.Process().children(recursive=True) == []
+    # The probes' slots were claimed in the probes' own database, gone with its folder;
+    # the user's database got nothing (no diagnosis of a failed probe).
+    assert "slotsweep_diagnoses" not in sa.inspect(get_engine(db)).get_table_names()
+    assert not list(Path(tempfile.gettempdir()).glob("slotsweep-diagnose-*/probes.db"))
+
+
+def test_bad_input_and_unplaceable_sizes_are_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _experiment(tmp_path)
+    db = f"sqlite:///{tmp_path / 'user.db'}"
+    assert main(["diagnose", str(path), "--db", db, "--hparams", "lr=5"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("--hparams: lr: must be a number in")
+    assert main(["diagnose", str(path), "--db", db, "--probes", "everything"]) == 2
+    assert "--probes: unknown probe everything" in capsys.readouterr().err
+    # Two slots per trial on one slot: refused as `run` refuses it, before anything runs.
+    assert main(["run", str(path), "--db", db, "--slots", "1", "--detach"]) == 2
+    refused = capsys.readouterr().err
+    assert main(["diagnose", str(path), "--db", db, "--slots", "1"]) == 2
+    assert capsys.readouterr().err == refused and len(refused.strip().splitlines()) == 1
+    assert psutil.Process().children(recursive=True) == []
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+def test_probes_on_gpus_report_utilisation_and_memory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On GPU slots (NVML's, no cluster file) every probe carries the GPUs' use and memory."""
+    from tests.gpu import cuda_device_count
+
+    db = f"sqlite:///{tmp_path / 'user.db'}"
+    slots = str(min(2, cuda_device_count()))
+    code = main(
+        [
+            "diagnose",
+            str(_experiment(tmp_path)),
+            "--hparams",
+            "global_batch_size=64",
+            "--slots",
+            slots,
+            "--db",
+            db,
+            "--json",
+            "--probes",
+            "buckets",
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(captured.out)
+    for probe in report["probes"]:
+        system = probe["system"]
+        assert system["gpu_util_percent"] >= 0 and system["gpu_memory_used_gb"] > 0, probe
+    assert psutil.Process().children(recursive=True) == []

@@ -1,0 +1,223 @@
+"""Searches on a real three-node Ray cluster (``.ci/ray.sh``): the Ray executor end to end.
+
+The driver runs in the root namespace and reaches the cluster through Ray Client; the
+agents are the two worker nodes (2 CPU slots each; the head has none), every attempt
+is a placement group of one bundle per node and one actor per node running that
+node's ``torchrun``, and every rank writes to PostgreSQL on the bridge address.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from storage import (
+    Allocation,
+    Metric,
+    ProcessRole,
+    Trial,
+    TrialProcess,
+    TrialRun,
+    TrialState,
+    WarmJob,
+    session_scope,
+)
+from tests.conftest import cli_environment
+from tests.ray_cluster import RayCluster
+from tests.searcher.conftest import (
+    assert_search_consistent,
+    completed_checkpoints,
+    run_cli,
+    run_to_end,
+    start_cli,
+    wait_for,
+    write_experiment,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+
+def _search(tmp_path: Path, **overrides: Any) -> Path:
+    """The digits search with trials of 4 slots (both worker nodes) unless told otherwise."""
+    overrides.setdefault("resources", {"slots_per_trial": 4})
+    return write_experiment(tmp_path / "exp", **overrides)
+
+
+def _env(ray_cluster: RayCluster, tmp_path: Path, **ray: object) -> dict[str, str]:
+    env = cli_environment()
+    env["SLOTSWEEP_CLUSTER"] = str(ray_cluster.cluster_file(tmp_path, **ray))
+    return env
+
+
+def _leftover_actors(ray_cluster: RayCluster) -> list[str]:
+    """The names of slotsweep's actors still alive on the cluster (asked from a new client)."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import ray; ray.init(logging_level='ERROR', namespace='slotsweep'); "
+            "print(' '.join(n for n in ray.util.list_named_actors() "
+            "if n.startswith('slotsweep-')))",
+        ],
+        env={**cli_environment(), "RAY_ADDRESS": ray_cluster.address},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.split()
+
+
+def test_trials_span_both_worker_nodes_on_one_warm_job_and_a_size_no_node_holds_is_refused(
+    tmp_path: Path, ray_cluster: RayCluster, ray_database: str
+) -> None:
+    env = _env(ray_cluster, tmp_path)
+    refused = run_cli(
+        [
+            "run",
+            str(_search(tmp_path / "big", resources={"slots_per_trial": 3})),
+            "--db",
+            ray_database,
+        ],
+        env,
+        tmp_path,
+    )
+    assert refused.returncode == 2, refused.stderr
+    # Two worker nodes of 2 CPU slots: sizes 1, 2 (one node) and 4 (both, whole).
+    assert "1, 2, 4" in refused.stderr, refused.stderr
+
+    # Two trials on one warm job: its ranks (across both nodes, one process group over
+    # the bridge) run the second trial too.
+    path = _search(
+        tmp_path,
+        resources={"slots_per_trial": 4, "reuse_workers": True},
+        searcher={"max_trials": 2, "pruner": {"name": "none"}},
+    )
+    run_to_end(["run", str(path), "--db", ray_database], env, tmp_path)
+
+    with session_scope(ray_database) as session:
+        trials = list(session.scalars(select(Trial).order_by(Trial.id)))
+        assert [t.state for t in trials] == [TrialState.COMPLETED] * 2, [t.error for t in trials]
+        assert all(t.searcher_metric_value is not None for t in trials)
+        runs = list(session.scalars(select(TrialRun).order_by(TrialRun.id)))
+        assert len(runs) == 2 and len({r.launch_token for r in runs}) == 1
+        assert {r.executor for r in runs} == {"ray"}
+        assert {r.external_id for r in runs} == {f"slotsweep-{runs[0].launch_token}"}
+        assert sorted(a["agent"] for a in runs[0].agents) == ["raynode1", "raynode2"]
+        (job,) = session.scalars(select(WarmJob))
+        assert job.trials_run == 2 and job.ended_at is not None
+        ranks = list(
+            session.scalars(select(TrialProcess).where(TrialProcess.role == ProcessRole.RANK))
+        )
+        # World size 4 on gloo: two ranks on each worker node, each on its own host.
+        assert sorted({r.rank for r in ranks}) == [0, 1, 2, 3]
+        assert {r.host for r in ranks} == {"raynode1", "raynode2"}
+        assert all(r.ended_at is not None for r in ranks)
+        assert session.scalars(select(Metric).where(Metric.name == "val_loss")).first()
+        # The job's slots left the ledger with it.
+        assert not session.scalars(select(Allocation)).first()
+    log = Path(str(trials[0].log_path)).read_text()
+    assert "[rank 3]" in log and "[rank 0]" in log
+    assert re.search(r"NCCL and gloo use network interface \S+", log), log[-2000:]
+    assert not _leftover_actors(ray_cluster)
+    assert_search_consistent(ray_database)
+
+
+def _runs(db: str) -> list[TrialRun]:
+    with session_scope(db) as session:
+        runs = list(
+            session.scalars(select(TrialRun).order_by(TrialRun.trial_id, TrialRun.attempt))
+        )
+        session.expunge_all()
+    return runs
+
+
+def test_a_lost_node_fails_the_attempt_and_the_trial_resumes_on_the_other_node(
+    tmp_path: Path, ray_cluster: RayCluster, ray_database: str
+) -> None:
+    # A short reservation timeout: a restart placed on the lost node before Ray has
+    # marked it dead waits for its placement group that long, then goes back to the queue.
+    env = _env(ray_cluster, tmp_path, reserve_timeout_s=10)
+    path = _search(
+        tmp_path,
+        entrypoint="slow_model:SlowDigitsTrial",
+        resources={"slots_per_trial": 2},
+        searcher={"max_trials": 1, "max_length": {"epochs": 3}},
+    )
+    driver = start_cli(["run", str(path), "--db", ray_database], env, tmp_path)
+    lost = ""
+    try:
+        wait_for(lambda: completed_checkpoints(ray_database) > 0, timeout=300, what="a checkpoint")
+        (run,) = _runs(ray_database)
+        (lost,) = [agent["agent"] for agent in run.agents]
+        ray_cluster.stop_node(lost)
+        out, err = driver.communicate(timeout=600)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        if lost:
+            ray_cluster.start_node(lost)
+    assert driver.returncode == 0, f"{out}\n{err}"
+    runs = _runs(ray_database)
+    with session_scope(ray_database) as session:
+        (trial,) = session.scalars(select(Trial))
+        assert trial.state == TrialState.COMPLETED, trial.error
+        assert trial.restarts == 1
+    finished = runs[-1]
+    assert [agent["agent"] for agent in finished.agents] != [lost]
+    assert finished.restored_from_step, [(r.attempt, r.reason) for r in runs]
+    log = Path(str(trial.log_path)).read_text()
+    assert f"Ray node {lost} lost its actor" in log, log[-3000:]
+    assert_search_consistent(ray_database)
+
+
+def test_resume_ends_a_killed_drivers_actors_and_no_trial_is_lost_or_run_twice(
+    tmp_path: Path, ray_cluster: RayCluster, ray_database: str
+) -> None:
+    env = _env(ray_cluster, tmp_path)
+    path = _search(
+        tmp_path,
+        entrypoint="slow_model:SlowDigitsTrial",
+        resources={"slots_per_trial": 2},
+        searcher={
+            "max_trials": 2,
+            "max_concurrent_trials": 2,
+            "max_length": {"epochs": 2},
+            "pruner": {"name": "none"},
+        },
+    )
+    driver = start_cli(["run", str(path), "--db", ray_database], env, tmp_path)
+    try:
+        wait_for(
+            lambda: completed_checkpoints(ray_database) > 0 and len(_runs(ray_database)) == 2,
+            timeout=300,
+            what="two running trials and a checkpoint",
+        )
+        driver.send_signal(signal.SIGKILL)
+        driver.communicate(timeout=30)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    # Ray would end them itself once the dead driver's client session times out (30 s).
+    assert len(_leftover_actors(ray_cluster)) == 2
+    run_to_end(["resume", "digits-large-batch", "--db", ray_database], env, tmp_path)
+
+    assert not _leftover_actors(ray_cluster)
+    runs = _runs(ray_database)
+    with session_scope(ray_database) as session:
+        trials = list(session.scalars(select(Trial)))
+        assert [t.state for t in trials] == [TrialState.COMPLETED] * 2, [t.error for t in trials]
+    for trial in trials:
+        attempts = [(r.attempt, r.reason or "") for r in runs if r.trial_id == trial.id]
+        # Each attempt 0 was ended by resume; a trial whose ranks had recorded its end
+        # meanwhile is done, any other went on from its checkpoint as attempt 1.
+        assert [attempt for attempt, _ in attempts] in ([0], [0, 1]), attempts
+        assert "driver stopped" in attempts[0][1], attempts
+    assert_search_consistent(ray_database)
