@@ -128,6 +128,7 @@ from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session
 
 from storage import Experiment, Metric, MetricKind, Trial, TrialRun, WarmJob, session_scope
+from trials import RunSpan, slot_seconds_spent
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "digits"
@@ -143,19 +144,23 @@ def search_config(
     folder: Path,
     n_startup_trials: int | None = None,
     warm: bool = False,
+    resource: str | None = None,
+    min_resource: float = 1,
 ) -> dict[str, Any]:
     """The example's experiment with the benchmark's searcher settings for ``arm``.
 
     ``warm``: with warm workers (``resources.reuse_workers: true``), for both arms alike.
+    ``resource``: ASHA's rungs in ``slot_seconds`` (``pruner.resource``) from
+    ``min_resource`` slot-seconds, instead of epochs from one.
     """
     example = yaml.safe_load((EXAMPLE / "experiment.yaml").read_text())
     if arm == "random":
         searcher: dict[str, Any] = {"name": "random", "pruner": {"name": "none"}}
     else:
-        searcher = {
-            "name": "tpe",
-            "pruner": {"name": "asha", "min_resource": 1, "reduction_factor": 3},
-        }
+        pruner: dict[str, Any] = {"name": "asha", "min_resource": 1, "reduction_factor": 3}
+        if resource is not None:
+            pruner.update(resource=resource, min_resource=min_resource)
+        searcher = {"name": "tpe", "pruner": pruner}
         if n_startup_trials is not None:
             searcher["n_startup_trials"] = n_startup_trials
     searcher.update(
@@ -199,6 +204,10 @@ class Reach:
     # every search pays whatever its searcher (a bound: it holds the first report's
     # batches too).
     startup_slot_seconds: float | None = None
+    # Slot-seconds of training alone, as the pruner counts it with ``resource:
+    # slot_seconds`` (each run from its first batch to its last record): what the
+    # searchers' choices cost, without start-ups, set-ups and hand-overs.
+    training_slot_seconds: float | None = None
 
 
 _ACCURACY = (Metric.kind == MetricKind.VALIDATION, Metric.name == "val_accuracy")
@@ -263,6 +272,16 @@ def compute_to_target(db_url: str, target: float) -> Reach:
                 TrialRun.id
             )
         ).all()
+        spans = session.execute(
+            select(
+                Trial.slots_per_trial,
+                TrialRun.training_started_at,
+                TrialRun.progress_at,
+                TrialRun.ended_at,
+            )
+            .join(Trial, Trial.id == TrialRun.trial_id)
+            .where(TrialRun.started_at <= moment)
+        ).all()
         first_metric = dict(
             session.execute(
                 select(Metric.trial_id, func.min(Metric.recorded_at)).group_by(Metric.trial_id)
@@ -291,6 +310,10 @@ def compute_to_target(db_url: str, target: float) -> Reach:
         held += slots * _held_s(started, until, moment)
         first = first_metric.get(first_trial_on_job.get(token, -1))
         startup += slots * _held_s(started, _first(until, first), moment)
+    training = sum(
+        slot_seconds_spent([RunSpan(start, progress, ended)], slots, moment)
+        for slots, start, progress, ended in spans
+    )
     return Reach(
         reached=hit is not None,
         epochs=float(sum(round(e or 0.0, 6) for _, e in epochs)),
@@ -301,6 +324,7 @@ def compute_to_target(db_url: str, target: float) -> Reach:
         hit_accuracy=None if hit is None else float(hit[3] or 0.0),
         trial_slot_seconds=trial_slot_seconds,
         startup_slot_seconds=startup,
+        training_slot_seconds=training,
     )
 
 
@@ -427,6 +451,8 @@ def run_one(
             folder=folder,
             n_startup_trials=args.n_startup_trials,
             warm=warm,
+            resource=args.resource,
+            min_resource=args.min_resource,
         ),
     )
     env = bench_env(folder)
@@ -553,6 +579,18 @@ def print_summary(results: dict[str, list[SearchResult]], *, warm: bool = False)
         f"ratio of medians, 90% bootstrap interval over these {len(pairs)} seeds: "
         f"{fmt(low)} to {fmt(high)}"
     )
+    per_seed_s = ", ".join(
+        f"{ours.seed}: {fmt(ours.reach.slot_seconds / base.reach.slot_seconds, 2)}"
+        for base, ours in pairs
+    )
+    print(f"tpe_asha / random slot-seconds per seed: {per_seed_s}")
+    low_s, high_s = bootstrap_interval(
+        [(b.reach.slot_seconds, o.reach.slot_seconds) for b, o in pairs]
+    )
+    print(
+        f"slot-seconds ratio of medians, 90% bootstrap interval over these {len(pairs)} "
+        f"seeds: {fmt(low_s)} to {fmt(high_s)}"
+    )
     (a, a_s), (b, b_s) = medians["random"], medians["tpe_asha"]
     if warm:
         # The trials' own spans, without the jobs' idle gaps between trials.
@@ -580,6 +618,14 @@ def print_summary(results: dict[str, list[SearchResult]], *, warm: bool = False)
         f"slot-seconds beyond the start-ups: random {fmt(beyond[0], 1)} tpe_asha "
         f"{fmt(beyond[1], 1)} ratio {fmt(beyond[1] / beyond[0])}"
     )
+    training = [
+        median([r.reach.training_slot_seconds or 0.0 for r in results[arm]]) for arm in ARMS
+    ]
+    print(
+        f"slot-seconds of training alone (first batch to last record, as compute rungs "
+        f"count): random {fmt(training[0], 1)} tpe_asha {fmt(training[1], 1)} "
+        f"ratio {fmt(training[1] / training[0]) if training[0] else '-'}"
+    )
     print(f"slot-seconds: random {fmt(a_s, 1)} tpe_asha {fmt(b_s, 1)} ratio {fmt(b_s / a_s)}")
     print(f"random_compute={fmt(a, 1)} tpe_asha_compute={fmt(b, 1)} ratio={fmt(b / a)}")
 
@@ -595,6 +641,19 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         default=None,
         help="TPE's random start-up trials (default: the driver's default, 10)",
+    )
+    parser.add_argument(
+        "--resource",
+        choices=["slot_seconds"],
+        default=None,
+        help="TPE+ASHA's rungs in slot-seconds (searcher.pruner.resource) instead of epochs",
+    )
+    parser.add_argument(
+        "--min-resource",
+        type=float,
+        default=0.5,
+        help="with --resource slot_seconds: ASHA's first rung in slot-seconds (8 seeds: "
+        "0.5 spent 0.875x random's slot-seconds, 0.1 pruned at the first epoch and 1.07-1.5x)",
     )
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--full", action="store_true", help="run every search to max_trials")
@@ -648,7 +707,8 @@ def main(argv: list[str] | None = None) -> None:
             f"target val_accuracy >= {args.target}; max_length {args.epochs} epochs; "
             f"max_trials {args.max_trials}; seeds {args.seeds}; 1 slot per trial, 2 at once; "
             f"TPE n_startup_trials {args.n_startup_trials or 'default (10)'}; "
-            f"mode {' and '.join(args.modes)}",
+            f"mode {' and '.join(args.modes)}; ASHA rungs in "
+            + (f"slot-seconds from {args.min_resource}" if args.resource else "epochs from 1"),
             flush=True,
         )
         by_mode = run_all(args)

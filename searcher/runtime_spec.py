@@ -122,6 +122,7 @@ def runtime_spec_of(
         smaller_is_better=config.searcher.smaller_is_better,
         pruning=pruner is not None,
         pruner=pruner,
+        pruner_resource=config.searcher.pruner.resource,
         min_validation_period=config.min_validation_period,
         min_checkpoint_period=config.min_checkpoint_period,
         optimizations=config.optimizations,

@@ -33,11 +33,12 @@ Example:
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from searcher.space import grid_search_space
 from trials import PrunerSpec
-from trials.config import ExperimentConfig
+from trials.config import ExperimentConfig, slot_seconds_step
 
 if TYPE_CHECKING:
     import optuna
@@ -130,8 +131,11 @@ def pruner_spec(config: ExperimentConfig) -> PrunerSpec | None:
     """The pruner as class name and arguments, or None for ``pruner.name: none``.
 
     Each trial's rank 0 rebuilds the pruner from this (Optuna does not store it).
-    Steps, ``min_resource`` and ``max_resource`` are in ``searcher.max_length``'s unit
-    (epochs or batches), which is what the runtime reports as the step.
+    Steps, ``min_resource`` and ``max_resource`` are in the pruner's resource unit,
+    which is what the runtime reports as the step: ``searcher.max_length``'s (epochs or
+    batches), or with ``pruner.resource: slot_seconds`` the slot-seconds the trial has
+    spent, in Optuna's integer steps (:data:`trials.config.STEPS_PER_SLOT_SECOND` to
+    the slot-second).
 
     - asha: ``SuccessiveHalvingPruner(min_resource, reduction_factor,
       min_early_stopping_rate)``.
@@ -152,13 +156,20 @@ def pruner_spec(config: ExperimentConfig) -> PrunerSpec | None:
         ... })
         >>> pruner_spec(cfg)
         PrunerSpec(name='HyperbandPruner', kwargs={'min_resource': 100, 'max_resource': 900, 'reduction_factor': 3})
+        >>> from trials.config import MaxLength
+        >>> searcher = cfg.searcher.model_copy(update={
+        ...     "pruner": cfg.searcher.pruner.model_copy(update={"min_resource": 0.5}),
+        ...     "max_length": MaxLength(slot_seconds=60)})
+        >>> pruner_spec(cfg.model_copy(update={"searcher": searcher})).kwargs
+        {'min_resource': 50, 'max_resource': 6000, 'reduction_factor': 3}
     """
     pruner = config.searcher.pruner
+    steps = _resource_steps(config)
     if pruner.name == "asha":
         return PrunerSpec(
             name="SuccessiveHalvingPruner",
             kwargs={
-                "min_resource": pruner.min_resource,
+                "min_resource": steps(pruner.min_resource),
                 "reduction_factor": pruner.reduction_factor,
                 "min_early_stopping_rate": pruner.min_early_stopping_rate,
             },
@@ -167,7 +178,7 @@ def pruner_spec(config: ExperimentConfig) -> PrunerSpec | None:
         return PrunerSpec(
             name="HyperbandPruner",
             kwargs={
-                "min_resource": pruner.min_resource,
+                "min_resource": steps(pruner.min_resource),
                 "max_resource": config.searcher.max_length.value,
                 "reduction_factor": pruner.reduction_factor,
             },
@@ -177,11 +188,23 @@ def pruner_spec(config: ExperimentConfig) -> PrunerSpec | None:
             name="MedianPruner",
             kwargs={
                 "n_startup_trials": pruner.n_startup_trials,
-                "n_warmup_steps": pruner.n_warmup_steps + 1,
+                # In slot-seconds no validation sits at step 0, so no + 1 there.
+                "n_warmup_steps": (
+                    steps(pruner.n_warmup_steps)
+                    if config.searcher.resource_unit == "slot_seconds"
+                    else pruner.n_warmup_steps + 1
+                ),
             },
         )
     assert pruner.name == "none", pruner.name
     return None
+
+
+def _resource_steps(config: ExperimentConfig) -> Callable[[float], int]:
+    """Converts an amount of the pruner's resource to Optuna's integer steps."""
+    if config.searcher.resource_unit == "slot_seconds":
+        return slot_seconds_step
+    return int
 
 
 def build_pruner(config: ExperimentConfig) -> optuna.pruners.BasePruner:

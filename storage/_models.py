@@ -201,6 +201,9 @@ class TrialRun(Base):
     # that may use its slots: whoever judges whether the run is gone must find them
     # gone; one without it can no longer start once its claim is gone or it is ended.
     ranks_started_at: Mapped[_dt.datetime | None] = mapped_column(DateTime)
+    # Written by rank 0 just before the run's first batch (its start-up done): a
+    # trial's compute (slot-seconds) counts each run from here to its last progress.
+    training_started_at: Mapped[_dt.datetime | None] = mapped_column(DateTime)
 
     trial: Mapped[Trial] = relationship(back_populates="runs")
     processes: Mapped[list[TrialProcess]] = relationship(

@@ -6,13 +6,14 @@ ranks read, process identity), :mod:`trials.runtime` (inside every rank),
 :mod:`trials.node` (the programs on each node), :mod:`trials.executors` (where attempts
 run) and :mod:`trials.coordination` (what drivers share in the database). The modules
 at this level (the experiment config, YAML and validation helpers, timings, labels,
-checkpoint storage and retention, GPU detection) import none of them; every sub-package may.
+checkpoint storage and retention, a trial's compute spent, GPU detection) import none of them; every sub-package may.
 
 ``trials`` may import ``storage``, never ``searcher`` or ``ui``. Code that runs inside
 each rank keeps heavy imports (Optuna, SQLAlchemy) lazy so a trial starts fast.
 """
 
 from trials.checkpoint_storage import CheckpointStorageError, store_for, trial_checkpoint_dir
+from trials.compute_spent import RunSpan, slot_seconds_spent
 from trials.config import (
     CheckpointStorageConfig,
     Length,
@@ -33,11 +34,13 @@ __all__ = [
     "OptimizationsConfig",
     "ProfilingConfig",
     "PrunerSpec",
+    "RunSpan",
     "RuntimeSpec",
     "checkpoints_to_delete",
     "collect_garbage",
     "is_url",
     "per_slot_batch_size",
+    "slot_seconds_spent",
     "store_for",
     "trial_checkpoint_dir",
 ]

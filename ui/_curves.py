@@ -31,8 +31,21 @@ def curve_axis(searcher: SearcherConfig | None) -> str:
 
 
 def asha_rungs(searcher: SearcherConfig | None) -> list[float]:
-    """The rungs of an ASHA pruner in the curve axis' unit; empty for any other pruner."""
+    """The rungs of an ASHA pruner in the curve axis' unit; empty for any other pruner.
+
+    Rungs in slot-seconds (``pruner.resource: slot_seconds``) fall at a different epoch
+    for every trial, so no line on the shared axis shows them: empty too.
+
+    Example:
+        >>> from trials.config import SearcherConfig
+        >>> asha_rungs(SearcherConfig.model_validate({
+        ...     "metric": "loss", "max_trials": 4, "max_length": {"epochs": 30},
+        ...     "pruner": {"name": "asha", "resource": "slot_seconds", "min_resource": 0.5}}))
+        []
+    """
     if searcher is None or searcher.pruner.name != "asha":
+        return []
+    if searcher.resource_unit == "slot_seconds":
         return []
     pruner = searcher.pruner
     limit = float(searcher.max_length.value)

@@ -199,12 +199,16 @@ def test_every_slots_per_trial_of_an_int_range_is_checked(tmp_path: Path) -> Non
         ),
         (
             {"searcher.max_length": 3},
-            ["searcher.max_length: must be a mapping with fields epochs, batches (got 3)"],
+            [
+                "searcher.max_length: must be a mapping with fields epochs, batches, "
+                "slot_seconds (got 3)"
+            ],
         ),
         (
             {"searcher.max_length": {"epochs": 2, "batches": 5}},
             [
-                "searcher.max_length: give exactly one of 'epochs' or 'batches' (a positive integer)"
+                "searcher.max_length: give exactly one of 'epochs', 'batches' (a positive "
+                "integer) or 'slot_seconds' (a positive number)"
             ],
         ),
         (
@@ -221,6 +225,51 @@ def test_every_slots_per_trial_of_an_int_range_is_checked(tmp_path: Path) -> Non
                 "searcher: pruner.min_resource (3) must be less than max_length (3 epochs); "
                 "otherwise no trial could be stopped early"
             ],
+        ),
+        (
+            {"searcher.pruner": {"name": "asha", "min_resource": 0.5}},
+            [
+                "searcher: pruner.min_resource (0.5) must be a whole number of epochs; "
+                "fractions only with pruner.resource: slot_seconds"
+            ],
+        ),
+        (
+            {"searcher.pruner": {"resource": "slot_seconds"}},
+            [
+                "searcher: pruner.resource: slot_seconds is the unit of a pruner's rungs; "
+                "set pruner.name to asha, hyperband or median, or leave resource out"
+            ],
+        ),
+        (
+            {"searcher.pruner": {"name": "hyperband", "resource": "slot_seconds"}},
+            [
+                "searcher: max_length: hyperband with pruner.resource slot_seconds needs "
+                "max_length in the same unit, e.g. {slot_seconds: 600}"
+            ],
+        ),
+        (
+            {
+                "searcher.max_length": {"slot_seconds": 20},
+                "searcher.pruner": {"name": "asha", "min_resource": 0.001},
+            },
+            [
+                "searcher: pruner.min_resource (0.001 slot-seconds) must be at least "
+                "0.01 slot-seconds"
+            ],
+        ),
+        (
+            {
+                "searcher.max_length": {"slot_seconds": 20},
+                "searcher.pruner": {"name": "asha", "min_resource": 20},
+            },
+            [
+                "searcher: pruner.min_resource (20) must be less than max_length "
+                "(20 slot_seconds); otherwise no trial could be stopped early"
+            ],
+        ),
+        (
+            {"min_validation_period": {"slot_seconds": 5}},
+            ["min_validation_period.slot_seconds: unknown field; allowed: epochs, batches"],
         ),
         (
             {"searcher.objectives": ["slots"]},

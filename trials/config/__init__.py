@@ -33,13 +33,16 @@ from trials.config._integrations import (
     NotificationEvent,
 )
 from trials.config._sections import (
+    STEPS_PER_SLOT_SECOND,
     CheckpointStorageConfig,
     Length,
+    MaxLength,
     OptimizationsConfig,
     ProfilingConfig,
     PrunerSpec,
     RuntimeSpec,
     WarmSpec,
+    slot_seconds_step,
 )
 from trials.config._storage_url import is_url
 from trials.config._validation import ConfigModel, validation_problems
@@ -111,6 +114,7 @@ __all__ = [
     "DEFAULT_WEIGHT",
     "MAX_TRIALS",
     "NOTIFICATION_EVENTS",
+    "STEPS_PER_SLOT_SECOND",
     "CategoricalHP",
     "CheckpointStorageConfig",
     "ConfigError",
@@ -123,6 +127,7 @@ __all__ = [
     "IntegrationsConfig",
     "Length",
     "LogHP",
+    "MaxLength",
     "MlflowConfig",
     "NotificationConfig",
     "NotificationEvent",
@@ -146,6 +151,7 @@ __all__ = [
     "read_stored_config",
     "read_stored_hyperparameters",
     "read_yaml",
+    "slot_seconds_step",
     "validation_problems",
 ]
 

@@ -27,16 +27,21 @@ from pydantic import (
     Field,
     TypeAdapter,
     ValidationError,
+    field_serializer,
     field_validator,
     model_validator,
 )
 
 from trials.config._integrations import IntegrationsConfig, NotificationConfig
 from trials.config._sections import (
+    MAX_SLOT_SECONDS,
+    STEPS_PER_SLOT_SECOND,
     CheckpointStorageConfig,
     Length,
+    MaxLength,
     OptimizationsConfig,
     ProfilingConfig,
+    slot_seconds_step,
 )
 from trials.config._validation import (
     INT32_MAX,
@@ -240,14 +245,26 @@ HP_TYPES = ("const", "int", "double", "log", "categorical")
 
 
 class PrunerConfig(_Strict):
-    """Early stopping; the resource unit follows ``searcher.max_length``."""
+    """Early stopping; the resource unit follows ``searcher.max_length`` unless ``resource``.
+
+    ``resource: slot_seconds`` compares trials at equal compute (slots times training
+    time) instead of equal epochs or batches; ``min_resource`` (and ``n_warmup_steps``)
+    are then slot-seconds, a fraction allowed for ``min_resource``.
+    """
 
     name: Literal["asha", "hyperband", "median", "none"] = "none"
-    min_resource: int = Field(default=1, ge=1, le=INT32_MAX)
+    resource: Literal["slot_seconds"] | None = None
+    # A whole number of epochs or batches (checked with the unit), else slot-seconds.
+    min_resource: float = Field(default=1.0, gt=0, le=MAX_SLOT_SECONDS, allow_inf_nan=False)
     reduction_factor: int = Field(default=3, ge=2, le=1000)
     min_early_stopping_rate: int = Field(default=0, ge=0, le=100)
     n_startup_trials: int = Field(default=5, ge=0, le=MAX_TRIALS)
     n_warmup_steps: int = Field(default=0, ge=0, le=INT32_MAX)
+
+    @field_serializer("min_resource")
+    def _whole_as_integer(self, value: float) -> int | float:
+        # Stored and shown as written: 1, not 1.0, for epochs and batches.
+        return int(value) if value.is_integer() else value
 
 
 class ObjectiveConfig(_Strict):
@@ -262,7 +279,7 @@ class SearcherConfig(_Strict):
     metric: str = Field(min_length=1, max_length=200)
     smaller_is_better: bool = True
     max_trials: int = Field(ge=1, le=MAX_TRIALS)
-    max_length: Length
+    max_length: MaxLength
     max_concurrent_trials: int = Field(default=1, ge=1, le=MAX_TRIALS)
     # NumPy's seed range, which every Optuna sampler uses.
     seed: int | None = Field(default=None, ge=0, le=2**32 - 1)
@@ -292,16 +309,48 @@ class SearcherConfig(_Strict):
             raise ValueError(
                 "pruning is single-objective: set pruner.name to none with 'objectives'"
             )
+        self._check_resource()
+        return self
+
+    @property
+    def resource_unit(self) -> Literal["epochs", "batches", "slot_seconds"]:
+        """The unit of the pruner's steps: ``pruner.resource``, else ``max_length``'s."""
+        return self.pruner.resource or self.max_length.unit
+
+    def _check_resource(self) -> None:
+        """The pruner's resource, ``min_resource`` and ``max_length`` fit together."""
+        pruner, unit = self.pruner, self.resource_unit
+        if pruner.resource is not None and pruner.name == "none":
+            raise ValueError(
+                "pruner.resource: slot_seconds is the unit of a pruner's rungs; "
+                "set pruner.name to asha, hyperband or median, or leave resource out"
+            )
+        if unit == "slot_seconds":
+            if slot_seconds_step(pruner.min_resource) < 1:
+                raise ValueError(
+                    f"pruner.min_resource ({pruner.min_resource:g} slot-seconds) must be at "
+                    f"least {1 / STEPS_PER_SLOT_SECOND} slot-seconds"
+                )
+            if pruner.name == "hyperband" and self.max_length.unit != "slot_seconds":
+                raise ValueError(
+                    "max_length: hyperband with pruner.resource slot_seconds needs "
+                    "max_length in the same unit, e.g. {slot_seconds: 600}"
+                )
+        elif not float(pruner.min_resource).is_integer():
+            raise ValueError(
+                f"pruner.min_resource ({pruner.min_resource:g}) must be a whole number of "
+                f"{unit}; fractions only with pruner.resource: slot_seconds"
+            )
         if (
-            self.pruner.name in ("asha", "hyperband")
-            and self.pruner.min_resource >= self.max_length.value
+            pruner.name in ("asha", "hyperband")
+            and unit == self.max_length.unit
+            and pruner.min_resource >= self.max_length.amount
         ):
             raise ValueError(
-                f"pruner.min_resource ({self.pruner.min_resource}) must be less than "
-                f"max_length ({self.max_length.value} {self.max_length.unit}); "
+                f"pruner.min_resource ({pruner.min_resource:g}) must be less than "
+                f"max_length ({self.max_length.amount:g} {self.max_length.unit}); "
                 "otherwise no trial could be stopped early"
             )
-        return self
 
 
 class ResourcesConfig(_Strict):

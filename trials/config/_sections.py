@@ -7,6 +7,7 @@ at start-up.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -50,6 +51,76 @@ class Length(ConfigModel):
     def in_batches(self, batches_per_epoch: int) -> int:
         """This length in optimizer-visible batches, given the epoch size."""
         return self.value * batches_per_epoch if self.unit == "epochs" else self.value
+
+
+#: Optuna's steps are integers: a step in slot-seconds (``searcher.pruner.resource:
+#: slot_seconds``) is reported in hundredths of a slot-second, so short validations
+#: (a tenth of a second each) still get steps of their own.
+STEPS_PER_SLOT_SECOND = 100
+# The largest slot-second count whose step fits Optuna's 32-bit step column: 5,965
+# slot-hours, e.g. 64 GPUs for 93 hours.
+MAX_SLOT_SECONDS = INT32_MAX // STEPS_PER_SLOT_SECOND
+
+
+class MaxLength(Length):
+    """``searcher.max_length``: a :class:`Length`, or ``{slot_seconds: N}`` of compute.
+
+    ``slot_seconds`` is the trial's compute (slots times training time, restarts
+    included, start-up excluded); training ends at the first validation that has spent
+    it, so validations must come often enough (``min_validation_period``).
+
+    Example:
+        >>> MaxLength(slot_seconds=90.5).unit, MaxLength(epochs=3).value
+        ('slot_seconds', 3)
+    """
+
+    slot_seconds: float | None = Field(
+        default=None, gt=0, le=MAX_SLOT_SECONDS, allow_inf_nan=False
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> MaxLength:
+        given = [v for v in (self.epochs, self.batches, self.slot_seconds) if v is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of 'epochs', 'batches' (a positive integer) "
+                "or 'slot_seconds' (a positive number)"
+            )
+        return self
+
+    @property
+    def unit(self) -> Literal["epochs", "batches", "slot_seconds"]:  # type: ignore[override]
+        if self.slot_seconds is not None:
+            return "slot_seconds"
+        return super().unit
+
+    @property
+    def amount(self) -> float:
+        """The length in its unit, a fraction allowed (slot-seconds)."""
+        return self.slot_seconds if self.slot_seconds is not None else float(self.value)
+
+    @property
+    def value(self) -> int:
+        """The length in its unit; slot-seconds in Optuna's steps (:data:`STEPS_PER_SLOT_SECOND`)."""
+        if self.slot_seconds is not None:
+            return slot_seconds_step(self.slot_seconds)
+        return super().value
+
+    def in_batches(self, batches_per_epoch: int) -> int:
+        """This length in batches; unbounded for slot-seconds (a validation ends it)."""
+        if self.slot_seconds is not None:
+            return INT32_MAX
+        return super().in_batches(batches_per_epoch)
+
+
+def slot_seconds_step(slot_seconds: float) -> int:
+    """Optuna's step for ``slot_seconds`` of compute (rounded down to a hundredth).
+
+    Example:
+        >>> slot_seconds_step(2.519), slot_seconds_step(0.0)
+        (251, 0)
+    """
+    return min(INT32_MAX, math.floor(slot_seconds * STEPS_PER_SLOT_SECOND + 1e-9))
 
 
 class OptimizationsConfig(ConfigModel):
@@ -172,11 +243,14 @@ class RuntimeSpec(ConfigModel):
     hparams: dict[str, Any]
     data: dict[str, Any] = Field(default_factory=dict)
     slots_per_trial: int = Field(ge=1)
-    max_length: Length
+    max_length: MaxLength
     searcher_metric: str
     smaller_is_better: bool = True
     pruning: bool = True
     pruner: PrunerSpec | None = None
+    #: ``searcher.pruner.resource``: ``slot_seconds`` reports validations to Optuna at
+    #: the compute spent, else (None) at ``max_length``'s unit.
+    pruner_resource: Literal["slot_seconds"] | None = None
     min_validation_period: Length
     min_checkpoint_period: Length | None = None
     optimizations: OptimizationsConfig = Field(default_factory=OptimizationsConfig)
@@ -190,3 +264,8 @@ class RuntimeSpec(ConfigModel):
     log_path: str | None = None
     #: Set when the trial runs on a warm job (its ranks stay for the next trial).
     warm: WarmSpec | None = None
+
+    @property
+    def step_unit(self) -> Literal["epochs", "batches", "slot_seconds"]:
+        """The unit of the steps reported to Optuna (and of a compute ``max_length``)."""
+        return self.pruner_resource or self.max_length.unit

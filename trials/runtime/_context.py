@@ -276,7 +276,8 @@ class TrialContext:
 
         The searcher metric goes to the trial row and, with pruning on, to Optuna as an
         intermediate value at the step of ``searcher.max_length``'s unit (``epoch``
-        rounded down when the unit is epochs and ``epoch`` is given).
+        rounded down when the unit is epochs and ``epoch`` is given), or with
+        ``pruner.resource: slot_seconds`` at the compute the trial has spent.
         """
         means = self._average(metrics)
         self._record_validation(steps_completed, epoch, means)
@@ -296,12 +297,26 @@ class TrialContext:
         self._latest_validation = (steps_completed, means)
         self.steps_reported = max(self.steps_reported, steps_completed)
         self._recorder.validation_metrics(steps_completed, epoch, means)
-        if self.spec.pruning:
-            if self.spec.max_length.unit == "epochs" and epoch is not None:
+        unit = self.spec.step_unit
+        if unit == "slot_seconds":
+            # Counted from the trial's runs in the database, restarts included.
+            self._recorder.report_compute(means[metric] if self.spec.pruning else None)
+        elif self.spec.pruning:
+            if unit == "epochs" and epoch is not None:
                 optuna_step = math.floor(epoch + 1e-9)
             else:
                 optuna_step = steps_completed
             self._recorder.report_intermediate(means[metric], optuna_step)
+
+    def _compute_budget_spent(self) -> bool:
+        """Whether a ``max_length`` in slot-seconds is spent, as of the last validation.
+
+        Collective: rank 0 waits for its count of the compute, every rank learns the answer.
+        """
+        limit = self.spec.max_length.slot_seconds
+        if limit is None:
+            return False
+        return broadcast_flag(self._recorder.compute_spent() >= limit, self.device)
 
     def should_prune(self) -> bool:
         """Whether the study's pruner stops this trial (collective: rank 0 asks, all learn).
@@ -601,6 +616,11 @@ class PyTorchTrialContext(TrialContext):
             batch_size=self.per_slot_batch_size,
             drop_last=drop_last,
         )
+        if self.spec.max_length.unit == "slot_seconds":
+            raise InvalidTrialError(
+                "searcher.max_length: in slot_seconds the trial's length in optimizer "
+                "steps is not known in advance; use a schedule without a total length"
+            )
         k = self.spec.optimizations.aggregation_frequency
         total = self.max_length.in_batches(batches)
         epochs, rest = divmod(total, batches)

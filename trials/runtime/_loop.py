@@ -94,6 +94,8 @@ class ManagedLoop:
         self.last_validation_step = 0
         self.last_checkpoint_step = 0
         self.last_report_step = 0
+        # A max_length in slot-seconds was spent at the last validation: training ends.
+        self.compute_spent = False
         self._restored_rng: Any = None
         self._train_metrics = MetricAccumulator()
         self.profiler = self._profiler()
@@ -295,6 +297,10 @@ class ManagedLoop:
         ctx._record_validation(self.step, self.step / self.schedule.batches_per_epoch, means)
         if final:
             return False
+        if ctx._compute_budget_spent():
+            # The last validation of a trial whose max_length is compute: no pruning.
+            self.compute_spent = True
+            return False
         return ctx.should_prune()
 
     def _after_optimizer_step(self, epoch_end: bool) -> TrialOutcome | None:
@@ -321,10 +327,13 @@ class ManagedLoop:
             and self._validate(final=end)
         ):
             return TrialOutcome.PRUNED
+        end = end or self.compute_spent
         if checkpoint_due or end or preempt:
             self._checkpoint()
         if preempt:
             return TrialOutcome.PREEMPTED
+        if self.compute_spent:
+            return TrialOutcome.FINISHED
         return None
 
     # -- the loop ------------------------------------------------------------------------
@@ -351,6 +360,8 @@ class ManagedLoop:
         synthetic = self.spec.profiling.synthetic_data
         held_batch: Any = None
         outcome: TrialOutcome | None = None
+        # Start-up is over: the trial's compute counts from here.
+        ctx._recorder.training_started()
         while self.step < s.max_batches:
             if iterator is None and held_batch is None:
                 self.train_sampler.set_epoch(self.epoch_idx)

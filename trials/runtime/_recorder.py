@@ -23,13 +23,15 @@ import math
 import queue
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from trials.config import RuntimeSpec
+from trials.compute_spent import RunSpan, slot_seconds_spent
+from trials.config import RuntimeSpec, slot_seconds_step
 from trials.retention import collect_garbage
 from trials.runtime._timing import TimingWindow
 
@@ -93,6 +95,7 @@ class ChiefRecorder:
         # the recorder's thread, read by the training loop at its next report.
         self.stop_requested = False
         self._optuna_trial: Any = None
+        self._compute_spent = 0.0
         self._pruning_supported = True
         self._thread = threading.Thread(target=self._run, name="slotsweep-recorder", daemon=True)
         self._thread.start()
@@ -483,6 +486,67 @@ class ChiefRecorder:
                 retry_transient(lambda: trial.report(float(value), step))
 
         self.submit(report)
+
+    def training_started(self) -> None:
+        """The run's start-up is done and its first batch begins: stamp the run's row.
+
+        The stamp is the moment of this call; the compute a trial spent (rungs in
+        slot-seconds) counts each run from it (:mod:`trials.compute_spent`).
+        """
+        moment = time.time()
+
+        def write(session: Session) -> None:
+            from sqlalchemy import update
+
+            from storage import TrialRun, utc_from_timestamp
+
+            if self._run_id is not None:
+                session.execute(
+                    update(TrialRun)
+                    .where(TrialRun.id == self._run_id, TrialRun.training_started_at.is_(None))
+                    .values(training_started_at=utc_from_timestamp(moment))
+                )
+
+        self.submit(lambda: self._transaction(write))
+
+    def report_compute(self, value: float | None) -> None:
+        """Count the trial's compute now; report ``value`` to Optuna at it (in slot-seconds).
+
+        The count is the trial's runs' training spans up to this moment, read from the
+        database (so a restarted run carries on from its trial's earlier runs);
+        :meth:`compute_spent` returns it. ``value`` None counts without reporting
+        (pruning off, a ``max_length`` in slot-seconds).
+        """
+
+        def count(session: Session) -> float:
+            from sqlalchemy import select
+
+            from storage import TrialRun, utcnow
+
+            rows = session.execute(
+                select(
+                    TrialRun.training_started_at, TrialRun.progress_at, TrialRun.ended_at
+                ).where(TrialRun.trial_id == self.spec.trial_id)
+            ).all()
+            spans = [RunSpan(start, progress, ended) for start, progress, ended in rows]
+            return slot_seconds_spent(spans, self.spec.slots_per_trial, utcnow())
+
+        def report() -> None:
+            from storage import retry_transient
+
+            self._compute_spent = self._transaction(count)
+            if value is None:
+                return
+            trial = retry_transient(self._load_optuna_trial)
+            if trial is not None:
+                step = slot_seconds_step(self._compute_spent)
+                retry_transient(lambda: trial.report(float(value), step))
+
+        self.submit(report)
+
+    def compute_spent(self) -> float:
+        """Slot-seconds counted by the latest :meth:`report_compute` (waits for it)."""
+        return self.call(lambda: self._compute_spent)
 
     def should_prune(self) -> bool:
         """Ask the study's pruner about the values reported so far."""

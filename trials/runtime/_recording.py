@@ -55,6 +55,18 @@ class Recorder(Protocol):
         """The searcher metric at ``step``, for the study's pruner."""
         ...
 
+    def training_started(self) -> None:
+        """The run's start-up is done: its first batch begins now."""
+        ...
+
+    def report_compute(self, value: float | None) -> None:
+        """Count the trial's compute (slot-seconds) now; report ``value`` to Optuna at it."""
+        ...
+
+    def compute_spent(self) -> float:
+        """Slot-seconds counted by the latest :meth:`report_compute`."""
+        ...
+
     def should_prune(self) -> bool:
         """Whether the study's pruner stops this trial."""
         ...
@@ -148,6 +160,16 @@ class NoRecorder:
 
     def report_intermediate(self, value: float, step: int) -> None:
         """Nothing: rank 0 reports to the study."""
+
+    def training_started(self) -> None:
+        """Nothing: rank 0 stamps the run."""
+
+    def report_compute(self, value: float | None) -> None:
+        """Nothing: rank 0 counts the compute and reports to the study."""
+
+    def compute_spent(self) -> float:
+        """Nothing counted here: rank 0's count decides, through its collectives."""
+        return 0.0
 
     def should_prune(self) -> bool:
         return False

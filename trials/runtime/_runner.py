@@ -189,6 +189,8 @@ def run_trial(spec: RuntimeSpec, info: DistributedInfo | None = None) -> TrialOu
             restored_step = loop.step
             outcome = loop.run()
         else:
+            # The user's loop: its own set-up counts as training (nothing tells them apart).
+            recorder.training_started()
             target(context)
             outcome = TrialOutcome.PRUNED if context.pruned else TrialOutcome.FINISHED
         # The last checkpoint is recorded before the trial's end is: the driver (or the
