@@ -203,8 +203,12 @@ def test_diagnose_names_the_bottleneck_put_in(
 
 @pytest.mark.slow
 def test_a_failing_probe_prints_its_error_and_leaves_nothing(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The probes' folder in a temporary directory of this test's own: other tests' probes
+    # (other workers) come and go in the machine's.
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     db = f"sqlite:///{tmp_path / 'user.db'}"
     path = _experiment(tmp_path, fail_message="no layer named 'conv9'")
     code, _, err = _diagnose(path, db, capsys, "--probes", "synthetic")
