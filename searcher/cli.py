@@ -124,13 +124,8 @@ def _add_experiment(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="slotsweep", description="Hyperparameter search over distributed trials."
-    )
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    commands.required = True
-
+def _add_search_commands(commands: Any) -> None:
+    """``run``, ``resume`` (and its alias ``activate``) and ``continue``: what runs a search."""
     run = commands.add_parser("run", help="validate an experiment config and run its search")
     run.add_argument("config", metavar="CONFIG", help="experiment YAML file")
     _add_db(run)
@@ -179,6 +174,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cluster(extend)
     _add_relocate(extend)
     extend.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="slotsweep", description="Hyperparameter search over distributed trials."
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands.required = True
+
+    _add_search_commands(commands)
 
     listing = commands.add_parser("list", help="experiments with state, trial counts, best value")
     _add_db(listing)

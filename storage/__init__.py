@@ -58,7 +58,7 @@ from storage._models import (
 )
 from storage._open import DatabaseUrlError, check_database_url
 from storage._optuna import optuna_storage
-from storage._records import metric_rows, record_metrics
+from storage._records import fusion_choice, keep_first_fusion_choice, metric_rows, record_metrics
 from storage._url import (
     DB_ENV_VAR,
     DEFAULT_DB_URL,
@@ -118,8 +118,10 @@ __all__ = [
     "check_database_url",
     "check_optuna_schema",
     "claim_attempt",
+    "fusion_choice",
     "get_engine",
     "is_transient_error",
+    "keep_first_fusion_choice",
     "metric_rows",
     "optuna_schema_revision",
     "optuna_storage",

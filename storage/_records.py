@@ -7,10 +7,12 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from storage._models import Metric, MetricKind, utcnow
+from storage._models import FusionChoice, Metric, MetricKind, utcnow
 
 
 def metric_rows(
@@ -91,3 +93,34 @@ def record_metrics(
         },
     )
     session.execute(statement)
+
+
+def fusion_choice(
+    session: Session, experiment_id: int, shape_key: str, world_size: int
+) -> float | None:
+    """The DDP bucket size (MB) a trial of the experiment chose for a model shape and size."""
+    return session.scalar(
+        select(FusionChoice.bucket_mb).where(
+            FusionChoice.experiment_id == experiment_id,
+            FusionChoice.shape_key == shape_key,
+            FusionChoice.world_size == world_size,
+        )
+    )
+
+
+def keep_first_fusion_choice(session: Session, choice: FusionChoice) -> None:
+    """Record ``choice`` unless a trial of its experiment recorded one for its key first.
+
+    Two trials of one shape that probe at the same time both measure; the first choice
+    recorded stays (the unique key refuses the second, which is not an error).
+    """
+    known = fusion_choice(session, choice.experiment_id, choice.shape_key, choice.world_size)
+    if known is not None:
+        return
+    try:
+        # A savepoint: on PostgreSQL another trial may insert between the select and
+        # this insert (SQLite's writes are serialised).
+        with session.begin_nested():
+            session.add(choice)
+    except IntegrityError:
+        pass

@@ -480,3 +480,29 @@ def test_a_private_import_is_named_with_its_file_and_line() -> None:
         "trials.scheduler._cluster, private to trials.scheduler "
         "(re-export the name from trials/scheduler/__init__.py)"
     ]
+
+
+# Issue 27's limits: a function longer than this does several jobs; a class longer than
+# this holds several parts (split along them, as SlotScheduler and RunningTrials were).
+MAX_FUNCTION_LINES = 100
+MAX_CLASS_LINES = 400
+
+
+def test_no_function_or_class_outgrows_its_job() -> None:
+    too_long: list[str] = []
+    for package in PACKAGES:
+        for path in sorted((REPO_ROOT / package).rglob("*.py")):
+            if "migrations" in path.parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    limit = MAX_FUNCTION_LINES
+                elif isinstance(node, ast.ClassDef):
+                    limit = MAX_CLASS_LINES
+                else:
+                    continue
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > limit:
+                    where = f"{path.relative_to(REPO_ROOT)}:{node.lineno}"
+                    too_long.append(f"{where} {node.name}: {lines} lines (at most {limit})")
+    assert not too_long, "\n".join(too_long)

@@ -3,7 +3,8 @@
 Only rank 0 constructs a :class:`ChiefRecorder`, and only it imports SQLAlchemy,
 ``storage`` and Optuna (inside the recorder's thread, while the main thread builds
 the model), so the other ranks start without them. Writes are queued and applied in
-order by one thread: a training step never waits for SQLite. Whatever must be durable
+order by one thread (:mod:`trials.runtime._recorder_queue`): a training step never
+waits for SQLite. Whatever must be durable
 before training goes on (a checkpoint's row, the final state of the trial) or whose
 answer the loop needs (should this trial be pruned?) is a synchronous :meth:`call`,
 which also waits for every write queued before it.
@@ -20,44 +21,21 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-import queue
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from trials.compute_spent import RunSpan, slot_seconds_spent
 from trials.config import RuntimeSpec, slot_seconds_step
 from trials.retention import collect_garbage
+from trials.runtime._recorder_queue import RecorderQueue
 from trials.runtime._timing import TimingWindow
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
-
-T = TypeVar("T")
-
-
-class TrialStopped(RuntimeError):
-    """The rank must stop now, without recording anything more (one line says why).
-
-    Raised in the training thread at the recorder's next use, after its thread found
-    this attempt superseded or the database unreachable past the deadline. It carries
-    no SQLAlchemy type, so ranks that never import SQLAlchemy can catch it.
-    """
-
-    def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-# Exit codes: 3 for an attempt that lost its trial to a newer one (not a failure of
-# this attempt's own making), 1 for a failure (the database stayed unreachable).
-SUPERSEDED_EXIT_CODE = 3
-FAILURE_EXIT_CODE = 1
 
 
 @dataclass(frozen=True)
@@ -73,7 +51,7 @@ class RankProcess:
     slots: tuple[int, ...]
 
 
-class ChiefRecorder:
+class ChiefRecorder(RecorderQueue):
     """The database side of rank 0: metrics, timings, checkpoints, trial fields, pruning.
 
     Example:
@@ -83,114 +61,10 @@ class ChiefRecorder:
     """
 
     def __init__(self, spec: RuntimeSpec) -> None:
-        self.spec = spec
-        self._tasks: queue.Queue[tuple[Callable[[], Any], Future[Any], bool] | None] = (
-            queue.Queue()
-        )
-        self._error: BaseException | None = None
-        # Set once by the recorder's thread; from then on nothing more is recorded.
-        self._stopped: TrialStopped | None = None
-        self._run_id: int | None = None
-        # The driver's stop request (pause, preemption), as of the last commit: set by
-        # the recorder's thread, read by the training loop at its next report.
-        self.stop_requested = False
+        super().__init__(spec)
         self._optuna_trial: Any = None
         self._compute_spent = 0.0
         self._pruning_supported = True
-        self._thread = threading.Thread(target=self._run, name="slotsweep-recorder", daemon=True)
-        self._thread.start()
-        # Pay for the imports now, in this thread, while the main thread builds the model.
-        self.submit(self._warm_up)
-
-    # -- the queue ---------------------------------------------------------------------
-
-    def _run(self) -> None:
-        while True:
-            item = self._tasks.get()
-            if item is None:
-                return
-            fn, future, background = item
-            if self._stopped is not None:
-                future.set_exception(self._stopped)
-                continue
-            try:
-                future.set_result(fn())
-            except BaseException as error:
-                stopped = _as_stop(error)
-                if stopped is not None:
-                    self._stopped = stopped
-                    future.set_exception(stopped)
-                    continue
-                future.set_exception(error)
-                if background and self._error is None:
-                    self._error = error
-                    print(
-                        f"slotsweep: recording to the database failed: {error!r}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-
-    def submit(self, fn: Callable[[], Any]) -> None:
-        """Queue ``fn`` (fire and forget; its error surfaces at the next :meth:`call`).
-
-        Raises :class:`TrialStopped` once the rank must stop, so that the training
-        thread stops at its next report rather than train on for nothing.
-        """
-        if self._stopped is not None:
-            raise self._stopped
-        self._tasks.put((fn, Future(), True))
-
-    def call(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` after everything queued so far and return its result."""
-        future: Future[T] = Future()
-        self._tasks.put((fn, future, False))
-        result = future.result()
-        if self._stopped is not None:
-            raise self._stopped
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise RuntimeError(f"an earlier database write failed: {error!r}") from error
-        return result
-
-    def flush(self) -> None:
-        """Wait until every queued write is committed."""
-        self.call(lambda: None)
-
-    def close(self, timeout: float = 60.0) -> None:
-        """Commit what is queued and stop the thread (bounded: exit must not hang)."""
-        if not self._thread.is_alive():
-            return
-        self._tasks.put(None)
-        self._thread.join(timeout)
-
-    # -- database helpers (run in the recorder's thread) -----------------------------
-
-    def _warm_up(self) -> None:
-        import storage  # noqa: F401  (import cost paid here, not on the training path)
-
-        if self.spec.pruning:
-            import optuna  # noqa: F401
-
-    def _transaction(self, body: Callable[[Session], T]) -> T:
-        """``body`` in one fenced transaction, re-run while the database is unreachable."""
-        from storage import claim_attempt, retry_transient, session_scope, stop_requested
-
-        def attempt() -> T:
-            with session_scope(self.spec.db_url) as session:
-                self._run_id = claim_attempt(session, self.spec.trial_id, self.spec.attempt)
-                if self._run_id is not None and not self.stop_requested:
-                    # Read with every record, so asking costs the training loop nothing.
-                    self.stop_requested = stop_requested(session, self._run_id)
-                return body(session)
-
-        return retry_transient(attempt)
-
-    def _update_trial(self, session: Session, **fields: Any) -> None:
-        from sqlalchemy import update
-
-        from storage import Trial
-
-        session.execute(update(Trial).where(Trial.id == self.spec.trial_id).values(**fields))
 
     # -- what the runtime records ----------------------------------------------------
 
@@ -300,21 +174,14 @@ class ChiefRecorder:
 
     def fusion_choice(self, shape_key: str, world_size: int) -> float | None:
         """The bucket size (MB) an earlier trial of this experiment chose for the shape."""
+        from storage import fusion_choice
 
-        def read(session: Session) -> float | None:
-            from sqlalchemy import select
-
-            from storage import FusionChoice
-
-            return session.scalar(
-                select(FusionChoice.bucket_mb).where(
-                    FusionChoice.experiment_id == self.spec.experiment_id,
-                    FusionChoice.shape_key == shape_key,
-                    FusionChoice.world_size == world_size,
-                )
+        experiment_id = self.spec.experiment_id
+        return self.call(
+            lambda: self._transaction(
+                lambda session: fusion_choice(session, experiment_id, shape_key, world_size)
             )
-
-        return self.call(lambda: self._transaction(read))
+        )
 
     def record_fusion_choice(
         self,
@@ -326,45 +193,25 @@ class ChiefRecorder:
         parameters: int,
         gradient_bytes: int,
     ) -> None:
-        """The chosen size for later trials; the probes' step times as this trial's timings.
-
-        Two trials of one shape that probe at the same time both measure; the first
-        choice recorded stays (the unique key refuses the second, which is not an error).
-        """
+        """The chosen size for later trials (the first recorded stays); the probes' step
+        times as this trial's timings."""
         self.timings(windows)
 
         def write(session: Session) -> None:
-            from sqlalchemy import select
-            from sqlalchemy.exc import IntegrityError
+            from storage import FusionChoice, keep_first_fusion_choice
 
-            from storage import FusionChoice
-
-            exists = session.scalar(
-                select(FusionChoice.id).where(
-                    FusionChoice.experiment_id == self.spec.experiment_id,
-                    FusionChoice.shape_key == shape_key,
-                    FusionChoice.world_size == world_size,
-                )
+            keep_first_fusion_choice(
+                session,
+                FusionChoice(
+                    experiment_id=self.spec.experiment_id,
+                    shape_key=shape_key,
+                    world_size=world_size,
+                    bucket_mb=bucket_mb,
+                    parameters=parameters,
+                    gradient_bytes=gradient_bytes,
+                    trial_id=self.spec.trial_id,
+                ),
             )
-            if exists is not None:
-                return
-            try:
-                # A savepoint: on PostgreSQL another trial may insert between the
-                # select and this insert (SQLite's writes are serialised).
-                with session.begin_nested():
-                    session.add(
-                        FusionChoice(
-                            experiment_id=self.spec.experiment_id,
-                            shape_key=shape_key,
-                            world_size=world_size,
-                            bucket_mb=bucket_mb,
-                            parameters=parameters,
-                            gradient_bytes=gradient_bytes,
-                            trial_id=self.spec.trial_id,
-                        )
-                    )
-            except IntegrityError:
-                pass
 
         self.submit(lambda: self._transaction(write))
 
@@ -671,16 +518,3 @@ def checkpoint_row(
     if created_at is not None:
         row["created_at"] = created_at
     return row
-
-
-def _as_stop(error: BaseException) -> TrialStopped | None:
-    """The :class:`TrialStopped` that ``error`` calls for, if it is one of those ends."""
-    from storage import AttemptSupersededError, DatabaseUnavailableError
-
-    if isinstance(error, TrialStopped):
-        return error
-    if isinstance(error, AttemptSupersededError):
-        return TrialStopped(str(error), SUPERSEDED_EXIT_CODE)
-    if isinstance(error, DatabaseUnavailableError):
-        return TrialStopped(str(error), FAILURE_EXIT_CODE)
-    return None

@@ -47,12 +47,8 @@ from trials.runtime._distributed import (
 from trials.runtime._failure import record_failure
 from trials.runtime._loop import ManagedLoop
 from trials.runtime._outcome import TrialOutcome
-from trials.runtime._recorder import (
-    FAILURE_EXIT_CODE,
-    ChiefRecorder,
-    RankProcess,
-    TrialStopped,
-)
+from trials.runtime._recorder import ChiefRecorder, RankProcess
+from trials.runtime._recorder_queue import FAILURE_EXIT_CODE, TrialStopped
 from trials.runtime._recording import NO_RECORDER, Recorder
 from trials.runtime._signals import sigterm_ends_at_once
 from trials.runtime._trial import PyTorchTrial

@@ -320,49 +320,64 @@ def read_cluster(raw: Any) -> Cluster | SlurmNodes | RayNodes:
     if spec.ray is not None and spec.executor != "ray":
         raise ClusterConfigError(["ray: needs executor: ray"])
     if spec.executor == "ray":
-        if spec.resource_pools is not None:
-            raise ClusterConfigError(
-                [
-                    "resource_pools: not allowed with executor: ray "
-                    "(the agents are the nodes of the Ray cluster)"
-                ]
-            )
-        ray = spec.ray or _RaySpec()
-        return RayNodes(
-            settings=RaySettings(
-                address=ray.address,
-                slot_type=ray.slot_type,
-                reserve_timeout_s=ray.reserve_timeout_s,
-            ),
-            dtrain_network_interface=spec.dtrain_network_interface,
-            notifications=tuple(spec.notifications),
-        )
+        return _ray_nodes(spec)
     if spec.executor == "slurm":
-        if spec.resource_pools is not None:
-            raise ClusterConfigError(
-                [
-                    "resource_pools: not allowed with executor: slurm "
-                    "(the agents are the nodes of the Slurm allocation)"
-                ]
-            )
-        if spec.slurm is not None:
-            return SlurmNodes(
-                jobs=SlurmJobSettings(
-                    partition=spec.slurm.partition,
-                    time_limit=spec.slurm.time_limit,
-                    account=spec.slurm.account,
-                    qos=spec.slurm.qos,
-                    constraint=spec.slurm.constraint,
-                    sbatch_options=tuple(spec.slurm.sbatch_options),
-                ),
-                slot_type=spec.slurm.slot_type,
-                dtrain_network_interface=spec.dtrain_network_interface,
-                notifications=tuple(spec.notifications),
-            )
+        return _slurm_nodes(spec)
+    return _declared_cluster(spec)
+
+
+def _ray_nodes(spec: _ClusterSpec) -> RayNodes:
+    """``executor: ray``: the settings to ask Ray for its nodes with."""
+    if spec.resource_pools is not None:
+        raise ClusterConfigError(
+            [
+                "resource_pools: not allowed with executor: ray "
+                "(the agents are the nodes of the Ray cluster)"
+            ]
+        )
+    ray = spec.ray or _RaySpec()
+    return RayNodes(
+        settings=RaySettings(
+            address=ray.address,
+            slot_type=ray.slot_type,
+            reserve_timeout_s=ray.reserve_timeout_s,
+        ),
+        dtrain_network_interface=spec.dtrain_network_interface,
+        notifications=tuple(spec.notifications),
+    )
+
+
+def _slurm_nodes(spec: _ClusterSpec) -> SlurmNodes:
+    """``executor: slurm``: the allocation's nodes, or a job per trial with ``slurm:``."""
+    if spec.resource_pools is not None:
+        raise ClusterConfigError(
+            [
+                "resource_pools: not allowed with executor: slurm "
+                "(the agents are the nodes of the Slurm allocation)"
+            ]
+        )
+    if spec.slurm is None:
         return SlurmNodes(
             dtrain_network_interface=spec.dtrain_network_interface,
             notifications=tuple(spec.notifications),
         )
+    return SlurmNodes(
+        jobs=SlurmJobSettings(
+            partition=spec.slurm.partition,
+            time_limit=spec.slurm.time_limit,
+            account=spec.slurm.account,
+            qos=spec.slurm.qos,
+            constraint=spec.slurm.constraint,
+            sbatch_options=tuple(spec.slurm.sbatch_options),
+        ),
+        slot_type=spec.slurm.slot_type,
+        dtrain_network_interface=spec.dtrain_network_interface,
+        notifications=tuple(spec.notifications),
+    )
+
+
+def _declared_cluster(spec: _ClusterSpec) -> Cluster:
+    """The local executor's pools and agents as the file declares them, names unique."""
     if spec.resource_pools is None:
         raise ClusterConfigError(["resource_pools: required field is missing"])
     problems: list[str] = []

@@ -23,7 +23,8 @@ from storage import (
     TrialRun,
     session_scope,
 )
-from trials.runtime._recorder import SUPERSEDED_EXIT_CODE, ChiefRecorder, TrialStopped
+from trials.runtime._recorder import ChiefRecorder
+from trials.runtime._recorder_queue import SUPERSEDED_EXIT_CODE, TrialStopped
 from trials.runtime._timing import TimingWindow
 
 from .conftest import TrialHandle, add_run, run_torchrun
