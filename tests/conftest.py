@@ -306,23 +306,33 @@ def s3_bucket(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
     return f"s3://{bucket}"
 
 
-@pytest.fixture
-def postgres_url(postgres_server: str) -> str:
-    """A database of this test's own on the session's server: nothing another test left
-    (a killed driver's queued trials, say) is in it."""
+def fresh_database(server_url: str) -> Iterator[str]:
+    """A database of its own on the server at ``server_url`` (its URL), dropped after.
+
+    For ``yield from`` in a fixture: nothing another test left (a killed driver's queued
+    trials, say) is in it, and a connection still open to it at the end is closed.
+    """
     import sqlalchemy as sa
 
-    name = f"test_{uuid.uuid4().hex[:16]}"
+    name = f"t_{uuid.uuid4().hex[:16]}"
     admin = sa.create_engine(
-        postgres_server.replace("postgresql://", "postgresql+psycopg://", 1),
+        server_url.replace("postgresql://", "postgresql+psycopg://", 1),
         isolation_level="AUTOCOMMIT",
     )
     try:
         with admin.connect() as connection:
             connection.execute(sa.text(f'CREATE DATABASE "{name}"'))
+        yield f"{server_url.rsplit('/', 1)[0]}/{name}"
+        with admin.connect() as connection:
+            connection.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     finally:
         admin.dispose()
-    return f"{postgres_server.rsplit('/', 1)[0]}/{name}"
+
+
+@pytest.fixture
+def postgres_url(postgres_server: str) -> Iterator[str]:
+    """A database of this test's own on the session's server."""
+    yield from fresh_database(postgres_server)
 
 
 @pytest.fixture

@@ -22,14 +22,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
-from tests.conftest import REPO_ROOT, PostgresServer
+from tests.conftest import REPO_ROOT, PostgresServer, fresh_database
 
 RAY_SCRIPT = REPO_ROOT / ".ci" / "ray.sh"
 
@@ -158,17 +156,4 @@ def ray_postgres(ray_cluster: RayCluster) -> Iterator[PostgresServer]:
 @pytest.fixture
 def ray_database(ray_postgres: PostgresServer) -> Iterator[str]:
     """A fresh database of the test's own on the nodes' PostgreSQL server (its URL)."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(
-        ray_postgres.url.replace("postgresql://", "postgresql+psycopg://"),
-        isolation_level="AUTOCOMMIT",
-    )
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = ray_postgres.url.rsplit("/", 1)[0] + f"/{name}"
-    try:
-        yield url
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    yield from fresh_database(ray_postgres.url)

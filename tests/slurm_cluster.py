@@ -30,14 +30,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
-from tests.conftest import REPO_ROOT, PostgresServer
+from tests.conftest import REPO_ROOT, PostgresServer, fresh_database
 
 SLURM_SCRIPT = REPO_ROOT / ".ci" / "slurm.sh"
 
@@ -287,17 +285,4 @@ def slurm_postgres(slurm_cluster: SlurmCluster) -> Iterator[PostgresServer]:
 @pytest.fixture
 def slurm_database(slurm_postgres: PostgresServer) -> Iterator[str]:
     """A fresh database of the test's own on the nodes' PostgreSQL server (its URL)."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(
-        slurm_postgres.url.replace("postgresql://", "postgresql+psycopg://"),
-        isolation_level="AUTOCOMMIT",
-    )
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = slurm_postgres.url.rsplit("/", 1)[0] + f"/{name}"
-    try:
-        yield url
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    yield from fresh_database(slurm_postgres.url)
