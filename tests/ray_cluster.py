@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT, PostgresServer, fresh_database
+from tests.slurm_cluster import node_addresses, read_assignments
 
 RAY_SCRIPT = REPO_ROOT / ".ci" / "ray.sh"
 
@@ -74,17 +75,12 @@ class RayCluster:
     def start(self) -> None:
         """Start the head and both workers; return once Ray lists all three alive."""
         self._script("start", timeout=600)
-        env = _read_assignments(self.conf_dir / "env")
-        cluster = _read_assignments(self.conf_dir / "cluster")
+        env = read_assignments(self.conf_dir / "env")
+        cluster = read_assignments(self.conf_dir / "cluster")
         self.address = env["RAY_ADDRESS"]
         self.controller_address = cluster["SLOTSWEEP_RAY_CONTROLLER"]
         self.subnet = cluster["SLOTSWEEP_RAY_SUBNET"]
-        self.nodes = [
-            (name, address)
-            for name, address in (
-                pair.split(":") for pair in cluster["SLOTSWEEP_RAY_NODES"].split(",")
-            )
-        ]
+        self.nodes = node_addresses(cluster["SLOTSWEEP_RAY_NODES"])
 
     def stop(self) -> None:
         """Stop every node by session id, remove the network and the folder."""
@@ -114,12 +110,6 @@ class RayCluster:
             yaml.safe_dump({"executor": "ray", "ray": {"address": self.address, **ray}})
         )
         return path
-
-
-def _read_assignments(path: Path) -> dict[str, str]:
-    """KEY=VALUE lines of a file that ``.ci/ray.sh`` wrote."""
-    pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
-    return {key: value for key, value in pairs}
 
 
 @pytest.fixture(scope="session")

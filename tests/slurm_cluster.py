@@ -84,16 +84,11 @@ class SlurmCluster:
         """Start the daemons (installing Slurm and munge first when missing); wait for idle nodes."""
         # The first start may apt-get install slurm-wlm and munge (about 15 s).
         self._script("start", str(self.node_count), str(self.gpus_per_node), timeout=600)
-        self.env = _read_assignments(self.conf_dir / "env")
-        cluster = _read_assignments(self.conf_dir / "cluster")
+        self.env = read_assignments(self.conf_dir / "env")
+        cluster = read_assignments(self.conf_dir / "cluster")
         self.controller_address = cluster["SLOTSWEEP_SLURM_CONTROLLER"]
         self.subnet = cluster["SLOTSWEEP_SLURM_SUBNET"]
-        self.nodes = [
-            (name, address)
-            for name, address in (
-                pair.split(":") for pair in cluster["SLOTSWEEP_SLURM_NODES"].split(",")
-            )
-        ]
+        self.nodes = node_addresses(cluster["SLOTSWEEP_SLURM_NODES"])
 
     def stop(self) -> None:
         """Cancel the jobs, stop every daemon by PID, remove the network and the folder."""
@@ -243,10 +238,15 @@ _LISTEN = (
 )
 
 
-def _read_assignments(path: Path) -> dict[str, str]:
-    """KEY=VALUE lines of a file that ``.ci/slurm.sh`` wrote."""
+def read_assignments(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines of a file that ``.ci/slurm.sh`` or ``.ci/ray.sh`` wrote."""
     pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
     return {key: value for key, value in pairs}
+
+
+def node_addresses(value: str) -> list[tuple[str, str]]:
+    """``name:address,name:address`` (the scripts' node list) as pairs."""
+    return [(name, address) for name, address in (pair.split(":") for pair in value.split(","))]
 
 
 @pytest.fixture(scope="session")
