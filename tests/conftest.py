@@ -279,31 +279,42 @@ def s3_server() -> Iterator[str]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-@pytest.fixture
-def s3_bucket(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    """``s3://<bucket>``: a fresh bucket of this test's own on the session's server.
+def point_s3_at(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+    """Put the test credentials and ``endpoint`` in this process's environment; the
+    environment (for ``yield from`` in a fixture).
 
-    The credentials and the endpoint are in this process's environment (the usual
-    place, which the trials' processes inherit), and nowhere else.
+    That is the usual place, which the trials' processes inherit, and nowhere else.
+    fsspec keeps one S3 filesystem per set of arguments while the endpoint comes from
+    the environment: the cached one is dropped on entry and on exit, so no test talks to
+    another test's server (the Slurm bridge's, say) on the same worker.
     """
-    import boto3
+    import s3fs
 
-    for name, value in {
+    env = {
         "AWS_ACCESS_KEY_ID": "slotsweep-test-key",
         "AWS_SECRET_ACCESS_KEY": S3_SECRET,
         "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": s3_server,
-    }.items():
+        "AWS_ENDPOINT_URL": endpoint,
+    }
+    for name, value in env.items():
         monkeypatch.setenv(name, value)
-    # fsspec keeps one S3 filesystem per set of arguments, and the endpoint comes from
-    # the environment: a test that pointed it elsewhere (the Slurm bridge) must not
-    # leave its filesystem to the next test on this worker.
-    import s3fs
-
     s3fs.S3FileSystem.clear_instance_cache()
-    bucket = f"test-{uuid.uuid4().hex[:16]}"
-    boto3.client("s3").create_bucket(Bucket=bucket)
-    return f"s3://{bucket}"
+    try:
+        yield env
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """``s3://<bucket>``: a fresh bucket of this test's own on the session's server,
+    with the credentials and the endpoint in the environment (:func:`point_s3_at`)."""
+    import boto3
+
+    for _ in point_s3_at(s3_server, monkeypatch):
+        bucket = f"test-{uuid.uuid4().hex[:16]}"
+        boto3.client("s3").create_bucket(Bucket=bucket)
+        yield f"s3://{bucket}"
 
 
 def fresh_database(server_url: str) -> Iterator[str]:

@@ -35,7 +35,7 @@ from storage import (
     WarmJob,
     session_scope,
 )
-from tests.conftest import S3_SCRIPT, S3_SECRET, cli_environment, free_port
+from tests.conftest import S3_SCRIPT, S3_SECRET, cli_environment, free_port, point_s3_at
 from tests.searcher.conftest import (
     assert_search_consistent,
     completed_checkpoints,
@@ -311,17 +311,10 @@ def slurm_bucket(
         timeout=120,
         env={**cli_environment(), "PYTHON": sys.executable},
     )
-    env = {
-        "AWS_ACCESS_KEY_ID": "slotsweep-test-key",
-        "AWS_SECRET_ACCESS_KEY": S3_SECRET,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": f"http://{slurm_cluster.controller_address}:{port}",
-    }
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
     try:
-        boto3.client("s3").create_bucket(Bucket="slurm")
-        yield "s3://slurm", env
+        for env in point_s3_at(f"http://{slurm_cluster.controller_address}:{port}", monkeypatch):
+            boto3.client("s3").create_bucket(Bucket="slurm")
+            yield "s3://slurm", env
     finally:
         subprocess.run(["bash", str(S3_SCRIPT), "stop", str(folder)], check=False, timeout=60)
 
