@@ -47,18 +47,34 @@ _SHARED_SESSION_FIXTURES = {
     "ray_postgres": "ray",
     "real_search": "real-search",
     "failed_search": "real-search",
+    "grouping_probe": "grouping-check",
 }
 
 
+@pytest.fixture
+def grouping_probe() -> None:
+    """Nothing: a test using it is grouped as the costly fixtures' tests are
+    (tests/test_xdist_groups.py checks that the grouping reaches pytest-xdist)."""
+
+
+def shared_fixture_group(item: pytest.Item) -> str | None:
+    """The xdist group of a test that uses one of the costly session fixtures, or None."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if "ray" in getattr(getattr(item, "callspec", None), "params", {}).values():
+        # A test parametrized on the Ray executor asks for the Ray cluster at run time.
+        fixtures.add("ray_cluster")
+    return next(
+        (group for name, group in _SHARED_SESSION_FIXTURES.items() if name in fixtures), None
+    )
+
+
+# First: pytest-xdist reads the marks in its own hook of this name (and appends the group
+# to the node id there); a mark added after it has run is silently ignored, and every
+# worker then builds its own clusters.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        fixtures = set(getattr(item, "fixturenames", ()))
-        if "ray" in getattr(getattr(item, "callspec", None), "params", {}).values():
-            # A test parametrized on the Ray executor asks for the Ray cluster at run time.
-            fixtures.add("ray_cluster")
-        group = next(
-            (group for name, group in _SHARED_SESSION_FIXTURES.items() if name in fixtures), None
-        )
+        group = shared_fixture_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
 

@@ -16,3 +16,13 @@ def test_a_grouped_test_carries_its_group_to_the_scheduler(request: pytest.Fixtu
     if not getattr(request.config.option, "loadgroup", False):
         pytest.skip("not run on an xdist worker with --dist loadgroup")
     assert request.node.nodeid.endswith("@grouping-check"), request.node.nodeid
+
+
+def test_a_test_grouped_by_its_fixture_carries_its_group(
+    request: pytest.FixtureRequest, grouping_probe: None
+) -> None:
+    # tests/conftest.py marks tests by the fixtures they use: xdist only sees such a mark
+    # if that hook runs before its own (otherwise every worker built its own clusters).
+    if not getattr(request.config.option, "loadgroup", False):
+        pytest.skip("not run on an xdist worker with --dist loadgroup")
+    assert request.node.nodeid.endswith("@grouping-check"), request.node.nodeid
