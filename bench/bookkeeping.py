@@ -215,10 +215,9 @@ def one_trial_cost(parts: tuple[Any, Any, Any, Any], rng: random.Random) -> floa
     """Seconds the driver spends on one trial (ask, row, placement, outcome, tell) besides running it."""
     from datetime import timedelta
 
+    from searcher.control import Control, heartbeat
     from storage import utcnow
     from trials.coordination import allocations as slot_ledger
-
-    from searcher.control import Control, heartbeat
 
     ctx, study, pending, outcomes = parts
     # The driver's heartbeat runs every few seconds, not per trial: kept out of the cost.
