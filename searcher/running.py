@@ -68,9 +68,8 @@ _log = driver_log
 # The run's reason when its ranks were fenced at their start (``storage.start_ranks``).
 _FENCED_NOTE = "its ranks did not start: its slot claim was lost while its driver was stopped"
 
-# How often, between ticks, the driver looks whether a warm job's trial handed it back:
-# the next trial, asked ahead, waits only for this look (a cheap query, reads only).
-_HAND_BACK_POLL_S = 0.01
+# How often, between ticks, the driver looks whether a warm job's trial handed it back.
+_HAND_BACK_POLL_S = 0.025
 
 
 @dataclass

@@ -34,10 +34,6 @@ from trials.runtime._distributed import DistributedInfo, broadcast_object
 
 # How often rank 0 looks for the next trial: the warm hand-over's latency floor.
 POLL_INTERVAL_S = 0.02
-# Right after a hand back the driver usually has the next trial ready (asked ahead):
-# rank 0 looks this often for the first FAST_POLL_WINDOW_S, then every POLL_INTERVAL_S.
-FAST_POLL_S = 0.005
-FAST_POLL_WINDOW_S = 1.0
 # How often, while idle, rank 0 tells the other ranks to keep waiting.
 KEEPALIVE_S = 1.0
 # How often, while idle, rank 0 checks that the driver still heartbeats.
@@ -162,7 +158,7 @@ class WarmChannel:
 
     def _next_message(self) -> tuple[_Message, Any]:
         """Rank 0: wait for the next trial or the end, telling the others to wait meanwhile."""
-        idle_since = last_keepalive = last_driver_check = time.monotonic()
+        last_keepalive = last_driver_check = time.monotonic()
         while True:
             kind, payload = self._poll()
             if kind is not _Message.WAIT:
@@ -175,7 +171,7 @@ class WarmChannel:
             if now - last_keepalive >= KEEPALIVE_S and self.info.distributed:
                 broadcast_object((_Message.WAIT, None))
                 last_keepalive = now
-            time.sleep(FAST_POLL_S if now - idle_since < FAST_POLL_WINDOW_S else POLL_INTERVAL_S)
+            time.sleep(POLL_INTERVAL_S)
 
     # ----------------------------------------------------------------- every rank
     def next_trial(
