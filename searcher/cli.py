@@ -385,7 +385,8 @@ def _print_summary(db_url: str, experiment_id: int, state: str) -> None:
         console = _console()
         console.print(
             f"experiment {experiment_id} {state}: {counts.completed} completed, "
-            f"{counts.pruned} pruned, {counts.errored} failed, {counts.queued} queued",
+            f"{counts.pruned} pruned, {counts.errored} failed, {counts.queued} queued"
+            + (f", {counts.not_run} not run" if counts.not_run else ""),
             highlight=False,
         )
         if counts.errored and (counts.completed or counts.pruned):

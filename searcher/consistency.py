@@ -68,6 +68,7 @@ _OPTUNA_STATE = {
     TrialState.COMPLETED: "COMPLETE",
     TrialState.PRUNED: "PRUNED",
     TrialState.ERROR: "FAIL",
+    TrialState.NOT_RUN: "FAIL",
 }
 # Experiments that will never run a trial again; their trials must all be terminal.
 _CLOSED = (ExperimentState.COMPLETED, ExperimentState.CANCELED)

@@ -146,14 +146,20 @@ def heartbeat(ctx: DriverContext, control: Control) -> float | None:
 
 
 def finish(
-    ctx: DriverContext, state: ExperimentState, control: Control, fail: Callable[[Trial], None]
+    ctx: DriverContext,
+    state: ExperimentState,
+    control: Control,
+    fail: Callable[[Trial], None],
+    not_run: Callable[[Trial], None],
 ) -> None:
     """Write the experiment's final ``state`` and give up ownership (one transaction).
 
-    A completed experiment's checkpoints are garbage-collected; a killed or stopped
-    one fails the trials that never ran with ``fail``
-    (:meth:`searcher.outcomes.Outcomes.fail`, which queues Optuna's tells: flush them
-    after this returns).
+    A completed experiment's checkpoints are garbage-collected. A killed or stopped one
+    ends its queued trials: one that never started (asked, maybe ahead of its slots) with
+    ``not_run`` (:meth:`searcher.outcomes.Outcomes.not_run`: no failure of the search),
+    one that ran before and waits for a restart with ``fail``
+    (:meth:`searcher.outcomes.Outcomes.fail`). Both queue Optuna's tells: flush them
+    after this returns.
     """
     with session_scope(ctx.db_url) as session:
         if state == ExperimentState.COMPLETED:
@@ -178,7 +184,7 @@ def finish(
                     if state == ExperimentState.CANCELED
                     else f"experiment stopped before the trial ran: {control.stop_reason}"
                 )
-                fail(trial)
+                (not_run if trial.started_at is None else fail)(trial)
         # Its waiting trials leave the cluster's queue until a driver runs it again.
         cluster_queue.leave(session, ctx.experiment_id)
         experiment.state = state

@@ -245,12 +245,14 @@ class SearchDriver:
         The round is a pipeline: reap the ended attempts (their outcomes recorded),
         apply what those decided (requeue, stop), then place the waiting trials, launch
         what the placement gave slots, and apply what the launches decided (a trial
-        that started nothing waits again).
+        that started nothing waits again). Optuna hears the outcomes, and the trials
+        to come are asked ahead, only once the launches are done: a warm job's next
+        trial, asked while its current one ran, is handed over without waiting for
+        the sampler.
         """
         study = self._loaded_study()
         self._keep_lease()
         apply_decisions(self._running.reap(), self._pending, self._control)
-        study.flush_tells()
         if self._control.action in (Stop.KILL, Stop.ERROR):
             self._kill_running()
             return (
@@ -260,14 +262,19 @@ class SearchDriver:
             )
         if self._control.action == Stop.PAUSE:
             self._running.preempt()
+            study.flush_tells()
             if not self._running and not self._running.has_warm_jobs:
                 return ExperimentState.PAUSED
         else:
+            # Only what the free room needs now: nothing when a trial was asked ahead.
             study.fill_queue(len(self._running), self._pending)
-            placed = self._pending.place()
+            limit = self.config.searcher.max_concurrent_trials
+            placed = self._pending.place(room=max(0, limit - len(self._running)))
             apply_decisions(self._running.launch(placed), self._pending, self._control)
-            self._running.warm.end_unneeded(self._pending.sizes())
             study.flush_tells()
+            # One trial ahead for each warm job at work, asked off the hand-over's path.
+            study.fill_queue(len(self._running), self._pending, ahead=self._running.on_warm_jobs)
+            self._running.warm.end_unneeded(self._pending.sizes())
             if (
                 not self._running
                 and not self._pending
@@ -307,7 +314,7 @@ class SearchDriver:
         self._loaded_study().flush_tells()
 
     def _finish(self, state: ExperimentState) -> None:
-        control.finish(self.ctx, state, self._control, self._outcomes.fail)
+        control.finish(self.ctx, state, self._control, self._outcomes.fail, self._outcomes.not_run)
         self._loaded_study().flush_tells()
 
     def _refresh_progress(self, progress: SearchProgress) -> None:

@@ -128,6 +128,8 @@ class TrialCounts:
     completed: int = 0
     pruned: int = 0
     errored: int = 0
+    #: Asked, never started, ended when the experiment was killed or stopped (no failure).
+    not_run: int = 0
 
     @property
     def finished(self) -> int:
@@ -148,6 +150,7 @@ def trial_counts(session: Session, experiment_id: int) -> TrialCounts:
         completed=by_state.get(TrialState.COMPLETED, 0),
         pruned=by_state.get(TrialState.PRUNED, 0),
         errored=by_state.get(TrialState.ERROR, 0),
+        not_run=by_state.get(TrialState.NOT_RUN, 0),
     )
 
 

@@ -264,6 +264,18 @@ class Outcomes:
         trial.ended_at = utcnow()
         self.tells.tell(trial, state=optuna.trial.TrialState.FAIL)
 
+    def not_run(self, trial: Trial) -> None:
+        """End ``trial``, asked and never started, as NOT_RUN (its ``error`` says why).
+
+        No failure of the search: the experiment ended first. Optuna, which has no state
+        for it, hears FAIL, so that no trial is left RUNNING there.
+        """
+        import optuna
+
+        trial.state = TrialState.NOT_RUN
+        trial.ended_at = utcnow()
+        self.tells.tell(trial, state=optuna.trial.TrialState.FAIL)
+
     def _facts(
         self,
         session: Session,

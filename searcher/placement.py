@@ -89,24 +89,30 @@ class PendingQueue:
             )
         )
 
-    def place(self) -> list[Placed]:
+    def place(self, room: int | None = None) -> list[Placed]:
         """Take off the queue every pending trial that the cluster's placement decision placed.
 
         The decision (one at a time, over every experiment's queue) claims the slots;
         the placements come back in the decision's order, for the launching step
         (:meth:`searcher.running.RunningTrials.launch`) to start. A trial the decision
         placed that no longer waits here (it ended while queued) gets its slots back.
+
+        ``room`` (None: no limit) is how many more trials may run now: only the oldest
+        ``room`` pending trials are offered to the cluster, and no more are placed. The
+        others were asked ahead (:meth:`searcher.study_side.StudySide.fill_queue`) and
+        wait here, out of the cluster's queue, until a running trial ends.
         """
-        if not self._pending:
+        if not self._pending or room == 0:
             return []
         ctx = self.ctx
+        offered = sorted(self._pending, key=lambda p: (p.priority, p.order))
+        if room is not None:
+            offered = offered[:room]
         if ctx.executor.places_trials:
             # The cluster engine (Slurm) places them and keeps its own ledger.
-            engine_places = [
-                Placed(p.trial_id, p.slots, None)
-                for p in sorted(self._pending, key=lambda p: (p.priority, p.order))
-            ]
-            self._pending.clear()
+            engine_places = [Placed(p.trial_id, p.slots, None) for p in offered]
+            taken = {p.trial_id for p in offered}
+            self._pending = [p for p in self._pending if p.trial_id not in taken]
             return engine_places
         resources = ctx.config.resources
         # A lost or drained node takes no trial until its executor has it back.
@@ -123,7 +129,7 @@ class PendingQueue:
                         priority=p.priority,
                         weight=resources.weight,
                     )
-                    for p in self._pending
+                    for p in offered
                 ],
             )
             decided = cluster_queue.decide(
@@ -137,12 +143,15 @@ class PendingQueue:
         waiting = {p.trial_id: p for p in self._pending}
         placed: list[Placed] = []
         for trial_id, placement in decided:
-            pending = waiting.pop(trial_id, None)
-            if pending is None:
-                # Not waiting here any more (ended while queued): its slots go back.
+            pending = waiting.get(trial_id)
+            if pending is None or (room is not None and len(placed) >= room):
+                # Not waiting here any more (ended while queued), or past the room (a
+                # trial queued by an earlier tick): its slots go back, and one still
+                # waiting here is placed again later.
                 with session_scope(ctx.db_url) as session:
                     slot_ledger.release(session, trial_id)
                 continue
+            del waiting[trial_id]
             placed.append(Placed(trial_id, pending.slots, placement))
         # Taken off only now: a database error above leaves every trial waiting here.
         self._pending = [p for p in self._pending if p.trial_id in waiting]

@@ -126,6 +126,11 @@ class RunningTrials:
         return len(self._running)
 
     @property
+    def on_warm_jobs(self) -> int:
+        """How many of the attempts run on warm jobs (each hands its job on when it ends)."""
+        return sum(1 for r in self._running.values() if r.warm_job_id is not None)
+
+    @property
     def has_warm_jobs(self) -> bool:
         """Whether an idle warm job of this driver still has processes."""
         return bool(self.warm)

@@ -65,8 +65,9 @@ def build_sampler(
       ``study.tell`` outside ``study.optimize``); the driver stops after
       :func:`searcher.space.grid_size` trials.
     - tpe: multivariate ``TPESampler`` with ``n_startup_trials``; ``constant_liar``
-      when ``max_concurrent_trials > 1``, so running trials count as bad results and
-      concurrent trials get different suggestions.
+      when ``max_concurrent_trials > 1`` or with warm workers (``reuse_workers``: a warm
+      job's next trial is asked while its current one runs), so running trials count as
+      bad results and concurrent trials get different suggestions.
     - cmaes: ``CmaEsSampler``; categorical hyperparameters, which CMA-ES cannot model,
       are drawn by its independent ``RandomSampler`` (Optuna's fallback).
     - gp: ``GPSampler`` (scipy and torch) with ``n_startup_trials``.
@@ -100,7 +101,7 @@ def build_sampler(
         return optuna.samplers.TPESampler(
             n_startup_trials=searcher.n_startup_trials,
             multivariate=True,
-            constant_liar=searcher.max_concurrent_trials > 1,
+            constant_liar=searcher.max_concurrent_trials > 1 or config.resources.reuse_workers,
             seed=seed,
         )
     if searcher.name == "cmaes":

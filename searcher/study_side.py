@@ -201,16 +201,24 @@ class StudySide:
             total = trial_counts(session, self.ctx.experiment_id).total
         return max(max_trials(self.ctx.config) - total, waiting)
 
-    def fill_queue(self, running: int, pending: TrialQueue) -> None:
-        """Ask Optuna for new trials while there is room to run them.
+    def fill_queue(self, running: int, pending: TrialQueue, *, ahead: int = 0) -> None:
+        """Ask Optuna for new trials while there is room to run them, and ``ahead`` more.
 
         ``running`` attempts and the ``pending`` trials together stay within
-        ``max_concurrent_trials``; each new trial's row is written, then queued.
+        ``max_concurrent_trials`` plus ``ahead``; each new trial's row is written, then
+        queued. ``ahead`` trials are asked before any slot is free for them (the sampler
+        treats the running ones as concurrent trials: TPE's constant liar), so that a
+        warm job's next trial is ready the moment its current one hands the job back;
+        the pending queue offers the cluster only what the free room allows
+        (:meth:`searcher.placement.PendingQueue.place`). Never past ``max_trials``: an
+        asked trial runs (now, or after a resume) unless the experiment is killed.
         """
-        limit = self.ctx.config.searcher.max_concurrent_trials
+        limit = self.ctx.config.searcher.max_concurrent_trials + ahead
         while running + len(pending) < limit:
             if self.trials_left() <= 0:
                 return
+            # The sampler hears every outcome recorded so far before it is asked.
+            self.flush_tells()
             optuna_trial = self.study.ask()
             try:
                 hparams = space.suggest_hparams(optuna_trial, self.ctx.config.hyperparameters)

@@ -70,17 +70,28 @@ class ExperimentState(str, enum.Enum):
 
 
 class TrialState(str, enum.Enum):
-    """A trial's life; the terminal three mirror Optuna's COMPLETE, PRUNED and FAIL."""
+    """A trial's life; COMPLETED, PRUNED and ERROR mirror Optuna's COMPLETE, PRUNED and FAIL.
+
+    NOT_RUN ends a trial that was asked and never started (the experiment was killed or
+    stopped first): no failure of the search. Optuna, which has no such state, hears
+    FAIL for it (its samplers learn nothing from a FAIL).
+    """
 
     QUEUED = "QUEUED"
     RUNNING = "RUNNING"
     COMPLETED = "COMPLETED"
     PRUNED = "PRUNED"
     ERROR = "ERROR"
+    NOT_RUN = "NOT_RUN"
 
     @property
     def is_terminal(self) -> bool:
-        return self in (TrialState.COMPLETED, TrialState.PRUNED, TrialState.ERROR)
+        return self in (
+            TrialState.COMPLETED,
+            TrialState.PRUNED,
+            TrialState.ERROR,
+            TrialState.NOT_RUN,
+        )
 
 
 class MetricKind(str, enum.Enum):

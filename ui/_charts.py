@@ -78,6 +78,7 @@ STATE_COLORS = {
     "ERROR": "#e45756",
     "RUNNING": "#54a24b",
     "QUEUED": "#79706e",
+    "NOT_RUN": "#bab0ac",
 }
 # Where ASHA stopped a trial: a darker shade of PRUNED's purple.
 STOPPED_COLOR = "#6b3d8f"

@@ -51,6 +51,7 @@ _TERMINAL_STATUS = {
     TrialState.COMPLETED: "FINISHED",
     TrialState.PRUNED: "FINISHED",
     TrialState.ERROR: "FAILED",
+    TrialState.NOT_RUN: "KILLED",
 }
 _SEARCH_STATUS = {"COMPLETED": "FINISHED", "ERROR": "FAILED", "CANCELED": "KILLED"}
 

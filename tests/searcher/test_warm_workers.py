@@ -245,6 +245,9 @@ def test_resume_after_a_killed_driver_ends_its_warm_job_and_runs_nothing_twice(
         first = session.scalars(select(Trial).where(Trial.optuna_trial_number == 0)).one()
         first_end = first.ended_at
         assert first.state == TrialState.COMPLETED
+        # The third trial was asked ahead for the warm job, and waits unlaunched.
+        third = session.scalars(select(Trial).where(Trial.optuna_trial_number == 2)).one()
+        assert third.state == TrialState.QUEUED and not third.runs
     driver.send_signal(signal.SIGKILL)
     driver.communicate(timeout=30)
 

@@ -115,7 +115,8 @@ EXPECTED: dict[tuple[str, str], tuple[str, str | None, list[str], list[str], str
     ("never-started", "kill"): (
         "CANCELED",
         None,
-        ["COMPLETED", "ERROR"],
+        # The queued trial never started: not run, no failure (Optuna hears FAIL).
+        ["COMPLETED", "NOT_RUN"],
         ["COMPLETE", "FAIL"],
         "CANCELED",
     ),
@@ -157,7 +158,8 @@ EXPECTED: dict[tuple[str, str], tuple[str, str | None, list[str], list[str], str
     ("paused", "kill"): (
         "CANCELED",
         None,
-        ["COMPLETED", "ERROR"],
+        # The queued trial never started: not run, no failure (Optuna hears FAIL).
+        ["COMPLETED", "NOT_RUN"],
         ["COMPLETE", "FAIL"],
         "CANCELED",
     ),

@@ -178,12 +178,12 @@ def _cancel(session: Session, experiment: Experiment) -> None:
         for run in open_runs(session, trial.id):
             end_run(session, run, reason="experiment killed", grace_s=_KILL_GRACE_S)
         allocations.release(session, trial.id)
+        # A trial that never started (asked, maybe ahead of its slots) is no failure.
+        never_started = trial.state == TrialState.QUEUED and trial.started_at is None
         trial.error = (
-            "experiment killed before the trial ran"
-            if trial.state == TrialState.QUEUED and trial.started_at is None
-            else "killed by user"
+            "experiment killed before the trial ran" if never_started else "killed by user"
         )
-        trial.state = TrialState.ERROR
+        trial.state = TrialState.NOT_RUN if never_started else TrialState.ERROR
         trial.ended_at = now
     experiment.state = ExperimentState.CANCELED
     experiment.requested_action = None

@@ -176,6 +176,9 @@ def _headline(summary: _queries.ExperimentSummary, failures: _queries.FailureSum
     counts[1].metric("Queued", summary.counts[TrialState.QUEUED.value])
     counts[2].metric("Pruned", summary.counts[TrialState.PRUNED.value])
     counts[3].metric("Failed", summary.counts[TrialState.ERROR.value])
+    if summary.counts[TrialState.NOT_RUN.value]:
+        # Asked, never started: the experiment was killed or stopped first (no failure).
+        st.caption(f"Not run: {summary.counts[TrialState.NOT_RUN.value]}")
     st.caption(_driver_caption(summary))
 
 

@@ -1,0 +1,198 @@
+"""Trials asked ahead of their slots: never past the count, never left RUNNING, never a failure.
+
+With warm workers the driver asks each warm job's next trial while the current one
+runs (:meth:`searcher.study_side.StudySide.fill_queue` with ``ahead``), so that the
+hand-over does not wait for the sampler. Such a trial waits in the driver's pending
+queue, out of the cluster's queue, until a running trial ends
+(:meth:`searcher.placement.PendingQueue.place` with ``room``). Here, on a real Optuna
+study in a SQLite file and without processes: the count is never passed; a kill ends a
+trial that never started as NOT_RUN (Optuna hears FAIL, the search counts no failure);
+a pause keeps it for the resume; and a resume after a crash between the ask and the
+launch queues each asked trial once, the one whose row was never written included.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+from sqlalchemy import select
+
+import searcher.space as space
+from searcher.consistency import check_consistency
+from searcher.control import Control, claim_ownership, finish
+from searcher.driver import SearchDriver
+from searcher.driver_context import DriverContext
+from searcher.experiments import create_experiment, trial_counts
+from searcher.outcomes import Outcomes
+from searcher.placement import PendingQueue
+from searcher.study_side import StudySide, TellQueue
+from storage import ExperimentState, QueuedTrial, Trial, TrialState, session_scope, study_trials
+from tests.conftest import EXAMPLES_DIR
+from trials.config import ExperimentConfig, parse_config
+from trials.executors import LocalExecutor
+from trials.scheduler import Agent, ResourcePool
+from trials.timings import Timings
+
+ONE_SLOT = ResourcePool("default", (Agent("local", "127.0.0.1", (0,)),))
+
+
+@pytest.fixture
+def config() -> ExperimentConfig:
+    """The digits example on warm 1-slot jobs, one at a time, three trials in all."""
+    raw = yaml.safe_load((EXAMPLES_DIR / "digits" / "experiment.yaml").read_text())
+    raw["searcher"].update(max_trials=3, max_concurrent_trials=1)
+    raw["resources"] = {"slots_per_trial": 1, "reuse_workers": True}
+    return parse_config(raw)
+
+
+@pytest.fixture
+def ctx(db_url: str, config: ExperimentConfig, tmp_path: Path) -> DriverContext:
+    """The driver's view of a new experiment (its study created) on one slot."""
+    experiment_id = create_experiment(
+        config,
+        config_path=None,
+        db_url=db_url,
+        directions=["minimize"],
+        model_dir=EXAMPLES_DIR / "digits",
+    )
+    ctx = DriverContext(
+        db_url=db_url,
+        experiment_id=experiment_id,
+        study_name=f"{config.name}-{experiment_id}",
+        model_dir=EXAMPLES_DIR / "digits",
+        config=config,
+        pool=ONE_SLOT,
+        executor=LocalExecutor(use_gpus=False),
+        run_dir=tmp_path / "logs",
+        timings=Timings(),
+    )
+    claim_ownership(ctx)  # the cluster's queue takes only trials of a driven experiment
+    return ctx
+
+
+def _start(ctx: DriverContext, trial_id: int) -> None:
+    """Mark the trial launched (its processes are not these tests' business)."""
+    with session_scope(ctx.db_url) as session:
+        row = session.get(Trial, trial_id)
+        assert row is not None
+        row.state = TrialState.RUNNING
+
+
+def _one_running_and_one_ahead(ctx: DriverContext) -> tuple[StudySide, PendingQueue, TellQueue]:
+    """Trial 0 runs on a warm job; trial 1 was asked ahead for it and waits."""
+    tells = TellQueue()
+    study = StudySide.load(ctx, trials_so_far=0, tells=tells)
+    pending = PendingQueue(ctx)
+    study.fill_queue(0, pending)
+    (first,) = pending.place(room=1)
+    _start(ctx, first.trial_id)
+    study.fill_queue(1, pending, ahead=1)
+    return study, pending, tells
+
+
+def _states(ctx: DriverContext) -> dict[int, TrialState]:
+    with session_scope(ctx.db_url) as session:
+        return dict(
+            session.execute(
+                select(Trial.optuna_trial_number, Trial.state).where(
+                    Trial.experiment_id == ctx.experiment_id
+                )
+            ).all()
+        )
+
+
+def _optuna_states(ctx: DriverContext) -> dict[int, str]:
+    return {t.number: t.state.name for t in study_trials(ctx.db_url, ctx.study_name) or []}
+
+
+def test_a_trial_asked_ahead_waits_out_of_the_clusters_queue_and_the_count_is_never_passed(
+    ctx: DriverContext,
+) -> None:
+    study, pending, _ = _one_running_and_one_ahead(ctx)
+    assert len(pending) == 1
+    # No room while trial 0 runs: the trial asked ahead is offered to no decision.
+    assert pending.place(room=0) == []
+    with session_scope(ctx.db_url) as session:
+        assert session.scalars(select(QueuedTrial)).all() == []
+    # However many it may ask ahead, the driver asks no trial past max_trials (3).
+    study.fill_queue(1, pending, ahead=10)
+    assert len(pending) == 2
+    assert sorted(_states(ctx)) == [0, 1, 2]
+    assert sorted(_optuna_states(ctx)) == [0, 1, 2]
+
+
+def test_a_kill_ends_a_trial_asked_ahead_as_not_run_and_no_failure(ctx: DriverContext) -> None:
+    study, _, tells = _one_running_and_one_ahead(ctx)
+    control = Control()
+    outcomes = Outcomes(ctx, tells, control)
+    finish(ctx, ExperimentState.CANCELED, control, outcomes.fail, outcomes.not_run)
+    study.flush_tells()
+
+    assert _states(ctx)[1] == TrialState.NOT_RUN
+    with session_scope(ctx.db_url) as session:
+        counts = trial_counts(session, ctx.experiment_id)
+        ahead_id, error = session.execute(
+            select(Trial.id, Trial.error).where(Trial.optuna_trial_number == 1)
+        ).one()
+    assert (counts.not_run, counts.errored) == (1, 0)
+    assert error == "experiment killed before the trial ran"
+    assert _optuna_states(ctx)[1] == "FAIL"  # not left RUNNING there
+    # Optuna's FAIL is what NOT_RUN maps to: the database and the study agree on it.
+    problems = check_consistency(ctx.db_url, [ctx.experiment_id]).problems
+    assert not [line for line in problems if line.startswith(f"trial {ahead_id}:")]
+
+
+def test_a_pause_keeps_a_trial_asked_ahead_for_the_resume(ctx: DriverContext) -> None:
+    study, _, tells = _one_running_and_one_ahead(ctx)
+    control = Control()
+    outcomes = Outcomes(ctx, tells, control)
+    finish(ctx, ExperimentState.PAUSED, control, outcomes.fail, outcomes.not_run)
+    study.flush_tells()
+
+    assert _states(ctx)[1] == TrialState.QUEUED
+    with session_scope(ctx.db_url) as session:
+        assert trial_counts(session, ctx.experiment_id).errored == 0
+
+
+def _resumed_driver(ctx: DriverContext, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A new driver of the experiment, recovered from the database as ``run`` recovers it."""
+    monkeypatch.setenv("SLOTSWEEP_LOG_DIR", str(ctx.run_dir))
+    run = SimpleNamespace(
+        db_url=ctx.db_url,
+        config=ctx.config,
+        pool=ctx.pool,
+        executor=ctx.executor,
+        cluster=SimpleNamespace(notifications=()),
+    )
+    driver = SearchDriver(ctx.experiment_id, run)  # type: ignore[arg-type]
+    driver._study = StudySide.load(driver.ctx, trials_so_far=2, tells=driver._tells)
+    driver._recover(driver._study)
+    return driver
+
+
+def test_a_resume_after_a_crash_between_ask_ahead_and_launch_queues_each_trial_once(
+    ctx: DriverContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    study, _, _ = _one_running_and_one_ahead(ctx)
+    # The driver dies having asked trial 2 ahead too (all its values drawn), before its
+    # row was written.
+    space.suggest_hparams(study.study.ask(), ctx.config.hyperparameters)
+
+    driver = _resumed_driver(ctx, monkeypatch)
+    pending = driver._pending
+    # Each asked trial waits once: the one that ran, the one asked ahead, the adopted one.
+    assert sorted(_states(ctx).items()) == [(n, TrialState.QUEUED) for n in (0, 1, 2)]
+    assert len(pending) == 3
+    # The count is reached: the resumed search asks nothing more, ahead or not.
+    driver._study.fill_queue(0, pending, ahead=1)
+    assert len(pending) == 3
+    assert _optuna_states(ctx) == {0: "RUNNING", 1: "RUNNING", 2: "RUNNING"}
+    # One runs at a time, oldest first; the others wait out of the cluster's queue.
+    with session_scope(ctx.db_url) as session:
+        first = session.scalar(select(Trial.id).where(Trial.optuna_trial_number == 0))
+    assert [p.trial_id for p in pending.place(room=1)] == [first]
+    assert len(pending) == 2
