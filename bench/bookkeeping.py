@@ -51,7 +51,7 @@ import yaml
 from _common import bench_env, epoch_s, fmt, run_search, scratch_folder, write_yaml
 from sqlalchemy import func, select
 
-from storage import Trial, TrialRun, TrialState, session_scope
+from storage import Trial, TrialRun, TrialState, optuna_trial_id, session_scope
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "digits"
@@ -202,7 +202,8 @@ def _filled_driver(folder: Path, finished: int) -> tuple[Any, Any, Any, Any]:
     stored = sorted(study.study.get_trials(deepcopy=False), key=lambda t: t.number)
     with session_scope(url) as session:
         for frozen in stored:
-            trial = study.new_trial_row(frozen.number, frozen._trial_id, frozen.params)
+            trial_id = optuna_trial_id(url, study.study.study_name, frozen.number)
+            trial = study.new_trial_row(frozen.number, trial_id, frozen.params)
             trial.state = TrialState.COMPLETED
             trial.searcher_metric_value = frozen.value
             session.add(trial)

@@ -287,6 +287,7 @@ def test_the_driver_thread_posts_failed_trials_and_the_end(
             "completed": 0,
             "pruned": 0,
             "errored": 2,
+            "not_run": 0,
         },
         "metric": "val_loss",
         "best_value": None,
