@@ -16,9 +16,10 @@ run it when the slots are free). The probes (:func:`probe_plan`):
 - ``buckets``: ``auto_tune_tensor_fusion`` (the bucket-size sweep, the parameter count
   and gradient bytes of a step).
 
-Each throughput probe trains :data:`PROBE_BATCHES` batches timed in windows of
-:data:`WINDOW_BATCHES` (the first window is warm-up and left out); every number is
-given as the median over the windows and their range. ``--probes`` runs only some of
+Each throughput probe trains :data:`PROBE_BATCHES` batches (``--batches``, at least
+:data:`MIN_PROBE_BATCHES`) timed in windows of :data:`WINDOW_BATCHES` (the first
+window is warm-up and left out); every number is given as the median over the windows
+and their range. ``--probes`` runs only some of
 the optional probes (``configured`` and ``synthetic`` always run). The conclusions are
 :mod:`searcher.diagnosis`'s pure functions. The diagnosis is stored in ``--db``
 (``storage.Diagnosis``), linked to the latest experiment of the same name if any.
@@ -75,6 +76,8 @@ from trials.executors import load_cluster
 
 PROBE_BATCHES = 60
 WINDOW_BATCHES = 10
+# A warm-up window and three measured ones: fewer give no spread worth the name.
+MIN_PROBE_BATCHES = 4 * WINDOW_BATCHES
 # Every diagnosis runs these; the others may be chosen (``--probes``).
 REQUIRED_PROBES = ("configured", "synthetic")
 OPTIONAL_PROBES = ("no_exchange", "one_slot", "one_agent", "buckets")
@@ -130,15 +133,21 @@ def point_of(config: ExperimentConfig, assignments: Sequence[str]) -> dict[str, 
 
 
 def probe_plan(
-    config: ExperimentConfig, point: dict[str, Any], folder: Path, agent_slots: int
+    config: ExperimentConfig,
+    point: dict[str, Any],
+    folder: Path,
+    agent_slots: int,
+    batches: int = PROBE_BATCHES,
 ) -> list[PlannedProbe]:
     """The probes for ``config`` at ``point`` (see the module); ``agent_slots`` is the
-    largest agent's slot count in the pool. Configs only: nothing runs."""
+    largest agent's slot count in the pool, ``batches`` each throughput probe's length.
+    Configs only: nothing runs."""
     slots = int(point.get("slots_per_trial", config.resources.slots_per_trial))
     per_slot = int(point["global_batch_size"]) // slots
+    probe_batches = batches
 
     def variant(
-        probe_slots: int, batches: int = PROBE_BATCHES, **changes: dict[str, Any]
+        probe_slots: int, batches: int = probe_batches, **changes: dict[str, Any]
     ) -> ExperimentConfig:
         raw: dict[str, Any] = config.model_dump(mode="json")
         values = {**point, "global_batch_size": per_slot * probe_slots}
@@ -224,6 +233,7 @@ def diagnose(
     *,
     hparams: Sequence[str],
     only: Sequence[str] = (),
+    batches: int = PROBE_BATCHES,
     cluster: str | Path | None,
     slots: int | None,
     db: str | None,
@@ -233,7 +243,8 @@ def diagnose(
 
     ``only``: of the optional probes (:data:`OPTIONAL_PROBES`), run just these (all
     when empty); ``configured`` and ``synthetic`` always run (naming only them runs
-    only them).
+    only them). ``batches``: each throughput probe's length (:data:`MIN_PROBE_BATCHES`
+    at least).
 
     Every probe config is validated against the cluster before the first one runs, so
     an unplaceable size is refused (``Unschedulable``) with nothing started.
@@ -245,6 +256,11 @@ def diagnose(
         raise UsageError(
             f"--probes: unknown probe {', '.join(unknown)}; allowed: "
             f"{', '.join((*REQUIRED_PROBES, *OPTIONAL_PROBES))}"
+        )
+    if batches < MIN_PROBE_BATCHES:
+        raise UsageError(
+            f"--batches: at least {MIN_PROBE_BATCHES} (a warm-up window and three measured "
+            f"windows of {WINDOW_BATCHES}), got {batches}"
         )
     config_path = Path(config_path)
     config = load_config(config_path)
@@ -259,7 +275,7 @@ def diagnose(
         agent_slots = max(agent.size for agent in pool.agents)
         plan = [
             p
-            for p in probe_plan(config, point, folder, agent_slots)
+            for p in probe_plan(config, point, folder, agent_slots, batches)
             if not only or p.name in only or p.name in REQUIRED_PROBES
         ]
         runs = [(p, validate_run(p.config, loaded, probe_db)) for p in plan]

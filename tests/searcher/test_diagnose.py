@@ -15,8 +15,15 @@ import sqlalchemy as sa
 from sqlalchemy import select
 
 from searcher.cli import main
-from searcher.diagnose import OPTIONAL_PROBES, build_report, point_of, probe_plan
+from searcher.diagnose import (
+    MIN_PROBE_BATCHES,
+    OPTIONAL_PROBES,
+    build_report,
+    point_of,
+    probe_plan,
+)
 from searcher.diagnosis import (
+    BOUND_SHARE,
     Exchange,
     Probe,
     Spread,
@@ -139,10 +146,11 @@ def test_the_plan_keeps_the_per_slot_batch_and_fixes_the_point(tmp_path: Path) -
 # -- real probes -------------------------------------------------------------------------
 
 
-def _experiment(tmp_path: Path, **data: Any) -> Path:
+def _experiment(tmp_path: Path, slots: int = 2, **data: Any) -> Path:
     path = write_experiment(
         tmp_path / "exp",
         entrypoint="bottleneck_model:BottleneckDigitsTrial",
+        resources={"slots_per_trial": slots},
         data=data,
     )
     shutil.copy(HERE / "_bottleneck_model.py", path.parent / "bottleneck_model.py")
@@ -150,7 +158,7 @@ def _experiment(tmp_path: Path, **data: Any) -> Path:
 
 
 def _diagnose(
-    path: Path, db: str, capsys: pytest.CaptureFixture[str], *extra: str
+    path: Path, db: str, capsys: pytest.CaptureFixture[str], *extra: str, slots: int = 2
 ) -> tuple[int, dict[str, Any] | None, str]:
     code = main(
         [
@@ -159,10 +167,13 @@ def _diagnose(
             "--hparams",
             "global_batch_size=64",
             "--slots",
-            "2",
+            str(slots),
             "--db",
             db,
             "--json",
+            # The shortest probes that still give three measured windows.
+            "--batches",
+            str(MIN_PROBE_BATCHES),
             *extra,
         ]
     )
@@ -172,29 +183,37 @@ def _diagnose(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("data", "probes", "verdicts"),
+    ("data", "verdicts", "bound"),
     [
-        ({"loader_delay_s": 0.002}, ["synthetic"], {"input-bound"}),
-        ({"exchange_delay_s": 0.05}, ["no_exchange"], {"communication-bound"}),
-        ({"compute_delay_s": 0.03}, ["no_exchange"], {"compute-bound", "scaling well"}),
+        # Both put in, the exchange the larger: each probe finds its own (both shares
+        # past the bound) and the verdict names the larger, in one run of three probes.
+        (
+            {"loader_delay_s": 0.00125, "exchange_delay_s": 0.07},
+            {"communication-bound"},
+            {"input_share", "communication_share"},
+        ),
+        ({"compute_delay_s": 0.03}, {"compute-bound", "scaling well"}, set()),
     ],
-    ids=["slow-loader", "slow-exchange", "neither"],
+    ids=["slow-loader-and-exchange", "neither"],
 )
 def test_diagnose_names_the_bottleneck_put_in(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     data: dict[str, Any],
-    probes: list[str],
     verdicts: set[str],
+    bound: set[str],
 ) -> None:
-    """Each case runs only the probes its verdict needs: every probe is a real trial."""
+    """Only the probes the verdict needs (configured, synthetic, no_exchange): every
+    probe is a real trial."""
     db = f"sqlite:///{tmp_path / 'user.db'}"
-    code, report, err = _diagnose(_experiment(tmp_path, **data), db, capsys, "--probes", *probes)
+    path = _experiment(tmp_path, **data)
+    code, report, err = _diagnose(path, db, capsys, "--probes", "no_exchange")
     assert code == 0, err
     assert report is not None and report["verdict"] in verdicts, report
-    optional = [name for name in probes if name in OPTIONAL_PROBES]
-    assert [p["name"] for p in report["probes"]] == ["configured", "synthetic", *optional]
-    assert all(len(p["windows"]) >= 3 for p in report["probes"])
+    for share in ("input_share", "communication_share"):
+        assert (report[share]["median"] >= BOUND_SHARE) is (share in bound), (share, report)
+    assert [p["name"] for p in report["probes"]] == ["configured", "synthetic", "no_exchange"]
+    assert all(len(p["windows"]) == 3 for p in report["probes"])
     with session_scope(db) as session:
         (stored,) = session.scalars(select(Diagnosis)).all()
         assert stored.verdict == report["verdict"] and stored.report == report
@@ -210,8 +229,9 @@ def test_a_failing_probe_prints_its_error_and_leaves_nothing(
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     db = f"sqlite:///{tmp_path / 'user.db'}"
-    path = _experiment(tmp_path, fail_message="no layer named 'conv9'")
-    code, _, err = _diagnose(path, db, capsys, "--probes", "synthetic")
+    # One slot: the failure and the clean-up are those of any size, at half the start-up.
+    path = _experiment(tmp_path, slots=1, fail_message="no layer named 'conv9'")
+    code, _, err = _diagnose(path, db, capsys, "--probes", "synthetic", slots=1)
     assert code == 1
     (line,) = err.strip().splitlines()[-1:]
     assert line.startswith("slotsweep diagnose: probe configured: rank ")
@@ -233,6 +253,8 @@ def test_bad_input_and_unplaceable_sizes_are_refused_in_one_line(
     assert line.startswith("--hparams: lr: must be a number in")
     assert main(["diagnose", str(path), "--db", db, "--probes", "everything"]) == 2
     assert "--probes: unknown probe everything" in capsys.readouterr().err
+    assert main(["diagnose", str(path), "--db", db, "--batches", "30"]) == 2
+    assert "--batches: at least 40" in capsys.readouterr().err
     # Two slots per trial on one slot: refused as `run` refuses it, before anything runs.
     assert main(["run", str(path), "--db", db, "--slots", "1", "--detach"]) == 2
     refused = capsys.readouterr().err
