@@ -38,8 +38,9 @@ def add_parser(commands: Any, options: tuple[AddOptions, ...]) -> None:
         metavar="NAME",
         nargs="+",
         default=[],
-        help="run only these of the optional probes (no_exchange, one_slot, one_agent, "
-        "buckets); configured and synthetic always run (name one of them to run only them)",
+        help="run only these of the optional probes (synthetic, no_exchange, one_slot, "
+        "one_agent, buckets, compression); configured always runs (name it to run only it), "
+        "compression only when the others find the trial communication-bound",
     )
     parser.add_argument(
         "--batches",
