@@ -6,7 +6,10 @@ runs those experiments for them: short probes of the experiment's own trial at o
 of its space (the first point, or ``--hparams``), each a real trial placed by the
 scheduler on the configured slots and executor, driven by :class:`SearchDriver` as in
 ``slotsweep run --test`` (a temporary database and folders, removed afterwards; so
-run it when the slots are free). The probes (:func:`probe_plan`):
+run it when the slots are free; on an executor whose ranks run on other hosts, the
+temporary database is a schema of ``--db``'s PostgreSQL database and the temporary
+folder, under ``$TMPDIR``, must be one the nodes share). The probes
+(:func:`probe_plan`):
 
 - ``configured``: as configured;
 - ``no_exchange``: ``aggregation_frequency`` :data:`NO_EXCHANGE_AGGREGATION`;
@@ -14,14 +17,18 @@ run it when the slots are free). The probes (:func:`probe_plan`):
 - ``one_slot``: one slot at the same per-slot batch; ``one_agent``: one agent's slots,
   where the configured size spans agents;
 - ``buckets``: ``auto_tune_tensor_fusion`` (the bucket-size sweep, the parameter count
-  and gradient bytes of a step).
+  and gradient bytes of a step);
+- ``compression``: ``gradient_compression`` :data:`COMPRESSION` where none is
+  configured, run last and only when the other probes found the trial
+  communication-bound (the gain of the compression the verdict suggests).
 
-Each throughput probe trains :data:`PROBE_BATCHES` batches timed in windows of
-:data:`WINDOW_BATCHES` (the first window is warm-up and left out); every number is
-given as the median over the windows and their range. ``--probes`` runs only some of
-the optional probes (``configured`` and ``synthetic`` always run). The conclusions are
-:mod:`searcher.diagnosis`'s pure functions. The diagnosis is stored in ``--db``
-(``storage.Diagnosis``), linked to the latest experiment of the same name if any.
+Each throughput probe trains :data:`PROBE_BATCHES` batches (``--batches``, at least
+:data:`MIN_PROBE_BATCHES`) timed in windows of :data:`WINDOW_BATCHES` (the first
+window is warm-up and left out); every number is given as the median over the windows
+and their range. ``--probes`` runs only some of the optional probes (``configured``
+always runs). The conclusions are :mod:`searcher.diagnosis`'s pure functions. The
+diagnosis is stored in ``--db`` (``storage.Diagnosis``), linked to the latest
+experiment of the same name if any.
 
 Exit codes: 0 with a diagnosis, 1 when a probe failed (its trial's own error in one
 line), 2 for bad input or a size the cluster cannot place (as ``run`` refuses it).
@@ -29,17 +36,19 @@ line), 2 for bad input or a size the cluster cannot place (as ``run`` refuses it
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy import func, select
+from sqlalchemy import func, make_url, select, text
 
 import searcher.samplers as samplers
 import searcher.space as space
@@ -49,6 +58,7 @@ from searcher.diagnosis import (
     Probe,
     Report,
     Spread,
+    Verdict,
     Window,
     efficiency,
     judge,
@@ -67,17 +77,29 @@ from storage import (
     Timing,
     Trial,
     TrialState,
+    get_engine,
     session_scope,
     upgrade_schema,
 )
 from trials.config import ConstHP, ExperimentConfig, load_config, parse_config
-from trials.executors import load_cluster
+from trials.executors import Executor, database_problem, executor_for, load_cluster
 
 PROBE_BATCHES = 60
 WINDOW_BATCHES = 10
+# A warm-up window and three measured ones: fewer give no spread worth the name.
+MIN_PROBE_BATCHES = 4 * WINDOW_BATCHES
 # Every diagnosis runs these; the others may be chosen (``--probes``).
-REQUIRED_PROBES = ("configured", "synthetic")
-OPTIONAL_PROBES = ("no_exchange", "one_slot", "one_agent", "buckets")
+REQUIRED_PROBES = ("configured",)
+OPTIONAL_PROBES = (
+    "synthetic",
+    "no_exchange",
+    "one_slot",
+    "one_agent",
+    "buckets",
+    "compression",
+)
+# The compression the ``compression`` probe measures: torch's fp16 hook, on every backend.
+COMPRESSION = "fp16"
 # The bucket sweep happens before the first batch; a couple of batches end the trial.
 BUCKET_PROBE_BATCHES = 2
 # The loop's phases that are the input pipeline (trials.runtime._timing.PHASES).
@@ -130,46 +152,23 @@ def point_of(config: ExperimentConfig, assignments: Sequence[str]) -> dict[str, 
 
 
 def probe_plan(
-    config: ExperimentConfig, point: dict[str, Any], folder: Path, agent_slots: int
+    config: ExperimentConfig,
+    point: dict[str, Any],
+    folder: Path,
+    agent_slots: int,
+    batches: int = PROBE_BATCHES,
 ) -> list[PlannedProbe]:
     """The probes for ``config`` at ``point`` (see the module); ``agent_slots`` is the
-    largest agent's slot count in the pool. Configs only: nothing runs."""
+    largest agent's slot count in the pool, ``batches`` each throughput probe's length.
+    Configs only: nothing runs."""
     slots = int(point.get("slots_per_trial", config.resources.slots_per_trial))
     per_slot = int(point["global_batch_size"]) // slots
 
     def variant(
-        probe_slots: int, batches: int = PROBE_BATCHES, **changes: dict[str, Any]
+        probe_slots: int, length: int = batches, **changes: dict[str, Any]
     ) -> ExperimentConfig:
-        raw: dict[str, Any] = config.model_dump(mode="json")
         values = {**point, "global_batch_size": per_slot * probe_slots}
-        if "slots_per_trial" in raw["hyperparameters"]:
-            values["slots_per_trial"] = probe_slots
-        raw["hyperparameters"] = {
-            name: {"type": "const", "val": value} for name, value in values.items()
-        }
-        raw["resources"].update(slots_per_trial=probe_slots, reuse_workers=False)
-        raw["searcher"].update(
-            name="random",
-            max_trials=1,
-            max_concurrent_trials=1,
-            max_length={"batches": batches},
-            pruner={"name": "none"},
-        )
-        raw.update(
-            min_validation_period={"batches": batches},
-            min_checkpoint_period={"batches": batches},
-            max_restarts=0,
-        )
-        raw["checkpoint_storage"]["path"] = str(folder / "checkpoints")
-        raw["profiling"].update(
-            enabled=True,
-            window_batches=WINDOW_BATCHES,
-            sync_every=1,
-            system_metrics_interval_s=PROBE_SAMPLE_INTERVAL_S,
-        )
-        for section, fields in changes.items():
-            raw[section].update(fields)
-        return parse_config(raw)
+        return _probe_config(config, values, probe_slots, length, folder, changes)
 
     def planned(
         name: str, description: str, probe_slots: int, cfg: ExperimentConfig
@@ -210,13 +209,62 @@ def probe_plan(
                 "DDP bucket-size sweep",
                 slots,
                 variant(
-                    slots,
-                    BUCKET_PROBE_BATCHES,
-                    optimizations={"auto_tune_tensor_fusion": True},
+                    slots, BUCKET_PROBE_BATCHES, optimizations={"auto_tune_tensor_fusion": True}
                 ),
             )
         )
+        if config.optimizations.gradient_compression == "none":
+            plan.append(
+                planned(
+                    "compression",
+                    f"gradient_compression {COMPRESSION}",
+                    slots,
+                    variant(slots, optimizations={"gradient_compression": COMPRESSION}),
+                )
+            )
     return plan
+
+
+def _probe_config(
+    config: ExperimentConfig,
+    values: dict[str, Any],
+    slots: int,
+    batches: int,
+    folder: Path,
+    changes: dict[str, dict[str, Any]],
+) -> ExperimentConfig:
+    """``config`` as one probe: one trial of ``batches`` at the point ``values`` on
+    ``slots``, profiled every batch, its checkpoints in ``folder``, the sections'
+    ``changes`` applied."""
+    raw: dict[str, Any] = config.model_dump(mode="json")
+    if "slots_per_trial" in raw["hyperparameters"]:
+        values = {**values, "slots_per_trial": slots}
+    raw["hyperparameters"] = {
+        name: {"type": "const", "val": value} for name, value in values.items()
+    }
+    raw["resources"].update(slots_per_trial=slots, reuse_workers=False)
+    raw["searcher"].update(
+        name="random",
+        max_trials=1,
+        max_concurrent_trials=1,
+        max_length={"batches": batches},
+        pruner={"name": "none"},
+    )
+    raw.update(
+        min_validation_period={"batches": batches},
+        min_checkpoint_period={"batches": batches},
+        max_restarts=0,
+    )
+    raw["checkpoint_storage"]["path"] = str(folder / "checkpoints")
+    raw["profiling"].update(
+        enabled=True,
+        window_batches=WINDOW_BATCHES,
+        sync_every=1,
+        system_metrics_interval_s=PROBE_SAMPLE_INTERVAL_S,
+    )
+    for section, fields in changes.items():
+        raw[section].update(fields)
+    return parse_config(raw)
 
 
 def diagnose(
@@ -224,6 +272,7 @@ def diagnose(
     *,
     hparams: Sequence[str],
     only: Sequence[str] = (),
+    batches: int = PROBE_BATCHES,
     cluster: str | Path | None,
     slots: int | None,
     db: str | None,
@@ -232,8 +281,9 @@ def diagnose(
     """Run the probes and return the report (stored in ``db``); raises :class:`ProbeFailed`.
 
     ``only``: of the optional probes (:data:`OPTIONAL_PROBES`), run just these (all
-    when empty); ``configured`` and ``synthetic`` always run (naming only them runs
-    only them).
+    when empty); ``configured`` always runs, ``compression`` only after a
+    communication-bound verdict. ``batches``: each throughput probe's length
+    (:data:`MIN_PROBE_BATCHES` at least).
 
     Every probe config is validated against the cluster before the first one runs, so
     an unplaceable size is refused (``Unschedulable``) with nothing started.
@@ -246,20 +296,27 @@ def diagnose(
             f"--probes: unknown probe {', '.join(unknown)}; allowed: "
             f"{', '.join((*REQUIRED_PROBES, *OPTIONAL_PROBES))}"
         )
+    if batches < MIN_PROBE_BATCHES:
+        raise UsageError(
+            f"--batches: at least {MIN_PROBE_BATCHES} (a warm-up window and three measured "
+            f"windows of {WINDOW_BATCHES}), got {batches}"
+        )
     config_path = Path(config_path)
     config = load_config(config_path)
     point = point_of(config, hparams)
     loaded = load_cluster(cluster, slots=slots)
     db_url = open_database(db)
-    with tempfile.TemporaryDirectory(prefix="slotsweep-diagnose-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="slotsweep-diagnose-") as tmp,
+        probe_database(db_url, Path(tmp), executor_for(loaded)) as probe_db,
+    ):
         folder = Path(tmp)
-        probe_db = f"sqlite:///{folder / 'probes.db'}"
         # The configured size is checked first: its refusal is the one `run` gives.
         pool = validate_run(config, loaded, probe_db).pool
         agent_slots = max(agent.size for agent in pool.agents)
         plan = [
             p
-            for p in probe_plan(config, point, folder, agent_slots)
+            for p in probe_plan(config, point, folder, agent_slots, batches)
             if not only or p.name in only or p.name in REQUIRED_PROBES
         ]
         runs = [(p, validate_run(p.config, loaded, probe_db)) for p in plan]
@@ -267,6 +324,13 @@ def diagnose(
         exchange: Exchange | None = None
         with temporary_places(folder):
             for planned, validated in runs:
+                # The plan's last: compression is what the verdict suggests when
+                # exchanging is the bottleneck, so its gain is measured then only.
+                if planned.name == "compression" and (
+                    build_report(config, probes, exchange).verdict
+                    is not Verdict.COMMUNICATION_BOUND
+                ):
+                    continue
                 started = time.monotonic()
                 out.write(f"slotsweep diagnose: probe {planned.name} ({planned.description}) ...")
                 out.flush()
@@ -283,16 +347,44 @@ def diagnose(
     return report
 
 
+@contextlib.contextmanager
+def probe_database(db_url: str, folder: Path, executor: Executor) -> Iterator[str]:
+    """Where the probes record, gone afterwards: an SQLite file in ``folder``; where the
+    executor's ranks run on other hosts (they cannot share SQLite), a schema of its own
+    in ``--db``'s PostgreSQL database, dropped at the end (on SQLite, refused as ``run``
+    refuses it)."""
+    local = f"sqlite:///{folder / 'probes.db'}"
+    if database_problem(executor, local) is None:
+        yield local
+        return
+    problem = database_problem(executor, db_url)
+    if problem is not None:
+        raise UsageError(problem)
+    schema = f"slotsweep_diagnose_{uuid.uuid4().hex[:12]}"
+    admin = get_engine(db_url)
+    with admin.begin() as connection:
+        connection.execute(text(f'CREATE SCHEMA "{schema}"'))
+    # Every connection of the probes (the driver's, Optuna's, the ranks') finds its
+    # tables there first.
+    url = make_url(db_url).update_query_dict({"options": f"-csearch_path={schema}"})
+    try:
+        yield url.render_as_string(hide_password=False)
+    finally:
+        get_engine(url.render_as_string(hide_password=False)).dispose()
+        with admin.begin() as connection:
+            connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+
+
 def build_report(
     config: ExperimentConfig, probes: Sequence[Probe], exchange: Exchange | None
 ) -> Report:
     """The conclusions from measured probes (pure: :mod:`searcher.diagnosis`)."""
     by_name = {p.name: p for p in probes}
-    configured, synthetic = by_name["configured"], by_name["synthetic"]
+    configured, synthetic = by_name["configured"], by_name.get("synthetic")
     no_exchange = by_name.get("no_exchange")
     one_slot, one_agent = by_name.get("one_slot"), by_name.get("one_agent")
     comm = None if no_exchange is None else share_removed(configured.step_s, no_exchange.step_s)
-    inputs = share_removed(configured.step_s, synthetic.step_s)
+    inputs = None if synthetic is None else share_removed(configured.step_s, synthetic.step_s)
     scaling = (
         None
         if one_slot is None
@@ -307,8 +399,9 @@ def build_report(
     )
     verdict = judge(
         communication_share=comm.median if comm else 0.0,
-        input_share=inputs.median,
-        efficiency=None if scaling is None else scaling.median,
+        input_share=inputs.median if inputs else 0.0,
+        # Slots across agents that add little fall short of scaling well as slots do.
+        efficiency=min((e.median for e in (scaling, agents) if e is not None), default=None),
     )
     tips = suggest(
         verdict,
@@ -318,6 +411,7 @@ def build_report(
         exchange=exchange,
         aggregation_frequency=config.optimizations.aggregation_frequency,
         compression=config.optimizations.gradient_compression,
+        compressed=by_name.get("compression"),
     )
     return Report(
         name=config.name,
@@ -473,7 +567,7 @@ def print_report(report: Report, console: Console) -> None:
 
     def pct(value: Spread | None) -> str:
         if value is None:
-            return "not measured (one slot)"
+            return "not measured"
         return f"{value.median:.0%} ({value.low:.0%}-{value.high:.0%} over the windows)"
 
     console.print(f"communication share of a step: {pct(report.communication_share)}")

@@ -38,8 +38,16 @@ def add_parser(commands: Any, options: tuple[AddOptions, ...]) -> None:
         metavar="NAME",
         nargs="+",
         default=[],
-        help="run only these of the optional probes (no_exchange, one_slot, one_agent, "
-        "buckets); configured and synthetic always run (name one of them to run only them)",
+        help="run only these of the optional probes (synthetic, no_exchange, one_slot, "
+        "one_agent, buckets, compression); configured always runs (name it to run only it), "
+        "compression only when the others find the trial communication-bound",
+    )
+    parser.add_argument(
+        "--batches",
+        metavar="N",
+        type=int,
+        help="batches per throughput probe, timed in windows of 10, the first left out as "
+        "warm-up (default 60, at least 40); more give a narrower spread",
     )
     for add in options:
         add(parser)
@@ -48,13 +56,14 @@ def add_parser(commands: Any, options: tuple[AddOptions, ...]) -> None:
 def cmd_diagnose(args: argparse.Namespace) -> int:
     """0 with a diagnosis, 1 when a probe failed (its trial's error in one line); bad
     input and unplaceable sizes raise what the CLI turns into one line and exit 2."""
-    from searcher.diagnose import ProbeFailed, diagnose, print_report
+    from searcher.diagnose import PROBE_BATCHES, ProbeFailed, diagnose, print_report
 
     try:
         report = diagnose(
             Path(args.config),
             hparams=args.hparams,
             only=args.probes,
+            batches=PROBE_BATCHES if args.batches is None else args.batches,
             cluster=args.cluster,
             slots=args.slots,
             db=args.db,

@@ -12,12 +12,16 @@ gradient exchange) and the rest (schedulers, metric reduction). From the probes:
   device (``1 - t_synthetic / t``);
 - weak-scaling efficiency: samples per second on N slots over N times those on one
   slot at the same per-slot batch (and one agent against several where the
-  configuration spans agents).
+  configuration spans agents);
+- compression gain: how many times faster the step is with fp16 gradient compression
+  (measured only when the verdict is communication-bound and none is configured).
 
 The verdict: input-bound or communication-bound when that share is at least
 :data:`BOUND_SHARE` of the step (the larger of the two when both are), else scaling
-well when the efficiency is at least :data:`GOOD_EFFICIENCY` (or the trial has one
-slot), else compute-bound. Every number comes with its spread over the windows.
+well when the efficiency is at least :data:`GOOD_EFFICIENCY` (the lower of the
+weak-scaling and the agents' efficiency; none measured: one slot), else
+compute-bound. A share whose probe did not run (``--probes``) counts as none.
+Every number comes with its spread over the windows.
 
 Example:
     >>> judge(communication_share=0.45, input_share=0.05, efficiency=0.5)
@@ -220,14 +224,16 @@ def suggest(
     *,
     configured: Probe,
     no_exchange: Probe | None,
-    synthetic: Probe,
+    synthetic: Probe | None,
     exchange: Exchange | None,
     aggregation_frequency: int,
     compression: str,
+    compressed: Probe | None = None,
 ) -> list[Suggestion]:
-    """The settings to try for ``verdict``, each with the gain its probe measured."""
+    """The settings to try for ``verdict``, each with the gain its probe measured
+    (``compressed``: the probe with fp16 gradient compression, when it ran)."""
     tips: list[Suggestion] = []
-    if verdict is Verdict.INPUT_BOUND:
+    if verdict is Verdict.INPUT_BOUND and synthetic is not None:
         gain = speedup(configured.step_s, synthetic.step_s)
         tips.append(
             Suggestion(
@@ -247,12 +253,7 @@ def suggest(
             )
         )
         if compression == "none":
-            tips.append(
-                Suggestion(
-                    "optimizations.gradient_compression: fp16",
-                    "halves the gradient bytes on the wire (powersgd sends far fewer)",
-                )
-            )
+            tips.append(_compression_tip(configured, compressed))
         tips.append(
             Suggestion(
                 "a larger global_batch_size, with lr_scaling: linear and warmup_epochs",
@@ -281,6 +282,21 @@ def suggest(
     return tips
 
 
+def _compression_tip(configured: Probe, compressed: Probe | None) -> Suggestion:
+    """fp16 compression, with the step's gain when the compression probe ran."""
+    why = "halves the gradient bytes on the wire (powersgd sends far fewer)"
+    if compressed is None:
+        return Suggestion("optimizations.gradient_compression: fp16", why)
+    gain = speedup(configured.step_s, compressed.step_s)
+    measured = (
+        "the gain is the step with fp16 gradients"
+        if gain > 1.0
+        else "yet the step with fp16 gradients was no faster here: casting and the hook "
+        "cost more than the bytes saved"
+    )
+    return Suggestion("optimizations.gradient_compression: fp16", f"{why}; {measured}", gain)
+
+
 @dataclass(frozen=True)
 class Report:
     """Everything ``slotsweep diagnose`` prints; ``as_json`` is its ``--json`` document."""
@@ -289,7 +305,7 @@ class Report:
     slots: int
     probes: tuple[Probe, ...]
     communication_share: Spread | None
-    input_share: Spread
+    input_share: Spread | None
     scaling_efficiency: Spread | None
     agent_efficiency: Spread | None
     exchange: Exchange | None

@@ -1,8 +1,9 @@
 """Test-only digits trials with a bottleneck put in on purpose, for ``slotsweep diagnose``.
 
 ``data.loader_delay_s``: every training sample takes this long to load (a slow input
-pipeline; the validation set is not slowed). ``data.exchange_delay_s``: a DDP
-communication hook sleeps this long before each bucket's all-reduce (a slow network).
+pipeline; the validation set is not slowed). ``data.exchange_delay_s``: each DDP
+bucket's all-reduce waits this long per float32 bucket before it starts, in proportion
+to the bytes it sends (a slow network: an fp16-compressed bucket waits half as long).
 ``data.compute_delay_s``: every training batch computes (sleeps) this long beside its
 real work. ``data.fail_message``: the first training batch raises ``ValueError`` with it.
 """
@@ -12,6 +13,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from model import DigitsTrial
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.utils.data import Dataset
@@ -32,13 +35,19 @@ class _SlowSamples(Dataset[Any]):
         return self.inner[index]
 
 
-def _sleeping_allreduce(delay_s: float) -> Any:
-    # Unannotated on purpose: DDP checks a hook's annotations at runtime.
-    def hook(state, bucket):  # type: ignore[no-untyped-def]
-        time.sleep(delay_s)
-        return default_hooks.allreduce_hook(state, bucket)
+class _SlowWire:
+    """``torch.distributed`` as torch's DDP hooks call it, with an all-reduce that waits
+    in proportion to the bytes it sends."""
 
-    return hook
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(dist, name)
+
+    def all_reduce(self, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(self.delay_s * tensor.element_size() / 4)
+        return dist.all_reduce(tensor, *args, **kwargs)
 
 
 class BottleneckDigitsTrial(DigitsTrial):
@@ -50,7 +59,12 @@ class BottleneckDigitsTrial(DigitsTrial):
         self._compute_delay_s = float(data.get("compute_delay_s", 0.0))
         exchange_delay_s = float(data.get("exchange_delay_s", 0.0))
         if exchange_delay_s and context.world_size > 1:
-            self.model.register_comm_hook(None, _sleeping_allreduce(exchange_delay_s))
+            # torch's hooks (the configured compression's among them) all-reduce through
+            # their module's `dist`; DDP's own all-reduce runs in C++, so without a
+            # compression torch's plain hook takes its place.
+            default_hooks.dist = _SlowWire(exchange_delay_s)  # type: ignore[assignment]
+            if context.spec.optimizations.gradient_compression == "none":
+                self.model.register_comm_hook(None, default_hooks.allreduce_hook)
 
     def build_training_data_loader(self) -> DataLoader:
         if not self._loader_delay_s:
