@@ -20,7 +20,9 @@
 # machine, other clusters included): each node runs `ray start --block` as the leader of
 # its own session, and stopping it SIGTERMs the raylet, then the rest but gcs_server, then
 # gcs_server (all at once the GCS hangs for ~20 s). The head notices a lost node within
-# ~5 s (fast health checks).
+# ~5 s (fast health checks). Token authentication is off (RAY_AUTH_MODE=disabled): a
+# head would turn it on whenever ~/.ray/auth_token exists (any local `ray.init()` on the
+# machine writes one), and its workers would then be refused.
 #
 # `start` prints RAY_ADDRESS=ray://... and writes it to DIR/env; DIR/cluster has the nodes
 # and addresses. Several clusters may run at once (up to 8): each takes a free slot N and
@@ -190,7 +192,7 @@ start_node() {
     sh -c 'echo $$ >"$1.new" && hostname "$2" && mount --bind "$3" /etc/hosts && shift 3 && exec "$@"' \
     sh "$dir/pids/$node" "$node" "$dir/hosts" \
     env RAY_health_check_period_ms=1000 RAY_health_check_timeout_ms=1000 \
-    RAY_health_check_failure_threshold=3 \
+    RAY_health_check_failure_threshold=3 RAY_AUTH_MODE=disabled \
     "$ray_bin" start "${args[@]}" \
     </dev/null >>"$dir/logs/$node.out" 2>&1 9>&- &
   for _ in $(seq 1 50); do [[ -s "$dir/pids/$node.new" ]] && break; sleep 0.1; done
