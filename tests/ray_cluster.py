@@ -102,6 +102,12 @@ class RayCluster:
         """Start a lost node again (a new Ray node id); return once Ray lists it alive."""
         self._script("node-start", name, timeout=300)
 
+    def on_node(self, name: str) -> tuple[str, ...]:
+        """The command prefix that runs a command in node ``name``'s network namespace
+        (``.ci/ray.sh`` names it ``rsw<slot>-<node>``), as if on that machine."""
+        slot = (self.conf_dir / "slot").read_text().strip()
+        return ("nsenter", f"--net=/run/netns/rsw{slot}-{name}")
+
     def other_job(self, **holders: dict[str, object]) -> OtherRayJob:
         """Another Ray job (a driver of its own) holding resources on the cluster until
         released: one idle actor per keyword, with those ``ray.remote`` options.
