@@ -236,11 +236,14 @@ def test_two_searches_share_no_slot_skip_a_node_another_ray_job_holds_and_requeu
                             tmp_path / name,
                             name=name,
                             resources={"slots_per_trial": 2},
+                            # A few batches: what is tested is where and when it runs.
                             searcher={
                                 "max_trials": 1,
-                                "max_length": {"epochs": 1},
+                                "max_length": {"batches": 4},
                                 "pruner": {"name": "none"},
                             },
+                            min_validation_period={"epochs": None, "batches": 4},
+                            min_checkpoint_period={"epochs": None, "batches": 4},
                         )
                     ),
                     "--db",
