@@ -161,6 +161,7 @@ from _common import bench_env, epoch_s, fmt, median, run_search, scratch_folder,
 
 if TYPE_CHECKING:
     from tests.conftest import PostgresServer
+    from tests.ray_cluster import RayCluster
     from tests.slurm_cluster import SlurmCluster
 
 HERE = Path(__file__).resolve().parent
@@ -322,29 +323,39 @@ def slurm_test_site(*, no_kill: bool = False, allocate: bool = True) -> Iterator
     """
     if str(REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(REPO_ROOT))
-    from tests.conftest import PostgresServer
     from tests.slurm_cluster import SlurmCluster
+
+    cluster = SlurmCluster()
+    with started_with_postgres(cluster) as postgres:
+        if not allocate:
+            yield SlurmTestSite(cluster, postgres, "", dict(cluster.env))
+            return
+        job_id = cluster.allocate(no_kill=no_kill, name="bench")
+        try:
+            env = cluster.allocation_env(job_id)
+            yield SlurmTestSite(cluster, postgres, job_id, env)
+        finally:
+            cluster.run("scancel", job_id, timeout=60)
+
+
+@contextlib.contextmanager
+def started_with_postgres(cluster: SlurmCluster | RayCluster) -> Iterator[PostgresServer]:
+    """Start a test cluster and a PostgreSQL server on its bridge address, which its
+    nodes reach; the server. Both are stopped on the way out, also after an error,
+    Ctrl-C or SIGTERM (which becomes a SystemExit here)."""
+    from tests.conftest import PostgresServer
 
     def terminated(signum: int, frame: object) -> None:
         raise SystemExit(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, terminated)
-    cluster = SlurmCluster()
     try:
         cluster.start()
         prefix = cluster.subnet.split("/")[1]
         postgres = PostgresServer(listen_address=f"{cluster.controller_address}/{prefix}")
         postgres.start()
         try:
-            if not allocate:
-                yield SlurmTestSite(cluster, postgres, "", dict(cluster.env))
-                return
-            job_id = cluster.allocate(no_kill=no_kill, name="bench")
-            try:
-                env = cluster.allocation_env(job_id)
-                yield SlurmTestSite(cluster, postgres, job_id, env)
-            finally:
-                cluster.run("scancel", job_id, timeout=60)
+            yield postgres
         finally:
             postgres.remove()
     finally:
@@ -405,42 +416,27 @@ def ray_test_site(cluster_file: Path) -> Iterator[Site]:
     """
     if str(REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(REPO_ROOT))
-    from tests.conftest import PostgresServer
     from tests.ray_cluster import RayCluster
 
-    def terminated(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, terminated)
     cluster = RayCluster()
-    try:
-        cluster.start()
+    with started_with_postgres(cluster) as postgres:
         cluster_file.write_text(f"executor: ray\nray: {{address: '{cluster.address}'}}\n")
-        prefix = cluster.subnet.split("/")[1]
-        postgres = PostgresServer(listen_address=f"{cluster.controller_address}/{prefix}")
-        postgres.start()
-        try:
-            print(f"ray: {cluster.address}, PostgreSQL {postgres.url}", flush=True)
-            yield Site(
-                executor="ray",
-                bare_prefix=cluster.on_node("raynode1"),
-                environment=lambda base: {
-                    **base,
-                    "SLOTSWEEP_CLUSTER": str(cluster_file),
-                    "RAY_ADDRESS": cluster.address,
-                },
-                slots=None,
-                new_database=lambda folder: new_postgres_database(postgres),
-                # Bare: torchrun's whole tree (ranks counted apart); slotsweep: the
-                # driver's own children only (the ranks run under Ray's workers).
-                tree_part="reaped children",
-                tree_holds_ranks=False,
-            )
-        finally:
-            postgres.remove()
-    finally:
-        cluster.stop()
-        signal.signal(signal.SIGTERM, previous)
+        print(f"ray: {cluster.address}, PostgreSQL {postgres.url}", flush=True)
+        yield Site(
+            executor="ray",
+            bare_prefix=cluster.on_node("raynode1"),
+            environment=lambda base: {
+                **base,
+                "SLOTSWEEP_CLUSTER": str(cluster_file),
+                "RAY_ADDRESS": cluster.address,
+            },
+            slots=None,
+            new_database=lambda folder: new_postgres_database(postgres),
+            # Bare: torchrun's whole tree (ranks counted apart); slotsweep: the
+            # driver's own children only (the ranks run under Ray's workers).
+            tree_part="reaped children",
+            tree_holds_ranks=False,
+        )
 
 
 def run_tune(k: int, folder: Path, result: KindResult, site: Site) -> None:
