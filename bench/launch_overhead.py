@@ -862,7 +862,9 @@ def report(results: dict[str, KindResult], site: Site, *, k: int, rounds: int) -
     print(
         f"\n{k * rounds} trials of each kind ({rounds} rounds of K={k}), executor {site.executor}"
     )
-    bare_name = "bare torchrun" if site.executor == "local" else "bare srun torchrun"
+    bare_name = {"local": "bare torchrun", "ray": "bare torchrun on a node"}.get(
+        site.executor, "bare srun torchrun"
+    )
     shown = [(bare_name, bare), (cold_name, sweep)]
     if warm is not None:
         shown.append(("slotsweep warm", warm))
