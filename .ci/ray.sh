@@ -11,7 +11,8 @@
 # 10.214.N.11, raynode1 .12, raynode2 .13) joined by a veth pair to a bridge in the root
 # namespace (10.214.N.1, where the test process and its PostgreSQL live), entered with
 # `nsenter --net` and `unshare --uts --mount` with its own host name and a private
-# /etc/hosts. A driver in the root namespace reaches the cluster through Ray Client at
+# /etc/hosts (.ci/netns.sh, shared with .ci/slurm.sh). A driver in the root namespace
+# reaches the cluster through Ray Client at
 # ray://10.214.N.11:10001 (a plain connection cannot be called back by the nodes).
 #
 # Each worker node declares 2 CPUs (2 trial slots) and a resource of its own
@@ -20,7 +21,9 @@
 # machine, other clusters included): each node runs `ray start --block` as the leader of
 # its own session, and stopping it SIGTERMs the raylet, then the rest but gcs_server, then
 # gcs_server (all at once the GCS hangs for ~20 s). The head notices a lost node within
-# ~5 s (fast health checks).
+# ~5 s (fast health checks). Token authentication is off (RAY_AUTH_MODE=disabled): a
+# head would turn it on whenever ~/.ray/auth_token exists (any local `ray.init()` on the
+# machine writes one), and its workers would then be refused.
 #
 # `start` prints RAY_ADDRESS=ray://... and writes it to DIR/env; DIR/cluster has the nodes
 # and addresses. Several clusters may run at once (up to 8): each takes a free slot N and
@@ -46,30 +49,15 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 ray_bin=${SLOTSWEEP_RAY:-$repo/${SLOTSWEEP_VENV:-.venv}/bin/ray}
 
 registry=/run/slotsweep-ray
+ns_prefix=rsw
+ns_net_base=10.214
+# shellcheck source=.ci/netns.sh
+source "$(dirname "$0")/netns.sh"
 nodes=(rayhead raynode1 raynode2)
-
-slot_bridge() { echo "rsw$1br"; }
-slot_netns() { echo "rsw$1-$2"; } # slot, node name
-slot_veth() { echo "rsw$1n$2"; }  # slot, node index: the root-namespace end
-slot_net() { echo "10.214.$((7 + $1))"; }
 node_index() { # node name -> 1, 2, 3
   local i
   for i in "${!nodes[@]}"; do [[ "${nodes[$i]}" == "$1" ]] && { echo $((i + 1)); return 0; }; done
   return 1
-}
-
-# "PID STARTTIME" of a process, empty when it does not exist: a PID alone may be reused.
-proc_id() {
-  local stat
-  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
-  stat=${stat##*) }
-  echo "$1 $(echo "$stat" | cut -d' ' -f20)"
-}
-
-holder_alive() {
-  local want
-  want=$(cat "$1" 2>/dev/null) || return 1
-  [[ -n "$want" && "$(proc_id "${want%% *}")" == "$want" ]]
 }
 
 # Live (not zombie) processes of session $1, with their command names: "PID COMM".
@@ -129,8 +117,6 @@ node_sid() {
   return 0
 }
 
-netns_pids() { ip netns pids "$1" 2>/dev/null || true; }
-
 # Stop everything of slot $1 whose files are in directory $2 (may be gone), then remove
 # its namespaces, veths and bridge.
 clean_slot() {
@@ -139,38 +125,24 @@ clean_slot() {
   for node in raynode2 raynode1 rayhead; do
     [[ -d "$owner/pids" ]] && stop_session "$(node_sid "$owner" "$node")"
   done
-  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^rsw$slot-" || true); do
+  for ns in $(slot_namespaces "$slot"); do
     pids=$(netns_pids "$ns")
     if [[ -n "$pids" ]]; then
       kill -KILL $pids 2>/dev/null || true
       wait_gone "$pids" 50 || true
     fi
-    ip netns delete "$ns" 2>/dev/null || true
   done
-  for f in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | grep "^rsw${slot}n[0-9]*$" || true); do
-    ip link delete "$f" 2>/dev/null || true
-  done
-  ip link delete "$(slot_bridge "$slot")" 2>/dev/null || true
-  rm -f "$registry/slot$slot"
+  remove_slot_network "$slot" "$owner"
   rm -rf "/tmp/rsw$slot"
-  if [[ -d "$owner/pids" ]]; then rm -f "$owner"/pids/*; fi
-}
-
-slot_in_use() {
-  [[ -e "$registry/slot$1" ]] && return 0
-  ip link show "$(slot_bridge "$1")" >/dev/null 2>&1 && return 0
-  ip netns list 2>/dev/null | grep -q "^rsw$1-" && return 0
-  return 1
 }
 
 # Start node $1 in its namespace under a session of its own; "PID STARTTIME" of the
 # session leader goes to DIR/pids/NODE.
 start_node() {
-  local node=$1 slot net i ns addr args
+  local node=$1 slot net i addr args
   slot=$(cat "$dir/slot")
   net=$(slot_net "$slot")
   i=$(node_index "$node")
-  ns=$(slot_netns "$slot" "$node")
   addr="$net.$((10 + i))"
   # Ray's socket paths must stay short (108 bytes): a temp dir under /tmp, not DIR.
   args=(--block --node-ip-address="$addr" --disable-usage-stats
@@ -183,16 +155,11 @@ start_node() {
     args+=(--address="$net.11:6379" --num-cpus=2 --num-gpus=0)
   fi
   mkdir -p "/tmp/rsw$slot/$node"
-  # The exec chain (setsid, nsenter, unshare, sh) keeps one PID: the session's leader,
-  # recorded before it execs `ray start`. Descriptors are closed so no caller waits on
-  # our pipes or lock.
-  setsid nsenter --net="/run/netns/$ns" unshare --uts --mount \
-    sh -c 'echo $$ >"$1.new" && hostname "$2" && mount --bind "$3" /etc/hosts && shift 3 && exec "$@"' \
-    sh "$dir/pids/$node" "$node" "$dir/hosts" \
+  # The session's leader is recorded before it execs `ray start`.
+  run_on_node "$slot" "$node" "$dir/pids/$node.new" "$dir/logs/$node.out" \
     env RAY_health_check_period_ms=1000 RAY_health_check_timeout_ms=1000 \
-    RAY_health_check_failure_threshold=3 \
-    "$ray_bin" start "${args[@]}" \
-    </dev/null >>"$dir/logs/$node.out" 2>&1 9>&- &
+    RAY_health_check_failure_threshold=3 RAY_AUTH_MODE=disabled \
+    "$ray_bin" start "${args[@]}"
   for _ in $(seq 1 50); do [[ -s "$dir/pids/$node.new" ]] && break; sleep 0.1; done
   proc_id "$(cat "$dir/pids/$node.new")" >"$dir/pids/$node"
   rm -f "$dir/pids/$node.new"
@@ -234,60 +201,17 @@ start_failed() {
 }
 
 do_start() {
-  local slot="" s net i node ns veth
+  local slot="" net
   [[ -x "$ray_bin" ]] || { echo "ray.sh: $ray_bin not found; pip install 'slotsweep[ray]'" >&2; exit 1; }
   do_stop
-  mkdir -p "$registry"
-  exec 9>"$registry/lock"
-  flock 9
-  for s in 0 1 2 3 4 5 6 7; do
-    if [[ -e "$registry/slot$s" ]]; then
-      local owner
-      owner=$(cat "$registry/slot$s")
-      holder_alive "$owner/holder" && continue
-      clean_slot "$s" "$owner"
-    elif slot_in_use "$s"; then
-      clean_slot "$s" /nonexistent
-    fi
-    [[ -z "$slot" ]] && slot=$s
-  done
-  if [[ -z "$slot" ]]; then
-    echo "ray.sh: all 8 cluster slots are held by running processes" >&2
-    exit 1
-  fi
-  proc_id "${SLOTSWEEP_RAY_HOLDER:-$PPID}" >"$dir/holder"
-  echo "$slot" >"$dir/slot"
-  echo "$dir" >"$registry/slot$slot"
+  claim_slot clean_slot "${SLOTSWEEP_RAY_HOLDER:-$PPID}"
   trap start_failed EXIT
   net=$(slot_net "$slot")
-
-  ip link add "$(slot_bridge "$slot")" type bridge
-  ip addr add "$net.1/24" dev "$(slot_bridge "$slot")"
-  ip link set "$(slot_bridge "$slot")" up
-  for i in 1 2 3; do
-    node=${nodes[$((i - 1))]}
-    ns=$(slot_netns "$slot" "$node")
-    veth=$(slot_veth "$slot" "$i")
-    ip netns add "$ns"
-    ip link add "$veth" type veth peer name "${veth}p"
-    ip link set "${veth}p" netns "$ns"
-    ip link set "$veth" master "$(slot_bridge "$slot")" up
-    nsenter --net="/run/netns/$ns" sh -c "
-      ip link set lo up &&
-      ip link set ${veth}p name eth0 &&
-      ip addr add $net.$((10 + i))/24 dev eth0 &&
-      ip link set eth0 up"
-  done
+  make_slot_network "$slot" "${nodes[@]}"
 
   rm -rf "$dir/logs" "$dir/pids"
   mkdir -p "$dir/logs" "$dir/pids"
-  {
-    echo "127.0.0.1 localhost"
-    echo "::1 localhost ip6-localhost ip6-loopback"
-    # Seen from a node, this machine (the test, its servers) is the bridge address.
-    echo "$net.1 raycontrol $(uname -n)"
-    for i in 1 2 3; do echo "$net.$((10 + i)) ${nodes[$((i - 1))]}"; done
-  } >"$dir/hosts"
+  write_hosts "$dir/hosts" "$slot" raycontrol "${nodes[@]}"
 
   start_node rayhead
   # The workers register with a running GCS only.

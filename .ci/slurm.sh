@@ -13,7 +13,8 @@
 # `nsenter --net` (not `ip netns exec`, which remounts /sys and hides the cgroup mounts
 # slurmd needs) and `unshare --uts --mount`, with its own host name and a private
 # /etc/hosts bind-mounted inside its mount namespace; the machine's /etc/hosts, its
-# cgroup mounts and its other interfaces are never touched.
+# cgroup mounts and its other interfaces are never touched. The namespaces, slots and
+# node start-up are .ci/netns.sh's, shared with .ci/ray.sh.
 #
 # Each node has 2 CPUs (2 trial slots) and GPUS (2) fake GPUs (character devices under
 # DIR that Slurm only stats; they are copies of /dev/null). Partitions: "debug"
@@ -47,6 +48,10 @@ fi
 dir=$(cd "$2" && pwd)
 
 registry=/run/slotsweep-slurm
+ns_prefix=ssw
+ns_net_base=10.213
+# shellcheck source=.ci/netns.sh
+source "$(dirname "$0")/netns.sh"
 ctld_port=16817
 slurmd_port=16818
 
@@ -69,27 +74,6 @@ install_packages() {
     return 1
   fi
   rm -f "$log"
-}
-
-# Network names and addresses of slot $1.
-slot_bridge() { echo "ssw$1br"; }
-slot_netns() { echo "ssw$1-$2"; }      # slot, node name
-slot_veth() { echo "ssw$1n$2"; }       # slot, node index: the root-namespace end
-slot_net() { echo "10.213.$((7 + $1))"; }
-
-# "PID STARTTIME" of a process, empty when it does not exist: a PID alone may be reused.
-proc_id() {
-  local stat
-  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
-  stat=${stat##*) }
-  # After "comm)" field 3 is first; starttime is field 22 overall, the 20th here.
-  echo "$1 $(echo "$stat" | cut -d' ' -f20)"
-}
-
-holder_alive() { # holder file
-  local want
-  want=$(cat "$1" 2>/dev/null) || return 1
-  [[ -n "$want" && "$(proc_id "${want%% *}")" == "$want" ]]
 }
 
 # SIGTERM the processes (PIDs in "$@"), wait up to 10 s, then SIGKILL what is left.
@@ -138,8 +122,6 @@ daemon_pids() {
   } | sort -u
 }
 
-netns_pids() { ip netns pids "$1" 2>/dev/null || true; }
-
 # Stop everything of slot $1 whose files are in directory $2 (may be gone), then remove
 # its namespaces, veths and bridge.
 clean_slot() {
@@ -163,7 +145,7 @@ clean_slot() {
   for f in "$owner"/pids/node-*; do
     [[ -e "$f" ]] && pids+=($(pid_of "$f" slurmd))
   done
-  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^ssw$slot-" || true); do
+  for ns in $(slot_namespaces "$slot"); do
     for f in $(netns_pids "$ns"); do
       if [[ "$(cat "/proc/$f/comm" 2>/dev/null)" == slurmd ]]; then pids+=("$f"); fi
     done
@@ -172,40 +154,19 @@ clean_slot() {
   terminate $(printf '%s\n' "${pids[@]}" | sort -u)
   # Then whatever else still runs on the nodes (slurmstepd, job steps).
   pids=()
-  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^ssw$slot-" || true); do
+  for ns in $(slot_namespaces "$slot"); do
     pids+=($(netns_pids "$ns"))
   done
   terminate "${pids[@]}"
-  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^ssw$slot-" || true); do
-    ip netns delete "$ns" 2>/dev/null || true
-  done
-  for f in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | grep "^ssw${slot}n[0-9]*$" || true); do
-    ip link delete "$f" 2>/dev/null || true
-  done
-  ip link delete "$(slot_bridge "$slot")" 2>/dev/null || true
-  rm -f "$registry/slot$slot"
-  if [[ -d "$owner/pids" ]]; then rm -f "$owner"/pids/*; fi
-}
-
-slot_in_use() { # slot: has a namespace, link or claim
-  [[ -e "$registry/slot$1" ]] && return 0
-  ip link show "$(slot_bridge "$1")" >/dev/null 2>&1 && return 0
-  ip netns list 2>/dev/null | grep -q "^ssw$1-" && return 0
-  return 1
+  remove_slot_network "$slot" "$owner"
 }
 
 # Start node $1's slurmd in its namespace; its PID goes to DIR/pids/node-$1.
 start_slurmd() {
-  local node=$1 slot ns
-  slot=$(cat "$dir/slot")
+  local node=$1
   mkdir -p "$dir/nodes/$node"
-  ns=$(slot_netns "$slot" "$node")
-  # exec chain (setsid, nsenter, unshare, sh) keeps one PID: sh records it, then execs
-  # slurmd. Descriptors are closed so no caller waits on our pipes or lock.
-  setsid nsenter --net="/run/netns/$ns" unshare --uts --mount \
-    sh -c 'echo $$ >"$1" && hostname "$2" && mount --bind "$3" /etc/hosts && exec slurmd -D -N "$2" -f "$4"' \
-    sh "$dir/pids/node-$node" "$node" "$dir/hosts" "$dir/slurm.conf" \
-    </dev/null >>"$dir/logs/slurmd-$node.out" 2>&1 9>&- &
+  run_on_node "$(cat "$dir/slot")" "$node" "$dir/pids/node-$node" "$dir/logs/slurmd-$node.out" \
+    slurmd -D -N "$node" -f "$dir/slurm.conf"
 }
 
 clients() { SLURM_CONF="$dir/slurm.conf" "$@"; }
@@ -248,66 +209,23 @@ start_failed() {
 }
 
 do_start() {
-  local nodes=${1:-2} gpus=${2:-2} slot="" s net i node ns veth
+  local nodes=${1:-2} gpus=${2:-2} slot="" net i names=()
   [[ "$nodes" =~ ^[1-9][0-9]?$ && "$gpus" =~ ^[0-9]$ ]] || usage
   install_packages
   do_stop # an earlier cluster in this DIR
-  mkdir -p "$registry"
-  exec 9>"$registry/lock"
-  flock 9
-  # Clean every leftover slot of a crashed run, then take the first free one.
-  for s in 0 1 2 3 4 5 6 7; do
-    if [[ -e "$registry/slot$s" ]]; then
-      local owner
-      owner=$(cat "$registry/slot$s")
-      holder_alive "$owner/holder" && continue
-      clean_slot "$s" "$owner"
-    elif slot_in_use "$s"; then
-      clean_slot "$s" /nonexistent
-    fi
-    [[ -z "$slot" ]] && slot=$s
-  done
-  if [[ -z "$slot" ]]; then
-    echo "slurm.sh: all 8 cluster slots are held by running processes" >&2
-    exit 1
-  fi
-  proc_id "${SLOTSWEEP_SLURM_HOLDER:-$PPID}" >"$dir/holder"
-  echo "$slot" >"$dir/slot"
-  echo "$dir" >"$registry/slot$slot"
+  claim_slot clean_slot "${SLOTSWEEP_SLURM_HOLDER:-$PPID}"
   trap start_failed EXIT
   net=$(slot_net "$slot")
+  for i in $(seq 1 "$nodes"); do names+=("ssnode$i"); done
 
   # Network: a bridge with the controller's address; each node a namespace with eth0.
-  ip link add "$(slot_bridge "$slot")" type bridge
-  ip addr add "$net.1/24" dev "$(slot_bridge "$slot")"
-  ip link set "$(slot_bridge "$slot")" up
-  for i in $(seq 1 "$nodes"); do
-    node="ssnode$i"
-    ns=$(slot_netns "$slot" "$node")
-    veth=$(slot_veth "$slot" "$i")
-    ip netns add "$ns"
-    ip link add "$veth" type veth peer name "${veth}p"
-    ip link set "${veth}p" netns "$ns"
-    ip link set "$veth" master "$(slot_bridge "$slot")" up
-    nsenter --net="/run/netns/$ns" sh -c "
-      ip link set lo up &&
-      ip link set ${veth}p name eth0 &&
-      ip addr add $net.$((10 + i))/24 dev eth0 &&
-      ip link set eth0 up"
-  done
+  make_slot_network "$slot" "${names[@]}"
 
   # Files. A fresh state every start: no jobs or node states of an earlier cluster.
   rm -rf "$dir/ctld" "$dir/nodes" "$dir/logs" "$dir/munge" "$dir/dev" "$dir/pids"
   mkdir -p "$dir/ctld" "$dir/logs" "$dir/munge" "$dir/dev" "$dir/pids"
   chmod 0755 "$dir"
-  {
-    echo "127.0.0.1 localhost"
-    echo "::1 localhost ip6-localhost ip6-loopback"
-    # This machine's own name too: seen from a node, this machine (the test, its
-    # servers) is the controller address.
-    echo "$net.1 sscontrol $(uname -n)"
-    for i in $(seq 1 "$nodes"); do echo "$net.$((10 + i)) ssnode$i"; done
-  } >"$dir/hosts"
+  write_hosts "$dir/hosts" "$slot" sscontrol "${names[@]}"
   for i in $(seq 0 $((gpus - 1))); do mknod -m 0666 "$dir/dev/gpu$i" c 1 3; done
   : >"$dir/plugstack.conf"
   cat >"$dir/cgroup.conf" <<EOF

@@ -1,4 +1,4 @@
-"""Per-trial launch overhead of slotsweep against bare ``torchrun``, here or on Slurm.
+"""Per-trial launch overhead of slotsweep against bare ``torchrun``, here, on Slurm or Ray.
 
 The same tiny 2-rank DDP job (``bench/launch_trial.py``: join gloo, wrap a small MLP in
 DDP, 20 steps, average the final loss across ranks, leave the group) runs K times in
@@ -37,6 +37,17 @@ Where (``--executor``):
   makes a job of its own); slotsweep: the search's cluster file names the partition
   (``executor: slurm`` with a ``slurm:`` block), so every trial is one ``sbatch`` job
   whose script runs one ``srun`` step of the node wrapper and torchrun.
+- ``ray``: on the Ray test cluster (``tests/ray_cluster.py``: ``.ci/ray.sh``, root only,
+  a head without CPUs and two worker nodes of 2 CPUs), started here with a PostgreSQL
+  server its nodes reach and stopped at the end. Bare: torchrun in worker node
+  raynode1's network namespace (``nsenter --net``, as if started on that machine);
+  slotsweep: the Ray executor (``executor: ray``), each trial a placement group on one
+  worker node and its actor's torchrun; warm always runs too; and a fourth kind, Ray
+  Tune with Ray Train: ``bench/launch_tune.py``, a ``tune.Tuner`` of K trials one at a
+  time, each a ``TorchTrainer`` of 2 workers running the same training function, its
+  per-trial cost ``Tuner.fit()``'s wall time / K (``ray.init`` printed apart). The
+  trial's stamps folder reaches the ranks as the hyperparameter ``stamps_dir`` (a Ray
+  node's ranks start with that node's environment, not the driver's).
 
 All run in the same invocation, in ``--rounds`` rounds whose order alternates (bare
 first, then slotsweep first, ...; with ``--warm`` bare, cold, warm, then warm, cold,
@@ -121,10 +132,12 @@ Run:
     .venv/bin/python bench/launch_overhead.py -k 10 --rounds 3
     .venv/bin/python bench/launch_overhead.py --executor slurm   # as root
     .venv/bin/python bench/launch_overhead.py --executor sbatch  # as root
+    .venv/bin/python bench/launch_overhead.py --executor ray     # as root; warm and Tune too
     .venv/bin/python bench/launch_overhead.py --warm     # bare, cold and warm, K=10
 Last line (machine-readable):
     bare_s=<a> slotsweep_s=<b> ratio=<b/a> overhead_s=<b-a>
     bare_s=<a> cold_s=<b> warm_s=<c> warm_ratio=<c/a>        # with --warm
+    bare_s=<a> slotsweep_ray_s=<b> slotsweep_ray_warm_s=<w> ray_tune_s=<c> ratio_vs_bare=<b/a> ratio_vs_tune=<b/c>  # --executor ray
 """
 
 from __future__ import annotations
@@ -148,6 +161,7 @@ from _common import bench_env, epoch_s, fmt, median, run_search, scratch_folder,
 
 if TYPE_CHECKING:
     from tests.conftest import PostgresServer
+    from tests.ray_cluster import RayCluster
     from tests.slurm_cluster import SlurmCluster
 
 HERE = Path(__file__).resolve().parent
@@ -277,19 +291,24 @@ class SlurmTestSite:
 
     def new_database(self, folder: Path | None = None) -> str:
         """A new, empty database on the server (the search migrates it); its URL."""
-        import sqlalchemy as sa
+        return new_postgres_database(self.postgres)
 
-        name = f"bench_{uuid.uuid4().hex[:12]}"
-        admin = sa.create_engine(
-            self.postgres.url.replace("postgresql://", "postgresql+psycopg://"),
-            isolation_level="AUTOCOMMIT",
-        )
-        try:
-            with admin.connect() as conn:
-                conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-        finally:
-            admin.dispose()
-        return self.postgres.url.rsplit("/", 1)[0] + f"/{name}"
+
+def new_postgres_database(postgres: PostgresServer) -> str:
+    """A new, empty database on ``postgres`` (the search migrates it); its URL."""
+    import sqlalchemy as sa
+
+    name = f"bench_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(
+        postgres.url.replace("postgresql://", "postgresql+psycopg://"),
+        isolation_level="AUTOCOMMIT",
+    )
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    finally:
+        admin.dispose()
+    return postgres.url.rsplit("/", 1)[0] + f"/{name}"
 
 
 @contextlib.contextmanager
@@ -304,29 +323,39 @@ def slurm_test_site(*, no_kill: bool = False, allocate: bool = True) -> Iterator
     """
     if str(REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(REPO_ROOT))
-    from tests.conftest import PostgresServer
     from tests.slurm_cluster import SlurmCluster
+
+    cluster = SlurmCluster()
+    with started_with_postgres(cluster) as postgres:
+        if not allocate:
+            yield SlurmTestSite(cluster, postgres, "", dict(cluster.env))
+            return
+        job_id = cluster.allocate(no_kill=no_kill, name="bench")
+        try:
+            env = cluster.allocation_env(job_id)
+            yield SlurmTestSite(cluster, postgres, job_id, env)
+        finally:
+            cluster.run("scancel", job_id, timeout=60)
+
+
+@contextlib.contextmanager
+def started_with_postgres(cluster: SlurmCluster | RayCluster) -> Iterator[PostgresServer]:
+    """Start a test cluster and a PostgreSQL server on its bridge address, which its
+    nodes reach; the server. Both are stopped on the way out, also after an error,
+    Ctrl-C or SIGTERM (which becomes a SystemExit here)."""
+    from tests.conftest import PostgresServer
 
     def terminated(signum: int, frame: object) -> None:
         raise SystemExit(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, terminated)
-    cluster = SlurmCluster()
     try:
         cluster.start()
         prefix = cluster.subnet.split("/")[1]
         postgres = PostgresServer(listen_address=f"{cluster.controller_address}/{prefix}")
         postgres.start()
         try:
-            if not allocate:
-                yield SlurmTestSite(cluster, postgres, "", dict(cluster.env))
-                return
-            job_id = cluster.allocate(no_kill=no_kill, name="bench")
-            try:
-                env = cluster.allocation_env(job_id)
-                yield SlurmTestSite(cluster, postgres, job_id, env)
-            finally:
-                cluster.run("scancel", job_id, timeout=60)
+            yield postgres
         finally:
             postgres.remove()
     finally:
@@ -374,6 +403,64 @@ def sbatch_site(test_site: SlurmTestSite, cluster_file: Path) -> Site:
         tree_part="sbatch, srun, squeue, probe",
         tree_holds_ranks=False,
     )
+
+
+@contextlib.contextmanager
+def ray_test_site(cluster_file: Path) -> Iterator[Site]:
+    """The Ray test cluster (``.ci/ray.sh``: a head and two worker nodes of 2 CPUs) and a
+    PostgreSQL server its nodes reach, started here and stopped on the way out; its site.
+
+    Bare: torchrun in worker node raynode1's network namespace (``nsenter``), as if
+    started on that machine; slotsweep: the Ray executor (``executor: ray``), whose
+    trials of 2 slots fill one worker node.
+    """
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    from tests.ray_cluster import RayCluster
+
+    cluster = RayCluster()
+    with started_with_postgres(cluster) as postgres:
+        cluster_file.write_text(f"executor: ray\nray: {{address: '{cluster.address}'}}\n")
+        print(f"ray: {cluster.address}, PostgreSQL {postgres.url}", flush=True)
+        yield Site(
+            executor="ray",
+            bare_prefix=cluster.on_node("raynode1"),
+            environment=lambda base: {
+                **base,
+                "SLOTSWEEP_CLUSTER": str(cluster_file),
+                "RAY_ADDRESS": cluster.address,
+            },
+            slots=None,
+            new_database=lambda folder: new_postgres_database(postgres),
+            # Bare: torchrun's whole tree (ranks counted apart); slotsweep: the
+            # driver's own children only (the ranks run under Ray's workers).
+            tree_part="reaped children",
+            tree_holds_ranks=False,
+        )
+
+
+def run_tune(k: int, folder: Path, result: KindResult, site: Site) -> None:
+    """K trials of Ray Tune, each a Ray Train TorchTrainer (``bench/launch_tune.py``).
+
+    Per trial: ``Tuner.fit()``'s wall time / K (``ray.init`` kept apart, as startup).
+    """
+    done = subprocess.run(
+        [sys.executable, str(HERE / "launch_tune.py"), str(k), str(folder / "tune-storage")],
+        cwd=folder,
+        env=site.job_env(folder / "stamps-tune"),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"ray tune exited {done.returncode}:\n{done.stderr[-4000:]}")
+    measured = json.loads(lines[-1])
+    if measured["completed"] != k:
+        raise RuntimeError(f"ray tune: {measured['completed']} of {k} trials completed")
+    result.per_trial += [measured["fit_s"] / k] * k
+    result.startup.append(measured["init_s"])
 
 
 def trial_env(stamps: Path) -> dict[str, str]:
@@ -481,7 +568,7 @@ def run_slotsweep(
         {
             "name": "launch-overhead",
             "entrypoint": "launch_trial:slotsweep_main",
-            "hyperparameters": {"global_batch_size": 32},
+            "hyperparameters": {"global_batch_size": 32, "stamps_dir": str(stamps)},
             "searcher": {
                 "name": "random",
                 "metric": "val_loss",
@@ -671,6 +758,13 @@ def open_site(executor: str) -> Iterator[Site]:
     if executor == "local":
         yield local_site()
         return
+    if executor == "ray":
+        with (
+            scratch_folder("launch-overhead-cluster-", keep=False) as folder,
+            ray_test_site(folder / "cluster.yaml") as site,
+        ):
+            yield site
+        return
     if executor == "sbatch":
         with (
             slurm_test_site(allocate=False) as test_site,
@@ -693,10 +787,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--executor",
-        choices=("local", "slurm", "sbatch"),
+        choices=("local", "slurm", "sbatch", "ray"),
         default="local",
         help="where the jobs run: this machine (default), job steps of an allocation "
-        "on the Slurm test cluster (slurm), or one Slurm job per trial there (sbatch); "
+        "on the Slurm test cluster (slurm), or one Slurm job per trial there (sbatch), "
+        "or the Ray test cluster (ray: also warm and Ray Tune with Ray Train); "
         "the cluster is started and stopped here (root only)",
     )
     parser.add_argument(
@@ -712,6 +807,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up job")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = parser.parse_args(argv)
+    # On Ray the last line names bare, cold, warm and Ray Tune: all four run.
+    args.warm = args.warm or args.executor == "ray"
     if args.k is None:
         args.k = WARM_DEFAULT_K if args.warm else COLD_DEFAULT_K
     if args.k < 1 or args.rounds < 1:
@@ -722,7 +819,9 @@ def main(argv: list[str] | None = None) -> None:
             "slurm inside an allocation); the sbatch executor submits each trial as a job"
         )
 
-    kinds = ("bare", "slotsweep", "warm") if args.warm else ("bare", "slotsweep")
+    kinds: tuple[str, ...] = ("bare", "slotsweep", "warm") if args.warm else ("bare", "slotsweep")
+    if args.executor == "ray":
+        kinds += ("tune",)
     results = {kind: KindResult() for kind in kinds}
     with (
         open_site(args.executor) as site,
@@ -741,6 +840,8 @@ def main(argv: list[str] | None = None) -> None:
                 result = results[kind]
                 if kind == "bare":
                     run_bare(args.k, folder, result, site)
+                elif kind == "tune":
+                    run_tune(args.k, folder, result, site)
                 else:
                     run_slotsweep(args.k, folder, result, site, warm=kind == "warm")
                 got = result.per_trial[-args.k :]
@@ -761,7 +862,9 @@ def report(results: dict[str, KindResult], site: Site, *, k: int, rounds: int) -
     print(
         f"\n{k * rounds} trials of each kind ({rounds} rounds of K={k}), executor {site.executor}"
     )
-    bare_name = "bare torchrun" if site.executor == "local" else "bare srun torchrun"
+    bare_name = {"local": "bare torchrun", "ray": "bare torchrun on a node"}.get(
+        site.executor, "bare srun torchrun"
+    )
     shown = [(bare_name, bare), (cold_name, sweep)]
     if warm is not None:
         shown.append(("slotsweep warm", warm))
@@ -828,6 +931,18 @@ def report(results: dict[str, KindResult], site: Site, *, k: int, rounds: int) -
         )
 
     a, b = bare.mean, sweep.mean
+    tune = results.get("tune")
+    if tune is not None and warm is not None:
+        c, w = tune.mean, warm.mean
+        print(
+            f"ray tune (TorchTrainer) per trial: mean {fmt(c)} s (Tuner.fit / K), "
+            f"ray.init {fmt(sum(tune.startup) / len(tune.startup))} s per run"
+        )
+        print(
+            f"bare_s={fmt(a)} slotsweep_ray_s={fmt(b)} slotsweep_ray_warm_s={fmt(w)} "
+            f"ray_tune_s={fmt(c)} ratio_vs_bare={fmt(b / a)} ratio_vs_tune={fmt(b / c)}"
+        )
+        return
     if warm is None:
         print(f"bare_s={fmt(a)} slotsweep_s={fmt(b)} ratio={fmt(b / a)} overhead_s={fmt(b - a)}")
     else:

@@ -123,7 +123,12 @@ def _keep_stamps(kind: str, stamps: dict[str, Any]) -> None:
 
 
 def slotsweep_main(context: Any) -> None:
-    """The core-API entrypoint: train, report the averaged loss as ``val_loss``."""
+    """The core-API entrypoint: train, report the averaged loss as ``val_loss``.
+
+    The stamps' folder comes as the hyperparameter ``stamps_dir``: the ranks of a Ray
+    node start with that node's environment, not the driver's.
+    """
+    os.environ[STAMPS_ENV] = str(context.hparams["stamps_dir"])
     loss, stamps = train(context.device)
     # report_validation_metrics averages across ranks (one all-reduce), like the
     # bare script's all_reduce below, and records the value so the trial completes.

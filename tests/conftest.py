@@ -333,6 +333,34 @@ def s3_bucket(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         yield f"s3://{bucket}"
 
 
+def bridge_bucket(
+    address: str, bucket: str, folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[str, dict[str, str]]]:
+    """A bucket on an S3 server of its own (moto's, ``.ci/s3.sh``) listening on
+    ``address``, a test cluster's bridge address, which its nodes reach; its URL and the
+    credentials' environment (also set in this process, :func:`point_s3_at`).
+
+    For ``yield from`` in a fixture; the server (its files in ``folder``) is stopped
+    after.
+    """
+    import boto3
+
+    port = free_port()
+    subprocess.run(
+        ["bash", str(S3_SCRIPT), "start", str(folder), str(port), address],
+        check=True,
+        capture_output=True,
+        timeout=120,
+        env={**cli_environment(), "PYTHON": sys.executable},
+    )
+    try:
+        for env in point_s3_at(f"http://{address}:{port}", monkeypatch):
+            boto3.client("s3").create_bucket(Bucket=bucket)
+            yield f"s3://{bucket}", env
+    finally:
+        subprocess.run(["bash", str(S3_SCRIPT), "stop", str(folder)], check=False, timeout=60)
+
+
 def fresh_database(server_url: str) -> Iterator[str]:
     """A database of its own on the server at ``server_url`` (its URL), dropped after.
 

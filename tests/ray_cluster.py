@@ -17,6 +17,7 @@ installed (the extra ``slotsweep[ray]``).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -101,6 +102,21 @@ class RayCluster:
         """Start a lost node again (a new Ray node id); return once Ray lists it alive."""
         self._script("node-start", name, timeout=300)
 
+    def on_node(self, name: str) -> tuple[str, ...]:
+        """The command prefix that runs a command in node ``name``'s network namespace
+        (``.ci/ray.sh`` names it ``rsw<slot>-<node>``), as if on that machine."""
+        slot = (self.conf_dir / "slot").read_text().strip()
+        return ("nsenter", f"--net=/run/netns/rsw{slot}-{name}")
+
+    def other_job(self, **holders: dict[str, object]) -> OtherRayJob:
+        """Another Ray job (a driver of its own) holding resources on the cluster until
+        released: one idle actor per keyword, with those ``ray.remote`` options.
+
+        Example: ``cluster.other_job(cpus={"num_cpus": 2, "resources": {"host_raynode2": 1}})``
+        holds raynode2's two CPUs.
+        """
+        return OtherRayJob(self.address, holders)
+
     def cluster_file(self, folder: Path, **ray: object) -> Path:
         """A cluster file of ``executor: ray`` on this cluster (``ray:`` keys added)."""
         import yaml
@@ -110,6 +126,85 @@ class RayCluster:
             yaml.safe_dump({"executor": "ray", "ray": {"address": self.address, **ray}})
         )
         return path
+
+
+# Another Ray user's job: connects with its own Ray Client session, starts one idle
+# actor per name with the resources it is given, says "held" once all are placed, and
+# kills the actor of each name read from stdin ("released"), then the rest at EOF.
+_OTHER_JOB = """
+import json, sys, time, ray
+for attempt in range(3):  # Ray Client's server now and then fails a new connection
+    try:
+        ray.init(namespace="another-ray-user", logging_level="ERROR")
+        break
+    except Exception:
+        if attempt == 2:
+            raise
+        time.sleep(2)
+
+@ray.remote
+class Holder:
+    def ready(self):
+        return True
+
+holders = {name: Holder.options(**options).remote() for name, options in json.loads(sys.argv[1]).items()}
+ray.get([holder.ready.remote() for holder in holders.values()], timeout=120)
+print("held", flush=True)
+for line in sys.stdin:
+    ray.kill(holders.pop(line.strip()))
+    print("released", flush=True)
+for holder in holders.values():
+    ray.kill(holder)
+"""
+
+
+class OtherRayJob:
+    """Another Ray job on the cluster holding resources (``ray.remote`` options per name).
+
+    Started by :meth:`RayCluster.other_job`; :meth:`release` gives one name's resources
+    back, :meth:`close` (or leaving the ``with`` block) all.
+    """
+
+    def __init__(self, address: str, holders: dict[str, dict[str, object]]) -> None:
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", _OTHER_JOB, json.dumps(holders)],
+            env={**os.environ, "RAY_ADDRESS": address},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self._expect("held")
+
+    def _expect(self, word: str) -> None:
+        assert self._process.stdout is not None
+        line = self._process.stdout.readline().strip()
+        if line != word:
+            self.close()
+            raise RayClusterError(f"the other Ray job did not say {word!r}: {line!r}")
+
+    def release(self, name: str) -> None:
+        """Kill the actor ``name``: its resources are free again when this returns."""
+        assert self._process.stdin is not None
+        self._process.stdin.write(f"{name}\n")
+        self._process.stdin.flush()
+        self._expect("released")
+
+    def close(self) -> None:
+        """Kill every actor left and end the job's process."""
+        try:
+            _, err = self._process.communicate(input="", timeout=60)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            _, err = self._process.communicate()
+        if self._process.returncode != 0:
+            raise RayClusterError(f"the other Ray job failed: {err[-2000:]}")
+
+    def __enter__(self) -> OtherRayJob:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 @pytest.fixture(scope="session")

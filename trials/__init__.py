@@ -12,7 +12,12 @@ checkpoint storage and retention, a trial's compute spent, GPU detection) import
 each rank keeps heavy imports (Optuna, SQLAlchemy) lazy so a trial starts fast.
 """
 
-from trials.checkpoint_storage import CheckpointStorageError, store_for, trial_checkpoint_dir
+from trials.checkpoint_storage import (
+    CheckpointStorageError,
+    storage_environment,
+    store_for,
+    trial_checkpoint_dir,
+)
 from trials.compute_spent import RunSpan, slot_seconds_spent
 from trials.config import (
     CheckpointStorageConfig,
@@ -41,6 +46,7 @@ __all__ = [
     "is_url",
     "per_slot_batch_size",
     "slot_seconds_spent",
+    "storage_environment",
     "store_for",
     "trial_checkpoint_dir",
 ]

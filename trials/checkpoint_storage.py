@@ -54,6 +54,27 @@ class CheckpointStorageError(Exception):
     """A checkpoint could not be written to ``checkpoint_storage.path``."""
 
 
+#: What the object stores' libraries read their credentials and endpoints from in the
+#: environment (S3's ``AWS_*``, GCS's ``GOOGLE_*``, Azure's ``AZURE_*``).
+STORAGE_ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_")
+
+
+def storage_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``environ`` that object stores read credentials and endpoints from.
+
+    For an executor whose ranks do not start with the driver's environment (Ray's
+    actors start with their node's): passed on, they make a bucket work there as it
+    does locally and on Slurm.
+
+    Example:
+        >>> storage_environment({"AWS_ENDPOINT_URL": "http://s3:9000", "HOME": "/root"})
+        {'AWS_ENDPOINT_URL': 'http://s3:9000'}
+    """
+    return {
+        name: value for name, value in environ.items() if name.startswith(STORAGE_ENV_PREFIXES)
+    }
+
+
 def join(base: str, *parts: str) -> str:
     """``base`` with ``parts`` appended, as a URL or a path."""
     if is_url(base):

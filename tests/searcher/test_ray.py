@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from sqlalchemy import select
 
 from storage import (
     Allocation,
+    Checkpoint,
     Metric,
     ProcessRole,
     Trial,
@@ -30,7 +32,7 @@ from storage import (
     WarmJob,
     session_scope,
 )
-from tests.conftest import cli_environment
+from tests.conftest import S3_SECRET, bridge_bucket, cli_environment
 from tests.ray_cluster import RayCluster
 from tests.searcher.conftest import (
     assert_search_consistent,
@@ -55,6 +57,15 @@ def _env(ray_cluster: RayCluster, tmp_path: Path, **ray: object) -> dict[str, st
     env = cli_environment()
     env["SLOTSWEEP_CLUSTER"] = str(ray_cluster.cluster_file(tmp_path, **ray))
     return env
+
+
+@pytest.fixture
+def ray_bucket(
+    ray_cluster: RayCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[str, dict[str, str]]]:
+    """A bucket on an S3 server on the bridge address, which the nodes reach; its URL and
+    the credentials' environment (also set in this process)."""
+    yield from bridge_bucket(ray_cluster.controller_address, "ray", tmp_path / "s3", monkeypatch)
 
 
 def _leftover_actors(ray_cluster: RayCluster) -> list[str]:
@@ -148,17 +159,26 @@ def _runs(db: str) -> list[TrialRun]:
     return runs
 
 
-def test_a_lost_node_fails_the_attempt_and_the_trial_resumes_on_the_other_node(
-    tmp_path: Path, ray_cluster: RayCluster, ray_database: str
+def test_a_lost_node_fails_the_attempt_and_the_trial_resumes_on_the_other_node_from_a_bucket(
+    tmp_path: Path,
+    ray_cluster: RayCluster,
+    ray_database: str,
+    ray_bucket: tuple[str, dict[str, str]],
 ) -> None:
+    bucket, credentials = ray_bucket
     # A short reservation timeout: a restart placed on the lost node before Ray has
     # marked it dead waits for its placement group that long, then goes back to the queue.
-    env = _env(ray_cluster, tmp_path, reserve_timeout_s=10)
+    # The credentials are the driver's only (the nodes' Ray has none): the executor
+    # passes them on to the ranks.
+    env = {**_env(ray_cluster, tmp_path, reserve_timeout_s=10), **credentials}
+    # Checkpoints in the bucket, no shared folder: the restart on the other node
+    # restores what the lost node wrote there.
     path = _search(
         tmp_path,
         entrypoint="slow_model:SlowDigitsTrial",
         resources={"slots_per_trial": 2},
         searcher={"max_trials": 1, "max_length": {"epochs": 3}},
+        checkpoint_storage={"path": f"{bucket}/sweeps"},
     )
     driver = start_cli(["run", str(path), "--db", ray_database], env, tmp_path)
     lost = ""
@@ -184,6 +204,94 @@ def test_a_lost_node_fails_the_attempt_and_the_trial_resumes_on_the_other_node(
     assert finished.restored_from_step, [(r.attempt, r.reason) for r in runs]
     log = Path(str(trial.log_path)).read_text()
     assert f"Ray node {lost} lost its actor" in log, log[-3000:]
+    with session_scope(ray_database) as session:
+        paths = list(session.scalars(select(Checkpoint.path)))
+    assert paths and all(p.startswith(f"{bucket}/sweeps/") for p in paths), paths
+    assert not (tmp_path / "exp" / "checkpoints").exists()
+    assert S3_SECRET not in log
+    assert_search_consistent(ray_database)
+
+
+def test_two_searches_share_no_slot_skip_a_node_another_ray_job_holds_and_requeue_unreservable_groups(
+    tmp_path: Path, ray_cluster: RayCluster, ray_database: str
+) -> None:
+    (address,) = [address for name, address in ray_cluster.nodes if name == "raynode1"]
+    env = _env(ray_cluster, tmp_path, reserve_timeout_s=5)
+    # Another Ray user holds raynode2's two CPUs for the whole test: raynode2 is not
+    # offered. It also holds raynode1's placement pin (the node: resource every bundle
+    # takes a sliver of), which slotsweep's view of the free slots does not show: Ray
+    # cannot reserve a group on raynode1, as when a node's slots are taken between the
+    # scheduler's decision and the reservation, until the pin is released.
+    with ray_cluster.other_job(
+        cpus={"num_cpus": 2, "resources": {"host_raynode2": 1}},
+        pin={"num_cpus": 0, "resources": {f"node:{address}": 1}},
+    ) as other:
+        # Two drivers, one database, the same two slots wanted.
+        drivers = [
+            start_cli(
+                [
+                    "run",
+                    str(
+                        _search(
+                            tmp_path / name,
+                            name=name,
+                            resources={"slots_per_trial": 2},
+                            # A few batches: what is tested is where and when it runs.
+                            searcher={
+                                "max_trials": 1,
+                                "max_length": {"batches": 4},
+                                "pruner": {"name": "none"},
+                            },
+                            min_validation_period={"epochs": None, "batches": 4},
+                            min_checkpoint_period={"epochs": None, "batches": 4},
+                        )
+                    ),
+                    "--db",
+                    ray_database,
+                ],
+                env,
+                tmp_path,
+            )
+            for name in ("first", "second")
+        ]
+
+        def given_up() -> bool:
+            stopped = [driver.communicate() for driver in drivers if driver.poll() is not None]
+            assert not stopped, stopped
+            return any("did not reserve" in (run.reason or "") for run in _runs(ray_database))
+
+        try:
+            wait_for(given_up, timeout=300, what="a placement group given up")
+            other.release("pin")
+            ended = [driver.communicate(timeout=600) for driver in drivers]
+        finally:
+            for driver in drivers:
+                if driver.poll() is None:
+                    driver.kill()
+    for driver, (out, err) in zip(drivers, ended, strict=True):
+        assert driver.returncode == 0, f"{out}\n{err}"
+
+    runs = _runs(ray_database)
+    with session_scope(ray_database) as session:
+        trials = {t.id: t for t in session.scalars(select(Trial))}
+        assert [t.state for t in trials.values()] == [TrialState.COMPLETED] * 2, [
+            t.error for t in trials.values()
+        ]
+        # Given back to the queue, not failed: no restart counted.
+        assert [t.restarts for t in trials.values()] == [0, 0]
+        ranks = list(
+            session.scalars(select(TrialProcess).where(TrialProcess.role == ProcessRole.RANK))
+        )
+        session.expunge_all()
+    assert {r.host for r in ranks} == {"raynode1"}
+    assert all([a["agent"] for a in run.agents] == ["raynode1"] for run in runs)
+    given_up = [run for run in runs if "did not reserve" in (run.reason or "")]
+    assert given_up and given_up[0].reason.startswith(
+        "Ray did not reserve its slots on raynode1 (placement group PENDING) within 5 s"
+    ), given_up[0].reason
+    log = Path(str(trials[given_up[0].trial_id].log_path)).read_text()
+    assert "Ray did not reserve its slots on raynode1" in log, log[-2000:]
+    # Each trial ran once, on slots the other search's trial was not holding.
     assert_search_consistent(ray_database)
 
 

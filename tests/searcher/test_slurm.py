@@ -14,7 +14,6 @@ import contextlib
 import re
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from storage import (
     WarmJob,
     session_scope,
 )
-from tests.conftest import S3_SCRIPT, S3_SECRET, cli_environment, free_port, point_s3_at
+from tests.conftest import S3_SECRET, bridge_bucket, cli_environment
 from tests.searcher.conftest import (
     assert_search_consistent,
     completed_checkpoints,
@@ -291,32 +290,11 @@ def test_sqlite_is_refused_when_ranks_run_on_other_nodes(
 def slurm_bucket(
     slurm_cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[str, dict[str, str]]]:
-    """A bucket on an S3 server (moto's, ``.ci/s3.sh``) on the bridge address, which the
-    nodes reach; its URL and the credentials' environment (also set in this process)."""
-    import boto3
-
-    folder = tmp_path / "s3"
-    port = free_port()
-    subprocess.run(
-        [
-            "bash",
-            str(S3_SCRIPT),
-            "start",
-            str(folder),
-            str(port),
-            slurm_cluster.controller_address,
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-        env={**cli_environment(), "PYTHON": sys.executable},
+    """A bucket on an S3 server on the bridge address, which the nodes reach; its URL and
+    the credentials' environment (also set in this process)."""
+    yield from bridge_bucket(
+        slurm_cluster.controller_address, "slurm", tmp_path / "s3", monkeypatch
     )
-    try:
-        for env in point_s3_at(f"http://{slurm_cluster.controller_address}:{port}", monkeypatch):
-            boto3.client("s3").create_bucket(Bucket="slurm")
-            yield "s3://slurm", env
-    finally:
-        subprocess.run(["bash", str(S3_SCRIPT), "stop", str(folder)], check=False, timeout=60)
 
 
 def test_a_trial_across_both_nodes_checkpoints_to_a_bucket(

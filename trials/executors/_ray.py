@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trials.checkpoint_storage import storage_environment
 from trials.executors._base import JobEnding
 from trials.executors._process_rows import add_torchrun_row, mark_processes_ended
 from trials.executors._ray_node import ClusterProbe, NodeRunner
@@ -423,7 +424,15 @@ class RayExecutor:
         group = ray.util.placement_group(bundles, strategy="STRICT_SPREAD", name=name)
         first = parts[0].agent
         endpoint = f"{first.host}:{rendezvous_port(request.rdzv_id)}" if len(parts) > 1 else None
-        env = {**request.env, SPEC_ENV_VAR: request.spec_json, LAUNCH_TOKEN_ENV_VAR: request.token}
+        # A node's actors start with the node's environment, not the driver's: the
+        # driver's object-store credentials go with the attempt, as srun's --export=ALL
+        # takes them on Slurm.
+        env = {
+            **storage_environment(os.environ),
+            **request.env,
+            SPEC_ENV_VAR: request.spec_json,
+            LAUNCH_TOKEN_ENV_VAR: request.token,
+        }
         if len(parts) > 1:
             env[RDZV_HOST_ENV_VAR] = first.host
             env[RDZV_NODE_ENV_VAR] = first.name
