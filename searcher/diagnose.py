@@ -82,7 +82,7 @@ from storage import (
     upgrade_schema,
 )
 from trials.config import ConstHP, ExperimentConfig, load_config, parse_config
-from trials.executors import Executor, database_problem, executor_for, load_cluster
+from trials.executors import Executor, database_problem, load_cluster
 
 PROBE_BATCHES = 60
 WINDOW_BATCHES = 10
@@ -306,13 +306,14 @@ def diagnose(
     point = point_of(config, hparams)
     loaded = load_cluster(cluster, slots=slots)
     db_url = open_database(db)
+    # The configured size and the database are checked first, as `run` checks them.
+    checked = validate_run(config, loaded, db_url)
     with (
         tempfile.TemporaryDirectory(prefix="slotsweep-diagnose-") as tmp,
-        probe_database(db_url, Path(tmp), executor_for(loaded)) as probe_db,
+        probe_database(db_url, Path(tmp), checked.executor) as probe_db,
     ):
         folder = Path(tmp)
-        # The configured size is checked first: its refusal is the one `run` gives.
-        pool = validate_run(config, loaded, probe_db).pool
+        pool = checked.pool
         agent_slots = max(agent.size for agent in pool.agents)
         plan = [
             p
