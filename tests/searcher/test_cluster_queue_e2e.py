@@ -27,7 +27,6 @@ from tests.searcher.conftest import (
     wait_for,
     write_experiment,
 )
-from tests.storage.conftest import postgres_url  # noqa: F401  (a real server)
 
 pytestmark = pytest.mark.slow
 
@@ -95,18 +94,12 @@ def _finish(driver: subprocess.Popen[str], timeout: float = 600) -> str:
     return out + err
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_a_priority_one_trial_starts_before_later_trials_of_another_search(
-    tmp_path: Path,
-    cli_env: dict[str, str],
-    backend: str,
-    request: pytest.FixtureRequest,
+    tmp_path: Path, cli_env: dict[str, str]
 ) -> None:
-    db = (
-        f"sqlite:///{tmp_path / 'sweep.db'}"
-        if backend == "sqlite"
-        else request.getfixturevalue("postgres_url")
-    )
+    # On SQLite; two drivers share one PostgreSQL database in tests/searcher/test_ray.py
+    # and test_frozen_driver.py.
+    db = f"sqlite:///{tmp_path / 'sweep.db'}"
     cluster = _cluster_file(tmp_path, [1, 1])
     common = ["--db", db, "--cluster", str(cluster)]
     low_name, high_name = f"low-{uuid.uuid4().hex[:6]}", f"high-{uuid.uuid4().hex[:6]}"
@@ -160,8 +153,7 @@ def test_a_priority_one_trial_starts_before_later_trials_of_another_search(
     # (a decision under way then may still start one: 2 s of margin) until it ran.
     later = [t for t in low_starts if (t - queued_at).total_seconds() > 2.0]
     assert later and all(t > high_start for t in later), (low_starts, queued_at, high_start)
-    if backend == "sqlite":
-        assert_search_consistent(db)
+    assert_search_consistent(db)
 
 
 def test_fair_share_between_two_searches_of_equal_priority(
@@ -170,13 +162,13 @@ def test_fair_share_between_two_searches_of_equal_priority(
     db = f"sqlite:///{tmp_path / 'sweep.db'}"
     cluster = _cluster_file(tmp_path, [2])
     common = ["--db", db, "--cluster", str(cluster)]
-    # "big" queues four trials at once; "small" arrives later with two. Each trial
+    # "big" queues three trials at once; "small" arrives later with two. Each trial
     # takes both slots, so they run one at a time.
     # The big search's trials wait at their start until the small search is queued:
     # the first holds both slots meanwhile, so the order is decided with both waiting.
     gate = tmp_path / "small-queued"
     big = _experiment(
-        tmp_path, "big", searcher=_search(trials=4, concurrent=4), data={"gate_file": str(gate)}
+        tmp_path, "big", searcher=_search(trials=3, concurrent=3), data={"gate_file": str(gate)}
     )
     small = _experiment(tmp_path, "small", searcher=_search(trials=2, concurrent=2))
     big_driver = start_cli(["run", str(big), *common], cli_env, tmp_path)
@@ -188,12 +180,12 @@ def test_fair_share_between_two_searches_of_equal_priority(
     _finish(big_driver)
     small_starts = _starts(db, "small")
     big_starts = _starts(db, "big")
-    # FIFO would start all four of the big search's trials first. Fair share: the two
+    # FIFO would start all three of the big search's trials first. Fair share: the two
     # searches take turns (neither holds a slot between trials; the one served least
     # recently goes next), so the small one's second trial starts before the big
-    # one's fourth.
+    # one's third.
     started_before = [t for t in big_starts if t < small_starts[-1]]
-    assert len(big_starts) == 4 and len(started_before) <= 3, (big_starts, small_starts)
+    assert len(big_starts) == 3 and len(started_before) <= 2, (big_starts, small_starts)
     assert_search_consistent(db)
 
 
