@@ -125,12 +125,17 @@ def test_a_trial_asked_ahead_waits_out_of_the_clusters_queue_and_the_count_is_ne
     assert sorted(_optuna_states(ctx)) == [0, 1, 2]
 
 
-def test_a_kill_ends_a_trial_asked_ahead_as_not_run_and_no_failure(ctx: DriverContext) -> None:
+def _end_with_one_ahead(ctx: DriverContext, state: ExperimentState) -> None:
+    """End the experiment in ``state`` while trial 0 runs and trial 1 waits asked ahead."""
     study, _, tells = _one_running_and_one_ahead(ctx)
     control = Control()
     outcomes = Outcomes(ctx, tells, control)
-    finish(ctx, ExperimentState.CANCELED, control, outcomes.fail, outcomes.not_run)
+    finish(ctx, state, control, outcomes.fail, outcomes.not_run)
     study.flush_tells()
+
+
+def test_a_kill_ends_a_trial_asked_ahead_as_not_run_and_no_failure(ctx: DriverContext) -> None:
+    _end_with_one_ahead(ctx, ExperimentState.CANCELED)
 
     assert _states(ctx)[1] == TrialState.NOT_RUN
     with session_scope(ctx.db_url) as session:
@@ -147,11 +152,7 @@ def test_a_kill_ends_a_trial_asked_ahead_as_not_run_and_no_failure(ctx: DriverCo
 
 
 def test_a_pause_keeps_a_trial_asked_ahead_for_the_resume(ctx: DriverContext) -> None:
-    study, _, tells = _one_running_and_one_ahead(ctx)
-    control = Control()
-    outcomes = Outcomes(ctx, tells, control)
-    finish(ctx, ExperimentState.PAUSED, control, outcomes.fail, outcomes.not_run)
-    study.flush_tells()
+    _end_with_one_ahead(ctx, ExperimentState.PAUSED)
 
     assert _states(ctx)[1] == TrialState.QUEUED
     with session_scope(ctx.db_url) as session:

@@ -113,37 +113,25 @@ def test_suggestions_carry_the_gain_their_probe_measured() -> None:
 
 
 def test_compression_carries_the_gain_its_probe_measured_faster_or_not() -> None:
-    def compression_tip(compressed_step_s: float) -> Suggestion:
-        (tip,) = [
-            tip
-            for tip in suggest(
-                Verdict.COMMUNICATION_BOUND,
-                configured=probe("configured", 0.04),
-                no_exchange=probe("no_exchange", 0.01),
-                synthetic=None,
-                exchange=None,
-                aggregation_frequency=1,
-                compression="none",
-                compressed=probe("compression", compressed_step_s),
-            )
-            if "gradient_compression" in tip.setting
-        ]
-        return tip
+    def compression_tips(compression: str, compressed_step_s: float) -> list[Suggestion]:
+        tips = suggest(
+            Verdict.COMMUNICATION_BOUND,
+            configured=probe("configured", 0.04),
+            no_exchange=probe("no_exchange", 0.01),
+            synthetic=None,
+            exchange=None,
+            aggregation_frequency=1,
+            compression=compression,
+            compressed=probe("compression", compressed_step_s),
+        )
+        return [tip for tip in tips if "gradient_compression" in tip.setting]
 
-    assert compression_tip(0.025).gain == pytest.approx(1.6)
-    slower = compression_tip(0.05)
+    (faster,) = compression_tips("none", 0.025)
+    assert faster.gain == pytest.approx(1.6)
+    (slower,) = compression_tips("none", 0.05)
     assert slower.gain == pytest.approx(0.8) and "no faster here" in slower.why
     # Configured already: nothing to suggest, whatever was measured.
-    tips = suggest(
-        Verdict.COMMUNICATION_BOUND,
-        configured=probe("configured", 0.04),
-        no_exchange=probe("no_exchange", 0.01),
-        synthetic=None,
-        exchange=None,
-        aggregation_frequency=1,
-        compression="fp16",
-    )
-    assert not [tip for tip in tips if "gradient_compression" in tip.setting]
+    assert compression_tips("fp16", 0.025) == []
 
 
 def test_the_report_carries_the_compression_gain_and_counts_an_unmeasured_share_as_none(
