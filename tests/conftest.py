@@ -13,7 +13,8 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,56 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = shared_fixture_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+# What a group's session fixtures hold (a Ray cluster's daemons use about a sixth of a
+# core while idle) is released right after the group's last test, not when the worker's
+# session ends minutes later: the rest of the run gets that CPU.
+_GROUP_RELEASES: dict[str, list[Callable[[], None]]] = defaultdict(list)
+
+
+def released_after_group(group: str, release: Callable[[], None]) -> Callable[[], None]:
+    """``release``, run at most once: by the caller (a fixture's finalizer) or right
+    after the last test of ``group`` in this process (:func:`group_ended`)."""
+    done = False
+
+    def once() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            release()
+
+    _GROUP_RELEASES[group].append(once)
+    return once
+
+
+def group_ended(item: pytest.Item, nextitem: pytest.Item | None) -> str | None:
+    """The group whose last test in this process is ``item``, or None.
+
+    On a ``--dist loadgroup`` worker a group's tests arrive together and run one after
+    the other, so the next test tells; elsewhere (no xdist) the tests left in the
+    session's order do.
+    """
+    group = shared_fixture_group(item)
+    if group is None or (nextitem is not None and shared_fixture_group(nextitem) == group):
+        return None
+    if getattr(item.config.option, "loadgroup", False):
+        return group
+    items = item.session.items
+    position = next(i for i, candidate in enumerate(items) if candidate is item)
+    later = items[position + 1 :]
+    return None if any(shared_fixture_group(i) == group for i in later) else group
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    yield
+    group = group_ended(item, nextitem)
+    if group is not None:
+        # The last registered first, as pytest finalizes fixtures (a cluster's database
+        # server before the cluster).
+        for release in reversed(_GROUP_RELEASES.pop(group, [])):
+            release()
 
 
 @pytest.fixture(autouse=True)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, PostgresServer, fresh_database
+from tests.conftest import REPO_ROOT, PostgresServer, fresh_database, released_after_group
 from tests.slurm_cluster import node_addresses, read_assignments
 
 RAY_SCRIPT = REPO_ROOT / ".ci" / "ray.sh"
@@ -220,10 +220,11 @@ def ray_cluster() -> Iterator[RayCluster]:
     except BaseException:
         cluster.stop()
         raise
+    stop = released_after_group("ray", cluster.stop)
     try:
         yield cluster
     finally:
-        cluster.stop()
+        stop()
 
 
 @pytest.fixture(scope="session")
@@ -232,10 +233,11 @@ def ray_postgres(ray_cluster: RayCluster) -> Iterator[PostgresServer]:
     prefix = ray_cluster.subnet.split("/")[1]
     server = PostgresServer(listen_address=f"{ray_cluster.controller_address}/{prefix}")
     server.start()
+    remove = released_after_group("ray", server.remove)
     try:
         yield server
     finally:
-        server.remove()
+        remove()
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, PostgresServer, fresh_database
+from tests.conftest import REPO_ROOT, PostgresServer, fresh_database, released_after_group
 
 SLURM_SCRIPT = REPO_ROOT / ".ci" / "slurm.sh"
 
@@ -260,10 +260,11 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     except BaseException:
         cluster.stop()
         raise
+    stop = released_after_group("slurm", cluster.stop)
     try:
         yield cluster
     finally:
-        cluster.stop()
+        stop()
 
 
 @pytest.fixture(scope="session")
@@ -276,10 +277,11 @@ def slurm_postgres(slurm_cluster: SlurmCluster) -> Iterator[PostgresServer]:
     prefix = slurm_cluster.subnet.split("/")[1]
     server = PostgresServer(listen_address=f"{slurm_cluster.controller_address}/{prefix}")
     server.start()
+    remove = released_after_group("slurm", server.remove)
     try:
         yield server
     finally:
-        server.remove()
+        remove()
 
 
 @pytest.fixture
