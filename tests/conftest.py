@@ -78,6 +78,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = shared_fixture_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+    # Slow tests first (in their order otherwise): a worker that is free takes the next
+    # test in this order, so the minute-long ones start early and the run ends on
+    # second-long ones that fill every worker, not on one long test started last.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 # What a group's session fixtures hold (a Ray cluster's daemons use about a sixth of a
