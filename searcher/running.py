@@ -542,11 +542,17 @@ def end_leftovers(ctx: DriverContext, session: Session, trial: Trial) -> None:
     Raises :class:`~searcher.experiments.UsageError` when processes on other hosts
     cannot be ended from here.
     """
+    # A trial whose ranks reported its end before the driver died does not go on.
+    ended = trial.finished_at is not None or trial.pruned_at is not None
     for run in open_runs(session, trial.id):
         gone = end_run(
             session,
             run,
-            reason="driver stopped; trial continues from its latest checkpoint",
+            reason=(
+                "driver stopped after the trial had ended"
+                if ended
+                else "driver stopped; trial continues from its latest checkpoint"
+            ),
             grace_s=ctx.timings.kill_grace_s,
         )
         if not gone:

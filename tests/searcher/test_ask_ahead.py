@@ -30,7 +30,16 @@ from searcher.experiments import create_experiment, trial_counts
 from searcher.outcomes import Outcomes
 from searcher.placement import PendingQueue
 from searcher.study_side import StudySide, TellQueue
-from storage import ExperimentState, QueuedTrial, Trial, TrialState, session_scope, study_trials
+from storage import (
+    ExperimentState,
+    QueuedTrial,
+    Trial,
+    TrialRun,
+    TrialState,
+    session_scope,
+    study_trials,
+    utcnow,
+)
 from tests.conftest import EXAMPLES_DIR
 from trials.config import ExperimentConfig, parse_config
 from trials.executors import LocalExecutor
@@ -197,3 +206,22 @@ def test_a_resume_after_a_crash_between_ask_ahead_and_launch_queues_each_trial_o
         first = session.scalar(select(Trial.id).where(Trial.optuna_trial_number == 0))
     assert [p.trial_id for p in pending.place(room=1)] == [first]
     assert len(pending) == 2
+
+
+def test_a_resume_does_not_say_a_trial_that_ended_while_no_driver_watched_goes_on(
+    ctx: DriverContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _one_running_and_one_ahead(ctx)
+    # Trial 0's ranks reported it pruned; its driver died before ending its run.
+    with session_scope(ctx.db_url) as session:
+        trial = session.scalars(select(Trial).where(Trial.optuna_trial_number == 0)).one()
+        trial.pruned_at = utcnow()
+        session.add(TrialRun(trial_id=trial.id, attempt=0, executor="local", agents=[]))
+
+    _resumed_driver(ctx, monkeypatch)
+    with session_scope(ctx.db_url) as session:
+        trial = session.scalars(select(Trial).where(Trial.optuna_trial_number == 0)).one()
+        (run,) = trial.runs
+        assert trial.state == TrialState.PRUNED
+        assert run.ended_at is not None
+        assert run.reason == "driver stopped after the trial had ended"
