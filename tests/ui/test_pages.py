@@ -271,6 +271,18 @@ def test_unknown_experiment_falls_back_to_the_newest(
     assert app.subheader[0].value.startswith("regression-cost")
 
 
+def test_a_bare_trial_number_says_how_trials_are_named(
+    render: PageRenderer, synthetic_search: DemoSearch
+) -> None:
+    # ``?trial=0``: a user typing the number of the logs, not an old link's database id.
+    app = render("trial", synthetic_search.url, trial=0)
+    assert_no_exception(app)
+    assert (
+        "Trial 0 does not exist (a trial is named EXPERIMENT.NUMBER as in the logs, "
+        "e.g. ?trial=1.0); showing the newest trial." in texts(app)
+    )
+
+
 def test_pause_requires_confirmation_then_records_the_request(
     render: PageRenderer, writable_synthetic: DemoSearch
 ) -> None:

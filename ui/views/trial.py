@@ -38,9 +38,11 @@ def _requested_trial_id() -> tuple[int | None, str | None]:
 requested, missing = _requested_trial_id()
 detail = _queries.trial_detail(engine, requested if requested is not None else newest)
 if detail is None:
-    missing = (
-        missing
-        or f"Trial {st.query_params.get('trial')} does not exist; showing the newest trial."
+    # A bare number is an old link's database id, which a user typing the trial number
+    # of the logs (``?trial=0``) did not mean: the message says how trials are named.
+    missing = missing or (
+        f"Trial {st.query_params.get('trial')} does not exist (a trial is named "
+        "EXPERIMENT.NUMBER as in the logs, e.g. ?trial=1.0); showing the newest trial."
     )
     detail = _queries.trial_detail(engine, newest)
     if detail is None:  # Deleted between the two reads.
