@@ -246,9 +246,9 @@ class SearchDriver:
         apply what those decided (requeue, stop), then place the waiting trials, launch
         what the placement gave slots, and apply what the launches decided (a trial
         that started nothing waits again). Optuna hears the outcomes, and the trials
-        to come are asked ahead, only once the launches are done: a warm job's next
-        trial, asked while its current one ran, is handed over without waiting for
-        the sampler.
+        to come are asked ahead, only once the launches are done and the warm jobs'
+        ranks took the trials handed to them: a warm job's next trial, asked while its
+        current one ran, is handed over without waiting for the sampler.
         """
         study = self._loaded_study()
         self._keep_lease()
@@ -271,6 +271,8 @@ class SearchDriver:
             limit = self.config.searcher.max_concurrent_trials
             placed = self._pending.place(room=max(0, limit - len(self._running)))
             apply_decisions(self._running.launch(placed), self._pending, self._control)
+            # Optuna's writes queue behind a warm job's ranks taking their next trial.
+            self._running.await_hand_overs()
             study.flush_tells()
             # One trial ahead for each warm job at work, asked off the hand-over's path.
             study.fill_queue(len(self._running), self._pending, ahead=self._running.on_warm_jobs)

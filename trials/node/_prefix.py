@@ -116,7 +116,9 @@ def stop_prefixing(pid: int, saved_out: int, saved_err: int, timeout_s: float = 
         done, _ = os.waitpid(pid, os.WNOHANG)
         if done:
             return
-        time.sleep(0.01)
+        # Fine-grained: a warm job's next trial waits on this (``retarget_output``), and
+        # the prefixer usually drains within a millisecond or two.
+        time.sleep(0.001)
 
 
 def write_to_log_target() -> None:
