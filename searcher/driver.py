@@ -272,7 +272,7 @@ class SearchDriver:
             placed = self._pending.place(room=max(0, limit - len(self._running)))
             apply_decisions(self._running.launch(placed), self._pending, self._control)
             # Optuna's writes queue behind a warm job's ranks taking their next trial.
-            self._running.await_hand_overs()
+            self._running.warm.await_taken()
             study.flush_tells()
             # One trial ahead for each warm job at work, asked off the hand-over's path.
             study.fill_queue(len(self._running), self._pending, ahead=self._running.on_warm_jobs)

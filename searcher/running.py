@@ -70,11 +70,6 @@ _FENCED_NOTE = "its ranks did not start: its slot claim was lost while its drive
 
 # How often, between ticks, the driver looks whether a warm job's trial handed it back.
 _HAND_BACK_POLL_S = 0.025
-# How long, at most, a tick that handed trials to warm jobs waits for their ranks to take
-# them before it goes on to Optuna's writes (``RunningTrials.await_hand_overs``), and how
-# often it looks meanwhile.
-_HAND_OVER_WAIT_S = 0.2
-_HAND_OVER_POLL_S = 0.003
 
 
 @dataclass
@@ -126,8 +121,6 @@ class RunningTrials:
         self._running: dict[int, _Running] = {}
         self.warm = IdleWarmJobs(ctx)
         self.starter = AttemptStarter(ctx, self.warm)
-        # Runs handed to idle warm jobs by the last launch, until their ranks take them.
-        self._handed_over: list[int] = []
 
     def __len__(self) -> int:
         return len(self._running)
@@ -185,8 +178,6 @@ class RunningTrials:
                 attempt, job, None if attempt.idle is not None else job.waiting_reason()
             )
             self._running[trial_id] = running
-            if attempt.idle is not None:
-                self._handed_over.append(attempt.run_id)
             if running.waiting:
                 write_log_line(attempt.log_path, running.waiting)
         except Exception as exc:
@@ -301,34 +292,6 @@ class RunningTrials:
                 return
 
     # ----------------------------------------------------------------- warm jobs
-    def await_hand_overs(self) -> None:
-        """Wait, briefly, until the ranks of the trials just handed to warm jobs took them.
-
-        Rank 0 starts a handed-over trial with one fenced write
-        (``storage.start_ranks``). What the tick does next (Optuna's tell, the ask ahead:
-        the sampler's CPU and several transactions) would otherwise go first, on SQLite's
-        one writer and a loaded machine's cores, while the job's slots sit idle. Returns
-        once every such run's ranks started or ended, once another warm job handed its
-        trial back (that one waits for the next tick), or after ``_HAND_OVER_WAIT_S``.
-        """
-        waiting, self._handed_over = self._handed_over, []
-        deadline = time.monotonic() + _HAND_OVER_WAIT_S
-        while waiting and time.monotonic() < deadline:
-            time.sleep(_HAND_OVER_POLL_S)
-            with session_scope(self.ctx.db_url) as session:
-                taken = set(
-                    session.scalars(
-                        select(TrialRun.id).where(
-                            TrialRun.id.in_(waiting),
-                            (TrialRun.ranks_started_at.is_not(None))
-                            | (TrialRun.ended_at.is_not(None)),
-                        )
-                    )
-                )
-            waiting = [run_id for run_id in waiting if run_id not in taken]
-            if waiting and self._warm_handed_back():
-                return
-
     def _warm_handed_back(self) -> set[int]:
         """Runs on warm jobs whose ranks handed the job back (the job is idle now)."""
         runs = {r.warm_job_id: r.run_id for r in self._running.values() if r.warm_job_id}
