@@ -42,7 +42,7 @@ import searcher.control as control
 from searcher.control import Control, Stop
 from searcher.decisions import apply_decisions
 from searcher.driver_context import DriverContext, driver_log
-from searcher.experiments import UsageError, trial_counts
+from searcher.experiments import UsageError, trial_counts, trial_total
 from searcher.integrations import DriverIntegrations
 from searcher.outcomes import Outcomes
 from searcher.placement import PendingQueue
@@ -160,7 +160,7 @@ class SearchDriver:
         """Drive the search to its end; returns the experiment's final state."""
         control.claim_ownership(self.ctx)
         with session_scope(self.db_url) as session:
-            trials_so_far = trial_counts(session, self.experiment_id).total
+            trials_so_far = trial_total(session, self.experiment_id)
         self._study = StudySide.load(self.ctx, trials_so_far, self._tells)
         self._recover(self._study)
         # Ending a dead driver's leftovers may take longer than the lease: that old
