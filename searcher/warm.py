@@ -35,8 +35,7 @@ from trials.executors import TrialJob, mark_processes_ended
 from trials.launch.launcher import write_log_line
 
 # How long, at most, the driver waits for the ranks of a job it handed a trial to take
-# it (:meth:`IdleWarmJobs.await_taken`), and how often it looks meanwhile. Bounded: a
-# hand-back of another job waits meanwhile.
+# it (:meth:`IdleWarmJobs.await_taken`), and how often it looks meanwhile.
 _HAND_OVER_WAIT_S = 0.1
 _HAND_OVER_POLL_S = 0.003
 
@@ -91,7 +90,9 @@ class IdleWarmJobs:
         What the driver's tick does next (Optuna's tell, the ask ahead: the sampler's CPU
         and several transactions) would otherwise go first, on SQLite's one writer and a
         loaded machine's cores, while the job's slots sit idle. Returns once every such
-        run's ranks started or the run ended, or after ``_HAND_OVER_WAIT_S``.
+        run's ranks started or the run ended, once another of the experiment's warm jobs
+        handed its trial back (the tick goes on, and the next one hands it a trial), or
+        after ``_HAND_OVER_WAIT_S``.
         """
         waiting, self._handed_over = self._handed_over, []
         deadline = time.monotonic() + _HAND_OVER_WAIT_S
@@ -107,6 +108,19 @@ class IdleWarmJobs:
                         )
                     )
                 )
+                # Idle (its ranks cleared its run) but not yet seen idle by this driver.
+                handed_back = session.scalar(
+                    select(WarmJob.id)
+                    .where(
+                        WarmJob.experiment_id == self.ctx.experiment_id,
+                        WarmJob.ended_at.is_(None),
+                        WarmJob.current_run_id.is_(None),
+                        WarmJob.id.not_in(list(self._idle)),
+                    )
+                    .limit(1)
+                )
+            if handed_back is not None:
+                return
             waiting = [run_id for run_id in waiting if run_id not in taken]
 
     def reap(self) -> None:

@@ -192,3 +192,19 @@ def test_the_driver_waits_a_moment_at_most_for_the_ranks_of_a_handed_over_trial(
     began = time.monotonic()
     warm.await_taken()
     assert time.monotonic() - began < 0.45
+    # Another warm job handed its trial back meanwhile: the tick goes on to it at once.
+    with session_scope(db_url) as session:
+        session.add(
+            WarmJob(
+                experiment_id=experiment_id,
+                resource_pool="default",
+                slots=1,
+                placement=[],
+                launch_token="t-handed-back",
+            )
+        )
+    warm.add(IdleJob(job_id=3, job=SimpleNamespace(), slots=1, log_path=tmp_path))
+    warm.take(3, handed_run_id=not_taken_id)
+    began = time.monotonic()
+    warm.await_taken()
+    assert time.monotonic() - began < 0.45
