@@ -271,11 +271,14 @@ class SearchDriver:
             limit = self.config.searcher.max_concurrent_trials
             placed = self._pending.place(room=max(0, limit - len(self._running)))
             apply_decisions(self._running.launch(placed), self._pending, self._control)
-            # Optuna's writes queue behind a warm job's ranks taking their next trial.
-            self._running.warm.await_taken()
-            study.flush_tells()
-            # One trial ahead for each warm job at work, asked off the hand-over's path.
-            study.fill_queue(len(self._running), self._pending, ahead=self._running.on_warm_jobs)
+            # Optuna's writes queue behind a warm job's ranks taking their next trial, and
+            # behind the next hand-over when another warm job handed its trial back meanwhile.
+            if not self._running.warm.await_taken():
+                study.flush_tells()
+                # One trial ahead for each warm job at work, asked off the hand-over's path.
+                study.fill_queue(
+                    len(self._running), self._pending, ahead=self._running.on_warm_jobs
+                )
             self._running.warm.end_unneeded(self._pending.sizes())
             if (
                 not self._running

@@ -83,16 +83,17 @@ class IdleWarmJobs:
         del self._idle[job_id]
         self._handed_over.append(handed_run_id)
 
-    def await_taken(self) -> None:
+    def await_taken(self) -> bool:
         """Wait, briefly, until the ranks of the jobs taken since the last call took their trials.
 
         Rank 0 starts a handed-over trial with one fenced write (``storage.start_ranks``).
         What the driver's tick does next (Optuna's tell, the ask ahead: the sampler's CPU
         and several transactions) would otherwise go first, on SQLite's one writer and a
         loaded machine's cores, while the job's slots sit idle. Returns once every such
-        run's ranks started or the run ended, once another of the experiment's warm jobs
-        handed its trial back (the tick goes on, and the next one hands it a trial), or
-        after ``_HAND_OVER_WAIT_S``.
+        run's ranks started or the run ended, or after ``_HAND_OVER_WAIT_S``: False then.
+        True, at once, when another of the experiment's warm jobs handed its trial back
+        meanwhile: the driver's tick should end, so that the next one hands that job its
+        next trial before anything else.
         """
         waiting, self._handed_over = self._handed_over, []
         deadline = time.monotonic() + _HAND_OVER_WAIT_S
@@ -120,8 +121,9 @@ class IdleWarmJobs:
                     .limit(1)
                 )
             if handed_back is not None:
-                return
+                return True
             waiting = [run_id for run_id in waiting if run_id not in taken]
+        return False
 
     def reap(self) -> None:
         """Close the idle warm jobs whose processes exited; end those past their grace."""

@@ -182,17 +182,17 @@ def test_the_driver_waits_a_moment_at_most_for_the_ranks_of_a_handed_over_trial(
     # The ranks took it: the tick goes on at once.
     warm.take(1, handed_run_id=taken_id)
     began = time.monotonic()
-    warm.await_taken()
+    assert warm.await_taken() is False
     assert time.monotonic() - began < 0.45
     # Ranks that do not take theirs hold the tick back no longer than the bound, once.
     warm.take(2, handed_run_id=not_taken_id)
     began = time.monotonic()
-    warm.await_taken()
+    assert warm.await_taken() is False
     assert 0.5 <= time.monotonic() - began < 5.0
     began = time.monotonic()
     warm.await_taken()
     assert time.monotonic() - began < 0.45
-    # Another warm job handed its trial back meanwhile: the tick goes on to it at once.
+    # Another warm job handed its trial back meanwhile: the tick ends at once, for it.
     with session_scope(db_url) as session:
         session.add(
             WarmJob(
@@ -206,5 +206,5 @@ def test_the_driver_waits_a_moment_at_most_for_the_ranks_of_a_handed_over_trial(
     warm.add(IdleJob(job_id=3, job=SimpleNamespace(), slots=1, log_path=tmp_path))
     warm.take(3, handed_run_id=not_taken_id)
     began = time.monotonic()
-    warm.await_taken()
+    assert warm.await_taken() is True
     assert time.monotonic() - began < 0.45
