@@ -24,7 +24,9 @@ driver does for a trial besides running it, in-process, no processes started) on
 digits example's space and TPE sampler, first with 100 finished trials in the study,
 then with S. The study is filled quickly: random trials drawn in memory, added to the
 experiment's Optuna study (``Study.add_trials``) and given their finished rows in one
-transaction.
+transaction. Each cost is also given without the sampler's share (Optuna's ask and the
+suggestions, where TPE samples): what grows with the study inside TPE itself is
+Optuna's, the rest is the driver's own.
 
 On a loaded machine the wall times move with the load: run with smaller N (``-n``) and
 say so.
@@ -35,15 +37,17 @@ Run:
     .venv/bin/python bench/bookkeeping.py --study-size 10000
 Last line (machine-readable):
     slotsweep_ratio=<observed/minimum> ray_tune_ratio=<observed/minimum>
-    per_trial_s_at_100=<a> per_trial_s_at_<S>=<b> growth=<b/a>        # --study-size
+    per_trial_s_at_100=<a> per_trial_s_at_<S>=<b> growth=<b/a> growth_without_sampler=<c>
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -212,8 +216,41 @@ def _filled_driver(folder: Path, finished: int) -> tuple[Any, Any, Any, Any]:
     return ctx, study, PendingQueue(ctx), Outcomes(ctx, tells, Control())
 
 
-def one_trial_cost(parts: tuple[Any, Any, Any, Any], rng: random.Random) -> float:
-    """Seconds the driver spends on one trial (ask, row, placement, outcome, tell) besides running it."""
+@contextlib.contextmanager
+def sampler_clock(study: Any) -> Iterator[list[float]]:
+    """Seconds the study's sampler spends meanwhile: Optuna's ask and the suggestions.
+
+    TPE samples a trial's values at its first suggestion, so both are timed; the rest
+    of a trial's cost is the driver's own (rows, placement, outcome, tell).
+    """
+    import searcher.space as space
+
+    spent = [0.0]
+
+    def timed(fn: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            began = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - began
+
+        return call
+
+    suggest = space.suggest_hparams
+    # Set on the instance, it shadows the class's method until deleted.
+    study.study.ask = timed(study.study.ask)
+    space.suggest_hparams = timed(suggest)
+    try:
+        yield spent
+    finally:
+        delattr(study.study, "ask")
+        space.suggest_hparams = suggest
+
+
+def one_trial_cost(parts: tuple[Any, Any, Any, Any], rng: random.Random) -> tuple[float, float]:
+    """Seconds the driver spends on one trial (ask, row, placement, outcome, tell) besides
+    running it, and how many of them the sampler took (:func:`sampler_clock`)."""
     from datetime import timedelta
 
     from searcher.control import Control, heartbeat
@@ -224,7 +261,8 @@ def one_trial_cost(parts: tuple[Any, Any, Any, Any], rng: random.Random) -> floa
     # The driver's heartbeat runs every few seconds, not per trial: kept out of the cost.
     heartbeat(ctx, Control())
     began = time.perf_counter()
-    study.fill_queue(0, pending)
+    with sampler_clock(study) as sampler:
+        study.fill_queue(0, pending)
     (placed,) = pending.place(room=1)
     with session_scope(ctx.db_url) as session:
         trial = session.get(Trial, placed.trial_id)
@@ -238,7 +276,7 @@ def one_trial_cost(parts: tuple[Any, Any, Any, Any], rng: random.Random) -> floa
         outcomes.finalize(session, trial, exit_code=0)
         slot_ledger.release(session, trial.id)
     study.flush_tells()
-    return time.perf_counter() - began
+    return time.perf_counter() - began, sampler[0]
 
 
 def study_size_report(size: int, root: Path) -> None:
@@ -254,21 +292,27 @@ def study_size_report(size: int, root: Path) -> None:
         parts[finished] = _filled_driver(root / f"study-{finished}", finished)
         print(f"filled a study with {finished} trials in {fmt(time.time() - began, 1)} s")
     costs: dict[int, list[float]] = {finished: [] for finished in sizes}
+    # The same trials' cost without the sampler's share: the driver's own.
+    own: dict[int, list[float]] = {finished: [] for finished in sizes}
     rng = random.Random(1)
     for _ in range(COST_TRIALS):
         for finished in sizes:
-            costs[finished].append(one_trial_cost(parts[finished], rng))
+            total, sampler = one_trial_cost(parts[finished], rng)
+            costs[finished].append(total)
+            own[finished].append(total - sampler)
     for finished in sizes:
         values = costs[finished]
         print(
             f"{finished} finished trials: per trial median {fmt(statistics.median(values))} s, "
             f"mean {fmt(statistics.fmean(values))} s, max {fmt(max(values))} s "
-            f"over {COST_TRIALS} trials"
+            f"over {COST_TRIALS} trials; without the sampler's ask and suggestions "
+            f"median {fmt(statistics.median(own[finished]))} s"
         )
     at_100, at_size = (statistics.median(costs[finished]) for finished in sizes)
+    own_100, own_size = (statistics.median(own[finished]) for finished in sizes)
     print(
         f"per_trial_s_at_100={fmt(at_100)} per_trial_s_at_{size}={fmt(at_size)} "
-        f"growth={fmt(at_size / at_100, 2)}"
+        f"growth={fmt(at_size / at_100, 2)} growth_without_sampler={fmt(own_size / own_100, 2)}"
     )
 
 

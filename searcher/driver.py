@@ -42,7 +42,7 @@ import searcher.control as control
 from searcher.control import Control, Stop
 from searcher.decisions import apply_decisions
 from searcher.driver_context import DriverContext, driver_log
-from searcher.experiments import UsageError, trial_counts
+from searcher.experiments import UsageError, trial_counts, trial_total
 from searcher.integrations import DriverIntegrations
 from searcher.outcomes import Outcomes
 from searcher.placement import PendingQueue
@@ -160,7 +160,7 @@ class SearchDriver:
         """Drive the search to its end; returns the experiment's final state."""
         control.claim_ownership(self.ctx)
         with session_scope(self.db_url) as session:
-            trials_so_far = trial_counts(session, self.experiment_id).total
+            trials_so_far = trial_total(session, self.experiment_id)
         self._study = StudySide.load(self.ctx, trials_so_far, self._tells)
         self._recover(self._study)
         # Ending a dead driver's leftovers may take longer than the lease: that old
@@ -246,9 +246,9 @@ class SearchDriver:
         apply what those decided (requeue, stop), then place the waiting trials, launch
         what the placement gave slots, and apply what the launches decided (a trial
         that started nothing waits again). Optuna hears the outcomes, and the trials
-        to come are asked ahead, only once the launches are done: a warm job's next
-        trial, asked while its current one ran, is handed over without waiting for
-        the sampler.
+        to come are asked ahead, only once the launches are done and the warm jobs'
+        ranks took the trials handed to them: a warm job's next trial, asked while its
+        current one ran, is handed over without waiting for the sampler.
         """
         study = self._loaded_study()
         self._keep_lease()
@@ -271,9 +271,14 @@ class SearchDriver:
             limit = self.config.searcher.max_concurrent_trials
             placed = self._pending.place(room=max(0, limit - len(self._running)))
             apply_decisions(self._running.launch(placed), self._pending, self._control)
-            study.flush_tells()
-            # One trial ahead for each warm job at work, asked off the hand-over's path.
-            study.fill_queue(len(self._running), self._pending, ahead=self._running.on_warm_jobs)
+            # Optuna's writes queue behind a warm job's ranks taking their next trial, and
+            # behind the next hand-over when another warm job handed its trial back meanwhile.
+            if not self._running.warm.await_taken():
+                study.flush_tells()
+                # One trial ahead for each warm job at work, asked off the hand-over's path.
+                study.fill_queue(
+                    len(self._running), self._pending, ahead=self._running.on_warm_jobs
+                )
             self._running.warm.end_unneeded(self._pending.sizes())
             if (
                 not self._running

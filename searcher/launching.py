@@ -107,7 +107,7 @@ class AttemptStarter:
         self.log_start(attempt, placement)
         if attempt.idle is not None:
             # The ranks are running: rank 0 takes the spec from the job's row.
-            self.warm.take(attempt.idle.job_id)
+            self.warm.take(attempt.idle.job_id, handed_run_id=attempt.run_id)
             return attempt, attempt.idle.job
         return attempt, self.start_processes(attempt, placement)
 

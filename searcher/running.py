@@ -68,8 +68,10 @@ _log = driver_log
 # The run's reason when its ranks were fenced at their start (``storage.start_ranks``).
 _FENCED_NOTE = "its ranks did not start: its slot claim was lost while its driver was stopped"
 
-# How often, between ticks, the driver looks whether a warm job's trial handed it back.
-_HAND_BACK_POLL_S = 0.025
+# How often, between ticks, the driver looks whether a warm job's trial handed it back:
+# half the hand-back's expected wait. One look costs about 0.23 ms of CPU (SQLite), so
+# 2% of a core while warm trials run.
+_HAND_BACK_POLL_S = 0.01
 
 
 @dataclass

@@ -27,7 +27,7 @@ from sqlalchemy import select
 import searcher.samplers as samplers
 import searcher.space as space
 from searcher.driver_context import DriverContext, driver_log
-from searcher.experiments import trial_counts
+from searcher.experiments import trial_counts, trial_total
 from storage import (
     ExperimentState,
     Trial,
@@ -198,7 +198,7 @@ class StudySide:
 
         waiting = len(self._trials(optuna.trial.TrialState.WAITING))
         with session_scope(self.ctx.db_url) as session:
-            total = trial_counts(session, self.ctx.experiment_id).total
+            total = trial_total(session, self.ctx.experiment_id)
         return max(max_trials(self.ctx.config) - total, waiting)
 
     def fill_queue(self, running: int, pending: TrialQueue, *, ahead: int = 0) -> None:

@@ -4,9 +4,10 @@ With ``resources.reuse_workers`` a trial that finished or was pruned hands its j
 and the job's processes wait for the next trial of its shape
 (:mod:`trials.coordination.warm_jobs` keeps the rows). :class:`IdleWarmJobs` holds the
 idle jobs of this driver: it closes those that exited or were asked to end, asks the
-ones no waiting trial can use to end, and gives one to the launch of the trial the
-placement reserved it for. The running attempts (:class:`searcher.running.RunningTrials`)
-hand jobs back to it and take them from it.
+ones no waiting trial can use to end, gives one to the launch of the trial the
+placement reserved it for, and waits (briefly) for its ranks to take that trial. The
+running attempts (:class:`searcher.running.RunningTrials`) hand jobs back to it and
+take them from it.
 
 The driver uses it so (its jobs run processes, so this is not run as an example; the
 end-to-end tests run it)::
@@ -27,11 +28,16 @@ from pathlib import Path
 from sqlalchemy import select
 
 from searcher.driver_context import DriverContext
-from storage import WarmJob, session_scope
+from storage import TrialRun, WarmJob, session_scope
 from trials.coordination import warm_jobs
 from trials.coordination.attempts import end_run
 from trials.executors import TrialJob, mark_processes_ended
 from trials.launch.launcher import write_log_line
+
+# How long, at most, the driver waits for the ranks of a job it handed a trial to take
+# it (:meth:`IdleWarmJobs.await_taken`), and how often it looks meanwhile.
+_HAND_OVER_WAIT_S = 0.1
+_HAND_OVER_POLL_S = 0.003
 
 
 @dataclass
@@ -52,6 +58,8 @@ class IdleWarmJobs:
     def __init__(self, ctx: DriverContext) -> None:
         self.ctx = ctx
         self._idle: dict[int, IdleJob] = {}
+        # Runs handed to jobs taken since the last :meth:`await_taken`.
+        self._handed_over: list[int] = []
 
     def __bool__(self) -> bool:
         return bool(self._idle)
@@ -70,9 +78,52 @@ class IdleWarmJobs:
         """Hold ``idle`` (its trial handed it back) until a trial of its shape takes it."""
         self._idle[idle.job_id] = idle
 
-    def take(self, job_id: int) -> None:
-        """Stop holding the job: a trial's attempt runs on it now."""
+    def take(self, job_id: int, *, handed_run_id: int) -> None:
+        """Stop holding the job: the attempt whose run is ``handed_run_id`` runs on it now."""
         del self._idle[job_id]
+        self._handed_over.append(handed_run_id)
+
+    def await_taken(self) -> bool:
+        """Wait, briefly, until the ranks of the jobs taken since the last call took their trials.
+
+        Rank 0 starts a handed-over trial with one fenced write (``storage.start_ranks``).
+        What the driver's tick does next (Optuna's tell, the ask ahead: the sampler's CPU
+        and several transactions) would otherwise go first, on SQLite's one writer and a
+        loaded machine's cores, while the job's slots sit idle. Returns once every such
+        run's ranks started or the run ended, or after ``_HAND_OVER_WAIT_S``: False then.
+        True, at once, when another of the experiment's warm jobs handed its trial back
+        meanwhile: the driver's tick should end, so that the next one hands that job its
+        next trial before anything else.
+        """
+        waiting, self._handed_over = self._handed_over, []
+        deadline = time.monotonic() + _HAND_OVER_WAIT_S
+        while waiting and time.monotonic() < deadline:
+            time.sleep(_HAND_OVER_POLL_S)
+            with session_scope(self.ctx.db_url) as session:
+                taken = set(
+                    session.scalars(
+                        select(TrialRun.id).where(
+                            TrialRun.id.in_(waiting),
+                            TrialRun.ranks_started_at.is_not(None)
+                            | TrialRun.ended_at.is_not(None),
+                        )
+                    )
+                )
+                # Idle (its ranks cleared its run) but not yet seen idle by this driver.
+                handed_back = session.scalar(
+                    select(WarmJob.id)
+                    .where(
+                        WarmJob.experiment_id == self.ctx.experiment_id,
+                        WarmJob.ended_at.is_(None),
+                        WarmJob.current_run_id.is_(None),
+                        WarmJob.id.not_in(list(self._idle)),
+                    )
+                    .limit(1)
+                )
+            if handed_back is not None:
+                return True
+            waiting = [run_id for run_id in waiting if run_id not in taken]
+        return False
 
     def reap(self) -> None:
         """Close the idle warm jobs whose processes exited; end those past their grace."""

@@ -26,7 +26,7 @@ from searcher.consistency import check_consistency
 from searcher.control import Control, claim_ownership, finish
 from searcher.driver import SearchDriver
 from searcher.driver_context import DriverContext
-from searcher.experiments import create_experiment, trial_counts
+from searcher.experiments import create_experiment, trial_counts, trial_total
 from searcher.outcomes import Outcomes
 from searcher.placement import PendingQueue
 from searcher.study_side import StudySide, TellQueue
@@ -127,6 +127,8 @@ def test_a_trial_asked_ahead_waits_out_of_the_clusters_queue_and_the_count_is_ne
     assert pending.place(room=0) == []
     with session_scope(ctx.db_url) as session:
         assert session.scalars(select(QueuedTrial)).all() == []
+        # What the count is read from: every row, whatever its state.
+        assert trial_total(session, ctx.experiment_id) == 2
     # However many it may ask ahead, the driver asks no trial past max_trials (3).
     study.fill_queue(1, pending, ahead=10)
     assert len(pending) == 2

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import time
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import optuna
 import pytest
@@ -25,7 +27,8 @@ from searcher.outcomes import Outcomes
 from searcher.placement import PendingQueue
 from searcher.running import RunningTrials
 from searcher.study_side import TellQueue
-from storage import Experiment, Trial, TrialState, WarmJob, session_scope, utcnow
+from searcher.warm import IdleJob, IdleWarmJobs
+from storage import Experiment, Trial, TrialRun, TrialState, WarmJob, session_scope, utcnow
 from tests.conftest import add_experiment
 from tests.searcher.test_claim_fencing import _holders, _RecordingExecutor
 from tests.searcher.test_driver_parts import _ctx
@@ -156,3 +159,52 @@ def test_a_trial_whose_reserved_warm_job_this_driver_does_not_run_waits_for_it_t
     with session_scope(db_url) as session:
         asked = session.get(WarmJob, job_id)
         assert asked is not None and asked.end_reason == "its driver does not run it"
+
+
+def test_the_driver_waits_a_moment_at_most_for_the_ranks_of_a_handed_over_trial(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Longer than the driver's 0.1 s, so a loaded machine's delays tell nothing apart.
+    monkeypatch.setattr("searcher.warm._HAND_OVER_WAIT_S", 0.5)
+    experiment_id, (trial_id,) = add_experiment(
+        db_url, [{"state": TrialState.RUNNING, "hparams": {"global_batch_size": 64}}]
+    )
+    ctx = replace(_ctx(experiment_id=experiment_id), db_url=db_url, run_dir=tmp_path)
+    with session_scope(db_url) as session:
+        taken = TrialRun(trial_id=trial_id, attempt=0, ranks_started_at=utcnow())
+        not_taken = TrialRun(trial_id=trial_id, attempt=1)
+        session.add_all([taken, not_taken])
+        session.flush()
+        taken_id, not_taken_id = taken.id, not_taken.id
+    warm = IdleWarmJobs(ctx)
+    for job_id in (1, 2):
+        warm.add(IdleJob(job_id=job_id, job=SimpleNamespace(), slots=1, log_path=tmp_path))
+    # The ranks took it: the tick goes on at once.
+    warm.take(1, handed_run_id=taken_id)
+    began = time.monotonic()
+    assert warm.await_taken() is False
+    assert time.monotonic() - began < 0.45
+    # Ranks that do not take theirs hold the tick back no longer than the bound, once.
+    warm.take(2, handed_run_id=not_taken_id)
+    began = time.monotonic()
+    assert warm.await_taken() is False
+    assert 0.5 <= time.monotonic() - began < 5.0
+    began = time.monotonic()
+    warm.await_taken()
+    assert time.monotonic() - began < 0.45
+    # Another warm job handed its trial back meanwhile: the tick ends at once, for it.
+    with session_scope(db_url) as session:
+        session.add(
+            WarmJob(
+                experiment_id=experiment_id,
+                resource_pool="default",
+                slots=1,
+                placement=[],
+                launch_token="t-handed-back",
+            )
+        )
+    warm.add(IdleJob(job_id=3, job=SimpleNamespace(), slots=1, log_path=tmp_path))
+    warm.take(3, handed_run_id=not_taken_id)
+    began = time.monotonic()
+    assert warm.await_taken() is True
+    assert time.monotonic() - began < 0.45

@@ -21,6 +21,10 @@ from collections.abc import Callable
 
 _CHUNK = 65536
 
+# A line holding this marker, then a file's path, tells the prefixer to write that pipe's
+# later lines to that file (:func:`retarget_output`); the marker's line is not written.
+_RETARGET = b"\x00slotsweep-retarget\x00"
+
 # The log a trial's ranks must write to, as a path that reopens it (``/proc/PID/fd/N``
 # of a descriptor the torchrun wrapper keeps open): torchrun's own output goes through
 # the wrapper's prefixer, and a rank writing into that pipe would be prefixed twice.
@@ -39,10 +43,25 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
+def _reopen(path: bytes, current: int, original: int) -> int:
+    """The fd a pipe's lines go to once retargeted to ``path`` (``current`` if it won't open)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError:
+        return current
+    if current != original:
+        os.close(current)
+    return fd
+
+
 def _pump(sources: dict[int, int], prefix: bytes) -> None:
-    """Copy each source pipe to its target fd, one prefixed line per ``os.write``."""
+    """Copy each source pipe to its target fd, one prefixed line per ``os.write``.
+
+    A line carrying :data:`_RETARGET` moves that pipe's target to the file it names.
+    """
     import select
 
+    targets = dict(sources)
     pending = {fd: b"" for fd in sources}
     while pending:
         try:
@@ -56,14 +75,26 @@ def _pump(sources: dict[int, int], prefix: bytes) -> None:
                 continue
             if not chunk:
                 if pending[fd]:
-                    _write_all(sources[fd], prefix + pending[fd] + b"\n")
+                    _write_all(targets[fd], prefix + pending[fd] + b"\n")
                 del pending[fd]
                 os.close(fd)
                 continue
             *lines, rest = (pending[fd] + chunk).split(b"\n")
             pending[fd] = rest
-            if lines:
-                _write_all(sources[fd], b"".join(prefix + line + b"\n" for line in lines))
+            out: list[bytes] = []
+            for line in lines:
+                if _RETARGET not in line:
+                    out.append(prefix + line + b"\n")
+                    continue
+                # What the line held before the marker was written before the switch.
+                before, _, path = line.partition(_RETARGET)
+                if before:
+                    out.append(prefix + before + b"\n")
+                _write_all(targets[fd], b"".join(out))
+                out = []
+                targets[fd] = _reopen(path, targets[fd], sources[fd])
+            if out:
+                _write_all(targets[fd], b"".join(out))
 
 
 def prefix_output(prefix: str) -> tuple[int, int, int]:
@@ -116,7 +147,9 @@ def stop_prefixing(pid: int, saved_out: int, saved_err: int, timeout_s: float = 
         done, _ = os.waitpid(pid, os.WNOHANG)
         if done:
             return
-        time.sleep(0.01)
+        # Fine-grained: a warm job's next trial waits on this (``retarget_output``), and
+        # the prefixer usually drains within a millisecond or two.
+        time.sleep(0.001)
 
 
 def write_to_log_target() -> None:
@@ -170,15 +203,32 @@ def retarget_output(path: str) -> None:
     """Write this process's (prefixed) output to the file ``path`` from now on.
 
     A rank of a warm job calls it before each next trial, so every trial's lines land
-    in that trial's own log. The current prefixer drains everything written so far to
-    the old log first.
+    in that trial's own log. The running prefixer is told through each pipe (a marker
+    line): what was written before goes to the old log, what comes after to ``path``.
+    No new prefixer starts (forking a rank with torch loaded, and waiting for the old
+    one to drain, cost a warm hand-over tens of milliseconds). What this process
+    writes once its prefixing stops goes to ``path`` too.
     """
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     handle = _active.get("handle")
-    if isinstance(handle, tuple):
-        stop_prefixing(*handle)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
+    encoded = os.fsencode(path)
+    if not isinstance(handle, tuple) or b"\n" in encoded:
+        if isinstance(handle, tuple):
+            # A path the marker's line cannot carry: a new prefixer writes to it.
+            stop_prefixing(*handle)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        if isinstance(handle, tuple):
+            _active["handle"] = prefix_output(str(_active["prefix"]))
+        return
+    _, saved_out, saved_err = handle
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    marker = _RETARGET + encoded + b"\n"
+    _write_all(1, marker)
+    _write_all(2, marker)
+    # Where output goes once the prefixer is stopped (``stop_prefixing`` restores these).
+    os.dup2(fd, saved_out)
+    os.dup2(fd, saved_err)
     os.close(fd)
-    if isinstance(handle, tuple):
-        _active["handle"] = prefix_output(str(_active["prefix"]))

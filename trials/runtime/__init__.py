@@ -35,7 +35,7 @@ from trials.runtime._failure import record_failure
 from trials.runtime._isolation import TorchGlobals, reset_between_trials
 from trials.runtime._lr_schedule import build_lr_scheduler
 from trials.runtime._optimizers import build_optimizer
-from trials.runtime._runner import join_job, load_entrypoint, run_trial
+from trials.runtime._runner import join_job, load_entrypoint, preload_entrypoint, run_trial
 from trials.runtime._signals import install_checkpoint_on_sigterm
 from trials.runtime._trial import PyTorchTrial
 from trials.runtime._warm import WarmChannel
@@ -57,6 +57,7 @@ __all__ = [
     "install_checkpoint_on_sigterm",
     "join_job",
     "load_entrypoint",
+    "preload_entrypoint",
     "read_checkpoint",
     "record_failure",
     "reset_between_trials",

@@ -85,6 +85,18 @@ def load_entrypoint(spec: RuntimeSpec) -> Any:
     return target
 
 
+def preload_entrypoint(spec: RuntimeSpec) -> None:
+    """Import ``spec.entrypoint``'s module now, ahead of the trial that runs it.
+
+    A warm job's ranks call it between two trials, after the reset dropped the user's
+    modules: the next trial's :func:`load_entrypoint` then finds the module imported
+    afresh. A module that cannot be imported is left for that trial to report, with
+    the trial's own error.
+    """
+    with contextlib.suppress(Exception):
+        load_entrypoint(spec)
+
+
 class _Sampler(Protocol):
     """What the runner holds of a system-metrics sampler: something to stop at the end."""
 

@@ -32,8 +32,14 @@ from trials.config import RuntimeSpec
 from trials.launch.launcher import DB_URL_ENV_VAR
 from trials.runtime._distributed import DistributedInfo, broadcast_object
 
-# How often rank 0 looks for the next trial: the warm hand-over's latency floor.
-POLL_INTERVAL_S = 0.02
+# How often rank 0 looks for the next trial right after a hand-back, when the driver
+# usually writes it (within tens of milliseconds): the warm hand-over's latency floor.
+# One indexed read of the job's row each time, for a fraction of a second.
+POLL_INTERVAL_S = 0.005
+# For how long rank 0 looks that often; then every IDLE_POLL_INTERVAL_S (an idle job
+# waiting for a trial of its shape should not keep a core busy).
+FAST_POLL_FOR_S = 0.5
+IDLE_POLL_INTERVAL_S = 0.02
 # How often, while idle, rank 0 tells the other ranks to keep waiting.
 KEEPALIVE_S = 1.0
 # How often, while idle, rank 0 checks that the driver still heartbeats.
@@ -158,7 +164,7 @@ class WarmChannel:
 
     def _next_message(self) -> tuple[_Message, Any]:
         """Rank 0: wait for the next trial or the end, telling the others to wait meanwhile."""
-        last_keepalive = last_driver_check = time.monotonic()
+        began = last_keepalive = last_driver_check = time.monotonic()
         while True:
             kind, payload = self._poll()
             if kind is not _Message.WAIT:
@@ -171,7 +177,7 @@ class WarmChannel:
             if now - last_keepalive >= KEEPALIVE_S and self.info.distributed:
                 broadcast_object((_Message.WAIT, None))
                 last_keepalive = now
-            time.sleep(POLL_INTERVAL_S)
+            time.sleep(POLL_INTERVAL_S if now - began < FAST_POLL_FOR_S else IDLE_POLL_INTERVAL_S)
 
     # ----------------------------------------------------------------- every rank
     def next_trial(

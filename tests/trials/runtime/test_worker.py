@@ -6,10 +6,11 @@ import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
-from trials.node._prefix import _pump
+from trials.node._prefix import _RETARGET, _pump
 from trials.node.worker import _run
 
 
@@ -43,6 +44,33 @@ def test_every_line_of_both_streams_gets_the_prefix() -> None:
         b"[rank 3] first\n[rank 3] second part continues\n[rank 3] no newline at the end\n"
     )
     assert read_all(log_err_r) == b"[rank 3] an error\n"
+
+
+def test_a_retarget_line_moves_that_streams_later_lines_to_the_named_file(
+    tmp_path: Path,
+) -> None:
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    log_out_r, log_out_w = os.pipe()
+    log_err_r, log_err_w = os.pipe()
+    pump = threading.Thread(
+        target=_pump, args=({out_r: log_out_w, err_r: log_err_w}, b"[rank 0] ")
+    )
+    pump.start()
+    new_log = tmp_path / "trial-2.log"
+    marker = _RETARGET + str(new_log).encode() + b"\n"
+    os.write(out_w, b"trial 1's last line\nhalf a line" + marker + b"trial 2's first line\n")
+    os.write(err_w, b"trial 1's error\n" + marker + b"trial 2's error\n")
+    os.close(out_w)
+    os.close(err_w)
+    pump.join(timeout=10)
+    os.close(log_out_w)
+    os.close(log_err_w)
+    assert read_all(log_out_r) == b"[rank 0] trial 1's last line\n[rank 0] half a line\n"
+    assert read_all(log_err_r) == b"[rank 0] trial 1's error\n"
+    # Both streams go on in the new file, each in its order.
+    lines = new_log.read_bytes().splitlines()
+    assert sorted(lines) == [b"[rank 0] trial 2's error", b"[rank 0] trial 2's first line"]
 
 
 @pytest.mark.parametrize(
