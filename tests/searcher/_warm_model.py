@@ -32,6 +32,10 @@ from trials.runtime import DataLoader, PyTorchTrial, PyTorchTrialContext
 # unless the module is imported afresh.
 SHIFT = {"value": 0.0}
 
+# Each import says so: a warm job imports the module again ahead of its next trial, and
+# what it prints then belongs in that trial's log.
+print("warm_model imported", flush=True)
+
 
 def _dataset(seed: int) -> TensorDataset:
     generator = torch.Generator().manual_seed(seed)

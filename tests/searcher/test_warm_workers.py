@@ -121,6 +121,11 @@ def test_a_seeded_trial_gives_bit_identical_metrics_cold_and_warm(
     # The cache is the one thing that crossed: trial 1 saw trial 0 there.
     log = (Path(_log_dir(cli_env, tmp_path)) / "trial-1.log").read_text()
     assert "cache saw trials [0] before trial 1" in log
+    # Imported afresh ahead of trial 1 (while trial 0's log was still open), by each rank:
+    # what it printed then is in trial 1's log, before trial 1's own lines.
+    for rank in (0, 1):
+        imported = log.find(f"[rank {rank}] warm_model imported")
+        assert -1 < imported < log.find(f"[rank {rank}] cache saw trials [0]"), log
     # The mutating trial itself trained on other numbers (the test can tell).
     assert _metrics(warm_db, 0) != expected
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import io
 import os
 import sys
 from typing import TYPE_CHECKING, NoReturn
@@ -211,7 +212,8 @@ def _run_warm(spec: RuntimeSpec) -> int:
             if outcome not in _WARM_OUTCOMES:
                 return 0
             assert current.warm is not None
-            reset = functools.partial(_reset_and_preload, settings, current)
+            imported_output = io.StringIO()
+            reset = functools.partial(_reset_and_preload, settings, current, imported_output)
             current = channel.next_trial(current.trial_id, meanwhile=reset)
             if current is None and channel.fenced:
                 # Rank 0 found the trial handed over ended or its claim gone.
@@ -235,18 +237,25 @@ def _run_warm(spec: RuntimeSpec) -> int:
                 f"{info.world_size}",
                 flush=True,
             )
+            # What the user's module printed when imported ahead of this trial.
+            sys.stdout.write(imported_output.getvalue())
+            sys.stdout.flush()
         return 0
     finally:
         if joined:
             destroy_process_group()
 
 
-def _reset_and_preload(settings: TorchGlobals, finished: RuntimeSpec) -> None:
+def _reset_and_preload(
+    settings: TorchGlobals, finished: RuntimeSpec, imported_output: io.StringIO
+) -> None:
     """Between two trials of a warm job: reset the process, then import the entrypoint afresh.
 
     Every trial of the job runs the same experiment's entrypoint, so its import (after
     the reset dropped the user's modules) need not wait for the next trial's spec: done
     here it overlaps the driver's turn-around instead of delaying the next first batch.
+    What the module prints meanwhile is kept in ``imported_output`` for the next
+    trial's log: the log still open is the finished trial's.
     """
     from trials.runtime import preload_entrypoint, reset_between_trials
 
@@ -256,7 +265,8 @@ def _reset_and_preload(settings: TorchGlobals, finished: RuntimeSpec) -> None:
         model_dir=finished.model_dir,
         keep_entrypoint_module=finished.warm.keep_entrypoint_module,
     )
-    preload_entrypoint(finished)
+    with contextlib.redirect_stdout(imported_output), contextlib.redirect_stderr(imported_output):
+        preload_entrypoint(finished)
 
 
 def main() -> int:

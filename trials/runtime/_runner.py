@@ -93,7 +93,8 @@ def preload_entrypoint(spec: RuntimeSpec) -> None:
     afresh. A module that cannot be imported is left for that trial to report, with
     the trial's own error.
     """
-    with contextlib.suppress(Exception):
+    # SystemExit too: a module that exits at import fails its trial, not the warm job.
+    with contextlib.suppress(Exception, SystemExit):
         load_entrypoint(spec)
 
 
