@@ -5,7 +5,8 @@ pipeline; the validation set is not slowed). ``data.exchange_delay_s``: each DDP
 bucket's all-reduce waits this long per float32 bucket before it starts, in proportion
 to the bytes it sends (a slow network: an fp16-compressed bucket waits half as long).
 ``data.compute_delay_s``: every training batch computes (sleeps) this long beside its
-real work. ``data.fail_message``: the first training batch raises ``ValueError`` with it.
+real work. ``data.fail_message``: the trial's constructor raises ``ValueError`` with it,
+before it builds anything (a user's model that names a layer it does not have).
 """
 
 from __future__ import annotations
@@ -52,10 +53,11 @@ class _SlowWire:
 
 class BottleneckDigitsTrial(DigitsTrial):
     def __init__(self, context: PyTorchTrialContext) -> None:
-        super().__init__(context)
         data = context.data
+        if data.get("fail_message"):
+            raise ValueError(data["fail_message"])
+        super().__init__(context)
         self._loader_delay_s = float(data.get("loader_delay_s", 0.0))
-        self._fail_message = data.get("fail_message")
         self._compute_delay_s = float(data.get("compute_delay_s", 0.0))
         exchange_delay_s = float(data.get("exchange_delay_s", 0.0))
         if exchange_delay_s and context.world_size > 1:
@@ -72,7 +74,5 @@ class BottleneckDigitsTrial(DigitsTrial):
         return DataLoader(_SlowSamples(self.train_set, self._loader_delay_s), shuffle=True)
 
     def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
-        if self._fail_message:
-            raise ValueError(self._fail_message)
         time.sleep(self._compute_delay_s)
         return super().train_batch(batch, epoch_idx, batch_idx)

@@ -272,49 +272,68 @@ def _diagnose(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("data", "probes", "verdicts", "bound"),
+    ("slots", "data", "probes", "ran", "verdicts", "bound"),
     [
-        # Both put in, the exchange the larger: each probe finds its own (both shares
-        # past the bound) and the verdict names the larger, in one run of three probes.
-        # (The compression probe it would earn is left out: one trial more, for a gain
-        # the pure tests check.)
+        # One slot, all its plan: configured and synthetic (no exchange to probe). The
+        # input pipeline is each rank's own, so one rank shows it as two would, at half
+        # the processes: 0.25 ms a sample, 16 ms a batch of 64 against a step of a few ms.
         (
-            {"loader_delay_s": 0.00125, "exchange_delay_s": 0.07},
-            ["synthetic", "no_exchange"],
+            1,
+            {"loader_delay_s": 0.00025},
+            [],
+            ["configured", "synthetic"],
+            {"input-bound"},
+            {"input_share"},
+        ),
+        # Only the probe the exchange needs (compression is not named, so not run):
+        # 20 ms before each step's all-reduce against a step of a few ms without it.
+        (
+            2,
+            {"exchange_delay_s": 0.02},
+            ["no_exchange"],
+            ["configured", "no_exchange"],
             {"communication-bound"},
-            {"input_share", "communication_share"},
+            {"communication_share"},
         ),
         # Compression named but not run: it runs only after a communication-bound verdict.
         # A step of 60 ms: on 2 cores under a load of 12 the ranks' waits for each other
         # at the all-reduce were a third of a 30 ms step (communication-bound).
         (
+            2,
             {"compute_delay_s": 0.06},
             ["synthetic", "no_exchange", "compression"],
+            ["configured", "synthetic", "no_exchange"],
             {"compute-bound", "scaling well"},
             set(),
         ),
     ],
-    ids=["slow-loader-and-exchange", "neither"],
+    ids=["slow-loader", "slow-exchange", "neither"],
 )
 def test_diagnose_names_the_bottleneck_put_in(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
+    slots: int,
     data: dict[str, Any],
     probes: list[str],
+    ran: list[str],
     verdicts: set[str],
     bound: set[str],
 ) -> None:
-    """Only the probes the verdict needs (configured, synthetic, no_exchange): every
-    probe is a real trial."""
+    """Each case runs only the probes its verdict needs, as a user may (``--probes``):
+    every probe is a real trial. A share whose probe did not run is not measured."""
     db = f"sqlite:///{tmp_path / 'user.db'}"
-    path = _experiment(tmp_path, **data)
-    code, report, err = _diagnose(path, db, capsys, "--probes", *probes)
+    path = _experiment(tmp_path, slots=slots, **data)
+    only = ["--probes", *probes] if probes else []
+    code, report, err = _diagnose(path, db, capsys, *only, slots=slots)
     assert code == 0, err
     assert report is not None and report["verdict"] in verdicts, report
-    for share in ("input_share", "communication_share"):
+    assert [p["name"] for p in report["probes"]] == ran
+    measured = {"synthetic": "input_share", "no_exchange": "communication_share"}
+    for probe_name, share in measured.items():
+        if probe_name not in ran:
+            assert report[share] is None, (share, report)
+            continue
         assert (report[share]["median"] >= BOUND_SHARE) is (share in bound), (share, report)
-    ran = [p["name"] for p in report["probes"]]
-    assert ran == ["configured", "synthetic", "no_exchange"]
     assert all(len(p["windows"]) == 3 for p in report["probes"])
     with session_scope(db) as session:
         (stored,) = session.scalars(select(Diagnosis)).all()
