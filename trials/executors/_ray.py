@@ -9,7 +9,7 @@ queue and its database.
 
 An attempt placed on k nodes is one placement group of k bundles, each pinned to its
 node (Ray's ``node:<address>`` resource) and holding exactly the placement's slots
-there, and one :class:`~trials.executors._ray_node.NodeRunner` actor per bundle, which
+there, and one :class:`~trials.node.ray_actors.NodeRunner` actor per bundle, which
 starts that node's ``torchrun`` with c10d rendezvous on the first node. Ray reserves
 the group when it can; a group still unreserved after ``ray.reserve_timeout_s`` (a node
 left between the scheduler's decision and the reservation) is removed and the trial
@@ -43,11 +43,11 @@ from typing import TYPE_CHECKING, Any
 from trials.checkpoint_storage import storage_environment
 from trials.executors._base import JobEnding
 from trials.executors._process_rows import add_torchrun_row, mark_processes_ended
-from trials.executors._ray_node import ClusterProbe, NodeRunner
 from trials.executors._slurm_commands import rendezvous_port
-from trials.executors._slurm_node import IFNAME_ENV_VAR, RDZV_HOST_ENV_VAR, RDZV_NODE_ENV_VAR
 from trials.launch.launcher import SPEC_ENV_VAR, torchrun_args
 from trials.launch.processes import LAUNCH_TOKEN_ENV_VAR
+from trials.node.cluster_node import IFNAME_ENV_VAR, RDZV_HOST_ENV_VAR, RDZV_NODE_ENV_VAR
+from trials.node.ray_actors import ClusterProbe, NodeRunner
 from trials.scheduler import (
     DEFAULT_POOL,
     Agent,
@@ -402,6 +402,7 @@ class RayExecutor:
         self.cluster = cluster
         self.settings = (cluster.ray if cluster is not None else None) or RaySettings()
         self._probe: Any = None
+        self._runner_class: Any = None
         self._usage: tuple[float, dict[str, tuple[bool, float]]] | None = None
 
     def _connect(self) -> Any:
@@ -438,7 +439,10 @@ class RayExecutor:
             env[RDZV_NODE_ENV_VAR] = first.name
         if self.cluster.dtrain_network_interface:
             env[IFNAME_ENV_VAR] = self.cluster.dtrain_network_interface
-        actor_class = ray.remote(NodeRunner)
+        if self._runner_class is None:
+            # Wrapped once: each wrapping is a new class that Ray Client sends to the cluster.
+            self._runner_class = ray.remote(NodeRunner)
+        actor_class = self._runner_class
         actors, starts = [], []
         for index, part in enumerate(parts):
             actor = actor_class.options(

@@ -4,7 +4,7 @@ The Ray executor starts one :class:`NodeRunner` per node of a placement, each in
 placement group's bundle pinned to its node, so the process it starts runs on that
 node with the bundle's resources (Ray sets ``CUDA_VISIBLE_DEVICES`` to the bundle's
 GPUs). ``torchrun`` runs under the same node wrapper as on Slurm
-(:mod:`trials.executors._slurm_node`: this node's slots, whether it hosts the c10d
+(:mod:`trials.node.cluster_node`: this node's slots, whether it hosts the c10d
 store, the network interface), with ``--local-addr`` set to the node's Ray address,
 since the peers may not resolve its host name. Its output is kept here, line by line,
 until the driver collects it (:meth:`NodeRunner.drain`); the driver writes it into the
@@ -70,9 +70,9 @@ class NodeRunner:
         """
         import ray  # the actor runs in a Ray worker: ray is there
 
-        from trials.executors._slurm_node import NODE_SLOTS_ENV_VAR
         from trials.launch.launcher import AGENT_ENV_VAR, trial_environment
         from trials.launch.processes import LAUNCH_TOKEN_ENV_VAR
+        from trials.node.cluster_node import NODE_SLOTS_ENV_VAR
 
         full = trial_environment(env.get(LAUNCH_TOKEN_ENV_VAR, ""), env)
         address = ray.util.get_node_ip_address()
@@ -85,7 +85,7 @@ class NodeRunner:
             given = [int(gpu) for gpu in ray.get_gpu_ids()]
             full["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         full[NODE_SLOTS_ENV_VAR] = json.dumps({agent: given})
-        argv = [sys.executable, "-m", "trials.executors._slurm_node", *torchrun]
+        argv = [sys.executable, "-m", "trials.node.cluster_node", *torchrun]
         thread = threading.Thread(
             target=self._run, args=(argv, full, cwd), name="torchrun", daemon=True
         )
