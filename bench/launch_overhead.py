@@ -42,7 +42,7 @@ Where (``--executor``):
   server its nodes reach and stopped at the end. Bare: torchrun in worker node
   raynode1's network namespace (``nsenter --net``, as if started on that machine);
   slotsweep: the Ray executor (``executor: ray``), each trial a placement group on one
-  worker node and its actor's torchrun; warm always runs too; and a fourth kind, Ray
+  worker node and its node runner's torchrun; warm always runs too; and a fourth kind, Ray
   Tune with Ray Train: ``bench/launch_tune.py``, a ``tune.Tuner`` of K trials one at a
   time, each a ``TorchTrainer`` of 2 workers running the same training function, its
   per-trial cost ``Tuner.fit()``'s wall time / K (``ray.init`` printed apart). The
@@ -86,7 +86,7 @@ benchmark prints the mean phases of each kind: the driver's work from the previo
 to this launch (the run's ``started_at``; none for bare), from the launch until torchrun
 starts (bare: the fork, and on Slurm the step's creation and slurmstepd; slotsweep: the
 executor's launch, on Slurm the same step creation, on Ray the placement group, the
-node's actor and its start of torchrun), torchrun start-up
+node's runner and its start of torchrun), torchrun start-up
 (until rank 0 exists), rank set-up (imports, process group, the runtime's set-up, until
 the training function starts), training (DDP construction, the steps, the averaged
 loss), recording + leaving (what runs after the training function returns until the
