@@ -94,6 +94,27 @@ _GONE_WAIT_S = 15.0
 _USAGE_TTL_S = 2.0
 
 
+@dataclass
+class _DriverState:
+    """What every Ray executor of this process (one driver) shares.
+
+    ``executor_named("ray")`` builds a new executor to end a recorded run, so what a
+    run's end needs is kept here, not on an executor.
+    """
+
+    #: Names this driver's runners (``slotsweep-node-ID-N``).
+    driver_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    #: This driver's attempts that every runner has forgotten: nothing runs them.
+    released: set[str] = field(default_factory=set)
+    #: This driver's :class:`ClusterProbe`, started at its first use.
+    probe: Any = None
+    #: How many runners this driver has started (each runner's name is new).
+    runners_started: int = 0
+
+
+_DRIVER = _DriverState()
+
+
 class RayError(RuntimeError):
     """Ray is not installed, or its cluster cannot be reached; the message says which."""
 
@@ -491,15 +512,10 @@ class RayExecutor:
     def __init__(self, cluster: Cluster | None) -> None:
         self.cluster = cluster
         self.settings = (cluster.ray if cluster is not None else None) or RaySettings()
-        self._probe: Any = None
         self._runner_class: Any = None
         # This driver's runner on each node (by the node's address), started at its
         # first attempt there; each runner's name is new (a lost one's may linger).
         self._runners: dict[str, Any] = {}
-        self._driver_id = uuid.uuid4().hex[:12]
-        self._runners_started = 0
-        # The attempts of this driver that every runner has forgotten: nothing runs them.
-        self._released: set[str] = set()
         self._usage: tuple[float, dict[str, tuple[bool, float]]] | None = None
 
     def _connect(self) -> Any:
@@ -554,7 +570,7 @@ class RayExecutor:
         hosts = [part.agent.host for part in parts]
 
         def released(token: str) -> None:
-            self._released.add(token)
+            _DRIVER.released.add(token)
 
         def runner_lost(index: int) -> None:
             if self._runners.get(hosts[index]) is runners[index]:
@@ -591,9 +607,9 @@ class RayExecutor:
                 # Ray would end them with this driver's Ray job, after Ray Client's
                 # reconnection grace (30 s) where the driver leaves without a goodbye.
                 atexit.register(self._end_runners)
-            self._runners_started += 1
+            _DRIVER.runners_started += 1
             runner = self._runner_class.options(
-                name=f"{RUNNER_PREFIX}{self._driver_id}-{self._runners_started}",
+                name=f"{RUNNER_PREFIX}{_DRIVER.driver_id}-{_DRIVER.runners_started}",
                 namespace=RAY_NAMESPACE,
                 # No slot of its own: each attempt's placement group holds those.
                 num_cpus=0,
@@ -614,7 +630,7 @@ class RayExecutor:
     def end_leftovers(self, session: Session, run: TrialRun, *, grace_s: float) -> bool:
         if not run.launch_token:
             return True
-        if run.launch_token in self._released:
+        if run.launch_token in _DRIVER.released:
             mark_processes_ended(session, run)
             return True
         try:
@@ -635,7 +651,7 @@ class RayExecutor:
                 RUNNER_PREFIX,
                 RAY_NAMESPACE,
                 grace_s,
-                keep=f"{RUNNER_PREFIX}{self._driver_id}-",
+                keep=f"{RUNNER_PREFIX}{_DRIVER.driver_id}-",
             ),
             timeout=grace_s + 2 * _GONE_WAIT_S + 2 * _CALL_TIMEOUT_S,
         )
@@ -644,7 +660,7 @@ class RayExecutor:
     def leftovers_gone(self, session: Session, run: TrialRun) -> bool:
         if run.ended_at is not None or not run.launch_token:
             return True
-        if run.launch_token in self._released:
+        if run.launch_token in _DRIVER.released:
             mark_processes_ended(session, run)
             return True
         try:
@@ -684,14 +700,14 @@ class RayExecutor:
 
     def _probe_actor(self) -> Any:
         """This driver's :class:`ClusterProbe` (no CPU, on the head node), started once."""
-        if self._probe is None:
-            self._probe = (
+        if _DRIVER.probe is None:
+            _DRIVER.probe = (
                 self._connect()
                 .remote(ClusterProbe)
                 .options(num_cpus=0, resources={"node:__internal_head__": _PIN})
                 .remote()
             )
-        return self._probe
+        return _DRIVER.probe
 
     def _node_usage(self) -> dict[str, tuple[bool, float]] | None:
         """Each node's (alive, slots others use), asked at most every few seconds."""
@@ -706,7 +722,7 @@ class RayExecutor:
                 timeout=_CALL_TIMEOUT_S,
             )
         except Exception:
-            self._probe = None
+            _DRIVER.probe = None
             return None
         self._usage = (now, usage)
         return usage

@@ -176,8 +176,12 @@ class NodeRunner:
         assert attempt.process is not None
         import psutil
 
+        from trials.launch.processes import start_time
+
         try:
-            create_time = psutil.Process(attempt.process.pid).create_time()
+            # Not psutil's create_time (whole-second boot time: up to a second early,
+            # before the end of the attempt this one replaces).
+            create_time = start_time(psutil.Process(attempt.process.pid))
         except psutil.Error:
             create_time = None  # exited at once: its exit code tells the rest
         return {
