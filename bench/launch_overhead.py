@@ -42,7 +42,7 @@ Where (``--executor``):
   server its nodes reach and stopped at the end. Bare: torchrun in worker node
   raynode1's network namespace (``nsenter --net``, as if started on that machine);
   slotsweep: the Ray executor (``executor: ray``), each trial a placement group on one
-  worker node and its actor's torchrun; warm always runs too; and a fourth kind, Ray
+  worker node and its node runner's torchrun; warm always runs too; and a fourth kind, Ray
   Tune with Ray Train: ``bench/launch_tune.py``, a ``tune.Tuner`` of K trials one at a
   time, each a ``TorchTrainer`` of 2 workers running the same training function, its
   per-trial cost ``Tuner.fit()``'s wall time / K (``ray.init`` printed apart). The
@@ -82,9 +82,11 @@ Per-trial cost:
 
 Where the time goes: rank 0 of every job writes wall-clock stamps when its interpreter
 starts to exit (torchrun's and its own process start, training start and end), and the
-benchmark prints the mean phases of each kind: before torchrun starts (bare: the fork,
-and on Slurm the step's creation and slurmstepd; slotsweep: the driver's work from the
-previous reap to this launch, and on Slurm the same step creation), torchrun start-up
+benchmark prints the mean phases of each kind: the driver's work from the previous reap
+to this launch (the run's ``started_at``; none for bare), from the launch until torchrun
+starts (bare: the fork, and on Slurm the step's creation and slurmstepd; slotsweep: the
+executor's launch, on Slurm the same step creation, on Ray the placement group, the
+node's runner and its start of torchrun), torchrun start-up
 (until rank 0 exists), rank set-up (imports, process group, the runtime's set-up, until
 the training function starts), training (DDP construction, the steps, the averaged
 loss), recording + leaving (what runs after the training function returns until the
@@ -172,7 +174,8 @@ STAMPS_ENV = "LAUNCH_BENCH_STAMPS"
 COLD_DEFAULT_K = 5
 WARM_DEFAULT_K = 10
 PHASES = (
-    "before torchrun starts",
+    "driver: reap -> launch",
+    "launch -> torchrun starts",
     "torchrun start-up",
     "rank set-up",
     "training",
@@ -542,7 +545,7 @@ def run_bare(k: int, folder: Path, result: KindResult, site: Site) -> None:
         result.per_trial.append(end - start)
     jobs = read_jobs(stamps, k, "bare")
     for (start, end, tree_cpu), job in zip(launches, jobs, strict=True):
-        # Each job's time is Popen -> return; "before torchrun starts" is the fork
+        # Each job's time is Popen -> return; "launch -> torchrun starts" is the fork
         # (and on Slurm the step's creation).
         result.phases.append(_phases(start, end, job[0]))
         result.cpu.append(_cpu_parts(job, site, tree_cpu, driver_cpu=0.0))
@@ -629,9 +632,9 @@ def run_slotsweep(
         # The driver's reaped children (the trials' process trees locally, the Slurm
         # clients on Slurm), shared out evenly.
         tree_cpu = search.reaped_children_cpu / k
-        for previous, (_, end), job in zip(previous_reaps, spans, jobs, strict=True):
+        for previous, (started, end), job in zip(previous_reaps, spans, jobs, strict=True):
             result.per_trial.append(end - previous)
-            result.phases.append(_phases(previous, end, job[0]))
+            result.phases.append(_phases(previous, end, job[0], launched=started))
             result.cpu.append(_cpu_parts(job, site, tree_cpu, driver_cpu))
     startup = first_launch - search.started
     result.startup.append(startup)
@@ -731,10 +734,17 @@ def _trial_report(trial: Any) -> str:
     return f"trial {trial.id}: {trial.state.value} exit {trial.exit_code}: {trial.error}\n{tail}"
 
 
-def _phases(since: float, until: float, record: dict[str, Any]) -> dict[str, float]:
-    """One job's time from ``since`` (its launch, or the previous reap) to ``until``."""
+def _phases(
+    since: float, until: float, record: dict[str, Any], *, launched: float | None = None
+) -> dict[str, float]:
+    """One job's time from ``since`` (its launch, or the previous reap) to ``until``.
+
+    ``launched``: when the driver launched it (its run's ``started_at``), if not at ``since``.
+    """
+    launch = since if launched is None else max(since, min(launched, record["torchrun_start"]))
     return {
-        "before torchrun starts": record["torchrun_start"] - since,
+        "driver: reap -> launch": launch - since,
+        "launch -> torchrun starts": record["torchrun_start"] - launch,
         "torchrun start-up": record["process_start"] - record["torchrun_start"],
         "rank set-up": record["train_start"] - record["process_start"],
         "training": record["reported"] - record["train_start"],

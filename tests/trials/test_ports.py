@@ -20,8 +20,8 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
 import trials.node.torchrun
-from trials.executors import _slurm_node
 from trials.launch.launcher import RDZV_CONF_ENV_VAR, torchrun_commands
+from trials.node import cluster_node
 from trials.node.torchrun import port_taken
 from trials.runtime._signals import install_checkpoint_on_sigterm, sigterm_ends_at_once
 from trials.scheduler import Agent, AgentSlots, Placement
@@ -48,11 +48,11 @@ def test_the_first_agent_hosts_the_rendezvous_store_and_the_others_join_it() -> 
 
 _NODE_ENV = (
     "SLURMD_NODENAME",
-    _slurm_node.RDZV_NODE_ENV_VAR,
-    _slurm_node.RDZV_HOST_ENV_VAR,
-    _slurm_node.RDZV_PORT_ENV_VAR,
-    _slurm_node.NODE_SLOTS_ENV_VAR,
-    _slurm_node.IFNAME_ENV_VAR,
+    cluster_node.RDZV_NODE_ENV_VAR,
+    cluster_node.RDZV_HOST_ENV_VAR,
+    cluster_node.RDZV_PORT_ENV_VAR,
+    cluster_node.NODE_SLOTS_ENV_VAR,
+    cluster_node.IFNAME_ENV_VAR,
     "PET_RDZV_ENDPOINT",
     RDZV_CONF_ENV_VAR,
     "SLOTSWEEP_AGENT",
@@ -77,9 +77,9 @@ def _node_wrapper_env(monkeypatch: pytest.MonkeyPatch, **env: str) -> dict[str, 
         return 0
 
     monkeypatch.setattr(trials.node.torchrun, "main", torchrun)
-    monkeypatch.setattr(_slurm_node, "_first_node", lambda: ("ssnode1", "10.9.0.11"))
-    monkeypatch.setattr(_slurm_node, "_interface_towards", lambda host: None)
-    assert _slurm_node.main(["--nnodes=2", "-m", "trials.node.worker"]) == 0
+    monkeypatch.setattr(cluster_node, "_first_node", lambda: ("ssnode1", "10.9.0.11"))
+    monkeypatch.setattr(cluster_node, "_interface_towards", lambda host: None)
+    assert cluster_node.main(["--nnodes=2", "-m", "trials.node.worker"]) == 0
     return seen
 
 

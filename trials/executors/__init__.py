@@ -3,7 +3,7 @@
 ``LocalExecutor`` starts ``torchrun`` on this machine; ``SlurmExecutor`` starts each
 attempt as a Slurm job step inside the allocation the search runs in;
 ``SbatchExecutor`` submits each attempt as a Slurm job of its own; ``RayExecutor``
-starts each attempt as one actor per node of a Ray cluster. The driver
+starts each attempt as a placement group on a Ray cluster and its nodes' runners. The driver
 talks to :class:`Executor` only; :func:`executor_for` picks one for a cluster and
 :func:`executor_named` finds the one that started a recorded run. Which cluster a
 search runs on is decided here too (:func:`load_cluster`): a Slurm cluster's agents are

@@ -9,20 +9,24 @@ queue and its database.
 
 An attempt placed on k nodes is one placement group of k bundles, each pinned to its
 node (Ray's ``node:<address>`` resource) and holding exactly the placement's slots
-there, and one :class:`~trials.executors._ray_node.NodeRunner` actor per bundle, which
-starts that node's ``torchrun`` with c10d rendezvous on the first node. Ray reserves
-the group when it can; a group still unreserved after ``ray.reserve_timeout_s`` (a node
-left between the scheduler's decision and the reservation) is removed and the trial
-goes back to the queue with that reason, never left pending. Each node's output is
-collected at every poll and appended to the trial's log. A node that dies fails the
-attempt (its actor's calls raise at once), which restarts from its latest checkpoint;
-the dead node is no agent any more until it rejoins.
+there. Once Ray has reserved the group, the driver's
+:class:`~trials.node.ray_actors.NodeRunner` of each of those nodes (one per node for the
+driver's whole run, holding no slot itself, started at the first attempt there) starts
+that node's ``torchrun`` with c10d rendezvous on the first node; with GPU slots a task
+in each bundle first reads which GPUs Ray reserved there. A group still unreserved after
+``ray.reserve_timeout_s`` (a node left between the scheduler's decision and the
+reservation) is removed and the trial goes back to the queue with that reason, never
+left pending. Each node's output is collected at every poll and appended to the
+trial's log. A node that dies fails the attempt (its runner's calls raise at once),
+which restarts from its latest checkpoint; the dead node is no agent any more until it
+rejoins, and gets a new runner then.
 
-Everything of an attempt is named after its launch token (``slotsweep-TOKEN``, the
-actors ``slotsweep-TOKEN-I``) in Ray namespace ``slotsweep``: a driver that starts after
-a crash finds a dead driver's actors by name and ends them. They are no detached
-actors either: Ray ends them itself once the dead driver's Ray Client session times out
-(30 s), so nothing is left on a cluster that nobody resumes.
+An attempt's placement group is named after its launch token (``slotsweep-TOKEN``) and
+each runner after its driver (``slotsweep-node-DRIVER-N``), in Ray namespace
+``slotsweep``: a driver that starts after a crash asks every runner whether it runs a
+dead driver's attempt, ends it there and ends runners left with nothing to run. They
+are no detached actors either: Ray ends them itself once the dead driver's Ray Client
+session times out (30 s), so nothing is left on a cluster that nobody resumes.
 
 The driver connects once per process (``ray.init``), through Ray Client
 (``ray://HEAD:10001``) when it runs outside the cluster; ``ray`` is the optional extra
@@ -31,11 +35,13 @@ The driver connects once per process (``ray.init``), through Ray Client
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,11 +49,11 @@ from typing import TYPE_CHECKING, Any
 from trials.checkpoint_storage import storage_environment
 from trials.executors._base import JobEnding
 from trials.executors._process_rows import add_torchrun_row, mark_processes_ended
-from trials.executors._ray_node import ClusterProbe, NodeRunner
 from trials.executors._slurm_commands import rendezvous_port
-from trials.executors._slurm_node import IFNAME_ENV_VAR, RDZV_HOST_ENV_VAR, RDZV_NODE_ENV_VAR
 from trials.launch.launcher import SPEC_ENV_VAR, torchrun_args
 from trials.launch.processes import LAUNCH_TOKEN_ENV_VAR
+from trials.node.cluster_node import IFNAME_ENV_VAR, RDZV_HOST_ENV_VAR, RDZV_NODE_ENV_VAR
+from trials.node.ray_actors import ClusterProbe, NodeRunner, bundle_gpus
 from trials.scheduler import (
     DEFAULT_POOL,
     Agent,
@@ -66,8 +72,13 @@ if TYPE_CHECKING:
 
 #: The Ray namespace of every actor and placement group slotsweep creates.
 RAY_NAMESPACE = "slotsweep"
-#: An attempt's placement group is ``slotsweep-TOKEN``; its actors add ``-I``.
+#: An attempt's placement group is ``slotsweep-TOKEN``.
 GROUP_PREFIX = "slotsweep-"
+#: A driver's node runners are ``slotsweep-node-DRIVER-N``.
+RUNNER_PREFIX = "slotsweep-node-"
+# Calls a runner answers at once: each node's start, drain and terminate of every
+# attempt its driver runs there (a terminate waits up to the kill grace).
+_RUNNER_CONCURRENCY = 64
 # A node's pin: a sliver of Ray's per-node resource, so the bundle lands on that node.
 _PIN = 0.001
 _CALL_TIMEOUT_S = 30.0
@@ -75,12 +86,33 @@ _CALL_TIMEOUT_S = 30.0
 # now and then ("Starting Ray client server failed"), and a second try succeeds.
 _CONNECT_TRIES = 3
 _CONNECT_RETRY_S = 2.0
-# How long recording a launch waits for the actors' torchrun to start, to record its
-# pids (Ray starts an actor's worker in a second or two); a later start is still noted
-# in the run's agents when the driver sees it.
+# How long recording a launch waits for the nodes' torchrun to start, to record its
+# pids (a node's first runner takes Ray a second or two to start); a later start is
+# still noted in the run's agents when the driver sees it.
 _START_WAIT_S = 10.0
 _GONE_WAIT_S = 15.0
 _USAGE_TTL_S = 2.0
+
+
+@dataclass
+class _DriverState:
+    """What every Ray executor of this process (one driver) shares.
+
+    ``executor_named("ray")`` builds a new executor to end a recorded run, so what a
+    run's end needs is kept here, not on an executor.
+    """
+
+    #: Names this driver's runners (``slotsweep-node-ID-N``).
+    driver_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    #: This driver's attempts that every runner has forgotten: nothing runs them.
+    released: set[str] = field(default_factory=set)
+    #: This driver's :class:`ClusterProbe`, started at its first use.
+    probe: Any = None
+    #: How many runners this driver has started (each runner's name is new).
+    runners_started: int = 0
+
+
+_DRIVER = _DriverState()
 
 
 class RayError(RuntimeError):
@@ -200,17 +232,35 @@ def ray_cluster(nodes: RayNodes) -> Cluster:
 
 
 @dataclass
+class NodeStart:
+    """What one node's runner needs to start its part of an attempt."""
+
+    argv: list[str]
+    agent: str
+    slots: list[int]
+
+
+@dataclass
 class RayJob:
-    """One attempt: its placement group, one actor per node, and their output so far."""
+    """One attempt: its placement group, the runners of its nodes, and their output so far."""
 
     name: str
+    token: str
     group: Any
-    actors: list[Any]
-    starts: list[Any]
+    runners: list[Any]
+    nodes: list[NodeStart]
+    env: dict[str, str]
+    cwd: str
+    use_gpus: bool
     agents: list[dict[str, Any]]
     log_path: Path
     reserve_timeout_s: float
+    #: Told the index of a node whose runner died, so that the next attempt there gets a new one.
+    runner_lost: Callable[[int], None]
+    #: Told once every runner has forgotten the attempt (its torchrun is gone).
+    released: Callable[[str], None]
     launched_at: float = field(default_factory=time.monotonic)
+    starts: list[Any] | None = None
     _started: bool = False
     _exit: int | None = None
     _codes: dict[int, int] = field(default_factory=dict)
@@ -230,26 +280,73 @@ class RayJob:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         self._log([f"[slotsweep] Ray node {agent} lost its actor: {first}"])
         self._codes.setdefault(index, 1)
+        if isinstance(exc, _ray().exceptions.RayActorError):
+            self.runner_lost(index)
+
+    def _start_nodes(self) -> list[Any]:
+        """Ask each node's runner to start its ``torchrun`` (the group is reserved)."""
+        ray = _ray()
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        starts = []
+        for index, (runner, node) in enumerate(zip(self.runners, self.nodes, strict=True)):
+            gpus = None
+            if self.use_gpus:
+                # The bundle's GPUs, as Ray gives them to a task holding them all; the
+                # runner's call waits for the answer inside the cluster.
+                gpus = (
+                    ray.remote(bundle_gpus)
+                    .options(
+                        num_cpus=0,
+                        num_gpus=len(node.slots),
+                        scheduling_strategy=PlacementGroupSchedulingStrategy(
+                            placement_group=self.group, placement_group_bundle_index=index
+                        ),
+                    )
+                    .remote()
+                )
+            starts.append(
+                runner.start.remote(
+                    self.token,
+                    node.argv,
+                    env=self.env,
+                    cwd=self.cwd,
+                    agent=node.agent,
+                    slots=node.slots,
+                    gpus=gpus,
+                )
+            )
+        return starts
+
+    def _give_up(self) -> None:
+        """Past ``reserve_timeout_s``: release the group and end with the reason."""
+        state = _group_state(self.group)
+        nodes = ", ".join(agent["agent"] for agent in self.agents)
+        what = (
+            "did not reserve its slots on " + nodes + f" (placement group {state})"
+            if state != "CREATED"
+            else "reserved its slots on " + nodes + " but did not start its actors"
+        )
+        self._ending = JobEnding(
+            stopped_by_cluster=f"Ray {what} within {self.reserve_timeout_s:g} s"
+        )
+        self._release()
+        self._exit = 1
 
     def _check_started(self) -> bool:
         """Whether every node's ``torchrun`` runs; gives the reservation up past its time."""
         ray = _ray()
+        timed_out = time.monotonic() - self.launched_at >= self.reserve_timeout_s
+        if self.starts is None:
+            if not _group_ready(self.group):
+                if timed_out:
+                    self._give_up()
+                return False
+            self.starts = self._start_nodes()
         ready, _ = ray.wait(self.starts, num_returns=len(self.starts), timeout=0)
         if len(ready) < len(self.starts):
-            if time.monotonic() - self.launched_at < self.reserve_timeout_s:
-                return False
-            state = _group_state(self.group)
-            nodes = ", ".join(agent["agent"] for agent in self.agents)
-            what = (
-                "did not reserve its slots on " + nodes + f" (placement group {state})"
-                if state != "CREATED"
-                else "reserved its slots on " + nodes + " but did not start its actors"
-            )
-            self._ending = JobEnding(
-                stopped_by_cluster=f"Ray {what} within {self.reserve_timeout_s:g} s"
-            )
-            self._release()
-            self._exit = 1
+            if timed_out:
+                self._give_up()
             return False
         for index, ref in enumerate(self.starts):
             try:
@@ -272,7 +369,7 @@ class RayJob:
             # The other nodes' torchrun would wait 300 s in its exit barrier.
             self._terminate(grace_s=0.0)
             self._exit = failed[0]
-        elif len(self._codes) == len(self.actors):
+        elif len(self._codes) == len(self.runners):
             self._exit = 0
         if self._exit is not None:
             self._release()
@@ -282,7 +379,9 @@ class RayJob:
         """Append every node's new output to the log; note the nodes whose torchrun ended."""
         ray = _ray()
         refs = {
-            i: actor.drain.remote() for i, actor in enumerate(self.actors) if i not in self._codes
+            i: runner.drain.remote(self.token)
+            for i, runner in enumerate(self.runners)
+            if i not in self._codes
         }
         for index, ref in refs.items():
             try:
@@ -295,9 +394,9 @@ class RayJob:
                 self._codes[index] = code
 
     def _terminate(self, *, grace_s: float) -> bool:
-        """End every node's ``torchrun``; whether each is confirmed gone (or its actor dead)."""
+        """End every node's ``torchrun``; whether each is confirmed gone (or its runner dead)."""
         ray = _ray()
-        refs = [actor.terminate.remote(grace_s) for actor in self.actors]
+        refs = [runner.terminate.remote(self.token, grace_s) for runner in self.runners]
         gone = True
         for ref in refs:
             try:
@@ -305,12 +404,37 @@ class RayJob:
             except ray.exceptions.GetTimeoutError:
                 gone = False
             except Exception:
-                pass  # the actor is dead, and its torchrun with it (PR_SET_PDEATHSIG)
+                pass  # the runner is dead, and its torchrun with it (PR_SET_PDEATHSIG)
         return gone
 
     def _release(self) -> None:
-        """Give the attempt's actors and reserved slots back to Ray."""
-        _end_actors(self.actors, self.group)
+        """Give the attempt's reserved slots back to Ray; the runners forget the attempt.
+
+        A runner whose start call is still on its way refuses it (the calls of a
+        threaded actor may overtake each other); one that started it ends it.
+        """
+        ray = _ray()
+        if self.starts is None:
+            # Never reserved: no runner was asked to start anything.
+            with contextlib.suppress(Exception):  # already removed
+                ray.util.remove_placement_group(self.group)
+            self.released(self.token)
+            return
+        refs = []
+        for runner in self.runners:
+            with contextlib.suppress(Exception):  # a dead runner took its torchrun with it
+                refs.append(runner.release.remote(self.token))
+        with contextlib.suppress(Exception):  # already removed
+            ray.util.remove_placement_group(self.group)
+        try:
+            # Waited for, as ending an actor was: the attempt's end is confirmed at once.
+            ray.get(refs, timeout=_CALL_TIMEOUT_S + _GONE_WAIT_S)
+        except ray.exceptions.RayActorError:
+            self.released(self.token)  # a dead runner took its torchrun with it
+        except Exception:
+            return  # not confirmed: asked again through the cluster's probe
+        else:
+            self.released(self.token)
 
     def end(self, *, grace_s: float) -> bool:
         if self._exit is not None:
@@ -321,7 +445,7 @@ class RayJob:
         self._release()
         # Ended from here: what each node's torchrun returned, else what SIGTERM gives.
         failed = [code for code in self._codes.values() if code != 0]
-        ended_all = len(self._codes) == len(self.actors)
+        ended_all = len(self._codes) == len(self.runners)
         self._exit = failed[0] if failed else (0 if ended_all else -signal.SIGTERM)
         return gone
 
@@ -364,25 +488,12 @@ def _group_state(group: Any) -> str:
         return "UNKNOWN"
 
 
-def _end_actors(actors: Sequence[Any], group: Any | None) -> None:
-    """Kill ``actors`` (their ``torchrun`` dies with them) and remove ``group``."""
-    ray = _ray()
-    for actor in actors:
-        with contextlib.suppress(Exception):  # already dead
-            ray.kill(actor, no_restart=True)
-    if group is not None:
-        with contextlib.suppress(Exception):  # already removed
-            ray.util.remove_placement_group(group)
-
-
-def _named_actors(token: str) -> list[str]:
-    """The names of the live actors of the attempt with launch token ``token`` (any driver's)."""
-    prefix = f"{group_name(token)}-"
-    return [
-        name
-        for name in _ray().util.list_named_actors()
-        if isinstance(name, str) and name.startswith(prefix)
-    ]
+def _group_ready(group: Any) -> bool:
+    """Whether Ray has reserved ``group`` (asked without waiting)."""
+    try:
+        return bool(group.wait(timeout_seconds=0))
+    except Exception:  # removed, or Ray does not answer: not reserved
+        return False
 
 
 class RayExecutor:
@@ -401,7 +512,10 @@ class RayExecutor:
     def __init__(self, cluster: Cluster | None) -> None:
         self.cluster = cluster
         self.settings = (cluster.ray if cluster is not None else None) or RaySettings()
-        self._probe: Any = None
+        self._runner_class: Any = None
+        # This driver's runner on each node (by the node's address), started at its
+        # first attempt there; each runner's name is new (a lost one's may linger).
+        self._runners: dict[str, Any] = {}
         self._usage: tuple[float, dict[str, tuple[bool, float]]] | None = None
 
     def _connect(self) -> Any:
@@ -412,7 +526,6 @@ class RayExecutor:
         if self.cluster is None or placement is None:
             raise RuntimeError("the Ray executor launches placed trials of a Ray cluster")
         ray = self._connect()
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         use_gpus = bool(self.cluster.gpu_slots)
         resource = _slot_resource(use_gpus)
@@ -424,7 +537,7 @@ class RayExecutor:
         group = ray.util.placement_group(bundles, strategy="STRICT_SPREAD", name=name)
         first = parts[0].agent
         endpoint = f"{first.host}:{rendezvous_port(request.rdzv_id)}" if len(parts) > 1 else None
-        # A node's actors start with the node's environment, not the driver's: the
+        # A node's runner starts with the node's environment, not the driver's: the
         # driver's object-store credentials go with the attempt, as srun's --export=ALL
         # takes them on Slurm.
         env = {
@@ -438,38 +551,31 @@ class RayExecutor:
             env[RDZV_NODE_ENV_VAR] = first.name
         if self.cluster.dtrain_network_interface:
             env[IFNAME_ENV_VAR] = self.cluster.dtrain_network_interface
-        actor_class = ray.remote(NodeRunner)
-        actors, starts = [], []
-        for index, part in enumerate(parts):
-            actor = actor_class.options(
-                name=f"{name}-{index}",
-                namespace=RAY_NAMESPACE,
-                num_cpus=0 if use_gpus else len(part.slots),
-                num_gpus=len(part.slots) if use_gpus else 0,
-                # drain and terminate are answered while torchrun runs.
-                max_concurrency=4,
-                max_restarts=0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=group, placement_group_bundle_index=index
+        nodes = [
+            NodeStart(
+                argv=list(
+                    torchrun_args(
+                        nnodes=len(parts),
+                        nproc_per_node=len(part.slots),
+                        rdzv_endpoint=endpoint,
+                        rdzv_id=request.rdzv_id,
+                    )
                 ),
-            ).remote()
-            argv = torchrun_args(
-                nnodes=len(parts),
-                nproc_per_node=len(part.slots),
-                rdzv_endpoint=endpoint,
-                rdzv_id=request.rdzv_id,
+                agent=part.agent.name,
+                slots=list(part.slots),
             )
-            starts.append(
-                actor.start.remote(
-                    list(argv),
-                    env=env,
-                    cwd=str(request.cwd),
-                    agent=part.agent.name,
-                    slots=list(part.slots),
-                    gpu_slots=use_gpus,
-                )
-            )
-            actors.append(actor)
+            for part in parts
+        ]
+        runners = [self._runner(part.agent.host) for part in parts]
+        hosts = [part.agent.host for part in parts]
+
+        def released(token: str) -> None:
+            _DRIVER.released.add(token)
+
+        def runner_lost(index: int) -> None:
+            if self._runners.get(hosts[index]) is runners[index]:
+                del self._runners[hosts[index]]
+
         request.log_path.parent.mkdir(parents=True, exist_ok=True)
         agents = [
             {"agent": part.agent.name, "host": part.agent.host, "slots": list(part.slots)}
@@ -477,16 +583,55 @@ class RayExecutor:
         ]
         return RayJob(
             name=name,
+            token=request.token,
             group=group,
-            actors=actors,
-            starts=starts,
+            runners=runners,
+            nodes=nodes,
+            env=env,
+            cwd=str(request.cwd),
+            use_gpus=use_gpus,
             agents=agents,
             log_path=request.log_path,
             reserve_timeout_s=self.settings.reserve_timeout_s,
+            runner_lost=runner_lost,
+            released=released,
         )
+
+    def _runner(self, host: str) -> Any:
+        """This driver's :class:`NodeRunner` on the node at ``host``, started at its first use."""
+        runner = self._runners.get(host)
+        if runner is None:
+            if self._runner_class is None:
+                # Wrapped once: each wrapping is a new class that Ray Client sends again.
+                self._runner_class = self._connect().remote(NodeRunner)
+                # Ray would end them with this driver's Ray job, after Ray Client's
+                # reconnection grace (30 s) where the driver leaves without a goodbye.
+                atexit.register(self._end_runners)
+            _DRIVER.runners_started += 1
+            runner = self._runner_class.options(
+                name=f"{RUNNER_PREFIX}{_DRIVER.driver_id}-{_DRIVER.runners_started}",
+                namespace=RAY_NAMESPACE,
+                # No slot of its own: each attempt's placement group holds those.
+                num_cpus=0,
+                resources={f"node:{host}": _PIN},
+                max_concurrency=_RUNNER_CONCURRENCY,
+                max_restarts=0,
+            ).remote()
+            self._runners[host] = runner
+        return runner
+
+    def _end_runners(self) -> None:
+        """End this driver's runners (and whatever ``torchrun`` they still run)."""
+        for runner in list(self._runners.values()):
+            with contextlib.suppress(Exception):  # dead, or Ray is gone already
+                _ray().kill(runner, no_restart=True)
+        self._runners.clear()
 
     def end_leftovers(self, session: Session, run: TrialRun, *, grace_s: float) -> bool:
         if not run.launch_token:
+            return True
+        if run.launch_token in _DRIVER.released:
+            mark_processes_ended(session, run)
             return True
         try:
             gone = self._end_named(run.launch_token, grace_s=grace_s)
@@ -497,26 +642,36 @@ class RayExecutor:
         return gone
 
     def _end_named(self, token: str, *, grace_s: float) -> bool:
-        """End the actors and placement group of attempt ``token``; whether none is left."""
+        """End attempt ``token`` on every runner and remove its group; whether none runs it."""
         ray = self._connect()
-        if not _named_actors(token):
-            return True
         left = ray.get(
             self._probe_actor().end_attempt.remote(
-                f"{group_name(token)}-", RAY_NAMESPACE, grace_s
+                token,
+                group_name(token),
+                RUNNER_PREFIX,
+                RAY_NAMESPACE,
+                grace_s,
+                keep=f"{RUNNER_PREFIX}{_DRIVER.driver_id}-",
             ),
-            timeout=grace_s + 2 * _GONE_WAIT_S + _CALL_TIMEOUT_S,
+            timeout=grace_s + 2 * _GONE_WAIT_S + 2 * _CALL_TIMEOUT_S,
         )
         return not left
 
     def leftovers_gone(self, session: Session, run: TrialRun) -> bool:
         if run.ended_at is not None or not run.launch_token:
             return True
+        if run.launch_token in _DRIVER.released:
+            mark_processes_ended(session, run)
+            return True
         try:
-            self._connect()
-            gone = not _named_actors(run.launch_token)
-        except RayError:
+            ray = self._connect()
+            holders = ray.get(
+                self._probe_actor().holders.remote(run.launch_token, RUNNER_PREFIX, RAY_NAMESPACE),
+                timeout=2 * _CALL_TIMEOUT_S,
+            )
+        except Exception:  # Ray does not answer (RayError, a timeout): nothing confirmed
             return False
+        gone = not holders
         if gone:
             mark_processes_ended(session, run)
         return gone
@@ -532,7 +687,11 @@ class RayExecutor:
         hosts = {agent.name: agent.host for _, agent in self.cluster.agents}
         lost = set()
         for name in names:
-            alive, foreign = usage.get(hosts.get(name, ""), (False, 0.0))
+            host = hosts.get(name, "")
+            alive, foreign = usage.get(host, (False, 0.0))
+            if not alive:
+                # Its runner died with it; a node that rejoins gets a new one.
+                self._runners.pop(host, None)
             # A node some other Ray user holds slots of is left whole to it: the ledger
             # knows slotsweep's own slots only.
             if not alive or foreign > 0:
@@ -541,14 +700,14 @@ class RayExecutor:
 
     def _probe_actor(self) -> Any:
         """This driver's :class:`ClusterProbe` (no CPU, on the head node), started once."""
-        if self._probe is None:
-            self._probe = (
+        if _DRIVER.probe is None:
+            _DRIVER.probe = (
                 self._connect()
                 .remote(ClusterProbe)
                 .options(num_cpus=0, resources={"node:__internal_head__": _PIN})
                 .remote()
             )
-        return self._probe
+        return _DRIVER.probe
 
     def _node_usage(self) -> dict[str, tuple[bool, float]] | None:
         """Each node's (alive, slots others use), asked at most every few seconds."""
@@ -563,7 +722,7 @@ class RayExecutor:
                 timeout=_CALL_TIMEOUT_S,
             )
         except Exception:
-            self._probe = None
+            _DRIVER.probe = None
             return None
         self._usage = (now, usage)
         return usage

@@ -38,13 +38,13 @@ from trials.executors._slurm_commands import (
     steps_named,
     unavailable_nodes,
 )
-from trials.executors._slurm_node import (
+from trials.launch.launcher import SPEC_ENV_VAR, torchrun_args, trial_environment
+from trials.node.cluster_node import (
     IFNAME_ENV_VAR,
     NODE_SLOTS_ENV_VAR,
     RDZV_HOST_ENV_VAR,
     RDZV_NODE_ENV_VAR,
 )
-from trials.launch.launcher import SPEC_ENV_VAR, torchrun_args, trial_environment
 from trials.scheduler import DEFAULT_POOL, Agent, Cluster, ClusterConfigError, ResourcePool
 
 if TYPE_CHECKING:

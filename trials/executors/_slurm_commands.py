@@ -143,7 +143,7 @@ def srun_argv(
         argv += [f"--gpus-per-node={slots_per_node}", f"--cpus-per-task={slots_per_node}"]
     else:
         argv.append(f"--cpus-per-task={slots_per_node}")
-    return [*argv, python, "-m", "trials.executors._slurm_node", *torchrun]
+    return [*argv, python, "-m", "trials.node.cluster_node", *torchrun]
 
 
 # sinfo's short states in which a node takes no new job step.
@@ -315,7 +315,7 @@ def batch_script(torchrun: Sequence[str], python: str = sys.executable) -> str:
         "--ntasks-per-node=1",
         python,
         "-m",
-        "trials.executors._slurm_node",
+        "trials.node.cluster_node",
         *torchrun,
     ]
     return "#!/bin/sh\nexec " + " ".join(shlex.quote(part) for part in step) + "\n"

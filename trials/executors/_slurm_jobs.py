@@ -6,7 +6,7 @@ QoS, constraint and more sbatch options); the agents are the partition's nodes a
 ``sinfo`` lists them, which is what decides the valid ``slots_per_trial`` at
 submission. Slurm, not our scheduler, picks each job's nodes: a trial on one node
 asks for its GPUs (or CPUs), a trial on several takes whole nodes (``--exclusive``).
-The job runs one ``srun`` step of the node wrapper (:mod:`trials.executors._slurm_node`)
+The job runs one ``srun`` step of the node wrapper (:mod:`trials.node.cluster_node`)
 on each of its nodes, with c10d rendezvous on its first node.
 
 State comes from ``squeue`` (one call for all of a driver's jobs, cached briefly)
@@ -44,13 +44,13 @@ from trials.executors._slurm_commands import (
     squeue_jobs,
     step_name,
 )
-from trials.executors._slurm_node import IFNAME_ENV_VAR, RDZV_PORT_ENV_VAR
 from trials.launch.launcher import (
     CHECKPOINT_ON_SIGTERM_ENV_VAR,
     SPEC_ENV_VAR,
     torchrun_args,
     trial_environment,
 )
+from trials.node.cluster_node import IFNAME_ENV_VAR, RDZV_PORT_ENV_VAR
 from trials.scheduler import (
     DEFAULT_POOL,
     Agent,

@@ -4,7 +4,12 @@
 lines with ``[torchrun] `` (:mod:`~trials.node.torchrun`); every rank it starts runs
 ``python -m trials.node.worker`` (:mod:`~trials.node.worker`), which routes its output
 through ``[rank N] `` prefixing before it imports torch, then hands over to
-:mod:`trials.runtime`.
+:mod:`trials.runtime`. On a node of a multi-node attempt (a Slurm step, a Ray
+node's actor) ``python -m trials.node.cluster_node`` sets that node's part up first
+(:mod:`~trials.node.cluster_node`); on Ray, the actors of :mod:`~trials.node.ray_actors`
+start it. They live here, not in :mod:`trials.executors`, because the node imports
+them: a module there would import every executor (SQLAlchemy, the Slurm and Ray
+clients' code) before ``torchrun`` starts.
 
 May import ``storage`` (lazily), the base modules of ``trials``, :mod:`trials.launch`
 (the environment it reads) and :mod:`trials.runtime`; only the executors import it

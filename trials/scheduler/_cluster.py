@@ -108,7 +108,7 @@ class SlurmJobSettings:
 
 
 #: How long a Ray placement group may stay unsatisfied before the trial goes back to the
-#: queue: long enough for Ray to start the actors' worker processes under load, short
+#: queue: long enough for Ray to start a node's runner (a worker process) under load, short
 #: enough that a node lost between decision and reservation does not hold a trial.
 DEFAULT_RAY_RESERVE_TIMEOUT_S = 60.0
 

@@ -260,7 +260,7 @@ class _SlurmJobsSpec(ConfigModel):
 class _RaySpec(ConfigModel):
     address: str | None = Field(default=None, min_length=1, max_length=1000)
     slot_type: Literal["gpu", "cpu"] | None = None
-    # Ray starts an actor's worker process in a second or two; far below that every
+    # Ray starts a node's runner (a worker process) in a second or two; far below that every
     # trial would go back to the queue, far above it a lost node holds a trial a day.
     reserve_timeout_s: float = Field(default=DEFAULT_RAY_RESERVE_TIMEOUT_S, ge=5, le=86400)
 

@@ -112,7 +112,7 @@ def test_srun_runs_one_torchrun_per_node_on_exactly_the_placed_nodes() -> None:
     assert tail == [
         "/venv/bin/python",
         "-m",
-        "trials.executors._slurm_node",
+        "trials.node.cluster_node",
         "--nnodes=2",
         "-m",
         "trials.node.worker",
@@ -195,7 +195,7 @@ def test_the_batch_script_execs_one_srun_step_of_the_node_wrapper() -> None:
     first, command, *rest = script.splitlines()
     assert first == "#!/bin/sh" and not rest
     assert command.startswith("exec srun ")
-    assert "/venv/bin/python -m trials.executors._slurm_node --nnodes=2 '--rdzv-id=a b'" in command
+    assert "/venv/bin/python -m trials.node.cluster_node --nnodes=2 '--rdzv-id=a b'" in command
 
 
 def test_job_states_and_exit_codes_read_as_the_driver_needs_them() -> None:

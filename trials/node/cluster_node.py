@@ -1,6 +1,6 @@
-"""One node's part of a Slurm job step: ``python -m trials.executors._slurm_node TORCHRUN_ARGS``.
+"""One node's part of a multi-node attempt: ``python -m trials.node.cluster_node TORCHRUN_ARGS``.
 
-The Ray executor's node actors run it too (:mod:`trials.executors._ray_node`), naming
+The Ray executor's node actors run it too (:mod:`trials.node.ray_actors`), naming
 the agent in ``SLOTSWEEP_AGENT``. ``srun`` runs the same command on every node of the
 step; what differs per node comes
 from Slurm's environment: the agent is ``SLURMD_NODENAME`` and its slots come from
