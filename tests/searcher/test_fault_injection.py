@@ -66,7 +66,7 @@ KILL_SEED = 13
 # How many: resuming after a killed driver is the driver's own code, the same whatever
 # the executor, so the local executor takes the most moments; what each executor adds
 # (warm jobs, Ray's actors) meets a few, after the chosen moments above it met each.
-DRIVER_KILLS = {"local": 4, "local-warm": 3, "ray": 2}
+DRIVER_KILLS = {"local": 4, "local-warm": 2, "ray": 1}
 # Trials of the search that the driver is crashed in.
 SEARCH_TRIALS = 4
 # How long the ranks of a killed torchrun may outlive it.

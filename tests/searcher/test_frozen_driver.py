@@ -45,7 +45,7 @@ pytestmark = pytest.mark.slow
 LEASE_S = 3.0
 # Each stop outlasts the lease by this much: other drivers see the leases expired.
 STOP_PAST_LEASE_S = 1.5
-FREEZES = 5
+FREEZES = 4
 # How long a freeze waits for a trial claimed but not launched yet.
 WINDOW_WAIT_S = 4.0
 FREEZE_SEED = 26
