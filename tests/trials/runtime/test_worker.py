@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -22,52 +25,61 @@ def read_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def test_every_line_of_both_streams_gets_the_prefix() -> None:
+@dataclass
+class _Streams:
+    """A rank's stdout and stderr (write ends), and what reached the logs once closed."""
+
+    out: int
+    err: int
+    logged_out: bytes = b""
+    logged_err: bytes = b""
+
+
+@contextlib.contextmanager
+def _pumped(prefix: bytes) -> Iterator[_Streams]:
+    """The prefixer pumping a rank's two pipes into two log pipes; on leaving, the rank's
+    ends are closed, the pump is awaited and what reached each log is read."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     log_out_r, log_out_w = os.pipe()
     log_err_r, log_err_w = os.pipe()
-    pump = threading.Thread(
-        target=_pump, args=({out_r: log_out_w, err_r: log_err_w}, b"[rank 3] ")
-    )
+    pump = threading.Thread(target=_pump, args=({out_r: log_out_w, err_r: log_err_w}, prefix))
     pump.start()
-    os.write(out_w, b"first\nsecond part")
-    os.write(out_w, b" continues\n")
-    os.write(err_w, b"an error\n")
-    os.write(out_w, b"no newline at the end")
+    streams = _Streams(out_w, err_w)
+    yield streams
     os.close(out_w)
     os.close(err_w)
     pump.join(timeout=10)
     os.close(log_out_w)
     os.close(log_err_w)
-    assert read_all(log_out_r) == (
+    streams.logged_out = read_all(log_out_r)
+    streams.logged_err = read_all(log_err_r)
+
+
+def test_every_line_of_both_streams_gets_the_prefix() -> None:
+    with _pumped(b"[rank 3] ") as streams:
+        os.write(streams.out, b"first\nsecond part")
+        os.write(streams.out, b" continues\n")
+        os.write(streams.err, b"an error\n")
+        os.write(streams.out, b"no newline at the end")
+    assert streams.logged_out == (
         b"[rank 3] first\n[rank 3] second part continues\n[rank 3] no newline at the end\n"
     )
-    assert read_all(log_err_r) == b"[rank 3] an error\n"
+    assert streams.logged_err == b"[rank 3] an error\n"
 
 
 def test_a_retarget_line_moves_that_streams_later_lines_to_the_named_file(
     tmp_path: Path,
 ) -> None:
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    log_out_r, log_out_w = os.pipe()
-    log_err_r, log_err_w = os.pipe()
-    pump = threading.Thread(
-        target=_pump, args=({out_r: log_out_w, err_r: log_err_w}, b"[rank 0] ")
-    )
-    pump.start()
     new_log = tmp_path / "trial-2.log"
     marker = _RETARGET + str(new_log).encode() + b"\n"
-    os.write(out_w, b"trial 1's last line\nhalf a line" + marker + b"trial 2's first line\n")
-    os.write(err_w, b"trial 1's error\n" + marker + b"trial 2's error\n")
-    os.close(out_w)
-    os.close(err_w)
-    pump.join(timeout=10)
-    os.close(log_out_w)
-    os.close(log_err_w)
-    assert read_all(log_out_r) == b"[rank 0] trial 1's last line\n[rank 0] half a line\n"
-    assert read_all(log_err_r) == b"[rank 0] trial 1's error\n"
+    with _pumped(b"[rank 0] ") as streams:
+        os.write(
+            streams.out, b"trial 1's last line\nhalf a line" + marker + b"trial 2's first line\n"
+        )
+        os.write(streams.err, b"trial 1's error\n" + marker + b"trial 2's error\n")
+    assert streams.logged_out == b"[rank 0] trial 1's last line\n[rank 0] half a line\n"
+    assert streams.logged_err == b"[rank 0] trial 1's error\n"
     # Both streams go on in the new file, each in its order.
     lines = new_log.read_bytes().splitlines()
     assert sorted(lines) == [b"[rank 0] trial 2's error", b"[rank 0] trial 2's first line"]
