@@ -43,10 +43,15 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
+def _open_log(path: str | bytes) -> int:
+    """A trial log opened for appending (created if new): one line per write stays whole."""
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+
 def _reopen(path: bytes, current: int, original: int) -> int:
     """The fd a pipe's lines go to once retargeted to ``path`` (``current`` if it won't open)."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = _open_log(path)
     except OSError:
         return current
     if current != original:
@@ -209,7 +214,7 @@ def retarget_output(path: str) -> None:
     one to drain, cost a warm hand-over tens of milliseconds). What this process
     writes once its prefixing stops goes to ``path`` too.
     """
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = _open_log(path)
     handle = _active.get("handle")
     encoded = os.fsencode(path)
     if not isinstance(handle, tuple) or b"\n" in encoded:
