@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy import func, make_url, select, text
@@ -538,12 +539,27 @@ def _store(db_url: str, config: ExperimentConfig, config_path: Path, report: Rep
 
 
 def print_report(report: Report, console: Console) -> None:
-    """The probe table, the exchange, the verdict in plain words and the settings to try."""
-    table = Table(title=f"diagnose {report.name}: {report.slots} slot(s)", title_justify="left")
+    """The probe table, the exchange, the verdict in plain words and the settings to try.
+
+    The table fits an 80-column terminal with the GPU columns: each probe's median on
+    its row and, for the two per-window measures, the range over the windows on the
+    line below it (the whole precision is in ``--json``).
+    """
+    table = Table(
+        title=f"diagnose {report.name}: {report.slots} slot(s); medians, and below them "
+        "the range over the windows",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        collapse_padding=True,
+    )
     with_gpu = any("gpu_util_percent" in p.system for p in report.probes)
-    columns = ["probe", "slots", "samples/s", "step ms", "input ms", "train ms", "cpu %"]
-    for column in columns + (["gpu %", "gpu GB"] if with_gpu else []):
-        table.add_column(column, justify="left" if column == "probe" else "right")
+    # Units under the names: the headers are no wider than the numbers.
+    columns = ["\nprobe", "\nslots", "\nsamples/s", "step\nms", "input\nms", "train\nms"]
+    columns += ["cpu\n%", "gpu\n%", "gpu\nGB"] if with_gpu else ["cpu\n%"]
+    for column in columns:
+        table.add_column(column, justify="left" if column == "\nprobe" else "right", no_wrap=True)
 
     def metric(p: Probe, name: str) -> str:
         value = p.system.get(name)
@@ -551,12 +567,12 @@ def print_report(report: Report, console: Console) -> None:
 
     for p in report.probes:
         split = p.split()
-        step = p.step_s
+        samples, step = p.samples_per_s, p.step_s
         cells = [
             p.name,
             str(p.slots),
-            f"{p.samples_per_s.median:,.0f} ({p.samples_per_s.low:,.0f}-{p.samples_per_s.high:,.0f})",
-            Spread(step.median * 1e3, step.low * 1e3, step.high * 1e3).text(".3g"),
+            f"{_grouped(samples.median)}\n{_short(samples.low)}-{_short(samples.high)}",
+            f"{step.median * 1e3:.3g}\n{_short(step.low * 1e3)}-{_short(step.high * 1e3)}",
             f"{split['input_s'] * 1e3:.3g}",
             f"{split['train_batch_s'] * 1e3:.3g}",
             metric(p, "cpu_util_percent"),
@@ -602,3 +618,32 @@ _VERDICT_WORDS = {
     "compute-bound": "the step is spent computing, yet slots add less than they cost",
     "scaling well": "neither data nor gradient exchange holds the step back",
 }
+
+
+def _grouped(value: float) -> str:
+    """A whole number with thousands separators, or :func:`_short`'s three digits from a
+    million (``1,234,567`` is wider than the column).
+
+    Example:
+        >>> [_grouped(v) for v in (7441.4, 999_999.0, 13_653_333.0)]
+        ['7,441', '999,999', '13.7M']
+    """
+    return f"{value:,.0f}" if abs(value) < 1e6 else _short(value, digits=3)
+
+
+def _short(value: float, digits: int = 2) -> str:
+    """``digits`` significant digits, thousands as ``k`` and millions as ``M``: a range's
+    ends.
+
+    Example:
+        >>> [_short(v) for v in (0.00174, 13.2, 999.6, 1362.0, 150_000.0, 2.5e6)]
+        ['0.0017', '13', '1000', '1.4k', '150k', '2.5M']
+    """
+    scaled, suffix = value, ""
+    for scale, name in ((1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            scaled, suffix = value / scale, name
+            break
+    # ``g`` with two digits writes 150 as 1.5e+02.
+    whole = abs(scaled) >= 10**digits - 0.5
+    return (f"{scaled:.0f}" if whole else f"{scaled:.{digits}g}") + suffix

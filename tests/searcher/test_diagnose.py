@@ -12,6 +12,7 @@ from typing import Any
 import psutil
 import pytest
 import sqlalchemy as sa
+from rich.console import Console
 from sqlalchemy import select
 
 from searcher.cli import main
@@ -20,6 +21,7 @@ from searcher.diagnose import (
     OPTIONAL_PROBES,
     build_report,
     point_of,
+    print_report,
     probe_database,
     probe_plan,
 )
@@ -182,6 +184,29 @@ def test_a_step_splits_into_compute_communication_and_input(tmp_path: Path) -> N
     assert split["communication"] == pytest.approx(0.02)
     assert sum(split.values()) == pytest.approx(0.04)
     assert json.loads(json.dumps(report.as_json()))["verdict"] == report.verdict.value
+
+
+def test_the_printed_table_fits_an_80_column_terminal_with_gpu_columns(tmp_path: Path) -> None:
+    """Every probe's name whole and every line within 80 columns, with wide numbers."""
+    config = load_config(write_experiment(tmp_path / "exp"))
+    gpu = {"cpu_util_percent": 100.0, "gpu_util_percent": 97.5, "gpu_memory_used_gb": 71.9}
+    names = ["configured", "synthetic", "no_exchange", "one_slot", "one_agent", "compression"]
+    probes = [
+        Probe(name, name, 8, 4096, probe(name, 0.0003 * (i + 1), input_s=0.0001).windows, gpu)
+        for i, name in enumerate(names)
+    ]
+    report = build_report(config, probes, None)
+    console = Console(width=80, record=True)
+    print_report(report, console)
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80, "\n".join(lines)
+    assert "…" not in console.export_text()
+    rows = [line.split()[0] for line in lines if line.split() and line.split()[0] in names]
+    assert rows == names
+    names_line = next(i for i, line in enumerate(lines) if line.startswith("probe"))
+    assert lines[names_line - 1].split() == ["step", "input", "train", "cpu", "gpu", "gpu"]
+    units = ["ms", "ms", "ms", "%", "%", "GB"]
+    assert lines[names_line].split() == ["probe", "slots", "samples/s", *units]
 
 
 def test_agents_that_add_little_keep_the_verdict_from_scaling_well(tmp_path: Path) -> None:
@@ -408,15 +433,16 @@ def test_probes_on_gpus_report_utilisation_and_memory(
     from tests.gpu import cuda_device_count
 
     db = f"sqlite:///{tmp_path / 'user.db'}"
-    slots = str(min(2, cuda_device_count()))
+    # Trials as large as the machine allows (two GPUs where it has them).
+    slots = min(2, cuda_device_count())
     code = main(
         [
             "diagnose",
-            str(_experiment(tmp_path)),
+            str(_experiment(tmp_path, slots=slots)),
             "--hparams",
             "global_batch_size=64",
             "--slots",
-            slots,
+            str(slots),
             "--db",
             db,
             "--json",
