@@ -546,9 +546,10 @@ def print_report(report: Report, console: Console) -> None:
     line below it (the whole precision is in ``--json``).
     """
     table = Table(
-        title=f"diagnose {report.name}: {report.slots} slot(s); medians, and below them "
-        "the range over the windows",
+        title=f"diagnose {report.name}: {report.slots} slot(s)",
         title_justify="left",
+        caption="under each median: its range over the windows",
+        caption_justify="left",
         box=box.SIMPLE_HEAD,
         show_edge=False,
         pad_edge=False,
