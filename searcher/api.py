@@ -56,7 +56,7 @@ from rich.console import Console
 from sqlalchemy import select
 
 import searcher.samplers as samplers
-from searcher.driver import SearchDriver, _logs_root
+from searcher.driver import SearchDriver
 from searcher.experiments import (
     UsageError,
     best_trials,
@@ -65,6 +65,7 @@ from searcher.experiments import (
     find_experiment,
     request_action,
 )
+from searcher.logs import stored_experiment_log_dir
 from searcher.relocation import Relocation, relocate_experiment
 from searcher.submission import (
     ValidatedRun,
@@ -391,7 +392,7 @@ class Experiment:
                 return  # It ended as it exited; the caller reads the state next.
             raise RuntimeError(
                 f"experiment {self.id}: its driver exited with code {code} and the search "
-                f"unfinished; its output is in {_driver_log(self.id)}"
+                f"unfinished; its output is in {_driver_log(self.db_url, self.id)}"
             )
         if not alive and waited >= DRIVER_START_GRACE_S:
             raise RuntimeError(
@@ -625,8 +626,9 @@ def _drive(experiment_id: int, validated: ValidatedRun, progress: bool) -> Exper
     return SearchDriver(experiment_id, validated, show_progress=progress).run()
 
 
-def _driver_log(experiment_id: int) -> Path:
-    return _logs_root() / f"experiment-{experiment_id}" / "driver.log"
+def _driver_log(db_url: str, experiment_id: int) -> Path:
+    """The detached driver's output: ``driver.log`` in the experiment's log folder."""
+    return stored_experiment_log_dir(db_url, experiment_id) / "driver.log"
 
 
 def _start_driver(
@@ -653,8 +655,7 @@ def _start_driver(
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (env.get("PYTHONPATH"), str(_PACKAGES_ROOT)) if p
     )
-    log = _driver_log(experiment_id)
-    log.parent.mkdir(parents=True, exist_ok=True)
+    log = _driver_log(db_url, experiment_id)
     with log.open("ab") as out:
         out.write(f"--- {_dt.datetime.now(_dt.UTC).isoformat()} driver started\n".encode())
         out.flush()

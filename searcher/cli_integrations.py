@@ -83,13 +83,13 @@ def _open(args: argparse.Namespace) -> tuple[str, int]:
 
 def cmd_tensorboard(args: argparse.Namespace) -> int:
     """Write the event files; without ``--logdir``, serve them and append until Ctrl-C."""
-    from searcher.driver import _logs_root
     from searcher.integrations import TensorBoardExport, require
+    from searcher.logs import stored_experiment_log_dir
 
     require("tensorboard", extra="tensorboard")
     db_url, experiment_id = _open(args)
     logdir = Path(
-        args.logdir or _logs_root() / f"experiment-{experiment_id}" / "tensorboard"
+        args.logdir or stored_experiment_log_dir(db_url, experiment_id) / "tensorboard"
     ).resolve()
     export = TensorBoardExport(db_url, experiment_id, logdir)
     written = export.write()

@@ -32,7 +32,6 @@ processes, so the end-to-end tests run it rather than an example here::
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -44,6 +43,7 @@ from searcher.decisions import apply_decisions
 from searcher.driver_context import DriverContext, driver_log
 from searcher.experiments import UsageError, trial_counts, trial_total
 from searcher.integrations import DriverIntegrations
+from searcher.logs import experiment_log_dir
 from searcher.outcomes import Outcomes
 from searcher.placement import PendingQueue
 from searcher.progress import SearchProgress
@@ -89,7 +89,7 @@ class SearchDriver:
             self.experiment_id = experiment.id
             self.study_name = experiment.study_name
             self.model_dir = Path(experiment.model_dir)
-        run_dir = _logs_root() / f"experiment-{self.experiment_id}"
+            run_dir = experiment_log_dir(experiment.id, experiment.created_at)
         self.ctx = DriverContext(
             db_url=self.db_url,
             experiment_id=self.experiment_id,
@@ -340,7 +340,3 @@ class SearchDriver:
                 .limit(1)
             ).scalar()
         progress.update(counts, best)
-
-
-def _logs_root() -> Path:
-    return Path(os.environ.get("SLOTSWEEP_LOG_DIR", "slotsweep_logs")).resolve()

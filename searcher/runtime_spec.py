@@ -13,12 +13,12 @@ Example:
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import searcher.samplers as samplers
 from searcher.driver_context import DriverContext
+from searcher.logs import scratch_root
 from storage import Checkpoint, Trial
 from trials import RuntimeSpec, is_url
 from trials.config import ExperimentConfig, WarmSpec
@@ -76,6 +76,7 @@ def build_runtime_spec(
         attempt=attempt,
         checkpoint_path=checkpoint.path if checkpoint else None,
         agent=ctx.pool.agents[0].name,
+        run_dir=ctx.run_dir,
     )
     return spec.model_copy(
         update={"log_path": None if log_path is None else str(log_path), "warm": warm}
@@ -97,11 +98,13 @@ def runtime_spec_of(
     attempt: int,
     checkpoint_path: str | None,
     agent: str,
+    run_dir: Path,
 ) -> RuntimeSpec:
     """The spec of one attempt from plain values (the driver's, or a test's fixtures).
 
     The seed is distinct per trial and reproducible from the experiment's seed; the
-    scratch folder is per trial under the system's temporary folder.
+    scratch folder is per trial under the experiment's (:func:`searcher.logs.scratch_root`
+    of its log folder ``run_dir``).
     """
     pruner = samplers.pruner_spec(config)
     return RuntimeSpec(
@@ -130,12 +133,7 @@ def runtime_spec_of(
             update={"path": str(checkpoint_root(config, model_dir))}
         ),
         profiling=config.profiling,
-        scratch_dir=str(
-            Path(tempfile.gettempdir())
-            / "slotsweep"
-            / f"experiment-{experiment_id}"
-            / f"trial-{trial_id}"
-        ),
+        scratch_dir=str(scratch_root(run_dir) / f"trial-{trial_id}"),
         # Distinct per trial (as Determined does), reproducible from the experiment seed.
         seed=None if config.searcher.seed is None else config.searcher.seed + optuna_trial_number,
         restore_checkpoint_path=checkpoint_path,

@@ -432,6 +432,7 @@ def _runtime_spec(
         attempt=attempt,
         checkpoint_path=restore.path if restore else None,
         agent=AGENT,
+        run_dir=experiment.model_dir / "logs" / f"experiment-{experiment.experiment_id}",
     )
 
 

@@ -24,6 +24,7 @@ from searcher.control import Control, install_signal_handlers, restore_signal_ha
 from searcher.decisions import apply_decisions
 from searcher.driver_context import DriverContext, Timings
 from searcher.failures import RunVerdict
+from searcher.logs import scratch_root
 from searcher.outcomes import (
     PORT_CLASH_NOTE,
     PORT_CLASH_RETRIES,
@@ -232,7 +233,9 @@ def test_the_runtime_spec_is_built_from_the_context_trial_and_checkpoint_alone()
     assert spec.seed == 104  # distinct per trial, reproducible from the experiment seed
     assert spec.restore_checkpoint_path == "/ckpt/step-40"
     assert spec.checkpoint_storage.path == "/models/digits/checkpoints"
-    assert spec.scratch_dir.endswith(str(Path("slotsweep", "experiment-3", "trial-11")))
+    # Per trial, in the experiment's own folder (named by its log folder and that path).
+    assert Path(spec.scratch_dir).parent == scratch_root(Path("/logs/experiment-3"))
+    assert Path(spec.scratch_dir).name == "trial-11"
     assert spec.agent == "a1"
     assert spec.searcher_metric == "val_loss" and spec.smaller_is_better
     assert spec.pruning and spec.pruner is not None

@@ -119,7 +119,15 @@ def test_a_seeded_trial_gives_bit_identical_metrics_cold_and_warm(
     assert expected and any(name == "noise" for _, _, name, _ in expected)
     assert _metrics(warm_db, 1) == expected
     # The cache is the one thing that crossed: trial 1 saw trial 0 there.
-    log = (Path(_log_dir(cli_env, tmp_path)) / "trial-1.log").read_text()
+    # The log the trial's row names: in the warm search's own folder, though the cold
+    # search's database, used from the same folder, also has an experiment 1.
+    with session_scope(warm_db) as session:
+        log_path = session.scalars(select(Trial.log_path).where(Trial.optuna_trial_number == 1))
+        warm_log = Path(str(log_path.one()))
+    with session_scope(cold_db) as session:
+        cold_log = Path(str(session.scalars(select(Trial.log_path)).one()))
+    assert cold_log.parent != warm_log.parent, (cold_log, warm_log)
+    log = warm_log.read_text()
     assert "cache saw trials [0] before trial 1" in log
     # Imported afresh ahead of trial 1 (while trial 0's log was still open), by each rank:
     # what it printed then is in trial 1's log, before trial 1's own lines.
@@ -140,11 +148,6 @@ def test_a_seeded_trial_gives_bit_identical_metrics_cold_and_warm(
     )
     run_to_end(["run", str(kept), "--db", kept_db, "--slots", "2"], cli_env, tmp_path)
     assert _metrics(kept_db, 1) != expected
-
-
-def _log_dir(env: dict[str, str], cwd: Path) -> Path:
-    root = Path(env.get("SLOTSWEEP_LOG_DIR", cwd / "slotsweep_logs"))
-    return sorted(root.glob("experiment-*"))[-1]
 
 
 def test_a_failing_trial_ends_its_warm_job_and_the_next_starts_cold(
