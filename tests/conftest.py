@@ -24,7 +24,7 @@ from hypothesis import settings
 from trials.timings import TIMINGS_ENV_VAR
 
 if TYPE_CHECKING:
-    from tests.ui._real_search import RealSearch
+    from tests.real_search import RealSearch
 
 # Every run of the suite replays the same generated examples: a failure in CI is then a
 # defect to fix, never a draw of luck. HYPOTHESIS_PROFILE=explore draws new ones (to hunt).
@@ -197,13 +197,13 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def real_search(tmp_path_factory: pytest.TempPathFactory) -> RealSearch:
-    """A real small search run through ``slotsweep run`` (see :mod:`tests.ui._real_search`),
+    """A real small search run through ``slotsweep run`` (see :mod:`tests.real_search`),
     once per session: the UI's pages and the CLI's end-to-end test look at it.
 
     Read-only use: ``url`` is the finished search, ``running_url`` a copy taken while
     ``running_trial_id`` held its slots with nothing recorded yet.
     """
-    from tests.ui._real_search import run_real_search
+    from tests.real_search import run_real_search
 
     return run_real_search(tmp_path_factory.mktemp("real_search"))
 

@@ -20,8 +20,8 @@ from storage import (
     TrialState,
     session_scope,
 )
+from tests.real_search import MAX_TRIALS, RealSearch
 from tests.searcher.conftest import run_cli, write_experiment
-from tests.ui._real_search import MAX_TRIALS, RealSearch
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ def test_small_search_end_to_end(
 ) -> None:
     """The digits example's small search (TPE, ASHA, trials of 2 slots, one at a time),
     run once per session through ``slotsweep run`` for the UI's tests too
-    (:mod:`tests.ui._real_search`): what it printed and recorded, and what ``list``
+    (:mod:`tests.real_search`): what it printed and recorded, and what ``list``
     and ``describe`` say of it."""
     db = real_search.url
     assert "Best trials" in real_search.output

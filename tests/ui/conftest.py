@@ -4,7 +4,7 @@ Two kinds, kept apart (separate database files, separate experiments):
 
 - ``real_search`` (slow, ~1 minute, once per session; tests/conftest.py, since the
   CLI's end-to-end test shares it): a real ``slotsweep run`` of the digits example as
-  a subprocess (see :mod:`tests.ui._real_search`). Every page has slow tests against
+  a subprocess (see :mod:`tests.real_search`). Every page has slow tests against
   it, asserting on what the driver and the runtime recorded.
 - ``synthetic_search`` (a few seconds): :func:`tests._demo_data.seed_small_search`, an
   in-process stand-in whose rows are written by the runtime's own code (rank 0's
@@ -41,8 +41,8 @@ from tests._demo_data import (
     seed_warm_jobs,
     write_cluster_file,
 )
+from tests.real_search import RealSearch, run_failing_search
 from tests.ui._pages import PageRenderer
-from tests.ui._real_search import RealSearch, run_failing_search
 
 
 def copy_database(url: str, target: Path) -> str:
