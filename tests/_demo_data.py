@@ -27,7 +27,7 @@ split across two simulated ranks (their losses averaged, as DDP averages gradien
 records every outcome the UI must show: completed, pruned, failed after restarts,
 restarted from a checkpoint, still running with slots held, a checkpoint deleted by
 retention and one missing from disk, plus a multi-objective (cost-aware) experiment.
-The UI's slow tests look at a real ``slotsweep run`` instead (``tests/ui/_real_search.py``);
+The UI's slow tests look at a real ``slotsweep run`` instead (``tests/real_search.py``);
 this seed stands in for the states such a small run cannot produce reliably and keeps
 the quick tests fast.
 

@@ -16,12 +16,15 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import settings
 
 from trials.timings import TIMINGS_ENV_VAR
+
+if TYPE_CHECKING:
+    from tests.real_search import RealSearch
 
 # Every run of the suite replays the same generated examples: a failure in CI is then a
 # defect to fix, never a draw of luck. HYPOTHESIS_PROFILE=explore draws new ones (to hunt).
@@ -190,6 +193,19 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def real_search(tmp_path_factory: pytest.TempPathFactory) -> RealSearch:
+    """A real small search run through ``slotsweep run`` (see :mod:`tests.real_search`),
+    once per session: the UI's pages and the CLI's end-to-end test look at it.
+
+    Read-only use: ``url`` is the finished search, ``running_url`` a copy taken while
+    ``running_trial_id`` held its slots with nothing recorded yet.
+    """
+    from tests.real_search import run_real_search
+
+    return run_real_search(tmp_path_factory.mktemp("real_search"))
 
 
 @pytest.fixture

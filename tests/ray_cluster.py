@@ -28,7 +28,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, PostgresServer, fresh_database, released_after_group
+from tests.conftest import (
+    REPO_ROOT,
+    PostgresServer,
+    cli_environment,
+    fresh_database,
+    released_after_group,
+)
 from tests.slurm_cluster import node_addresses, read_assignments
 
 RAY_SCRIPT = REPO_ROOT / ".ci" / "ray.sh"
@@ -117,6 +123,19 @@ class RayCluster:
         """
         return OtherRayJob(self.address, holders)
 
+    def leftover_actors(self) -> list[str]:
+        """The names of slotsweep's actors alive on the cluster now (asked from a new client)."""
+        with self.actor_lister() as names:
+            return names()
+
+    def actor_lister(self) -> ActorLister:
+        """A Ray client connected now that lists slotsweep's live actors when called.
+
+        Connecting takes seconds on a loaded machine: a test that must look right after
+        an event (before Ray's own 30 s clean-up of a dead driver's actors) connects first.
+        """
+        return ActorLister(self.address)
+
     def cluster_file(self, folder: Path, **ray: object) -> Path:
         """A cluster file of ``executor: ray`` on this cluster (``ray:`` keys added)."""
         import yaml
@@ -156,6 +175,77 @@ for line in sys.stdin:
 for holder in holders.values():
     ray.kill(holder)
 """
+
+
+# Lists slotsweep's named actors each time a line arrives on stdin, after connecting
+# once (Ray Client's server now and then fails a new connection under load, its proxier
+# reading a zombie's command line: tried three times, as the executor itself does).
+_ACTOR_LISTER = """
+import sys, time, ray
+for attempt in range(3):
+    try:
+        ray.init(namespace="slotsweep", logging_level="ERROR")
+        break
+    except Exception:
+        if attempt == 2:
+            raise
+        time.sleep(2)
+print("connected", flush=True)
+for _ in sys.stdin:
+    names = [n for n in ray.util.list_named_actors() if n.startswith("slotsweep-")]
+    print(" ".join(names), flush=True)
+"""
+
+
+class ActorLister:
+    """A connected Ray client (a process of its own) that lists slotsweep's live actors.
+
+    Started by :meth:`RayCluster.actor_lister`; each call answers from the cluster at
+    that moment; :meth:`close` (or leaving the ``with`` block) ends it.
+    """
+
+    def __init__(self, address: str) -> None:
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", _ACTOR_LISTER],
+            env={**cli_environment(), "RAY_ADDRESS": address},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self._read("connecting")
+
+    def _read(self, doing: str) -> str:
+        assert self._process.stdout is not None
+        line = self._process.stdout.readline()
+        if not line:
+            _, err = self._finish()
+            raise RayClusterError(f"the actor lister failed {doing}: {err[-2000:]}")
+        return line.strip()
+
+    def __call__(self) -> list[str]:
+        """The names of slotsweep's actors alive now."""
+        assert self._process.stdin is not None
+        self._process.stdin.write("list\n")
+        self._process.stdin.flush()
+        return self._read("listing").split()
+
+    def _finish(self) -> tuple[str, str]:
+        try:
+            return self._process.communicate(input="", timeout=60)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            return self._process.communicate()
+
+    def close(self) -> None:
+        """End the lister's client."""
+        self._finish()
+
+    def __enter__(self) -> ActorLister:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 class OtherRayJob:

@@ -46,8 +46,8 @@ EXECUTORS = ("local", "local-warm")
 #: The executors the fault-injection tests (tests/searcher/test_fault_injection.py)
 #: run on: those above, and Ray on the real Ray test cluster (its nodes are network
 #: namespaces of this machine, so their processes are in its process table too, and
-#: signals to recorded pids are the same faults). Its own faults (a lost node, a
-#: killed driver and resume) are tests/searcher/test_ray.py.
+#: signals to recorded pids are the same faults; a killed driver's Ray actors are
+#: checked there too). Its own fault, a lost node, is tests/searcher/test_ray.py.
 FAULT_EXECUTORS = (*EXECUTORS, "ray")
 
 
@@ -147,6 +147,10 @@ def start_cli(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Pop
     )
 
 
+#: How often :func:`wait_for` asks.
+POLL_S = 0.05
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float = 180, what: str = "") -> None:
     """Poll ``predicate`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -156,7 +160,11 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 180, what: str = ""
         with contextlib.suppress(OperationalError, ProgrammingError):
             if predicate():
                 return
-        time.sleep(0.02)
+        # Each poll is a few queries: every 20 ms a waiting test took 5-7 % of a core
+        # (SQLite, PostgreSQL and its server), a suite's worth of waits tens of CPU
+        # seconds. What is awaited lasts (a moment held open, like a checkpoint's 0.4 s
+        # fsync, or a state), so 50 ms is soon enough.
+        time.sleep(POLL_S)
     raise AssertionError(f"timed out waiting for {what}")
 
 

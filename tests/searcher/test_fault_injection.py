@@ -15,6 +15,7 @@ added later must pass them all. The processes to kill are found as a later drive
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import random
@@ -42,6 +43,7 @@ from storage import (
     optuna_storage,
     session_scope,
 )
+from tests.ray_cluster import RayCluster
 from tests.searcher.conftest import (
     FAULT_EXECUTORS,
     assert_search_consistent,
@@ -63,10 +65,12 @@ pytestmark = pytest.mark.slow
 
 # Driver kills happen at moments drawn from this seed, so a failure can be replayed.
 KILL_SEED = 13
-# How many: resuming after a killed driver is the driver's own code, the same whatever
-# the executor, so the local executor takes the most moments; what each executor adds
-# (warm jobs, Ray's actors) meets a few, after the chosen moments above it met each.
-DRIVER_KILLS = {"local": 4, "local-warm": 2, "ray": 1}
+# How many: the chosen moment 3 (the driver alone SIGKILLed while its trials run, then
+# resumed) already takes every executor through a killed driver's resume; the random
+# moments add draws of where in its loop the driver dies, the same code whatever the
+# executor, so the local executor takes two and the others one (each costs a driver's
+# start, and a new start of the trials it had launched by then).
+DRIVER_KILLS = {"local": 2, "local-warm": 1, "ray": 1}
 # Trials of the search that the driver is crashed in.
 SEARCH_TRIALS = 4
 # How long the ranks of a killed torchrun may outlive it.
@@ -153,7 +157,11 @@ def _first_checkpointed_trial(db: str) -> int:
 
 @pytest.mark.parametrize("executor", FAULT_EXECUTORS, indirect=True)
 def test_search_survives_crashes_at_chosen_and_random_moments(
-    tmp_path: Path, cli_env: dict[str, str], executor: str, executor_database: str
+    tmp_path: Path,
+    cli_env: dict[str, str],
+    executor: str,
+    executor_database: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     """One search crashed at three chosen moments, then its driver killed at random ones.
 
@@ -163,8 +171,14 @@ def test_search_survives_crashes_at_chosen_and_random_moments(
     them. Then the driver is SIGKILLed at ``DRIVER_KILLS`` seeded random moments and
     resumed each time. Nothing finished may be lost or run again, the trial interrupted
     after its first checkpoint goes on from it, no half-written checkpoint is
-    registered, Optuna agrees, and the whole database is consistent.
+    registered, Optuna agrees, and the whole database is consistent. The runs the
+    driver left at (1) were ended by the resume, which says why; on Ray the node
+    runners (actors) of the driver killed at (3) outlived it, and no actor of the
+    search is left at the end.
     """
+    ray_cluster: RayCluster | None = (
+        request.getfixturevalue("ray_cluster") if executor == "ray" else None
+    )
     path = _experiment(
         tmp_path / "exp",
         searcher={
@@ -191,6 +205,7 @@ def test_search_survives_crashes_at_chosen_and_random_moments(
     wait_for(
         lambda: completed_checkpoints(db) >= 1 and _launched(db, 0, 2), what="a first checkpoint"
     )
+    first_runs = {run.id for run in open_runs(db)}
     power_loss(driver, db)
     checkpointed_trial = _first_checkpointed_trial(db)
     finished_before = _finished_trials(db)
@@ -208,15 +223,23 @@ def test_search_survives_crashes_at_chosen_and_random_moments(
     )
     power_loss(driver, db, last)
 
-    # 3. Only the driver dies; its trials keep running until a resume ends them.
-    last = last_run_id(db)
-    driver = start_cli(resume_args, cli_env, tmp_path)
-    wait_for(lambda: _launched(db, last, 2), what="two running trials")
-    leftover = torchrun_pids(db, last)
-    finished_mid = _finished_trials(db)
-    driver.kill()
-    driver.communicate(timeout=30)
-    assert leftover and all(psutil.pid_exists(pid) for pid in leftover)
+    # 3. Only the driver dies; its trials keep running until a resume ends them. On
+    # Ray, a client connected beforehand looks at the actors right after the kill,
+    # within Ray's own clean-up of a dead driver's actors (30 s).
+    with contextlib.ExitStack() as stack:
+        lister = (
+            stack.enter_context(ray_cluster.actor_lister()) if ray_cluster is not None else None
+        )
+        last = last_run_id(db)
+        driver = start_cli(resume_args, cli_env, tmp_path)
+        wait_for(lambda: _launched(db, last, 2), what="two running trials")
+        leftover = torchrun_pids(db, last)
+        finished_mid = _finished_trials(db)
+        driver.kill()
+        driver.communicate(timeout=30)
+        assert leftover and all(psutil.pid_exists(pid) for pid in leftover)
+        if lister is not None:
+            assert lister(), "the killed driver's node runners (Ray actors) are gone"
 
     # 4. The driver SIGKILLed at random moments, resumed each time.
     rng = random.Random(KILL_SEED)
@@ -248,6 +271,12 @@ def test_search_survives_crashes_at_chosen_and_random_moments(
             session.scalars(select(TrialRun).order_by(TrialRun.trial_id, TrialRun.attempt))
         )
         assert [r for r in runs if r.attempt > 0], "no kill interrupted a trial"
+        # The next resume ended the first runs the dead driver left, saying why (went on
+        # from a checkpoint, or the trial had ended meanwhile); a later attempt's reason
+        # stays the one it started with ("continued").
+        ended_by_resume = [r.reason or "" for r in runs if r.id in first_runs]
+        assert len(ended_by_resume) == 2, ended_by_resume
+        assert all("driver stopped" in reason for reason in ended_by_resume), ended_by_resume
         # The trial interrupted after its first checkpoint went on from it, not from step 0.
         checkpointed_runs = [r for r in runs if r.trial_id == checkpointed_trial]
         assert len(checkpointed_runs) >= 2
@@ -273,6 +302,8 @@ def test_search_survives_crashes_at_chosen_and_random_moments(
     study = optuna.load_study(study_name=study_name, storage=optuna_storage(db))
     assert [t.state.name for t in study.trials] == ["COMPLETE"] * SEARCH_TRIALS
     _assert_no_process_left(db)
+    if ray_cluster is not None:
+        assert not ray_cluster.leftover_actors()
     # No metric recorded twice, no attempts overlapping, Optuna agreeing, and the rest.
     assert_search_consistent(db)
 

@@ -30,7 +30,6 @@ import pytest
 from sqlalchemy import select
 
 from storage import Allocation, Experiment, TrialRun, session_scope
-from tests.conftest import PostgresServer
 from tests.searcher.conftest import (
     assert_search_consistent,
     start_cli,
@@ -170,8 +169,9 @@ def test_a_driver_stopped_past_its_lease_never_shares_a_slot(
     if backend == "sqlite":
         db = f"sqlite:///{tmp_path / 'sweep.db'}"
     else:
-        server: PostgresServer = request.getfixturevalue("postgres")
-        db = server.url.replace("postgresql://", "postgresql+psycopg://")
+        # A database of its own on the session's server: nothing here stops the server.
+        url: str = request.getfixturevalue("postgres_url")
+        db = url.replace("postgresql://", "postgresql+psycopg://", 1)
     env = {**cli_env, TIMINGS_ENV_VAR: lease_timings(LEASE_S)}
     common = ["--db", db, "--slots", "2"]
     # The stopped search is the longer one, so that every freeze finds it running.

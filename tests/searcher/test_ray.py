@@ -9,10 +9,6 @@ node's ``torchrun``, and every rank writes to PostgreSQL on the bridge address.
 from __future__ import annotations
 
 import re
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -68,33 +64,6 @@ def ray_bucket(
     yield from bridge_bucket(ray_cluster.controller_address, "ray", tmp_path / "s3", monkeypatch)
 
 
-def _leftover_actors(ray_cluster: RayCluster) -> list[str]:
-    """The names of slotsweep's actors still alive on the cluster (asked from a new client).
-
-    Ray Client's server now and then fails a new connection under load (its proxier
-    reads a zombie's command line): tried three times, as the executor itself does.
-    """
-    for attempt in range(3):
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                "import ray; ray.init(logging_level='ERROR', namespace='slotsweep'); "
-                "print(' '.join(n for n in ray.util.list_named_actors() "
-                "if n.startswith('slotsweep-')))",
-            ],
-            env={**cli_environment(), "RAY_ADDRESS": ray_cluster.address},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        if done.returncode == 0 or attempt == 2:
-            break
-        time.sleep(2)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.split()
-
-
 def test_trials_span_both_worker_nodes_on_one_warm_job_and_a_size_no_node_holds_is_refused(
     tmp_path: Path, ray_cluster: RayCluster, ray_database: str
 ) -> None:
@@ -146,7 +115,7 @@ def test_trials_span_both_worker_nodes_on_one_warm_job_and_a_size_no_node_holds_
     log = Path(str(trials[0].log_path)).read_text()
     assert "[rank 3]" in log and "[rank 0]" in log
     assert re.search(r"NCCL and gloo use network interface \S+", log), log[-2000:]
-    assert not _leftover_actors(ray_cluster)
+    assert not ray_cluster.leftover_actors()
     assert_search_consistent(ray_database)
 
 
@@ -292,49 +261,4 @@ def test_two_searches_share_no_slot_skip_a_node_another_ray_job_holds_and_requeu
     log = Path(str(trials[given_up[0].trial_id].log_path)).read_text()
     assert "Ray did not reserve its slots on raynode1" in log, log[-2000:]
     # Each trial ran once, on slots the other search's trial was not holding.
-    assert_search_consistent(ray_database)
-
-
-def test_resume_ends_a_killed_drivers_actors_and_no_trial_is_lost_or_run_twice(
-    tmp_path: Path, ray_cluster: RayCluster, ray_database: str
-) -> None:
-    env = _env(ray_cluster, tmp_path)
-    path = _search(
-        tmp_path,
-        entrypoint="slow_model:SlowDigitsTrial",
-        resources={"slots_per_trial": 2},
-        searcher={
-            "max_trials": 2,
-            "max_concurrent_trials": 2,
-            "max_length": {"epochs": 2},
-            "pruner": {"name": "none"},
-        },
-    )
-    driver = start_cli(["run", str(path), "--db", ray_database], env, tmp_path)
-    try:
-        wait_for(
-            lambda: completed_checkpoints(ray_database) > 0 and len(_runs(ray_database)) == 2,
-            timeout=300,
-            what="two running trials and a checkpoint",
-        )
-        driver.send_signal(signal.SIGKILL)
-        driver.communicate(timeout=30)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-    # Ray would end them itself once the dead driver's client session times out (30 s).
-    assert len(_leftover_actors(ray_cluster)) == 2
-    run_to_end(["resume", "digits-large-batch", "--db", ray_database], env, tmp_path)
-
-    assert not _leftover_actors(ray_cluster)
-    runs = _runs(ray_database)
-    with session_scope(ray_database) as session:
-        trials = list(session.scalars(select(Trial)))
-        assert [t.state for t in trials] == [TrialState.COMPLETED] * 2, [t.error for t in trials]
-    for trial in trials:
-        attempts = [(r.attempt, r.reason or "") for r in runs if r.trial_id == trial.id]
-        # Each attempt 0 was ended by resume; a trial whose ranks had recorded its end
-        # meanwhile is done, any other went on from its checkpoint as attempt 1.
-        assert [attempt for attempt, _ in attempts] in ([0], [0, 1]), attempts
-        assert "driver stopped" in attempts[0][1], attempts
     assert_search_consistent(ray_database)

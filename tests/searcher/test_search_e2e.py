@@ -20,23 +20,27 @@ from storage import (
     TrialState,
     session_scope,
 )
+from tests.real_search import MAX_TRIALS, RealSearch
 from tests.searcher.conftest import run_cli, write_experiment
 
 pytestmark = pytest.mark.slow
 
 
-def test_small_search_end_to_end(tmp_path: Path, cli_env: dict[str, str]) -> None:
-    path = write_experiment(tmp_path / "exp")
-    db = f"sqlite:///{tmp_path / 'sweep.db'}"
-    result = run_cli(["run", str(path), "--db", db, "--no-progress"], cli_env, tmp_path)
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert "Best trials" in result.stdout
+def test_small_search_end_to_end(
+    real_search: RealSearch, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The digits example's small search (TPE, ASHA, trials of 2 slots, one at a time),
+    run once per session through ``slotsweep run`` for the UI's tests too
+    (:mod:`tests.real_search`): what it printed and recorded, and what ``list``
+    and ``describe`` say of it."""
+    db = real_search.url
+    assert "Best trials" in real_search.output
 
     with session_scope(db) as session:
         experiment = session.scalars(select(Experiment)).one()
         assert experiment.state == ExperimentState.COMPLETED
         trials = list(session.scalars(select(Trial).order_by(Trial.id)))
-        assert len(trials) == 2
+        assert len(trials) == MAX_TRIALS
         for trial in trials:
             assert trial.state in (TrialState.COMPLETED, TrialState.PRUNED), trial.error
             assert trial.slots_per_trial == 2
@@ -67,11 +71,11 @@ def test_small_search_end_to_end(tmp_path: Path, cli_env: dict[str, str]) -> Non
 
     study = optuna.load_study(study_name=study_name, storage=db)
     states = sorted(t.state.name for t in study.trials)
-    assert len(states) == 2 and set(states) <= {"COMPLETE", "PRUNED"}
+    assert len(states) == MAX_TRIALS and set(states) <= {"COMPLETE", "PRUNED"}
 
     listing = run_cli(["list", "--db", db], cli_env, tmp_path)
-    assert listing.returncode == 0 and "digits-large-batch" in listing.stdout
-    described = run_cli(["describe", "digits-large-batch", "--db", db], cli_env, tmp_path)
+    assert listing.returncode == 0 and real_search.name in listing.stdout
+    described = run_cli(["describe", real_search.name, "--db", db], cli_env, tmp_path)
     assert described.returncode == 0
     assert "global_batch_size=" in described.stdout and "step" in described.stdout
 

@@ -104,15 +104,40 @@ def test_a_trial_spans_both_nodes_and_its_averaged_metrics_reach_postgresql(
     assert not _steps(slurm_cluster, allocation["SLURM_JOB_ID"])
 
 
-def test_a_cancelled_step_restarts_from_its_checkpoint(
+def test_a_cancelled_step_restarts_from_its_checkpoint_then_resume_cancels_a_dead_driver_s_step(
     tmp_path: Path, allocation: dict[str, str], slurm_database: str, slurm_cluster: SlurmCluster
 ) -> None:
+    """One trial meets both faults of a step, one per attempt (once two tests, each with
+    a search of its own):
+
+    - attempt 0: its step is cancelled (``scancel``) after a checkpoint, a failure of the
+      attempt: one restart, from the checkpoint, in a step of its own;
+    - attempt 1: its driver is SIGKILLed while it trains; the step outlives the driver
+      (``srun`` runs in a session of its own) until ``resume`` cancels it and finishes.
+    """
     path = _search(
         tmp_path,
         entrypoint="slow_model:SlowDigitsTrial",
-        searcher={"max_trials": 1, "max_length": {"epochs": 3}},
+        searcher={"max_trials": 1, "max_length": {"epochs": 3}, "pruner": {"name": "none"}},
+        # About 5 s an epoch: the restart still trains when its driver is killed.
+        hyperparameters={"global_batch_size": 64},
+        data={"batch_delay_s": 0.2},
     )
+    job_id = allocation["SLURM_JOB_ID"]
     driver = start_cli(["run", str(path), "--db", slurm_database], allocation, tmp_path)
+
+    def restart_trains() -> bool:
+        with session_scope(slurm_database) as session:
+            return bool(
+                session.scalars(
+                    select(TrialRun).where(
+                        TrialRun.attempt == 1,
+                        TrialRun.external_id.is_not(None),
+                        TrialRun.progress_at.is_not(None),
+                    )
+                ).first()
+            )
+
     try:
         wait_for(
             lambda: completed_checkpoints(slurm_database) > 0,
@@ -124,19 +149,31 @@ def test_a_cancelled_step_restarts_from_its_checkpoint(
             step_id = run.external_id
         assert step_id
         slurm_cluster.run("scancel", step_id, timeout=60)
-        out, err = driver.communicate(timeout=600)
+        wait_for(restart_trains, timeout=300, what="the restart training")
     finally:
-        if driver.poll() is None:
-            driver.kill()
-    assert driver.returncode == 0, f"{out}\n{err}"
+        driver.send_signal(signal.SIGKILL)
+        driver.communicate(timeout=30)
     with session_scope(slurm_database) as session:
         (trial,) = session.scalars(select(Trial))
-        assert trial.state == TrialState.COMPLETED, trial.error
         assert trial.restarts == 1
         runs = list(session.scalars(select(TrialRun).order_by(TrialRun.attempt)))
         assert [r.attempt for r in runs] == [0, 1]
         assert runs[1].restored_from_step is not None
         assert runs[0].external_id != runs[1].external_id
+    # The step outlives its driver: srun runs in a session of its own.
+    left = _steps(slurm_cluster, job_id)
+    assert left, "the killed driver's step should still run"
+
+    resumed = run_to_end(["resume", "1", "--db", slurm_database], allocation, tmp_path)
+    assert not _steps(slurm_cluster, job_id)
+    with session_scope(slurm_database) as session:
+        trials = list(session.scalars(select(Trial)))
+        # Finished to the end (no pruner), and none lost.
+        assert [t.state for t in trials] == [TrialState.COMPLETED], [
+            (t.state, t.error, t.restarts) for t in trials
+        ] + [resumed]
+        ended = list(session.scalars(select(TrialRun).where(TrialRun.external_id.in_(left))))
+        assert ended and all(r.ended_at is not None for r in ended)
     assert_search_consistent(slurm_database)
 
 
@@ -184,50 +221,6 @@ def test_a_lost_node_restarts_the_trial_from_its_checkpoint_on_the_other_node(
         assert len(runs) == 2 and runs[1].restored_from_step is not None
         # The restart went to the node that is still in the allocation.
         assert [a["agent"] for a in runs[1].agents] != [lost]
-    assert_search_consistent(slurm_database)
-
-
-def test_a_killed_driver_leaves_its_step_and_resume_cancels_it_and_finishes(
-    tmp_path: Path, allocation: dict[str, str], slurm_database: str, slurm_cluster: SlurmCluster
-) -> None:
-    path = _search(
-        tmp_path,
-        entrypoint="slow_model:SlowDigitsTrial",
-        searcher={"max_trials": 1, "max_length": {"epochs": 3}},
-    )
-    driver = start_cli(["run", str(path), "--db", slurm_database], allocation, tmp_path)
-
-    def running() -> bool:
-        with session_scope(slurm_database) as session:
-            return bool(
-                session.scalars(
-                    select(TrialRun).where(
-                        TrialRun.external_id.is_not(None), TrialRun.progress_at.is_not(None)
-                    )
-                ).first()
-            )
-
-    try:
-        wait_for(running, timeout=300, what="a step that trains")
-    finally:
-        driver.send_signal(signal.SIGKILL)
-        driver.communicate(timeout=30)
-    job_id = allocation["SLURM_JOB_ID"]
-    # The step outlives its driver: srun runs in a session of its own.
-    left = _steps(slurm_cluster, job_id)
-    assert left, "the killed driver's step should still run"
-
-    resumed = run_to_end(["resume", "1", "--db", slurm_database], allocation, tmp_path)
-    assert not _steps(slurm_cluster, job_id)
-    with session_scope(slurm_database) as session:
-        trials = list(session.scalars(select(Trial)))
-        assert len(trials) == 1
-        # Finished, by the pruner or to the end, and none lost.
-        assert all(t.state in (TrialState.COMPLETED, TrialState.PRUNED) for t in trials), [
-            (t.state, t.error, t.restarts) for t in trials
-        ] + [resumed]
-        ended = list(session.scalars(select(TrialRun).where(TrialRun.external_id.in_(left))))
-        assert ended and all(r.ended_at is not None for r in ended)
     assert_search_consistent(slurm_database)
 
 

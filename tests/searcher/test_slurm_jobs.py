@@ -214,33 +214,68 @@ def test_a_cluster_file_with_a_bad_slurm_block_names_the_field(
     ], done.stderr
 
 
-def test_scancel_of_a_trial_job_restarts_the_trial_from_its_checkpoint(
+def test_scancel_of_a_trial_job_restarts_it_then_resume_cancels_a_dead_driver_s_job(
     tmp_path: Path, login_env: dict[str, str], slurm_database: str, slurm_cluster: SlurmCluster
 ) -> None:
-    driver = start_cli(
-        ["run", str(_slow_search(tmp_path)), "--db", slurm_database], login_env, tmp_path
+    """One trial meets both faults of a trial job, one per attempt (once two tests, each
+    with a search of its own):
+
+    - attempt 0: its job is cancelled (``scancel``) after a checkpoint, a failure of the
+      attempt: one restart, from the checkpoint, as a job of its own;
+    - attempt 1: its driver is SIGKILLed while it trains; the job outlives the driver
+      until ``resume`` cancels it and finishes.
+    """
+    path = _search(
+        tmp_path,
+        entrypoint="slow_model:SlowDigitsTrial",
+        # About 5 s an epoch: the restart still trains when its driver is killed.
+        data={"batch_delay_s": 0.2},
+        hyperparameters={"global_batch_size": 64},
+        resources={"slots_per_trial": 2},
+        searcher={"max_trials": 1, "max_length": {"epochs": 3}, "pruner": {"name": "none"}},
     )
+    driver = start_cli(["run", str(path), "--db", slurm_database], login_env, tmp_path)
+
+    def restart_trains() -> bool:
+        with session_scope(slurm_database) as session:
+            return bool(
+                session.scalars(
+                    select(TrialRun).where(
+                        TrialRun.attempt == 1, TrialRun.progress_at.is_not(None)
+                    )
+                ).first()
+            )
+
     try:
         wait_for(
             lambda: completed_checkpoints(slurm_database) > 0, timeout=300, what="a checkpoint"
         )
         job_id = _first_job(slurm_database)
         slurm_cluster.run("scancel", job_id, timeout=60)
-        out, err = driver.communicate(timeout=600)
+        wait_for(restart_trains, timeout=300, what="the restart training")
     finally:
-        if driver.poll() is None:
-            driver.kill()
-    assert driver.returncode == 0, f"{out}\n{err}"
+        driver.send_signal(signal.SIGKILL)
+        driver.communicate(timeout=30)
     assert _job(slurm_cluster, job_id)["JobState"] == "CANCELLED"
     with session_scope(slurm_database) as session:
         (trial,) = session.scalars(select(Trial))
-        assert trial.state == TrialState.COMPLETED, trial.error
         # A cancelled job is a failure of the attempt: one restart, from the checkpoint.
         assert trial.restarts == 1 and "CANCELLED" in str(trial.error), trial.error
         runs = list(session.scalars(select(TrialRun).order_by(TrialRun.attempt)))
         assert [r.attempt for r in runs] == [0, 1]
         assert runs[0].external_id == job_id and runs[1].external_id != job_id
         assert runs[1].restored_from_step is not None
+        left = str(runs[1].external_id)
+    # The restart's job outlives its driver.
+    assert _job(slurm_cluster, left)["JobState"] == "RUNNING"
+
+    run_to_end(["resume", "1", "--db", slurm_database], login_env, tmp_path)
+    assert _job(slurm_cluster, left)["JobState"] not in ("RUNNING", "PENDING")
+    with session_scope(slurm_database) as session:
+        (trial,) = session.scalars(select(Trial))
+        assert trial.state == TrialState.COMPLETED, trial.error
+        (killed,) = session.scalars(select(TrialRun).where(TrialRun.external_id == left))
+        assert killed.ended_at is not None
     assert_search_consistent(slurm_database)
 
 
@@ -308,35 +343,4 @@ def test_a_preempted_trial_job_checkpoints_and_resumes_without_counting_a_failur
         assert resumed.restored_from_step == newest
     # Whether the ranks were done before the grace time ran out decides which.
     assert _job(slurm_cluster, job_id)["JobState"] in ("PREEMPTED", "TIMEOUT", "COMPLETED")
-    assert_search_consistent(slurm_database)
-
-
-def test_a_killed_driver_leaves_its_job_and_resume_cancels_it_and_finishes(
-    tmp_path: Path, login_env: dict[str, str], slurm_database: str, slurm_cluster: SlurmCluster
-) -> None:
-    driver = start_cli(
-        ["run", str(_slow_search(tmp_path)), "--db", slurm_database], login_env, tmp_path
-    )
-
-    def training() -> bool:
-        with session_scope(slurm_database) as session:
-            return bool(
-                session.scalars(select(TrialRun).where(TrialRun.progress_at.is_not(None))).first()
-            )
-
-    try:
-        wait_for(training, timeout=300, what="a job that trains")
-    finally:
-        driver.send_signal(signal.SIGKILL)
-        driver.communicate(timeout=30)
-    job_id = _first_job(slurm_database)
-    assert _job(slurm_cluster, job_id)["JobState"] == "RUNNING"
-
-    run_to_end(["resume", "1", "--db", slurm_database], login_env, tmp_path)
-    assert _job(slurm_cluster, job_id)["JobState"] not in ("RUNNING", "PENDING")
-    with session_scope(slurm_database) as session:
-        (trial,) = session.scalars(select(Trial))
-        assert trial.state in (TrialState.COMPLETED, TrialState.PRUNED), trial.error
-        runs = list(session.scalars(select(TrialRun).order_by(TrialRun.attempt)))
-        assert runs[0].external_id == job_id and runs[0].ended_at is not None
     assert_search_consistent(slurm_database)

@@ -2,9 +2,10 @@
 
 Two kinds, kept apart (separate database files, separate experiments):
 
-- ``real_search`` (slow, ~1 minute, once per session): a real ``slotsweep run`` of
-  the digits example as a subprocess (see :mod:`tests.ui._real_search`). Every page
-  has slow tests against it, asserting on what the driver and the runtime recorded.
+- ``real_search`` (slow, ~1 minute, once per session; tests/conftest.py, since the
+  CLI's end-to-end test shares it): a real ``slotsweep run`` of the digits example as
+  a subprocess (see :mod:`tests.real_search`). Every page has slow tests against
+  it, asserting on what the driver and the runtime recorded.
 - ``synthetic_search`` (a few seconds): :func:`tests._demo_data.seed_small_search`, an
   in-process stand-in whose rows are written by the runtime's own code (rank 0's
   context and recorder, the sampler's row builder). It holds the states a small real
@@ -40,8 +41,8 @@ from tests._demo_data import (
     seed_warm_jobs,
     write_cluster_file,
 )
+from tests.real_search import RealSearch, run_failing_search
 from tests.ui._pages import PageRenderer
-from tests.ui._real_search import RealSearch, run_failing_search, run_real_search
 
 
 def copy_database(url: str, target: Path) -> str:
@@ -56,16 +57,6 @@ def copy_database(url: str, target: Path) -> str:
 
 
 # --- The real search ----------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def real_search(tmp_path_factory: pytest.TempPathFactory) -> RealSearch:
-    """A real small search run through ``slotsweep run`` (see :mod:`tests.ui._real_search`).
-
-    Read-only use: ``url`` is the finished search, ``running_url`` a copy taken while
-    ``running_trial_id`` held its slots with nothing recorded yet.
-    """
-    return run_real_search(tmp_path_factory.mktemp("real_search"))
 
 
 @pytest.fixture(scope="session")

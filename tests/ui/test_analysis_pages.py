@@ -2,7 +2,7 @@
 
 Learning curves, the extra Optuna plots, Compare, human units, the slot grid and a
 search whose every trial failed, each read back against what the real driver, torchrun
-and the runtime recorded (``tests/ui/_real_search.py``).
+and the runtime recorded (``tests/real_search.py``).
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from storage import get_engine
-from tests.ui._pages import PageRenderer, assert_no_exception, texts, vega_charts
-from tests.ui._real_search import (
+from tests.real_search import (
     AGENT,
     AGENT_SLOTS,
     FAILING_TRIALS,
@@ -23,6 +22,7 @@ from tests.ui._real_search import (
     MAX_TRIALS,
     RealSearch,
 )
+from tests.ui._pages import PageRenderer, assert_no_exception, texts, vega_charts
 from ui import _format, _queries
 
 pytestmark = pytest.mark.slow

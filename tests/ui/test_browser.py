@@ -29,7 +29,7 @@ import sqlalchemy as sa
 from storage import get_engine
 from tests._demo_data import DemoSearch, seed_small_search
 from tests.conftest import free_port
-from tests.ui._real_search import RealSearch
+from tests.real_search import RealSearch
 from tests.ui.conftest import copy_database
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from storage import MetricKind, get_engine, record_metrics, session_scope
 from tests._demo_data import DemoSearch
 from tests.conftest import add_experiment
-from tests.ui._real_search import RealSearch
+from tests.real_search import RealSearch
 from ui import _queries
 
 

@@ -1,7 +1,7 @@
 """Every page of the real app, through AppTest, against a real ``slotsweep run``.
 
 The database comes from ``real_search`` (a subprocess running the digits example:
-real torchrun trials, real Optuna study, see ``tests/ui/_real_search.py``). What a
+real torchrun trials, real Optuna study, see ``tests/real_search.py``). What a
 page must show is read back from that database, so the tests hold whichever trials
 ASHA pruned. States this small search cannot produce are tested in ``test_pages.py``
 against the synthetic seed.
@@ -20,8 +20,8 @@ import pytest
 import sqlalchemy as sa
 
 from storage import get_engine
+from tests.real_search import AGENT, AGENT_SLOTS, MAX_TRIALS, RealSearch
 from tests.ui._pages import PageRenderer, assert_no_exception, texts
-from tests.ui._real_search import AGENT, AGENT_SLOTS, MAX_TRIALS, RealSearch
 from ui import _format
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,5 @@
-"""A real small search through ``slotsweep run``, for the UI tests to look at.
+"""A real small search through ``slotsweep run``, for the UI tests to look at (and the
+CLI's end-to-end test, tests/searcher/test_search_e2e.py).
 
 :func:`run_real_search` copies ``examples/digits`` (through the searcher tests'
 ``write_experiment``) and runs the CLI as a subprocess: TPE with a fixed seed, ASHA
@@ -60,6 +61,8 @@ class RealSearch:
     experiment_id: int
     name: str
     study_name: str
+    #: What ``slotsweep run`` printed (stdout, then stderr).
+    output: str = ""
 
 
 def _write_cluster_file(path: Path) -> Path:
@@ -172,6 +175,7 @@ def run_real_search(root: Path) -> RealSearch:
         experiment_id=int(experiment_id),
         name=str(name),
         study_name=str(study_name),
+        output=result.stdout + result.stderr,
     )
 
 
