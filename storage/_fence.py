@@ -9,12 +9,14 @@ restoring from. So every transaction a rank commits starts with :func:`claim_att
 which refuses it when the attempt has been superseded and otherwise stamps the run's
 progress (the driver's hang detection reads ``progress_at``).
 
-Before any of that, before a rank touches a device or builds a model, it passes
-:func:`start_ranks`: the run is not ended and the slot claim it was launched on still
-holds, and the run is marked started, all in one transaction. A driver stopped between
-recording a run and starting its processes may have lost the claim meanwhile (another
-driver, or a resume, judged the run gone and gave the slots to another trial); its
-ranks then exit at once with :data:`FENCED_EXIT_CODE`. Whoever judges a run gone reads
+Before any of that, before a rank touches a device or builds a model, its run passes
+:func:`start_ranks` (once per node, by the node's ``torchrun`` wrapper before it
+starts the ranks; a rank started otherwise checks for itself): the run is not ended
+and the slot claim it was launched on still holds, and the run is marked started, all
+in one transaction. A driver stopped between recording a run and starting its
+processes may have lost the claim meanwhile (another driver, or a resume, judged the
+run gone and gave the slots to another trial); its ranks then exit at once (or never
+start) with :data:`FENCED_EXIT_CODE`. Whoever judges a run gone reads
 the row in its own write transaction, locked: either the ranks' check committed first
 (the run is marked started, and is gone only once its processes are) or the judgement
 did (the ranks see the run ended or the claim gone).

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import datetime as _dt
+import importlib
 import math
 from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -76,13 +76,11 @@ def record_metrics(
         return
     rows = metric_rows(trial_id, step, kind, values, epoch)
     dialect = session.get_bind().dialect.name
-    insert: Any
-    if dialect == "sqlite":
-        insert = sqlite.insert(Metric)
-    elif dialect == "postgresql":
-        insert = postgresql.insert(Metric)
-    else:
+    if dialect not in ("sqlite", "postgresql"):
         raise NotImplementedError(f"metrics upsert is not implemented for {dialect}")
+    # The backend's own dialect module, loaded by its engine anyway: importing both up
+    # front cost every SQLite process (a trial's rank 0 among them) PostgreSQL's dialects.
+    insert: Any = importlib.import_module(f"sqlalchemy.dialects.{dialect}").insert(Metric)
     statement = insert.values(rows)
     statement = statement.on_conflict_do_update(
         index_elements=["trial_id", "step", "kind", "name"],

@@ -12,6 +12,7 @@ transactions overlapping, each order once.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import pytest
 from sqlalchemy import select
 
 from storage import (
+    FENCED_EXIT_CODE,
     Allocation,
     RanksFencedError,
     TrialRun,
@@ -241,3 +243,90 @@ def test_torchrun_passes_on_the_fenced_exit_of_its_first_failing_rank() -> None:
     assert ranks_fenced(failed(FENCED_EXIT_CODE, FENCED_EXIT_CODE))
     assert not ranks_fenced(failed(1))
     assert not ranks_fenced(RuntimeError("the rendezvous failed"))
+
+
+# A node's torchrun wrapper passes the fence once for its ranks (trials.node._fence),
+# in a child forked beside its torch import; each part runs in a fresh interpreter, as
+# the wrapper and the ranks do (no fork of the test's own process).
+_WRAPPER = """
+import json, os, sys
+from trials.launch.launcher import spec_from_environment
+from trials.node._fence import FENCE_PASSED_ENV_VAR, NodeFence
+fence = NodeFence(spec_from_environment())
+verdict = fence.verdict()
+print(json.dumps([verdict, os.environ.get(FENCE_PASSED_ENV_VAR), "storage" in sys.modules]))
+"""
+# A rank whose wrapper passed the fence: what it imports up to the runtime's import.
+_RANK = """
+import json, sys
+import trials.node.worker
+from trials.launch.launcher import spec_from_environment
+from trials.node._fence import rank_fenced_start
+verdict = rank_fenced_start(spec_from_environment())
+heavy = ("storage", "sqlalchemy", "psycopg", "optuna", "alembic", "torch", "streamlit")
+print(json.dumps([verdict, sorted(m for m in heavy if m in sys.modules)]))
+"""
+
+
+def _spec_env(url: str, trial_id: int, **extra: str) -> dict[str, str]:
+    from trials.launch.launcher import SPEC_ENV_VAR
+
+    spec = {
+        "db_url": url,
+        "experiment_id": 1,
+        "trial_id": trial_id,
+        "study_name": "s",
+        "optuna_trial_id": 0,
+        "optuna_trial_number": 0,
+        "entrypoint": "model:Trial",
+        "model_dir": ".",
+        "hparams": {},
+        "slots_per_trial": 1,
+        "max_length": {"batches": 1},
+        "searcher_metric": "loss",
+        "min_validation_period": {"batches": 1},
+        "scratch_dir": ".",
+    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLOTSWEEP_")}
+    return {**env, SPEC_ENV_VAR: json.dumps(spec), **extra}
+
+
+def _python(code: str, env: dict[str, str]) -> tuple[Any, str]:
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1]), done.stdout + done.stderr
+
+
+def test_the_wrapper_passes_the_fence_for_its_ranks_and_names_the_attempt(db_url: str) -> None:
+    trial_id, _ = _recorded_run(db_url)
+    verdict, _ = _python(_WRAPPER, _spec_env(db_url, trial_id))
+    # Passed in the child: the wrapper itself never imported storage.
+    assert verdict == [None, f"{trial_id}:0", False]
+    assert _started_at(db_url, trial_id) is not None
+
+
+def test_the_wrapper_refuses_an_ended_run_before_any_rank_starts(db_url: str) -> None:
+    trial_id, _ = _recorded_run(db_url)
+    with session_scope(db_url) as session:
+        for run in open_runs(session, trial_id):
+            assert end_run(session, run, reason="driver stopped")
+    (code, marker, _), output = _python(_WRAPPER, _spec_env(db_url, trial_id))
+    assert (code, marker) == (FENCED_EXIT_CODE, None)
+    assert "may not start: the run was ended" in output
+    assert _started_at(db_url, trial_id) is None
+
+
+def test_a_rank_whose_wrapper_passed_the_fence_imports_no_database_code(db_url: str) -> None:
+    """The guard on the rank's start-up: only a rank that checks for itself loads them."""
+    from trials.node._fence import FENCE_PASSED_ENV_VAR
+
+    trial_id, _ = _recorded_run(db_url)
+    passed = _spec_env(db_url, trial_id, **{FENCE_PASSED_ENV_VAR: f"{trial_id}:0"})
+    assert _python(_RANK, passed)[0] == [None, []]
+    assert _started_at(db_url, trial_id) is None  # nobody checked: the wrapper did
+    # Another attempt's pass does not count: the rank checks for itself.
+    other = _spec_env(db_url, trial_id, **{FENCE_PASSED_ENV_VAR: f"{trial_id}:1"})
+    assert _python(_RANK, other)[0] == [None, ["sqlalchemy", "storage"]]
+    assert _started_at(db_url, trial_id) is not None

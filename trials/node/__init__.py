@@ -9,7 +9,9 @@ node's actor) ``python -m trials.node.cluster_node`` sets that node's part up fi
 (:mod:`~trials.node.cluster_node`); on Ray, the actors of :mod:`~trials.node.ray_actors`
 start it. They live here, not in :mod:`trials.executors`, because the node imports
 them: a module there would import every executor (SQLAlchemy, the Slurm and Ray
-clients' code) before ``torchrun`` starts.
+clients' code) before ``torchrun`` starts. The wrapper passes the attempt's fenced
+start once for the node's ranks, beside its own start-up (:mod:`~trials.node._fence`),
+and both keep the garbage collector off torch's import (:mod:`~trials.node._heap`).
 
 May import ``storage`` (lazily), the base modules of ``trials``, :mod:`trials.launch`
 (the environment it reads) and :mod:`trials.runtime`; only the executors import it

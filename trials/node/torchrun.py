@@ -30,6 +30,8 @@ import sys
 from collections.abc import Sequence
 
 from trials.launch.launcher import SpecUnreadableError, says_address_in_use, spec_from_environment
+from trials.node._fence import NodeFence
+from trials.node._heap import frozen_imports
 from trials.node._prefix import LOG_TARGET_ENV_VAR, run_prefixed
 
 PREFIX = "[torchrun] "
@@ -48,7 +50,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ[PID_ENV_VAR] = str(os.getpid())
 
     def torchrun() -> int:
-        from torch.distributed.run import main as torchrun_main
+        fence = _node_fence()
+        with frozen_imports():
+            from torch.distributed.run import main as torchrun_main
+
+        fenced = fence.verdict() if fence is not None else None
+        if fenced is not None:
+            # The child said why (the run ended or its slot claim is gone); no rank
+            # started, nothing touched a device: the driver reads this code as no failure.
+            return fenced
 
         # A failure (a rank failed: torchrun's error summary) is printed prefixed, as
         # ``python -m torch.distributed.run`` would print it.
@@ -68,6 +78,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     return run_prefixed(PREFIX, torchrun)
+
+
+def _node_fence() -> NodeFence | None:
+    """The fenced start of this node's ranks, begun in a child (none without a spec).
+
+    A spec that cannot be read is left to the ranks, which say what is wrong with it.
+    """
+    try:
+        spec = spec_from_environment()
+    except SpecUnreadableError:
+        return None
+    return NodeFence(spec)
 
 
 def ranks_fenced(error: BaseException) -> bool:

@@ -26,7 +26,14 @@ and restarted the trial: it stops without recording anything), 4
 was already ended or its slot claim gone (its driver was stopped between recording the
 run and starting it: the slots may be another trial's), 1 with one line and no
 traceback when the database stayed unreachable or ``checkpoint_storage.path`` refused a
-checkpoint, and 1 with a traceback for any other crash.
+checkpoint, and 1 with a traceback for any other crash. That check
+(:mod:`trials.node._fence`) is passed once per node by the ``torchrun`` wrapper before
+it starts the ranks, which then skip it; a rank started otherwise checks for itself.
+
+Before its first batch a rank imports what it needs and nothing more: the spec's
+model (pydantic), torch and the runtime, with the garbage collector kept off them
+(:mod:`trials.node._heap`). Neither ``storage`` nor SQLAlchemy nor a database driver
+unless it checks the fence itself; rank 0 imports them in its recorder's thread.
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, NoReturn
 
+from trials.node._fence import rank_fenced_start
+from trials.node._heap import frozen_imports
 from trials.node._prefix import run_prefixed, write_to_log_target
 
 if TYPE_CHECKING:
@@ -90,7 +99,7 @@ def _run() -> int:
         for problem in error.problems:
             _fail(problem)
         return 2
-    fenced = _fenced_start(spec)
+    fenced = rank_fenced_start(spec)
     if fenced is not None:
         return fenced
 
@@ -98,7 +107,10 @@ def _run() -> int:
         # Unwind normally, so rank 0 commits its queued records and the group is left.
         raise SystemExit(128 + signum)
 
-    from trials.runtime import install_checkpoint_on_sigterm
+    with frozen_imports():
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        from trials.runtime import InvalidTrialError, install_checkpoint_on_sigterm, run_trial
 
     if not install_checkpoint_on_sigterm():
         signal.signal(signal.SIGTERM, _terminate)
@@ -112,10 +124,6 @@ def _run() -> int:
         flush=True,
     )
 
-    from torch.distributed.elastic.multiprocessing.errors import record
-
-    from trials.runtime import InvalidTrialError, run_trial
-
     if spec.warm is not None:
         return _run_warm(spec)
     try:
@@ -128,38 +136,6 @@ def _run() -> int:
         flush=True,
     )
     return 0
-
-
-def _fenced_start(spec: RuntimeSpec) -> int | None:
-    """Check, before anything touches a device, that this run may start; else its exit code.
-
-    Its driver may have been stopped between recording the run and starting it, and
-    lost the slot claim meanwhile: the slots may be another trial's now
-    (``storage.start_ranks``). A refused rank exits with ``storage.FENCED_EXIT_CODE``.
-    """
-    from storage import (
-        FENCED_EXIT_CODE,
-        RanksFencedError,
-        get_engine,
-        retry_transient,
-        session_scope,
-        start_ranks,
-    )
-
-    def check() -> None:
-        with session_scope(spec.db_url) as session:
-            start_ranks(session, spec.trial_id, spec.attempt)
-
-    try:
-        retry_transient(check)
-    except RanksFencedError as fenced:
-        print(f"slotsweep: {fenced}", file=sys.stderr, flush=True)
-        return FENCED_EXIT_CODE
-    finally:
-        # Only rank 0 writes after this: no rank keeps an idle pooled connection for the
-        # whole trial (one per rank adds up on PostgreSQL). The engine stays usable.
-        get_engine(spec.db_url).dispose()
-    return None
 
 
 # A trial that ended otherwise (preempted, stopped) ends its warm job: its slots may be

@@ -212,7 +212,8 @@ def test_only_rank_0_imports_optuna_and_every_rank_only_the_database_s_fence(
     handle, _ = reference
     scratch = Path(handle.spec.scratch_dir)
     rank1 = json.loads((scratch / "rank-1" / "modules.json").read_text())
-    # Every rank checks its claim in the database before it touches a device
+    # Started by plain torchrun (no wrapper passed the fence for them: trials.node._fence),
+    # every rank checks its claim in the database before it touches a device
     # (storage.start_ranks); only rank 0 records, so only rank 0 needs Optuna.
     assert rank1 == {"optuna": False, "sqlalchemy": True, "streamlit": False, "storage": True}
     rank0 = json.loads((scratch / "rank-0" / "modules.json").read_text())
