@@ -248,7 +248,8 @@ class SearchDriver:
         that started nothing waits again). Optuna hears the outcomes, and the trials
         to come are asked ahead, only once the launches are done and the warm jobs'
         ranks took the trials handed to them: a warm job's next trial, asked while its
-        current one ran, is handed over without waiting for the sampler.
+        current one ran, is decided ahead as that job's next (:mod:`searcher.handoff`), and
+        its rank 0 starts it at the hand-back without waiting for this driver.
         """
         study = self._loaded_study()
         self._keep_lease()
@@ -266,8 +267,10 @@ class SearchDriver:
             if not self._running and not self._running.has_warm_jobs:
                 return ExperimentState.PAUSED
         else:
-            # Only what the free room needs now: nothing when a trial was asked ahead.
-            study.fill_queue(len(self._running), self._pending)
+            # Only what the free room needs now: nothing when a trial was asked ahead (a
+            # trial decided ahead for a warm job counts as asked ahead).
+            asked_ahead = len(self._running.ahead)
+            study.fill_queue(len(self._running) + asked_ahead, self._pending)
             limit = self.config.searcher.max_concurrent_trials
             placed = self._pending.place(room=max(0, limit - len(self._running)))
             apply_decisions(self._running.launch(placed), self._pending, self._control)
@@ -275,10 +278,14 @@ class SearchDriver:
             # behind the next hand-over when another warm job handed its trial back meanwhile.
             if not self._running.warm.await_taken():
                 study.flush_tells()
-                # One trial ahead for each warm job at work, asked off the hand-over's path.
+                # One trial ahead for each warm job at work, asked off the hand-over's path,
+                # and decided ahead as the job's next: its rank 0 starts it at the hand-back.
                 study.fill_queue(
-                    len(self._running), self._pending, ahead=self._running.on_warm_jobs
+                    len(self._running) + len(self._running.ahead),
+                    self._pending,
+                    ahead=self._running.on_warm_jobs,
                 )
+                self._running.reserve_ahead(self._pending)
             self._running.warm.end_unneeded(self._pending.sizes())
             if (
                 not self._running

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import uuid
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -223,26 +223,52 @@ class AttemptStarter:
                 restored_step=checkpoint.step if checkpoint else None,
             )
 
+    def adopt(self, trial_id: int, run_id: int, warm_job_id: int) -> tuple[Attempt, float]:
+        """The attempt that rank 0 of warm job ``warm_job_id`` started itself, and its age in s.
+
+        Its trial was decided ahead for the job (:mod:`searcher.handoff`) and rank 0
+        wrote its run at the hand-back: the driver takes it over as it would an attempt
+        it started on the job, its log's first line included.
+        """
+        ctx = self.ctx
+        with session_scope(ctx.db_url) as session:
+            trial = session.get(Trial, trial_id)
+            run = session.get(TrialRun, run_id)
+            assert trial is not None and run is not None and run.launch_token is not None
+            attempt = Attempt(
+                trial_id=trial_id,
+                optuna_number=trial.optuna_trial_number,
+                attempt=run.attempt,
+                slots=trial.slots_per_trial,
+                run_id=run.id,
+                token=run.launch_token,
+                log_path=Path(trial.log_path or ctx.run_dir / "warm.log"),
+                spec_json=json.dumps(run.spec),
+                warm_job_id=warm_job_id,
+                idle=None,
+                restored_step=run.restored_from_step,
+            )
+            where = _placed_on((node["agent"], node["slots"]) for node in run.agents or [])
+            age_s = max(0.0, (utcnow() - run.started_at).total_seconds())
+            _warn_dropped_samples(ctx, trial, run.attempt)
+        self._write_start_line(attempt, where, already_running=True)
+        return attempt, age_s
+
     def log_start(self, attempt: Attempt, placement: ClaimedPlacement | None) -> None:
         """The attempt's first line in the trial's log: where it runs, what it restores."""
-        ctx = self.ctx
         where = (
-            ", ".join(
-                f"{part.agent.name} slots {','.join(str(slot) for slot in part.slots)}"
-                for part in placement.agents
-            )
+            _placed_on((part.agent.name, part.slots) for part in placement.agents)
             if placement is not None
-            else f"nodes the {ctx.executor.name} executor's cluster picks"
+            else f"nodes the {self.ctx.executor.name} executor's cluster picks"
         )
+        self._write_start_line(attempt, where, already_running=attempt.idle is not None)
+
+    def _write_start_line(self, attempt: Attempt, where: str, *, already_running: bool) -> None:
         restored_step = attempt.restored_step
         write_log_line(
             attempt.log_path,
-            f"trial {ctx.label(attempt.optuna_number)} attempt {attempt.attempt} on {where}"
-            + (
-                f" (warm job {attempt.warm_job_id}, already running)"
-                if attempt.idle is not None
-                else ""
-            )
+            f"trial {self.ctx.label(attempt.optuna_number)} attempt {attempt.attempt} on {where}"
+            + (f" (warm job {attempt.warm_job_id}, already running)" if already_running else "")
             + (f", restoring the checkpoint of step {restored_step}" if restored_step else ""),
         )
 
@@ -369,6 +395,13 @@ def _warn_dropped_samples(ctx: DriverContext, trial: Trial, attempt: int) -> Non
             f"{dropped} samples per batch are dropped",
             stacklevel=1,
         )
+
+
+def _placed_on(parts: Iterable[tuple[str, Sequence[int]]]) -> str:
+    """Where an attempt runs, as its log's first line says it: ``a0 slots 0,1, a1 slots 0``."""
+    return ", ".join(
+        f"{agent} slots {','.join(str(slot) for slot in slots)}" for agent, slots in parts
+    )
 
 
 def _latest_checkpoint(session: Session, trial_id: int) -> Checkpoint | None:

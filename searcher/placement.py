@@ -72,6 +72,15 @@ class PendingQueue:
         """The ``slots_per_trial`` of the waiting trials."""
         return {pending.slots for pending in self._pending}
 
+    def first_of_size(self, slots: int) -> int | None:
+        """The waiting trial of ``slots`` slots that the queue would offer first, if any."""
+        sized = [p for p in self._pending if p.slots == slots]
+        return min(sized, key=lambda p: (p.priority, p.order)).trial_id if sized else None
+
+    def remove(self, trial_id: int) -> None:
+        """Take the trial off the queue (decided ahead for a warm job: ``searcher.handoff``)."""
+        self._pending = [p for p in self._pending if p.trial_id != trial_id]
+
     def queue(self, trial: Trial) -> None:
         """Add ``trial`` to the queue (once: a retried tick may queue it again)."""
         self.requeue(trial.id, trial.slots_per_trial)

@@ -37,6 +37,7 @@ from searcher.control import Control, Stop
 from searcher.decisions import Decision, Requeue
 from searcher.driver_context import DriverContext, driver_log
 from searcher.experiments import UsageError
+from searcher.handoff import AheadReservations, RunningJob, Started
 from searcher.launching import (
     Attempt,
     AttemptStarter,
@@ -44,7 +45,7 @@ from searcher.launching import (
     settle_failed_launch,
 )
 from searcher.outcomes import Outcomes
-from searcher.placement import Placed
+from searcher.placement import PendingQueue, Placed
 from searcher.warm import IdleJob, IdleWarmJobs
 from storage import (
     FENCED_EXIT_CODE,
@@ -59,7 +60,7 @@ from storage import (
 from trials.coordination import allocations as slot_ledger
 from trials.coordination import warm_jobs
 from trials.coordination.attempts import end_run, open_runs, request_stop
-from trials.executors import TrialJob, mark_processes_ended
+from trials.executors import JobEnding, TrialJob, mark_processes_ended
 from trials.launch.launcher import write_log_line
 
 _log = driver_log
@@ -123,6 +124,8 @@ class RunningTrials:
         self._running: dict[int, _Running] = {}
         self.warm = IdleWarmJobs(ctx)
         self.starter = AttemptStarter(ctx, self.warm)
+        #: The next trial of each warm job at work, decided ahead (:mod:`searcher.handoff`).
+        self.ahead = AheadReservations(ctx)
 
     def __len__(self) -> int:
         return len(self._running)
@@ -136,6 +139,12 @@ class RunningTrials:
     def has_warm_jobs(self) -> bool:
         """Whether an idle warm job of this driver still has processes."""
         return bool(self.warm)
+
+    def reserve_ahead(self, pending: PendingQueue) -> None:
+        """Decide ahead, from ``pending``, the next trial of each warm job at work."""
+        self.ahead.reserve(
+            [_job_at_work(r) for r in self._running.values() if _at_work(r)], pending
+        )
 
     # ----------------------------------------------------------------- starting
     def launch(self, placed: Sequence[Placed]) -> list[Decision]:
@@ -174,7 +183,7 @@ class RunningTrials:
                 trial_id, {run_id: r.warm_job_id for run_id, r in on_warm.items()}
             )
             if handed_back is not None:
-                self._record_hand_back(on_warm[handed_back])
+                self._take_hand_back(on_warm[handed_back])
             attempt, job = self.starter.start(trial_id, placed.placement)
             running = _running(
                 attempt, job, None if attempt.idle is not None else job.waiting_reason()
@@ -250,12 +259,14 @@ class RunningTrials:
         handed_back = self._warm_handed_back()
         for trial_id, running in list(self._running.items()):
             exit_code = running.job.poll()
+            if running.run_id in handed_back and self._settle_ahead(running):
+                continue  # its job runs the trial decided ahead (reaped from the next look)
             if exit_code is None and running.run_id in handed_back:
                 self._record_hand_back(running)
                 continue
             if exit_code is None:
                 if running.waiting is not None:
-                    self._follow_queued(running)
+                    _follow_queued(self.ctx, running)
                 asked_at = running.preempted_at or running.preempted_by_cluster_at
                 if (
                     asked_at is not None
@@ -267,6 +278,11 @@ class RunningTrials:
             # Forgotten only once the outcome is committed: a tick that failed on the
             # database finds the exited run again and records it then.
             del self._running[trial_id]
+        # Jobs handed back idle (rank 0 refused: the queue moved) or gone: their trials
+        # decided ahead wait again.
+        self._decided += self.ahead.withdraw_except(
+            {r.warm_job_id for r in self._running.values() if r.warm_job_id}
+        )
         self.warm.reap()
         return self.take_decisions()
 
@@ -295,23 +311,43 @@ class RunningTrials:
 
     # ----------------------------------------------------------------- warm jobs
     def _warm_handed_back(self) -> set[int]:
-        """Runs on warm jobs whose ranks handed the job back (the job is idle now)."""
+        """Runs on warm jobs whose ranks handed the job back (idle now, or on its next trial)."""
         runs = {r.warm_job_id: r.run_id for r in self._running.values() if r.warm_job_id}
-        if not runs:
-            return set()
-        with session_scope(self.ctx.db_url) as session:
-            current = dict(
-                session.execute(
-                    select(WarmJob.id, WarmJob.current_run_id).where(WarmJob.id.in_(list(runs)))
-                ).all()
-            )
+        current = _current_warm_runs(self.ctx, list(runs))
         return {run_id for job_id, run_id in runs.items() if current.get(job_id) != run_id}
 
-    def _record_hand_back(self, running: _Running) -> None:
+    def _take_hand_back(self, running: _Running) -> None:
+        """Record that ``running``'s warm job handed its trial back (idle, or on to the next).
+
+        The job's reservation is settled first (:meth:`_settle_ahead`).
+        """
+        if not self._settle_ahead(running):
+            self._record_hand_back(running)
+
+    def _settle_ahead(self, running: _Running) -> bool:
+        """Settle the reservation on ``running``'s warm job; whether its trial went on to it.
+
+        Rank 0 started the trial decided ahead in the transaction that ended
+        ``running``'s trial: that hand-back is recorded, and the job runs on under the
+        started trial's attempt. A withdrawn reservation's trial waits again.
+        """
+        settled = self.ahead.settle(running.warm_job_id) if running.warm_job_id else None
+        if not isinstance(settled, Started):
+            self._decided += [settled] if settled is not None else []
+            return False
+        self._record_hand_back(running, going_on=True)
+        trial_id, job_id = settled.reservation.trial_id, settled.reservation.job_id
+        attempt, age_s = self.starter.adopt(trial_id, settled.run_id, job_id)
+        self._running[trial_id] = _running(attempt, running.job, None)
+        self._running[trial_id].started -= age_s
+        return True
+
+    def _record_hand_back(self, running: _Running, *, going_on: bool = False) -> None:
         """The trial on a warm job ended (finished or pruned) and its ranks stay for the next.
 
         The attempt moves from the running ones to the idle jobs once its outcome is
-        committed.
+        committed; ``going_on``: the job runs the trial its rank 0 started at the
+        hand-back instead (:meth:`_settle_ahead`).
         """
         assert running.warm_job_id is not None
         elapsed = time.monotonic() - running.started
@@ -326,37 +362,9 @@ class RunningTrials:
             run.reason = run.reason or "ended; its ranks wait warm for the next trial"
             log_path = Path(trial.log_path or self.ctx.run_dir / "warm.log")
             self._decided += self.outcomes.finalize(session, trial, exit_code=0)
-        self.warm.add(
-            IdleJob(
-                job_id=running.warm_job_id, job=running.job, slots=running.slots, log_path=log_path
-            )
-        )
+        if not going_on:
+            self.warm.add(IdleJob(running.warm_job_id, running.job, running.slots, log_path))
         del self._running[running.trial_id]
-
-    def _follow_queued(self, running: _Running) -> None:
-        """Note when an attempt queued in the cluster engine starts (or why it still waits).
-
-        Its clock (slot-seconds, start-up and hang timeouts) starts then, not at submission.
-        """
-        reason = running.job.waiting_reason()
-        if reason == running.waiting:
-            return
-        running.waiting = reason
-        with session_scope(self.ctx.db_url) as session:
-            run = session.get(TrialRun, running.run_id)
-            trial = session.get(Trial, running.trial_id)
-            assert run is not None and trial is not None
-            if reason is None:
-                running.started = time.monotonic()
-                run.started_at = utcnow()
-                run.agents = running.job.describe()
-                nodes = ", ".join(node["agent"] for node in run.agents) or "its nodes"
-                message = f"attempt {running.attempt} started on {nodes}"
-            else:
-                message = reason
-            log_path = trial.log_path
-        if log_path:
-            write_log_line(Path(log_path), message)
 
     def _record_exit(self, running: _Running, exit_code: int) -> None:
         elapsed = 0.0 if running.waiting else time.monotonic() - running.started
@@ -382,25 +390,7 @@ class RunningTrials:
                 run.reason = "paused"
                 trial.state = TrialState.QUEUED
                 return
-            stopped_by_cluster = ending.stopped_by_cluster
-            if exit_code == FENCED_EXIT_CODE and running.hang_reason is None:
-                # Its ranks found the run ended or its slot claim gone (this driver was
-                # stopped meanwhile) and exited before touching a device: no failure.
-                stopped_by_cluster = _FENCED_NOTE
-            if stopped_by_cluster is None and run.stop_reason and running.hang_reason is None:
-                # Preempted for a higher-priority trial by the cluster's placement
-                # decision: it checkpointed and goes back to the queue, no restart.
-                stopped_by_cluster = run.stop_reason
-            if (
-                stopped_by_cluster is None
-                and ending.cause is None
-                and run.stop_requested_at is not None
-                and running.hang_reason is None
-            ):
-                # Not this driver's request (that is preempted_at), nor a cancelled job:
-                # the ranks recorded a SIGTERM from the cluster (``--signal=TERM@120``
-                # ahead of the time limit, say) and checkpointed.
-                stopped_by_cluster = "stopped by a SIGTERM from the cluster"
+            stopped_by_cluster = _stopped_by_cluster(running, ending, run, exit_code)
             if stopped_by_cluster and not (trial.finished_at or trial.pruned_at):
                 run.reason = f"{stopped_by_cluster}; resumes from its latest checkpoint"
                 _log.info("trial %s: %s", self.ctx.label(running.optuna_number), run.reason)
@@ -464,7 +454,13 @@ class RunningTrials:
                 running.job.end(grace_s=0.0)
 
     def preempt(self) -> None:
-        """Ask every running attempt to checkpoint and stop (a pause); each is asked once."""
+        """Ask every running attempt to checkpoint and stop (a pause); each is asked once.
+
+        The trials decided ahead for warm jobs wait again (for the resume); one that a
+        job's rank 0 started first is adopted and asked too.
+        """
+        for running in list(self._running.values()):
+            self._settle_ahead(running)
         self.warm.end_all("the search pauses")
         asking = [r for r in self._running.values() if r.preempted_at is None]
         if not asking:
@@ -486,6 +482,10 @@ class RunningTrials:
         Optuna's tells are queued in :attr:`outcomes`: flush them after this returns.
         """
         kill_grace_s = self.ctx.timings.kill_grace_s
+        # A trial decided ahead that a job's rank 0 started is ended as a running one; the
+        # others stay QUEUED (the search's end says they never ran).
+        for running in list(self._running.values()):
+            self._settle_ahead(running)
         for idle in self.warm:
             self.warm.close(idle, "the search stopped")
         for running in self._running.values():
@@ -509,6 +509,89 @@ class RunningTrials:
                 else:
                     trial.state = TrialState.QUEUED
         self._running.clear()
+
+
+def _follow_queued(ctx: DriverContext, running: _Running) -> None:
+    """Note when an attempt queued in the cluster engine starts (or why it still waits).
+
+    Its clock (slot-seconds, start-up and hang timeouts) starts then, not at submission.
+    """
+    reason = running.job.waiting_reason()
+    if reason == running.waiting:
+        return
+    running.waiting = reason
+    with session_scope(ctx.db_url) as session:
+        run = session.get(TrialRun, running.run_id)
+        trial = session.get(Trial, running.trial_id)
+        assert run is not None and trial is not None
+        if reason is None:
+            running.started = time.monotonic()
+            run.started_at = utcnow()
+            run.agents = running.job.describe()
+            nodes = ", ".join(node["agent"] for node in run.agents) or "its nodes"
+            message = f"attempt {running.attempt} started on {nodes}"
+        else:
+            message = reason
+        log_path = trial.log_path
+    if log_path:
+        write_log_line(Path(log_path), message)
+
+
+def _stopped_by_cluster(
+    running: _Running, ending: JobEnding, run: TrialRun, exit_code: int
+) -> str | None:
+    """Why the cluster, not a failure, stopped the exited ``running`` (it resumes); None."""
+    stopped_by_cluster = ending.stopped_by_cluster
+    if exit_code == FENCED_EXIT_CODE and running.hang_reason is None:
+        # Its ranks found the run ended or its slot claim gone (this driver was
+        # stopped meanwhile) and exited before touching a device: no failure.
+        stopped_by_cluster = _FENCED_NOTE
+    if stopped_by_cluster is None and run.stop_reason and running.hang_reason is None:
+        # Preempted for a higher-priority trial by the cluster's placement
+        # decision: it checkpointed and goes back to the queue, no restart.
+        stopped_by_cluster = run.stop_reason
+    if (
+        stopped_by_cluster is None
+        and ending.cause is None
+        and run.stop_requested_at is not None
+        and running.hang_reason is None
+    ):
+        # Not this driver's request (that is preempted_at), nor a cancelled job:
+        # the ranks recorded a SIGTERM from the cluster (``--signal=TERM@120``
+        # ahead of the time limit, say) and checkpointed.
+        stopped_by_cluster = "stopped by a SIGTERM from the cluster"
+    return stopped_by_cluster
+
+
+def _at_work(running: _Running) -> bool:
+    """Whether ``running`` runs on a warm job that may be given its next trial ahead.
+
+    Not one queued in its cluster engine, asked to stop, or ended for a hang.
+    """
+    return (
+        running.warm_job_id is not None
+        and running.waiting is None
+        and running.preempted_at is None
+        and running.preempted_by_cluster_at is None
+        and running.hang_reason is None
+    )
+
+
+def _job_at_work(running: _Running) -> RunningJob:
+    assert running.warm_job_id is not None
+    return RunningJob(running.warm_job_id, running.slots, running.trial_id)
+
+
+def _current_warm_runs(ctx: DriverContext, jobs: list[int]) -> dict[int, int | None]:
+    """The run each of the warm jobs ``jobs`` runs now, by job id."""
+    if not jobs:
+        return {}
+    with session_scope(ctx.db_url) as session:
+        return dict(
+            session.execute(
+                select(WarmJob.id, WarmJob.current_run_id).where(WarmJob.id.in_(jobs))
+            ).all()
+        )
 
 
 def end_leftover_warm_jobs(ctx: DriverContext, session: Session) -> None:

@@ -13,6 +13,8 @@ launch queues each asked trial once, the one whose row was never written include
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -24,25 +26,37 @@ from sqlalchemy import select
 import searcher.space as space
 from searcher.consistency import check_consistency
 from searcher.control import Control, claim_ownership, finish
+from searcher.decisions import Requeue, apply_decisions
 from searcher.driver import SearchDriver
 from searcher.driver_context import DriverContext
 from searcher.experiments import create_experiment, trial_counts, trial_total
+from searcher.handoff import AheadReservations, RunningJob, Started
 from searcher.outcomes import Outcomes
 from searcher.placement import PendingQueue
+from searcher.runtime_spec import build_runtime_spec
 from searcher.study_side import StudySide, TellQueue
 from storage import (
+    Allocation,
+    Experiment,
     ExperimentState,
+    ProcessRole,
     QueuedTrial,
     Trial,
+    TrialProcess,
     TrialRun,
     TrialState,
+    WarmJob,
     session_scope,
     study_trials,
     utcnow,
 )
-from tests.conftest import EXAMPLES_DIR
+from tests.conftest import EXAMPLES_DIR, add_experiment
 from trials.config import ExperimentConfig, parse_config
+from trials.coordination import cluster_queue, warm_jobs
+from trials.coordination.attempts import request_stop
 from trials.executors import LocalExecutor
+from trials.launch.processes import ProcessRef
+from trials.runtime import DistributedInfo, WarmChannel
 from trials.scheduler import Agent, ResourcePool
 from trials.timings import Timings
 
@@ -227,3 +241,217 @@ def test_a_resume_does_not_say_a_trial_that_ended_while_no_driver_watched_goes_o
         assert trial.state == TrialState.PRUNED
         assert run.ended_at is not None
         assert run.reason == "driver stopped after the trial had ended"
+
+
+# ----------------------------------------------------------------- decided ahead
+# The driver also decides the trial asked ahead as its warm job's next one; rank 0
+# starts it in its hand-back's transaction while that decision stands.
+
+
+def _decided_ahead(ctx: DriverContext) -> tuple[PendingQueue, AheadReservations, int, int, int]:
+    """Trial 0 runs on warm job J; trial 1, asked ahead, is decided as J's next.
+
+    Returns the pending queue, the reservations, J, and the ids of trials 0 and 1.
+    """
+    study = StudySide.load(ctx, trials_so_far=0, tells=TellQueue())
+    pending = PendingQueue(ctx)
+    study.fill_queue(0, pending)
+    (first,) = pending.place(room=1)
+    assert first.placement is not None
+    with session_scope(ctx.db_url) as session:
+        run = TrialRun(
+            trial_id=first.trial_id,
+            attempt=0,
+            executor="local",
+            agents=[{"agent": "local", "host": "127.0.0.1", "slots": [0]}],
+            launch_token="warm-job-token",
+            claim_token=first.placement.token,
+        )
+        session.add(run)
+        session.flush()
+        job_id = warm_jobs.open_job(session, run, first.placement, experiment_id=ctx.experiment_id)
+    _start(ctx, first.trial_id)
+    study.fill_queue(1, pending, ahead=1)
+    (ahead_id,) = [trial_id for trial_id in _trial_ids(ctx) if trial_id != first.trial_id]
+    ahead = AheadReservations(ctx)
+    ahead.reserve([RunningJob(job_id, slots=1, trial_id=first.trial_id)], pending)
+    return pending, ahead, job_id, first.trial_id, ahead_id
+
+
+def _trial_ids(ctx: DriverContext) -> list[int]:
+    with session_scope(ctx.db_url) as session:
+        return list(
+            session.scalars(select(Trial.id).where(Trial.experiment_id == ctx.experiment_id))
+        )
+
+
+def _hand_back(ctx: DriverContext, job_id: int, trial_id: int) -> tuple[bool, str | None]:
+    """What rank 0 of the job does once trial ``trial_id`` finished on it (one transaction)."""
+    with session_scope(ctx.db_url) as session:
+        trial = session.get(Trial, trial_id)
+        assert trial is not None
+        spec = build_runtime_spec(ctx, trial, 0, None, warm_job_id=job_id)
+    return WarmChannel(spec, DistributedInfo()).hand_back(trial_id)
+
+
+def _job(ctx: DriverContext, job_id: int) -> WarmJob:
+    with session_scope(ctx.db_url) as session:
+        job = session.get(WarmJob, job_id)
+        assert job is not None
+        session.expunge(job)
+    return job
+
+
+def test_rank_0_starts_the_trial_decided_ahead_in_its_hand_back(ctx: DriverContext) -> None:
+    pending, ahead, job_id, first, second = _decided_ahead(ctx)
+    # Out of the pending queue: no placement decision can start it elsewhere.
+    assert len(pending) == 0 and len(ahead) == 1
+    assert _job(ctx, job_id).ahead_trial_id == second
+    me = ProcessRef.of(os.getpid())
+    with session_scope(ctx.db_url) as session:
+        (first_run,) = session.scalars(select(TrialRun).where(TrialRun.trial_id == first))
+        session.add(
+            TrialProcess(
+                run_id=first_run.id,
+                trial_id=first,
+                attempt=0,
+                role=ProcessRole.TORCHRUN,
+                agent="local",
+                host=me.host,
+                slots=[0],
+                pid=me.pid,
+                create_time=me.create_time,
+            )
+        )
+
+    staying, started = _hand_back(ctx, job_id, first)
+
+    assert staying and started is not None and json.loads(started)["trial_id"] == second
+    job = _job(ctx, job_id)
+    with session_scope(ctx.db_url) as session:
+        (run,) = session.scalars(select(TrialRun).where(TrialRun.trial_id == second))
+        trial = session.get(Trial, second)
+        assert trial is not None and trial.state == TrialState.RUNNING
+        # The rows the driver's hand-over writes: the run on the job's token, fenced
+        # and started, the slots under its claim, the job's torchrun under it.
+        assert (run.attempt, run.launch_token) == (0, "warm-job-token")
+        assert run.ranks_started_at is not None and run.spec == json.loads(started)
+        tokens = set(session.scalars(select(Allocation.claim_token)))
+        owners = set(session.scalars(select(Allocation.trial_id)))
+        assert tokens == {run.claim_token} and owners == {second}
+        processes = session.execute(
+            select(TrialProcess.run_id, TrialProcess.pid, TrialProcess.ended_at)
+        ).all()
+        assert {(p.run_id, p.pid, p.ended_at is None) for p in processes} == {
+            (first_run.id, me.pid, False),
+            (run.id, me.pid, True),
+        }
+    assert (job.current_trial_id, job.current_run_id) == (second, run.id)
+    assert job.ahead_trial_id is None and job.trials_run == 1
+    # The driver sees it started, and takes it over.
+    settled = ahead.settle(job_id)
+    assert isinstance(settled, Started)
+    assert (settled.reservation.trial_id, settled.run_id) == (second, run.id)
+    assert len(ahead) == 0
+
+
+def _another_search_waits_first(ctx: DriverContext) -> None:
+    """A search of priority 1 (over this one's 42) queues a trial in the same pool."""
+    other_id, (other_trial,) = add_experiment(
+        ctx.db_url, [{"state": TrialState.QUEUED, "slots_per_trial": 1}], name="urgent"
+    )
+    with session_scope(ctx.db_url) as session:
+        other = session.get(Experiment, other_id)
+        assert other is not None
+        other.driver_heartbeat_at = utcnow()  # a live driver's (a dead one's queue is dropped)
+        cluster_queue.enqueue(
+            session,
+            [cluster_queue.QueueEntry(other_trial, other_id, ctx.pool.name, 1, priority=1)],
+        )
+
+
+def _pause_requested(ctx: DriverContext) -> None:
+    with session_scope(ctx.db_url) as session:
+        experiment = session.get(Experiment, ctx.experiment_id)
+        assert experiment is not None
+        experiment.requested_action = "pause"
+
+
+def _trial_asked_to_stop(ctx: DriverContext) -> None:
+    """The running trial was asked to checkpoint and stop (a pause, a preemption)."""
+    with session_scope(ctx.db_url) as session:
+        for run in session.scalars(select(TrialRun)):
+            request_stop(session, run)
+
+
+@pytest.mark.parametrize(
+    "moved",
+    [_another_search_waits_first, _pause_requested, _trial_asked_to_stop],
+    ids=["higher-priority-trial-of-another-search", "pause-requested", "trial-asked-to-stop"],
+)
+def test_rank_0_hands_back_when_the_decision_no_longer_stands(
+    ctx: DriverContext, moved: Any
+) -> None:
+    pending, ahead, job_id, first, second = _decided_ahead(ctx)
+    moved(ctx)
+
+    assert _hand_back(ctx, job_id, first) == (True, None)
+
+    job = _job(ctx, job_id)
+    assert job.current_trial_id is None and job.ahead_trial_id is None and job.ahead is None
+    with session_scope(ctx.db_url) as session:
+        assert not session.scalars(select(TrialRun).where(TrialRun.trial_id == second)).all()
+    # The driver sees the job idle: the trial waits for the queue's decision again.
+    assert ahead.settle(job_id) == Requeue(trial_id=second, slots=1)
+    apply_decisions([Requeue(trial_id=second, slots=1)], pending, Control())
+    assert pending.first_of_size(1) == second
+
+
+def test_a_pause_withdraws_the_decision_before_the_hand_back(ctx: DriverContext) -> None:
+    _, ahead, job_id, first, second = _decided_ahead(ctx)
+    assert ahead.settle(job_id) == Requeue(trial_id=second, slots=1)
+    assert _job(ctx, job_id).ahead_trial_id is None
+    # Rank 0 comes too late: the job is idle and the trial never started.
+    assert _hand_back(ctx, job_id, first) == (True, None)
+    assert _states(ctx)[1] == TrialState.QUEUED
+
+
+def test_a_withdrawal_after_rank_0_started_the_trial_leaves_it_to_adopt(
+    ctx: DriverContext,
+) -> None:
+    _, ahead, job_id, first, second = _decided_ahead(ctx)
+    staying, started = _hand_back(ctx, job_id, first)
+    assert staying and started is not None
+    # Too late to withdraw: it runs, and the driver adopts (then stops) it.
+    settled = ahead.settle(job_id)
+    assert isinstance(settled, Started) and settled.reservation.trial_id == second
+
+
+@pytest.mark.parametrize("started", [False, True], ids=["before-the-start", "after-the-start"])
+def test_a_resume_after_a_kill_of_the_driver_runs_the_trial_decided_ahead_once(
+    ctx: DriverContext, monkeypatch: pytest.MonkeyPatch, started: bool
+) -> None:
+    _, _, job_id, first, second = _decided_ahead(ctx)
+    with session_scope(ctx.db_url) as session:
+        trial = session.get(Trial, first)
+        assert trial is not None
+        # Its ranks recorded its end.
+        trial.finished_at, trial.searcher_metric_value = utcnow(), 0.1
+    if started:
+        assert _hand_back(ctx, job_id, first)[1] is not None
+
+    # The driver is killed here (its processes are gone: this test started none).
+    driver = _resumed_driver(ctx, monkeypatch)
+
+    job = _job(ctx, job_id)
+    assert job.ended_at is not None and job.ahead_trial_id is None
+    # A rank 0 that outlived its driver can no longer start anything on the job.
+    assert _hand_back(ctx, job_id, first if not started else second) == (False, None)
+    with session_scope(ctx.db_url) as session:
+        finished = session.get(Trial, first)
+        assert finished is not None and finished.state == TrialState.COMPLETED
+        runs = session.scalars(select(TrialRun).where(TrialRun.trial_id == second)).all()
+        assert all(run.ended_at is not None for run in runs) and len(runs) == int(started)
+    # The trial decided ahead waits once, to run again from its start.
+    assert _states(ctx)[1] == TrialState.QUEUED
+    assert [p.trial_id for p in driver._pending.place(room=2)] == [second]

@@ -135,7 +135,8 @@ def request_end(session: Session, job_id: int, reason: str) -> None:
 def close_job(session: Session, job_id: int, reason: str | None = None) -> None:
     """The job's processes are confirmed gone: mark it ended and free its slots.
 
-    A trial a decision reserved the job for waits again for a decision of its own.
+    A trial a decision reserved the job for waits again for a decision of its own; one
+    its driver decided ahead (``ahead_trial_id``) was never out of its driver's hands.
     """
     reserved = session.scalar(select(WarmJob.reserved_trial_id).where(WarmJob.id == job_id))
     if reserved is not None:
@@ -150,6 +151,8 @@ def close_job(session: Session, job_id: int, reason: str | None = None) -> None:
             reserved_trial_id=None,
             next_run_id=None,
             next_spec=None,
+            ahead_trial_id=None,
+            ahead=None,
         )
     )
     if reason:

@@ -4,7 +4,9 @@ With ``resources.reuse_workers`` a trial that finished or was pruned does not en
 ``torchrun`` job. Rank 0 marks the job idle in its ``storage.WarmJob`` row (the driver
 sees the trial ended there, as it would see an exit code), then polls the row until
 the driver writes the next trial's spec or asks the job to end, and broadcasts what it
-found to every rank over the process group that stays formed. Only rank 0 touches the
+found to every rank over the process group that stays formed. When the driver decided
+the job's next trial ahead, rank 0 starts it in the hand-back's own transaction
+(:mod:`trials.runtime._warm_ahead`) and waits for nothing. Only rank 0 touches the
 database, as in a cold trial.
 
 While rank 0 waits it broadcasts a keep-alive every second, so no rank sits in one
@@ -31,6 +33,7 @@ from typing import Any
 from trials.config import RuntimeSpec
 from trials.launch.launcher import DB_URL_ENV_VAR
 from trials.runtime._distributed import DistributedInfo, broadcast_object
+from trials.runtime._warm_ahead import take_ahead
 
 # How often rank 0 looks for the next trial right after a hand-back, when the driver
 # usually writes it (within tens of milliseconds): the warm hand-over's latency floor.
@@ -69,34 +72,44 @@ class WarmChannel:
         self.fenced = False
 
     # ----------------------------------------------------------------- rank 0
-    def hand_back(self, trial_id: int) -> bool:
-        """Rank 0: mark the job idle after trial ``trial_id``; whether it stays warm.
+    def hand_back(self, trial_id: int) -> tuple[bool, str | None]:
+        """Rank 0: end trial ``trial_id`` on the job; whether it stays warm, and what runs next.
 
-        False when the job was asked to end meanwhile or no longer runs that trial (a
-        driver ended it): the ranks then exit as a cold trial's would.
+        In one transaction: the job's trial is over, and the trial its driver decided
+        ahead starts on it if that decision still stands (:func:`take_ahead`): its spec,
+        as JSON, comes back with True. Otherwise the job is idle (True, None) and waits
+        for its driver. (False, None) when the job was asked to end meanwhile or no
+        longer runs that trial (a driver ended it): the ranks then exit as a cold
+        trial's would.
         """
-        from sqlalchemy import update
+        from sqlalchemy import select
 
         from storage import WarmJob, retry_transient, session_scope, utcnow
 
-        def write() -> bool:
+        def write() -> tuple[bool, str | None]:
             with session_scope(self.db_url) as session:
-                result = session.execute(
-                    update(WarmJob)
-                    .where(
-                        WarmJob.id == self.job_id,
-                        WarmJob.current_trial_id == trial_id,
-                        WarmJob.end_requested_at.is_(None),
-                        WarmJob.ended_at.is_(None),
-                    )
-                    .values(
-                        current_run_id=None,
-                        current_trial_id=None,
-                        idle_since=utcnow(),
-                        trials_run=WarmJob.trials_run + 1,
-                    )
+                job = session.scalars(
+                    select(WarmJob).where(WarmJob.id == self.job_id).with_for_update()
+                ).one_or_none()
+                if (
+                    job is None
+                    or job.current_trial_id != trial_id
+                    or job.end_requested_at is not None
+                    or job.ended_at is not None
+                ):
+                    return False, None
+                spec = take_ahead(
+                    session,
+                    job,
+                    finished_trial_id=trial_id,
+                    driver_lease_s=self.driver_lease_s,
                 )
-                return bool(getattr(result, "rowcount", 0) == 1)
+                if spec is not None:
+                    return True, json.dumps(spec)
+                job.current_run_id = job.current_trial_id = None
+                job.idle_since = utcnow()
+                job.trials_run = job.trials_run + 1
+                return True, None
 
         return retry_transient(write)
 
@@ -191,14 +204,15 @@ class WarmChannel:
         the driver's turn-around instead of delaying the next trial's start.
         """
         if self.info.is_chief:
-            staying = self.hand_back(trial_id)
+            staying, started = self.hand_back(trial_id)
             if meanwhile is not None:
                 meanwhile()
-            message = (
-                self._next_message()
-                if staying
-                else (_Message.END, "its driver ended the warm job")
-            )
+            if started is not None:
+                message: tuple[_Message, Any] = (_Message.RUN, started)
+            elif staying:
+                message = self._next_message()
+            else:
+                message = (_Message.END, "its driver ended the warm job")
             if self.info.distributed:
                 broadcast_object(message)
         else:

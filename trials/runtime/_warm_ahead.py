@@ -1,0 +1,231 @@
+"""Rank 0 starts its warm job's next trial itself, when the driver decided it ahead.
+
+While a warm job runs a trial, its driver may decide the job's next trial ahead
+(``searcher.handoff``): under the placement decision's usual rule for an idle job
+(:func:`trials.coordination.warm_jobs.match_idle_jobs`: its search's next trial of its
+shape, unless a trial of another shape waits at the same or a higher priority) it
+writes the trial on the job's row (``WarmJob.ahead_trial_id``) with its prepared start
+(``WarmJob.ahead``: the priority it was decided at, a claim token, the log path, the
+runtime spec). At the hand-back rank 0 calls :func:`take_ahead` in the same transaction
+that ends the job's trial. If the decision still stands, the trial starts at once,
+with the rows the driver's hand-over would write; else rank 0 hands the job back and
+the driver decides, as without a reservation. The decision stands while:
+
+- the experiment is active, no pause or kill is requested and its driver heartbeats;
+- the job's trial was not asked to stop (a pause, a preemption) and the job not to end;
+- the trial still waits (QUEUED, never started, not placed by a decision) and no
+  trial of another shape waits in the pool at the same or a higher priority (one that
+  arrived since the driver decided: another search's, a larger one of this search);
+- the ledger still holds all of the job's slots.
+
+The start is fenced as the driver's hand-over is (``storage.start_ranks``); the driver
+sees the job running the trial at its next look and adopts it
+(``searcher.running.RunningTrials``).
+
+Rank 0 of a warm job calls it in its hand-back (a database and a job's rows are
+needed, so no example runs here)::
+
+    with session_scope(url) as session:
+        spec = take_ahead(session, job, finished_trial_id=7, driver_lease_s=30.0)
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from storage import WarmJob
+
+
+def take_ahead(
+    session: Session, job: WarmJob, *, finished_trial_id: int, driver_lease_s: float
+) -> dict[str, Any] | None:
+    """Start the trial decided ahead on ``job`` if the decision stands; its spec, else None.
+
+    Runs in rank 0's hand-back transaction, ``job`` read (locked) in it and still running
+    ``finished_trial_id``. Clears the reservation either way: refused, the trial waits in
+    its driver's queue for an ordinary decision.
+    """
+    from storage import (
+        RanksFencedError,
+        TrialRun,
+        start_ranks,
+    )
+
+    ahead, trial_id = job.ahead, job.ahead_trial_id
+    job.ahead = job.ahead_trial_id = None
+    if ahead is None or trial_id is None:
+        return None
+    if not _decision_stands(session, job, trial_id, ahead, driver_lease_s=driver_lease_s):
+        return None
+    finished = session.get(TrialRun, job.current_run_id) if job.current_run_id else None
+    if finished is None or finished.trial_id != finished_trial_id:
+        return None
+    try:
+        with session.begin_nested():
+            run = _start(session, job, finished, trial_id, ahead)
+            start_ranks(session, trial_id, run.attempt)
+    except RanksFencedError:
+        return None
+    spec: dict[str, Any] = ahead["spec"]
+    return spec
+
+
+def _decision_stands(
+    session: Session, job: WarmJob, trial_id: int, ahead: dict[str, Any], *, driver_lease_s: float
+) -> bool:
+    """Whether the placement decision would still give ``job`` to ``trial_id`` now."""
+    from sqlalchemy import func, or_, select
+
+    from storage import (
+        Allocation,
+        Experiment,
+        ExperimentState,
+        QueuedTrial,
+        Trial,
+        TrialRun,
+        TrialState,
+        utcnow,
+    )
+
+    experiment = session.execute(
+        select(
+            Experiment.state, Experiment.requested_action, Experiment.driver_heartbeat_at
+        ).where(Experiment.id == job.experiment_id)
+    ).one_or_none()
+    if (
+        experiment is None
+        or experiment.state != ExperimentState.ACTIVE
+        or experiment.requested_action is not None
+        or experiment.driver_heartbeat_at is None
+        or utcnow() - experiment.driver_heartbeat_at >= _dt.timedelta(seconds=driver_lease_s)
+    ):
+        return False
+    stop_asked = session.scalar(
+        select(TrialRun.stop_requested_at).where(TrialRun.id == job.current_run_id)
+    )
+    if stop_asked is not None:
+        return False
+    trial = session.execute(
+        select(Trial.experiment_id, Trial.state, Trial.started_at).where(Trial.id == trial_id)
+    ).one_or_none()
+    if (
+        trial is None
+        or trial.experiment_id != job.experiment_id
+        or trial.state != TrialState.QUEUED
+        or trial.started_at is not None
+        or session.scalar(select(func.count()).where(TrialRun.trial_id == trial_id))
+    ):
+        return False
+    placed = session.scalar(select(QueuedTrial.placement).where(QueuedTrial.trial_id == trial_id))
+    if placed is not None:
+        return False  # a decision gave it other slots: its driver starts it there
+    # The rule of the placement decision for an idle warm job (match_idle_jobs), over
+    # the trials of live drivers (a decision drops a dead driver's queue first).
+    live = select(Experiment.id).where(
+        Experiment.state == ExperimentState.ACTIVE,
+        Experiment.driver_heartbeat_at >= utcnow() - _dt.timedelta(seconds=driver_lease_s),
+    )
+    contested = session.scalar(
+        select(QueuedTrial.trial_id)
+        .where(
+            QueuedTrial.experiment_id.in_(live),
+            QueuedTrial.resource_pool == job.resource_pool,
+            QueuedTrial.placement.is_(None),
+            QueuedTrial.priority <= int(ahead["priority"]),
+            or_(QueuedTrial.experiment_id != job.experiment_id, QueuedTrial.slots != job.slots),
+        )
+        .limit(1)
+    )
+    if contested is not None:
+        return False
+    held = session.scalar(
+        select(func.count()).select_from(Allocation).where(Allocation.warm_job_id == job.id)
+    )
+    return held == job.slots
+
+
+def _start(
+    session: Session, job: WarmJob, finished: Any, trial_id: int, ahead: dict[str, Any]
+) -> Any:
+    """Write the trial's first run on ``job``: the rows the driver's hand-over writes.
+
+    The job's slots move to the trial under the reservation's claim token; the job's
+    ``torchrun`` rows move to the new run (those of earlier runs end); the trial is
+    RUNNING. The run's executor, agents and external id are the job's, as for any run
+    on it.
+    """
+    from sqlalchemy import delete, select, update
+
+    from storage import (
+        Allocation,
+        ProcessRole,
+        QueuedTrial,
+        Trial,
+        TrialProcess,
+        TrialRun,
+        TrialState,
+        utcnow,
+    )
+
+    now = utcnow()
+    run = TrialRun(
+        trial_id=trial_id,
+        attempt=0,
+        executor=finished.executor,
+        agents=finished.agents,
+        external_id=finished.external_id,
+        launch_token=job.launch_token,
+        claim_token=ahead["claim_token"],
+        spec=ahead["spec"],
+        started_at=now,
+    )
+    session.add(run)
+    session.flush()
+    trial = session.get(Trial, trial_id)
+    assert trial is not None
+    trial.state = TrialState.RUNNING
+    trial.log_path = ahead["log_path"]
+    trial.started_at = now
+    session.execute(delete(QueuedTrial).where(QueuedTrial.trial_id == trial_id))
+    session.execute(
+        update(Allocation)
+        .where(Allocation.warm_job_id == job.id)
+        .values(trial_id=trial_id, claim_token=ahead["claim_token"])
+    )
+    earlier = select(TrialRun.id).where(
+        TrialRun.launch_token == job.launch_token, TrialRun.id != run.id
+    )
+    open_rows = list(
+        session.scalars(
+            select(TrialProcess).where(
+                TrialProcess.run_id.in_(earlier), TrialProcess.ended_at.is_(None)
+            )
+        )
+    )
+    for row in open_rows:
+        row.ended_at = now
+        if row.role == ProcessRole.TORCHRUN and row.run_id == finished.id:
+            session.add(
+                TrialProcess(
+                    run_id=run.id,
+                    trial_id=trial_id,
+                    attempt=run.attempt,
+                    role=ProcessRole.TORCHRUN,
+                    agent=row.agent,
+                    host=row.host,
+                    slots=row.slots,
+                    pid=row.pid,
+                    create_time=row.create_time,
+                )
+            )
+    job.current_trial_id = trial_id
+    job.current_run_id = run.id
+    job.trials_run = job.trials_run + 1
+    job.reserved_trial_id = job.next_run_id = None
+    job.next_spec = None
+    job.idle_since = None
+    return run
