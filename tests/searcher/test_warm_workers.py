@@ -9,6 +9,7 @@ nothing behind after ``resume``.
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import signal
 from pathlib import Path
@@ -211,6 +212,18 @@ def test_two_trials_at_once_keep_their_two_jobs_for_the_whole_search(
         for job in jobs
     ), (seen, last_start)
     assert sum(job.trials_run for job in jobs) == 12, seen
+    # Rank 0 started trials decided ahead itself, in the hand-back of the trial before
+    # (its run starts before the driver recorded that hand-back).
+    by_job: dict[str | None, list[TrialRun]] = {}
+    for run in runs:
+        by_job.setdefault(run.launch_token, []).append(run)
+    taken_by_rank_0 = [
+        after.trial_id
+        for job_runs in by_job.values()
+        for before, after in itertools.pairwise(job_runs)
+        if before.ended_at is not None and after.started_at < before.ended_at
+    ]
+    assert taken_by_rank_0, [(r.trial_id, r.started_at, r.ended_at) for r in runs]
     _assert_no_process_left(db)
 
 
@@ -253,9 +266,12 @@ def test_resume_after_a_killed_driver_ends_its_warm_job_and_runs_nothing_twice(
         first = session.scalars(select(Trial).where(Trial.optuna_trial_number == 0)).one()
         first_end = first.ended_at
         assert first.state == TrialState.COMPLETED
-        # The third trial was asked ahead for the warm job, and waits unlaunched.
+        # The third trial was asked ahead for the warm job, and waits unlaunched, decided
+        # ahead as the job's next.
         third = session.scalars(select(Trial).where(Trial.optuna_trial_number == 2)).one()
         assert third.state == TrialState.QUEUED and not third.runs
+        (job,) = session.scalars(select(WarmJob)).all()
+        assert job.ahead_trial_id == third.id
     driver.send_signal(signal.SIGKILL)
     driver.communicate(timeout=30)
 
