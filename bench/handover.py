@@ -15,12 +15,17 @@ A hand-over is measured from the database, for every run that is not its job's f
 - to the next run's first batch (``trial_runs.training_started_at``: rank 0 stamps it
   right before the first batch, its set-up done).
 
-Between the two it splits the time into what each side does: rank 0 hands the job back
-and the driver sees it (previous ``ended_at``: the driver records the hand back),
-the driver's turn-around (tell, ask, placement, the next run's row and spec: the next
-run's ``started_at``), rank 0 picking the spec up (``ranks_started_at``), and the ranks'
-set-up of the new trial (until ``training_started_at``). The phases' medians need not
-add up to the total's median.
+A hand-over is one of two kinds. Mostly the driver decided the job's next trial ahead
+and rank 0 started it itself, in the transaction of its hand-back (the next run's
+``started_at`` comes before the driver recorded the previous one's end): its time splits
+into rank 0's hand-back and start (until ``ranks_started_at``) and the ranks' set-up of
+the new trial (the reset between trials included, until ``training_started_at``).
+Otherwise (no trial decided ahead, or the decision no longer stood) the driver hands the
+trial over: rank 0 hands the job back and the driver sees it (previous ``ended_at``: the
+driver records the hand back), the driver's turn-around (tell, ask, placement, the next
+run's row and spec: the next run's ``started_at``), rank 0 picking the spec up
+(``ranks_started_at``), and the ranks' set-up. The phases' medians need not add up to
+the total's median.
 
 The search runs on SQLite in a temporary folder; ``--keep`` keeps it, ``--from DB``
 measures a kept database again and runs nothing.
@@ -57,6 +62,10 @@ PHASES = (
     "rank 0 takes the spec",
     "ranks' set-up to first batch",
 )
+RANK_0_PHASES = (
+    "rank 0: hand back and start",
+    "ranks' set-up to first batch",
+)
 
 
 @dataclass(frozen=True)
@@ -70,16 +79,26 @@ class HandOver:
     first_batch: dt.datetime  # the next run's first batch
 
     @property
+    def by_rank_0(self) -> bool:
+        """Whether rank 0 started the trial itself (decided ahead), before the driver looked."""
+        return self.spec_written < self.seen
+
+    @property
     def total_s(self) -> float:
         return (self.first_batch - self.last_record).total_seconds()
 
     def phases_s(self) -> tuple[float, ...]:
+        """Seconds of each phase: :data:`RANK_0_PHASES` or :data:`PHASES`, by its kind."""
         moments = (
-            self.last_record,
-            self.seen,
-            self.spec_written,
-            self.ranks_started,
-            self.first_batch,
+            (self.last_record, self.ranks_started, self.first_batch)
+            if self.by_rank_0
+            else (
+                self.last_record,
+                self.seen,
+                self.spec_written,
+                self.ranks_started,
+                self.first_batch,
+            )
         )
         return tuple((b - a).total_seconds() for a, b in itertools.pairwise(moments))
 
@@ -153,13 +172,25 @@ def report(handovers: Sequence[HandOver]) -> str:
     """The summary's lines, the machine-readable one last."""
     if not handovers:
         raise SystemExit("no hand-over was recorded (did every trial run on a new job?)")
+    by_rank_0 = [h for h in handovers if h.by_rank_0]
+    by_driver = [h for h in handovers if not h.by_rank_0]
     lines = [
-        f"{len(handovers)} hand-overs on warm jobs",
+        f"{len(handovers)} hand-overs on warm jobs: {len(by_rank_0)} started by rank 0 "
+        f"(decided ahead), {len(by_driver)} by the driver",
         f"{'phase':34s} {'median':>8s} {'p95':>8s}",
     ]
-    for index, name in enumerate(PHASES):
-        values = [h.phases_s()[index] for h in handovers]
-        lines.append(f"{name:34s} {fmt(median(values)):>8s} {fmt(percentile(values, 0.95)):>8s}")
+    groups = (
+        ("started by rank 0", by_rank_0, RANK_0_PHASES),
+        ("handed over by the driver", by_driver, PHASES),
+    )
+    for title, group, names in groups:
+        if group:
+            lines.append(f"{title} ({len(group)})")
+        for index, name in enumerate(names if group else ()):
+            values = [h.phases_s()[index] for h in group]
+            lines.append(
+                f"  {name:32s} {fmt(median(values)):>8s} {fmt(percentile(values, 0.95)):>8s}"
+            )
     totals = [h.total_s for h in handovers]
     lines.append(
         f"{'last record -> first batch':34s} {fmt(median(totals)):>8s} "
