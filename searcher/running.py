@@ -335,22 +335,22 @@ class RunningTrials:
         if not isinstance(settled, Started):
             self._decided += [settled] if settled is not None else []
             return False
-        self._record_hand_back(running, going_on=True)
         trial_id, job_id = settled.reservation.trial_id, settled.reservation.job_id
         attempt, age_s = self.starter.adopt(trial_id, settled.run_id, job_id)
+        self._record_hand_back(running, went_on_s_ago=age_s)
         self._running[trial_id] = _running(attempt, running.job, None)
         self._running[trial_id].started -= age_s
         return True
 
-    def _record_hand_back(self, running: _Running, *, going_on: bool = False) -> None:
+    def _record_hand_back(self, running: _Running, *, went_on_s_ago: float | None = None) -> None:
         """The trial on a warm job ended (finished or pruned) and its ranks stay for the next.
 
         The attempt moves from the running ones to the idle jobs once its outcome is
-        committed; ``going_on``: the job runs the trial its rank 0 started at the
-        hand-back instead (:meth:`_settle_ahead`).
+        committed. ``went_on_s_ago``: the job went on, that many seconds ago, to the
+        trial its rank 0 started at the hand-back (:meth:`_settle_ahead`) instead.
         """
         assert running.warm_job_id is not None
-        elapsed = time.monotonic() - running.started
+        elapsed = time.monotonic() - running.started - (went_on_s_ago or 0.0)
         with session_scope(self.ctx.db_url) as session:
             trial = session.get(Trial, running.trial_id)
             run = session.get(TrialRun, running.run_id)
@@ -362,7 +362,7 @@ class RunningTrials:
             run.reason = run.reason or "ended; its ranks wait warm for the next trial"
             log_path = Path(trial.log_path or self.ctx.run_dir / "warm.log")
             self._decided += self.outcomes.finalize(session, trial, exit_code=0)
-        if not going_on:
+        if went_on_s_ago is None:
             self.warm.add(IdleJob(running.warm_job_id, running.job, running.slots, log_path))
         del self._running[running.trial_id]
 
