@@ -14,6 +14,8 @@ a small module found by its name:
 - :mod:`searcher.placement`: the pending queue and placing it on free slots;
 - :mod:`searcher.running`: starting attempts through the executor, reaping, hang
   detection, preempting and killing, leftovers of a dead driver;
+- :mod:`searcher.handoff`: a warm job's next trial decided ahead, which the job's rank 0
+  starts itself at the hand-back;
 - :mod:`searcher.runtime_spec`: the runtime spec of an attempt (a pure builder);
 - :mod:`searcher.outcomes`: what an ended attempt means (a pure decision, applied);
 - :mod:`searcher.control`: ownership, heartbeat, Ctrl-C and requested actions, the end;

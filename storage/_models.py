@@ -400,7 +400,7 @@ class WarmJob(Base):
     next_spec: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     idle_since: Mapped[_dt.datetime | None] = mapped_column(DateTime)
     # The trial decided ahead to run next on the job, and its prepared start
-    # ({"priority", "claim_token", "log_path", "spec"}): see ``trials.runtime.take_ahead``.
+    # ({"priority", "claim_token", "log_path", "spec"}); rank 0 starts it at the hand-back.
     ahead_trial_id: Mapped[int | None] = mapped_column(Integer)
     ahead: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     trials_run: Mapped[int] = mapped_column(Integer, default=0)
