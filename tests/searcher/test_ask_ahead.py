@@ -48,6 +48,7 @@ from storage import (
     WarmJob,
     session_scope,
     study_trials,
+    upgrade_schema,
     utcnow,
 )
 from tests.conftest import EXAMPLES_DIR, add_experiment
@@ -75,6 +76,10 @@ def config() -> ExperimentConfig:
 @pytest.fixture
 def ctx(db_url: str, config: ExperimentConfig, tmp_path: Path) -> DriverContext:
     """The driver's view of a new experiment (its study created) on one slot."""
+    return _new_experiment(db_url, config, tmp_path)
+
+
+def _new_experiment(db_url: str, config: ExperimentConfig, tmp_path: Path) -> DriverContext:
     experiment_id = create_experiment(
         config,
         config_path=None,
@@ -302,7 +307,18 @@ def _job(ctx: DriverContext, job_id: int) -> WarmJob:
     return job
 
 
-def test_rank_0_starts_the_trial_decided_ahead_in_its_hand_back(ctx: DriverContext) -> None:
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_rank_0_starts_the_trial_decided_ahead_in_its_hand_back(
+    request: pytest.FixtureRequest,
+    db_url: str,
+    config: ExperimentConfig,
+    tmp_path: Path,
+    database: str,
+) -> None:
+    if database == "postgresql":
+        db_url = request.getfixturevalue("postgres_url")
+        upgrade_schema(db_url)
+    ctx = _new_experiment(db_url, config, tmp_path)
     pending, ahead, job_id, first, second = _decided_ahead(ctx)
     # Out of the pending queue: no placement decision can start it elsewhere.
     assert len(pending) == 0 and len(ahead) == 1
