@@ -98,10 +98,6 @@ class AheadReservations:
     def __len__(self) -> int:
         return len(self._by_job)
 
-    def on_job(self, job_id: int) -> Reservation | None:
-        """The reservation on warm job ``job_id``, if any."""
-        return self._by_job.get(job_id)
-
     def reserve(self, jobs: Sequence[RunningJob], pending: PendingQueue) -> None:
         """Decide ahead the next trial of each of ``jobs`` that has none, from ``pending``.
 
@@ -130,8 +126,12 @@ class AheadReservations:
             if session.scalar(select(TrialRun.id).where(TrialRun.trial_id == trial_id).limit(1)):
                 return False
             first_other = session.execute(
-                select(QueuedTrial.trial_id, QueuedTrial.experiment_id, QueuedTrial.slots)
-                .add_columns(QueuedTrial.priority)
+                select(
+                    QueuedTrial.trial_id,
+                    QueuedTrial.experiment_id,
+                    QueuedTrial.slots,
+                    QueuedTrial.priority,
+                )
                 .where(
                     QueuedTrial.experiment_id.in_(_live_experiments(ctx)),
                     QueuedTrial.resource_pool == ctx.pool.name,
