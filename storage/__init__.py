@@ -68,6 +68,7 @@ from storage._url import (
     resolve_db_url,
     url_secrets,
 )
+from storage._warm_jobs import end_earlier_processes
 from storage.studies import (
     KNOWN_OPTUNA_SCHEMAS,
     OptunaSchemaError,
@@ -118,6 +119,7 @@ __all__ = [
     "check_database_url",
     "check_optuna_schema",
     "claim_attempt",
+    "end_earlier_processes",
     "fusion_choice",
     "get_engine",
     "is_transient_error",

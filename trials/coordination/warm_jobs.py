@@ -42,7 +42,15 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, select, update
 
-from storage import Allocation, QueuedTrial, Trial, TrialProcess, TrialRun, WarmJob, utcnow
+from storage import (
+    Allocation,
+    QueuedTrial,
+    Trial,
+    TrialRun,
+    WarmJob,
+    end_earlier_processes,
+    utcnow,
+)
 from trials.coordination.allocations import new_claim_token, unplace
 from trials.labels import trial_label
 
@@ -93,15 +101,7 @@ def hand_over(session: Session, job_id: int, run: TrialRun, spec: dict[str, Any]
     """
     job = session.get(WarmJob, job_id)
     assert job is not None
-    earlier = select(TrialRun.id).where(
-        TrialRun.launch_token == job.launch_token, TrialRun.id != run.id
-    )
-    session.execute(
-        update(TrialProcess)
-        .where(TrialProcess.run_id.in_(earlier), TrialProcess.ended_at.is_(None))
-        .values(ended_at=utcnow())
-        .execution_options(synchronize_session=False)
-    )
+    end_earlier_processes(session, job, run)
     session.execute(
         update(WarmJob)
         .where(WarmJob.id == job_id)

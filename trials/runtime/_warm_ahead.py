@@ -158,7 +158,7 @@ def _start(
     RUNNING. The run's executor, agents and external id are the job's, as for any run
     on it.
     """
-    from sqlalchemy import delete, select, update
+    from sqlalchemy import delete, update
 
     from storage import (
         Allocation,
@@ -168,6 +168,7 @@ def _start(
         TrialProcess,
         TrialRun,
         TrialState,
+        end_earlier_processes,
         utcnow,
     )
 
@@ -196,18 +197,8 @@ def _start(
         .where(Allocation.warm_job_id == job.id)
         .values(trial_id=trial_id, claim_token=ahead["claim_token"])
     )
-    earlier = select(TrialRun.id).where(
-        TrialRun.launch_token == job.launch_token, TrialRun.id != run.id
-    )
-    open_rows = list(
-        session.scalars(
-            select(TrialProcess).where(
-                TrialProcess.run_id.in_(earlier), TrialProcess.ended_at.is_(None)
-            )
-        )
-    )
-    for row in open_rows:
-        row.ended_at = now
+    # The job's torchrun processes go on as the new run's.
+    for row in end_earlier_processes(session, job, run):
         if row.role == ProcessRole.TORCHRUN and row.run_id == finished.id:
             session.add(
                 TrialProcess(
