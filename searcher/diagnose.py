@@ -180,7 +180,7 @@ def probe_plan(
         planned("configured", "as configured", slots, variant(slots)),
         planned(
             "synthetic",
-            "synthetic batches already on the device",
+            "synthetic batches on the device",
             slots,
             variant(slots, profiling={"synthetic_data": True}),
         ),
