@@ -91,9 +91,14 @@ def _example_database_template(tmp_path_factory: pytest.TempPathFactory) -> Path
 def _driver_context(url: str, config: Any, folder: Path) -> Any:
     """Experiment 1 of ``url`` as its driver sees it: the local executor on ``pool``."""
     from searcher.driver_context import DriverContext
+    from storage import Experiment, session_scope
     from trials.executors import LocalExecutor
     from trials.timings import Timings
 
+    with session_scope(url) as session:
+        experiment = session.get(Experiment, 1)
+        assert experiment is not None
+        checkpoint_folder = experiment.checkpoint_folder
     return DriverContext(
         db_url=url,
         experiment_id=1,
@@ -104,6 +109,7 @@ def _driver_context(url: str, config: Any, folder: Path) -> Any:
         executor=LocalExecutor(use_gpus=False),
         run_dir=folder / "logs/experiment-1",
         timings=Timings(),
+        checkpoint_folder=checkpoint_folder,
     )
 
 

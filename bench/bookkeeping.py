@@ -169,7 +169,7 @@ def _filled_driver(folder: Path, finished: int) -> tuple[Any, Any, Any, Any]:
     from searcher.outcomes import Outcomes
     from searcher.placement import PendingQueue
     from searcher.study_side import StudySide, TellQueue
-    from storage import upgrade_schema
+    from storage import Experiment, session_scope, upgrade_schema
     from trials.executors import LocalExecutor
     from trials.scheduler import Agent, ResourcePool
     from trials.timings import Timings
@@ -182,6 +182,10 @@ def _filled_driver(folder: Path, finished: int) -> tuple[Any, Any, Any, Any]:
     experiment_id = create_experiment(
         config, config_path=None, db_url=url, directions=["minimize"], model_dir=EXAMPLE
     )
+    with session_scope(url) as session:
+        experiment = session.get(Experiment, experiment_id)
+        assert experiment is not None
+        checkpoint_folder = experiment.checkpoint_folder
     ctx = DriverContext(
         db_url=url,
         experiment_id=experiment_id,
@@ -192,6 +196,7 @@ def _filled_driver(folder: Path, finished: int) -> tuple[Any, Any, Any, Any]:
         executor=LocalExecutor(use_gpus=False),
         run_dir=folder / "logs",
         timings=Timings(),
+        checkpoint_folder=checkpoint_folder,
     )
     # Random finished trials of the example's space, drawn in memory, then stored.
     scratch = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))

@@ -265,9 +265,11 @@ def write_spec(tmp: Path, args: argparse.Namespace, nproc: int) -> Path:
         session.add(trial)
         session.flush()
         ids = experiment.id, trial.id
+        checkpoint_folder = experiment.checkpoint_folder
     spec = {
         "db_url": url,
         "experiment_id": ids[0],
+        "checkpoint_folder": checkpoint_folder,
         "trial_id": ids[1],
         "study_name": "bench",
         "optuna_trial_id": asked_id,

@@ -92,6 +92,7 @@ class SearchDriver:
             self.study_name = experiment.study_name
             self.model_dir = Path(experiment.model_dir)
             run_dir = experiment_log_dir(experiment.id, experiment.created_at)
+            checkpoint_folder = experiment.checkpoint_folder
         self.ctx = DriverContext(
             db_url=self.db_url,
             experiment_id=self.experiment_id,
@@ -102,6 +103,7 @@ class SearchDriver:
             executor=self.executor,
             run_dir=run_dir,
             timings=timings_from_env(),
+            checkpoint_folder=checkpoint_folder,
         )
         self._control = Control()
         self._tells = TellQueue()

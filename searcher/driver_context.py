@@ -11,7 +11,7 @@ Example:
     >>> ctx = DriverContext(
     ...     db_url=url, experiment_id=3, study_name="slotsweep-3", model_dir=Path("."),
     ...     config=config, pool=pool, executor=LocalExecutor(), run_dir=Path("logs/experiment-3"),
-    ...     timings=Timings(),
+    ...     timings=Timings(), checkpoint_folder="3-5f0c2a9e41b7",
     ... )
     >>> ctx.label(4)
     '3.4'
@@ -51,6 +51,9 @@ class DriverContext:
     #: Where the trials' logs go (``<SLOTSWEEP_LOG_DIR>/experiment-<id>``).
     run_dir: Path
     timings: Timings
+    #: The experiment's folder under ``checkpoint_storage.path``
+    #: (:attr:`storage.Experiment.checkpoint_folder`).
+    checkpoint_folder: str
 
     def label(self, number: int) -> str:
         """The trial's name in messages (``<experiment>.<optuna number>``).

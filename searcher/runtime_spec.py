@@ -66,6 +66,7 @@ def build_runtime_spec(
         ctx.config,
         db_url=ctx.db_url,
         experiment_id=ctx.experiment_id,
+        checkpoint_folder=ctx.checkpoint_folder,
         study_name=ctx.study_name,
         model_dir=ctx.model_dir,
         trial_id=trial.id,
@@ -88,6 +89,7 @@ def runtime_spec_of(
     *,
     db_url: str,
     experiment_id: int,
+    checkpoint_folder: str,
     study_name: str,
     model_dir: Path,
     trial_id: int,
@@ -110,6 +112,7 @@ def runtime_spec_of(
     return RuntimeSpec(
         db_url=db_url,
         experiment_id=experiment_id,
+        checkpoint_folder=checkpoint_folder,
         trial_id=trial_id,
         study_name=study_name,
         optuna_trial_id=optuna_trial_id,

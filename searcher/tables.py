@@ -148,6 +148,8 @@ def describe_rows(session: Session, experiment: Experiment) -> dict[str, Any]:
         "state": experiment.state.value,
         "metric": metric,
         "max_trials": experiment.max_trials,
+        # Its folder under checkpoint_storage.path: ``<id>-<key>``, not to be guessed.
+        "checkpoint_folder": experiment.checkpoint_folder,
         "trials": trials,
     }
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import enum
+import uuid as _uuid
 from typing import Any, ClassVar
 
 from sqlalchemy import (
@@ -104,6 +105,16 @@ class CheckpointState(str, enum.Enum):
     DELETED = "DELETED"
 
 
+def _new_checkpoint_key() -> str:
+    """A fresh random part of an experiment's checkpoint folder name (48 bits, hex).
+
+    Example:
+        >>> len(_new_checkpoint_key()), _new_checkpoint_key() != _new_checkpoint_key()
+        (12, True)
+    """
+    return _uuid.uuid4().hex[:12]
+
+
 def _enum(cls: type[enum.Enum]) -> Enum:
     # Stored as plain strings (no native ENUM type) so migrations stay simple on PostgreSQL.
     return Enum(cls, native_enum=False, length=16, validate_strings=True)
@@ -128,8 +139,29 @@ class Experiment(Base):
     driver_heartbeat_at: Mapped[_dt.datetime | None] = mapped_column(DateTime)
     # Set by `slotsweep pause|kill` from another terminal; the driver polls it.
     requested_action: Mapped[str | None] = mapped_column(String(16))
+    # Decided once, at creation: experiment ids count from 1 in every database, so the
+    # id alone would give two databases' experiments one checkpoint folder. None for an
+    # experiment created before revision 0013 (its folder stays ``<id>``).
+    checkpoint_key: Mapped[str | None] = mapped_column(String(32), default=_new_checkpoint_key)
 
     trials: Mapped[list[Trial]] = relationship(back_populates="experiment")
+
+    @property
+    def checkpoint_folder(self) -> str:
+        """The experiment's folder under ``checkpoint_storage.path``: ``<id>-<key>``.
+
+        No other database's experiment has it (the key is random), so whatever is in it
+        is this experiment's. An experiment from before revision 0013 keeps ``<id>``,
+        a folder every database's experiment of that id may write to.
+        """
+        if self.checkpoint_key is None:
+            return str(self.id)
+        return f"{self.id}-{self.checkpoint_key}"
+
+    @property
+    def owns_checkpoint_folder(self) -> bool:
+        """Whether nothing but this experiment writes in :attr:`checkpoint_folder`."""
+        return self.checkpoint_key is not None
 
 
 class Trial(Base):

@@ -190,6 +190,8 @@ class _Experiment:
     study_name: str
     config: ExperimentConfig
     model_dir: Path
+    #: Its folder under ``checkpoint_storage.path`` (the row's ``checkpoint_folder``).
+    checkpoint_folder: str
 
 
 def _create_experiment(url: str, raw_config: dict[str, Any], model_dir: Path) -> _Experiment:
@@ -215,7 +217,8 @@ def _create_experiment(url: str, raw_config: dict[str, Any], model_dir: Path) ->
         experiment.driver_pid = os.getpid()
         experiment.driver_heartbeat_at = utcnow()
         study_name = experiment.study_name
-    return _Experiment(url, experiment_id, study_name, config, model_dir)
+        checkpoint_folder = experiment.checkpoint_folder
+    return _Experiment(url, experiment_id, study_name, config, model_dir, checkpoint_folder)
 
 
 def _load_study(experiment: _Experiment) -> optuna.Study:
@@ -422,6 +425,7 @@ def _runtime_spec(
         experiment.config,
         db_url=experiment.url,
         experiment_id=experiment.experiment_id,
+        checkpoint_folder=experiment.checkpoint_folder,
         study_name=experiment.study_name,
         model_dir=experiment.model_dir,
         trial_id=trial.trial_id,
@@ -1680,7 +1684,7 @@ def _add_checkpoints(
     folder = trial_checkpoint_dir(
         experiment.config.checkpoint_storage.path,
         str(experiment.model_dir),
-        experiment.experiment_id,
+        experiment.checkpoint_folder,
         trial.trial_id,
     )
     for step in (shape.training_steps // 2, shape.training_steps):

@@ -287,6 +287,14 @@ def add_experiment(
         return experiment.id, [row.id for row in rows]
 
 
+def checkpoint_folder(url: str, experiment_id: int) -> str:
+    """The experiment's folder under ``checkpoint_storage.path``, as its row names it."""
+    from storage import Experiment, session_scope
+
+    with session_scope(url) as session:
+        return session.get_one(Experiment, experiment_id).checkpoint_folder
+
+
 class PostgresServer:
     """A throw-away PostgreSQL server that a test can stop and start again."""
 

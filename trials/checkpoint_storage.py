@@ -83,25 +83,29 @@ def join(base: str, *parts: str) -> str:
 
 
 def trial_checkpoint_dir(
-    storage_path: str, model_dir: str, experiment_id: int, trial_id: int
+    storage_path: str, model_dir: str, experiment_folder: str, trial_id: int
 ) -> Path | str:
     """The folder (or, for a URL, the prefix) holding one trial's checkpoints.
 
-    Layout: ``<checkpoint_storage.path>/<experiment_id>/<trial_id>/``; a relative
-    ``storage_path`` is taken relative to the experiment's model directory.
+    Layout: ``<checkpoint_storage.path>/<experiment_folder>/<trial_id>/``, where
+    ``experiment_folder`` is the experiment's own (``storage.Experiment.checkpoint_folder``:
+    ``<experiment id>-<random key>``, or ``<experiment id>`` for an experiment created
+    before the key existed); a relative ``storage_path`` is taken relative to the
+    experiment's model directory. Every part that needs a trial's folder (the runtime's
+    save, retention) computes it here.
 
     Example:
-        >>> str(trial_checkpoint_dir("ckpt", "/exp", 3, 7))
-        '/exp/ckpt/3/7'
-        >>> trial_checkpoint_dir("s3://bucket/ckpt", "/exp", 3, 7)
-        's3://bucket/ckpt/3/7'
+        >>> str(trial_checkpoint_dir("ckpt", "/exp", "3-5f0c2a9e41b7", 7))
+        '/exp/ckpt/3-5f0c2a9e41b7/7'
+        >>> trial_checkpoint_dir("s3://bucket/ckpt", "/exp", "3-5f0c2a9e41b7", 7)
+        's3://bucket/ckpt/3-5f0c2a9e41b7/7'
     """
     if is_url(storage_path):
-        return join(storage_path, str(experiment_id), str(trial_id))
+        return join(storage_path, experiment_folder, str(trial_id))
     base = Path(os.path.expanduser(storage_path))
     if not base.is_absolute():
         base = Path(model_dir) / base
-    return base / str(experiment_id) / str(trial_id)
+    return base / experiment_folder / str(trial_id)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -148,6 +152,14 @@ class CheckpointStore(Protocol):
 
     def incomplete(self, directory: str) -> list[str]:
         """Locations under ``directory`` of checkpoints a crash left half-written."""
+        ...
+
+    def whole(self, directory: str) -> list[str]:
+        """Locations under ``directory`` of checkpoints whose write finished, sorted.
+
+        Finished means renamed into place, or its manifest written: whether a row
+        records it is the database's to say (a crash may come between the two).
+        """
         ...
 
 
@@ -207,6 +219,14 @@ class LocalStore:
         if not folder.is_dir():
             return []
         return sorted(str(p) for p in folder.iterdir() if p.name.startswith(TMP_PREFIX))
+
+    def whole(self, directory: str) -> list[str]:
+        folder = Path(directory)
+        if not folder.is_dir():
+            return []
+        return sorted(
+            str(p) for p in folder.iterdir() if p.is_dir() and not p.name.startswith(TMP_PREFIX)
+        )
 
 
 class ObjectStore:
@@ -282,12 +302,17 @@ class ObjectStore:
             self.fs.rm(self._key(location), recursive=True)
 
     def incomplete(self, directory: str) -> list[str]:
+        return sorted(p for p in self._prefixes(directory) if self._manifest(p) is None)
+
+    def whole(self, directory: str) -> list[str]:
+        return sorted(p for p in self._prefixes(directory) if self._manifest(p) is not None)
+
+    def _prefixes(self, directory: str) -> list[str]:
         try:
             entries = self.fs.ls(self._key(directory), detail=False, refresh=True)
         except FileNotFoundError:
             return []
-        prefixes = [join(directory, str(e).rstrip("/").rsplit("/", 1)[-1]) for e in entries]
-        return sorted(p for p in prefixes if self._manifest(p) is None)
+        return [join(directory, str(e).rstrip("/").rsplit("/", 1)[-1]) for e in entries]
 
 
 def _os_error(error: BaseException) -> OSError | None:

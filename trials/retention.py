@@ -12,10 +12,17 @@ attempt that has been superseded never gets this far: the runtime's fenced
 transaction refuses it first. The rules are pure functions the runtime and the
 driver share; :func:`collect_garbage` applies them to the database and the storage
 (a folder or a bucket, :mod:`trials.checkpoint_storage`), and also deletes what a
-crash left half-written in the trials' folders (a ``.tmp-*`` folder, a prefix without
-a manifest), a trial's folder included when it has no recorded checkpoint at all: no
-run writes there when it runs (rank 0 collects after its own write has ended, the
-driver once no trial runs).
+crash left in the trials' folders:
+
+- half-written checkpoints (a ``.tmp-*`` folder, a prefix without a manifest), a
+  trial's folder included when it has no recorded checkpoint at all: no run writes
+  there when it runs (rank 0 collects after its own write has ended, the driver once
+  no trial runs);
+- whole checkpoints that no row records (rank 0 died between the manifest and the
+  row), in the folder of a trial none of whose runs is running, and only in an
+  experiment's own folder (``<id>-<key>``): in the old layout's ``<id>`` folder,
+  another database's experiment of the same id may keep checkpoints this database
+  has no row for.
 """
 
 from __future__ import annotations
@@ -174,7 +181,7 @@ def collect_garbage(
         if row.uuid in doomed:
             store_for(row.path).delete(row.path)
             row.state = CheckpointState.DELETED
-    _delete_half_written(
+    _delete_leftovers(
         session,
         experiment_id,
         policy,
@@ -184,14 +191,15 @@ def collect_garbage(
     return sorted(doomed)
 
 
-def _delete_half_written(
+def _delete_leftovers(
     session: Session,
     experiment_id: int,
     policy: CheckpointStorageConfig,
     rows: Sequence[Any],
     trial_id: int | None,
 ) -> None:
-    """Delete what a crash left half-written in the trials' folders.
+    """Delete what a crash left in the trials' folders: half-written checkpoints, and
+    whole ones whose row was never recorded.
 
     The folders are those of ``rows``' checkpoints and those the layout gives the
     experiment's trials (``trial_id``'s alone when given): a trial whose only upload
@@ -200,28 +208,82 @@ def _delete_half_written(
     """
     from sqlalchemy import select
 
-    from storage import Checkpoint, Experiment, Trial
+    from storage import Experiment, Trial
 
     folders = {row.path.rstrip("/").rsplit("/", 1)[0] for row in rows}
     experiment = session.get(Experiment, experiment_id)
+    own: dict[str, int] = {}
     if experiment is not None:
         trial_ids = (
             [trial_id]
             if trial_id is not None
             else session.scalars(select(Trial.id).where(Trial.experiment_id == experiment_id))
         )
-        folders |= {
-            str(trial_checkpoint_dir(policy.path, experiment.model_dir, experiment_id, tid))
+        layout = {
+            str(
+                trial_checkpoint_dir(
+                    policy.path, experiment.model_dir, experiment.checkpoint_folder, tid
+                )
+            ): tid
             for tid in trial_ids
         }
+        folders |= set(layout)
+        # Under the old layout (``<id>/``) another database's experiment of this id may
+        # write in the same folders: its whole checkpoints have no row here.
+        if experiment.owns_checkpoint_folder:
+            own = layout
     for folder in sorted(folders):
-        store = store_for(folder)
-        leftovers = store.incomplete(folder)
-        if not leftovers:
-            continue
-        recorded = set(
-            session.scalars(select(Checkpoint.path).where(Checkpoint.path.in_(leftovers)))
-        )
-        for location in leftovers:
-            if location not in recorded:
-                store.delete(location)
+        _delete_half_written(session, folder)
+    for folder, tid in sorted(own.items()):
+        _delete_unrecorded(session, folder, tid)
+
+
+def _delete_half_written(session: Session, folder: str) -> None:
+    """Delete the checkpoints in ``folder`` whose write a crash cut short (no row records one).
+
+    No run writes there while this runs: rank 0 collects after its own write has ended,
+    the driver once no trial runs.
+    """
+    from sqlalchemy import select
+
+    from storage import Checkpoint
+
+    store = store_for(folder)
+    leftovers = store.incomplete(folder)
+    if not leftovers:
+        return
+    recorded = set(session.scalars(select(Checkpoint.path).where(Checkpoint.path.in_(leftovers))))
+    for location in leftovers:
+        if location not in recorded:
+            store.delete(location)
+
+
+def _delete_unrecorded(session: Session, folder: str, trial_id: int) -> None:
+    """Delete the whole checkpoints in trial ``trial_id``'s own ``folder`` that no row records.
+
+    A crash between a checkpoint's manifest and its row leaves one; nothing else will
+    ever read it. Only while no run of the trial is running: a running rank 0 may be
+    between the two steps of its write. The folder is listed before the database is
+    asked, so a run that recorded its checkpoint meanwhile is seen. A checkpoint is
+    matched to its row by uuid (its name in the folder), which does not depend on how
+    the folder's path was spelled when the row was written.
+    """
+    from sqlalchemy import select
+
+    from storage import Checkpoint, TrialRun
+
+    store = store_for(folder)
+    written = {
+        location.rstrip("/").rsplit("/", 1)[-1]: location for location in store.whole(folder)
+    }
+    if not written:
+        return
+    running = select(TrialRun.id).where(TrialRun.trial_id == trial_id, TrialRun.ended_at.is_(None))
+    if session.scalar(running.limit(1)) is not None:
+        return
+    recorded = set(
+        session.scalars(select(Checkpoint.uuid).where(Checkpoint.uuid.in_(list(written))))
+    )
+    for uuid, location in sorted(written.items()):
+        if uuid not in recorded:
+            store.delete(location)

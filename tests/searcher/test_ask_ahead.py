@@ -87,6 +87,10 @@ def _new_experiment(db_url: str, config: ExperimentConfig, tmp_path: Path) -> Dr
         directions=["minimize"],
         model_dir=EXAMPLES_DIR / "digits",
     )
+    with session_scope(db_url) as session:
+        experiment = session.get(Experiment, experiment_id)
+        assert experiment is not None
+        checkpoint_folder = experiment.checkpoint_folder
     ctx = DriverContext(
         db_url=db_url,
         experiment_id=experiment_id,
@@ -97,6 +101,7 @@ def _new_experiment(db_url: str, config: ExperimentConfig, tmp_path: Path) -> Dr
         executor=LocalExecutor(use_gpus=False),
         run_dir=tmp_path / "logs",
         timings=Timings(),
+        checkpoint_folder=checkpoint_folder,
     )
     claim_ownership(ctx)  # the cluster's queue takes only trials of a driven experiment
     return ctx

@@ -33,6 +33,7 @@ from sqlalchemy.exc import OperationalError
 from storage import (
     Checkpoint,
     CheckpointState,
+    Experiment,
     ProcessRole,
     TrialProcess,
     TrialRun,
@@ -98,6 +99,9 @@ def test_a_search_keeps_its_checkpoints_in_a_bucket(s3_bucket: str, tmp_path: Pa
         rows = list(session.scalars(select(Checkpoint).order_by(Checkpoint.id)))
         session.expunge_all()
         warm_jobs = session.scalar(select(func.count()).select_from(WarmJob))
+        # The experiment's own folder: no other database's experiment 1 writes there.
+        key = session.get_one(Experiment, 1).checkpoint_key
+    assert key is not None
     assert len({r.trial_id for r in rows}) == 2, (rows, first.stdout, more.stdout)
     assert warm_jobs  # the trials ran on warm workers
     # The restart: attempt 1 of the first trial, on a warm job of its own (the killed
@@ -115,7 +119,7 @@ def test_a_search_keeps_its_checkpoints_in_a_bucket(s3_bucket: str, tmp_path: Pa
     ]
     assert runs[1].restored_from_step == 4 and restored.step == 4
     assert restored.epoch is not None and 0 < restored.epoch < 1
-    assert restored.path.startswith(f"{storage_path}/1/{rows[0].trial_id}/")
+    assert restored.path.startswith(f"{storage_path}/1-{key}/{rows[0].trial_id}/")
     assert runs[0].launch_token != runs[1].launch_token
     assert {runs[0].launch_token, runs[1].launch_token} <= job_tokens
     assert not (tmp_path / "exp" / "checkpoints").exists()
@@ -124,7 +128,7 @@ def test_a_search_keeps_its_checkpoints_in_a_bucket(s3_bucket: str, tmp_path: Pa
         # One checkpoint every 4 batches; only the newest survives (latest 1, best 0).
         assert [r.state for r in mine] == [CheckpointState.DELETED, CheckpointState.COMPLETED]
         folder = mine[0].path.rsplit("/", 1)[0]
-        assert folder == f"{storage_path}/1/{trial_id}"
+        assert folder == f"{storage_path}/1-{key}/{trial_id}"
         store = store_for(folder)
         assert [store.is_complete(r.path) for r in mine] == [False, True]
         assert store.fs.ls(folder[len("s3://") :], refresh=True) == [mine[1].path[len("s3://") :]]

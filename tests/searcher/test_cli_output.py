@@ -79,6 +79,7 @@ def test_list_and_describe_at_80_columns(db_url: str, finished: int) -> None:
     assert "#0" in table and "#1" in table
     assert "warmup_epochs=3" in table.replace("\n", "").replace("│", "").replace(" ", "")
     assert described["trials"][0]["trial"] == f"{finished}.0"
+    assert described["checkpoint_folder"].startswith(f"{finished}-")
 
 
 def test_progress_bar_keeps_count_and_time_at_80_columns() -> None:

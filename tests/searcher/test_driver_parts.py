@@ -74,6 +74,7 @@ def _ctx(config: ExperimentConfig | None = None, *, experiment_id: int = 3) -> D
         executor=_NoExecutor(),
         run_dir=Path("/logs/experiment-3"),
         timings=Timings(),
+        checkpoint_folder=f"{experiment_id}-5f0c2a9e41b7",
     )
 
 
@@ -233,6 +234,7 @@ def test_the_runtime_spec_is_built_from_the_context_trial_and_checkpoint_alone()
     assert spec.seed == 104  # distinct per trial, reproducible from the experiment seed
     assert spec.restore_checkpoint_path == "/ckpt/step-40"
     assert spec.checkpoint_storage.path == "/models/digits/checkpoints"
+    assert spec.checkpoint_folder == "3-5f0c2a9e41b7"  # the experiment's, as its row says
     # Per trial, in the experiment's own folder (named by its log folder and that path).
     assert Path(spec.scratch_dir).parent == scratch_root(Path("/logs/experiment-3"))
     assert Path(spec.scratch_dir).name == "trial-11"

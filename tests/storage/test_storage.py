@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import func, inspect, select, text
 
 from storage import (
+    Experiment,
     Metric,
     MetricKind,
     Trial,
@@ -25,7 +27,7 @@ from storage import (
     session_scope,
     upgrade_schema,
 )
-from storage._migrate import VERSION_TABLE, current_revision, head_revision
+from storage._migrate import VERSION_TABLE, alembic_config, current_revision, head_revision
 from storage._models import Base
 from tests.conftest import add_experiment
 
@@ -86,6 +88,36 @@ def test_sqlite_schema_and_metrics(db_url: str) -> None:
     with get_engine(db_url).connect() as connection:
         assert connection.execute(text("PRAGMA journal_mode")).scalar() == "wal"
         assert int(connection.execute(text("PRAGMA busy_timeout")).scalar() or 0) >= 10_000
+
+
+def test_an_experiment_from_before_revision_0013_keeps_its_id_as_checkpoint_folder(
+    tmp_path: Path,
+) -> None:
+    """Its checkpoints stay where they were; a new one's folder is its id and a random key,
+    a name no other database's experiment of that id has."""
+    from alembic import command
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    command.upgrade(alembic_config(url), "0012")
+    with get_engine(url).begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO slotsweep_experiments (name, study_name, state, config, "
+                "model_dir, max_trials, created_at) VALUES ('old', 'old-1', 'PAUSED', '{}', "
+                "'.', 1, '2026-11-01 00:00:00')"
+            )
+        )
+    upgrade_schema(url)
+    new_id, _ = add_experiment(url)
+    with session_scope(url) as session:
+        old, new = session.get_one(Experiment, 1), session.get_one(Experiment, new_id)
+        assert (old.checkpoint_key, old.checkpoint_folder, old.owns_checkpoint_folder) == (
+            None,
+            "1",
+            False,
+        )
+        assert re.fullmatch(r"2-[0-9a-f]{12}", new.checkpoint_folder), new.checkpoint_folder
+        assert new.owns_checkpoint_folder
 
 
 @pytest.mark.slow

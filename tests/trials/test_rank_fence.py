@@ -274,6 +274,7 @@ def _spec_env(url: str, trial_id: int, **extra: str) -> dict[str, str]:
     spec = {
         "db_url": url,
         "experiment_id": 1,
+        "checkpoint_folder": "1",
         "trial_id": trial_id,
         "study_name": "s",
         "optuna_trial_id": 0,

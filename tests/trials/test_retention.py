@@ -2,8 +2,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import add_experiment
-from trials import CheckpointStorageConfig
+from sqlalchemy import update
+
+from storage import Checkpoint, CheckpointState, Experiment, TrialRun, session_scope, utcnow
+from tests.conftest import add_experiment, checkpoint_folder
+from trials import CheckpointStorageConfig, store_for, trial_checkpoint_dir
 from trials.retention import (
     CheckpointRecord,
     checkpoints_to_delete,
@@ -161,3 +164,134 @@ def test_collect_garbage_spares_the_newest_and_what_a_live_run_restores(
         )
     assert deleted == ["c10"]
     assert not folders[10].exists() and folders[40].exists()
+
+
+# ------------------------------------------------- what a crash leaves in a trial's folder
+
+
+def _write(folder: Path, uuid: str) -> Path:
+    """A whole checkpoint ``uuid`` in ``folder``, written as rank 0 writes one."""
+    location, _ = store_for(str(folder)).write(
+        str(folder), uuid, {"state.pt": lambda f: f.write(b"x")}
+    )
+    return Path(location)
+
+
+def _record(db_url: str, trial_id: int, location: Path, step: int) -> None:
+    with session_scope(db_url) as session:
+        session.add(
+            Checkpoint(
+                uuid=location.name,
+                trial_id=trial_id,
+                step=step,
+                path=str(location),
+                state=CheckpointState.COMPLETED,
+            )
+        )
+
+
+def _run(db_url: str, trial_id: int, *, ended: bool) -> None:
+    with session_scope(db_url) as session:
+        session.add(TrialRun(trial_id=trial_id, attempt=0, ended_at=utcnow() if ended else None))
+
+
+def _collect(
+    db_url: str, experiment_id: int, policy: CheckpointStorageConfig, trial_id: int | None
+) -> list[str]:
+    with session_scope(db_url) as session:
+        return collect_garbage(
+            session,
+            experiment_id=experiment_id,
+            policy=policy,
+            metric="val_loss",
+            smaller_is_better=True,
+            trial_id=trial_id,
+        )
+
+
+def _names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_two_databases_with_one_checkpoint_path_never_collect_each_others_checkpoints(
+    tmp_path: Path,
+) -> None:
+    """Both databases' experiment 1 has a trial 1; each has a folder of its own, and one's
+    collection leaves the other's writes in flight and its whole checkpoints alone."""
+    from storage import upgrade_schema
+
+    policy = CheckpointStorageConfig(path=str(tmp_path / "ckpt"))
+    urls = [f"sqlite:///{tmp_path / name}.db" for name in ("a", "b")]
+    folders = []
+    for url in urls:
+        upgrade_schema(url)
+        assert add_experiment(url) == (1, [1])  # ids count from 1 in every database
+        folders.append(Path(trial_checkpoint_dir(policy.path, ".", checkpoint_folder(url, 1), 1)))
+    mine, theirs = folders
+    assert mine != theirs and mine.parent.parent == theirs.parent.parent == tmp_path / "ckpt"
+    assert mine.parent.name.startswith("1-") and theirs.parent.name.startswith("1-")
+    # Database b's rank 0 is writing: one checkpoint renamed into place whose row is not
+    # committed yet, one still in its temporary folder; one recorded before.
+    _run(urls[1], 1, ended=False)
+    _record(urls[1], 1, _write(theirs, "b-recorded"), 1)
+    _write(theirs, "b-between")
+    (theirs / ".tmp-b-writing").mkdir()
+    # Database a's trial ended; a crash left one of each behind.
+    _run(urls[0], 1, ended=True)
+    _record(urls[0], 1, _write(mine, "a-recorded"), 1)
+    _write(mine, "a-unrecorded")
+    (mine / ".tmp-a-crashed").mkdir()
+    for trial_id in (1, None):  # rank 0's collection, then the driver's sweep
+        assert _collect(urls[0], 1, policy, trial_id) == []
+    assert _names(mine) == ["a-recorded"]
+    assert _names(theirs) == [".tmp-b-writing", "b-between", "b-recorded"]
+
+
+def test_a_whole_checkpoint_no_row_records_is_collected_once_no_run_of_its_trial_runs(
+    db_url: str, tmp_path: Path
+) -> None:
+    experiment_id, (trial_id,) = add_experiment(db_url)
+    policy = CheckpointStorageConfig(path=str(tmp_path / "ckpt"))
+    folder = Path(
+        trial_checkpoint_dir(policy.path, ".", checkpoint_folder(db_url, experiment_id), trial_id)
+    )
+    # The row records the checkpoint under another spelling of the same folder (a link):
+    # it is matched by its uuid, so it is never taken for an orphan.
+    (tmp_path / "link").symlink_to(tmp_path / "ckpt")
+    recorded = _write(folder, "recorded")
+    _record(db_url, trial_id, tmp_path / "link" / recorded.relative_to(tmp_path / "ckpt"), 1)
+    # Rank 0 wrote this one and has not recorded it yet, or died before it could: while
+    # the run has not ended, nobody can tell which.
+    _write(folder, "unrecorded")
+    _run(db_url, trial_id, ended=False)
+    for only_trial in (trial_id, None):
+        assert _collect(db_url, experiment_id, policy, only_trial) == []
+        assert _names(folder) == ["recorded", "unrecorded"]
+    with session_scope(db_url) as session:
+        session.execute(update(TrialRun).values(ended_at=utcnow()))
+    assert _collect(db_url, experiment_id, policy, None) == []
+    assert _names(folder) == ["recorded"]
+
+
+def test_an_experiment_from_before_the_checkpoint_key_keeps_and_collects_its_id_folder(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Its checkpoints stay in ``<path>/<id>/`` and retention finds them there; a whole
+    checkpoint without a row may be another database's experiment of that id: kept."""
+    experiment_id, (trial_id,) = add_experiment(db_url)
+    with session_scope(db_url) as session:
+        # As revision 0013 leaves an experiment created before it (tests/storage).
+        session.execute(update(Experiment).values(checkpoint_key=None))
+    assert checkpoint_folder(db_url, experiment_id) == str(experiment_id)
+    policy = CheckpointStorageConfig(
+        path=str(tmp_path / "ckpt"), save_trial_latest=1, save_trial_best=0
+    )
+    folder = Path(trial_checkpoint_dir(policy.path, ".", str(experiment_id), trial_id))
+    assert folder == tmp_path / "ckpt" / str(experiment_id) / str(trial_id)
+    for step in (1, 2):
+        _record(db_url, trial_id, _write(folder, f"c{step}"), step)
+    _write(folder, "another-databases")
+    (folder / ".tmp-crashed").mkdir()
+    _run(db_url, trial_id, ended=True)
+    assert _collect(db_url, experiment_id, policy, None) == ["c1"]
+    assert _names(folder) == ["another-databases", "c2"]

@@ -233,6 +233,9 @@ class RuntimeSpec(ConfigModel):
 
     db_url: str
     experiment_id: int
+    #: The experiment's folder under ``checkpoint_storage.path``
+    #: (``storage.Experiment.checkpoint_folder``).
+    checkpoint_folder: str
     trial_id: int
     study_name: str
     optuna_trial_id: int

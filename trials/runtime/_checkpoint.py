@@ -1,6 +1,7 @@
 """Checkpoint files: where they live, how they are written atomically, how they load.
 
-Layout: ``<checkpoint_storage.path>/<experiment_id>/<trial_id>/<uuid>/`` holding
+Layout: ``<checkpoint_storage.path>/<experiment_id>-<key>/<trial_id>/<uuid>/`` (the
+experiment's folder: :func:`trials.checkpoint_storage.trial_checkpoint_dir`) holding
 ``state.pt`` (``torch.save`` of a dict of tensors and plain containers, so it loads
 with ``torch.load(weights_only=True)``) and ``metadata.json`` (step, epoch, metrics;
 for people and tools that do not load torch). A relative ``checkpoint_storage.path``

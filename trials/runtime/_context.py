@@ -341,7 +341,7 @@ class TrialContext:
         return trial_checkpoint_dir(
             self.spec.checkpoint_storage.path,
             self.spec.model_dir,
-            self.spec.experiment_id,
+            self.spec.checkpoint_folder,
             self.spec.trial_id,
         )
 

@@ -120,10 +120,12 @@ def create_trial(
         session.add(trial)
         session.flush()
         experiment_id, trial_id = experiment.id, trial.id
+        checkpoint_folder = experiment.checkpoint_folder
     add_run(db_url, trial_id, int(spec_fields.get("attempt", 0)))
     fields: dict[str, Any] = {
         "db_url": db_url,
         "experiment_id": experiment_id,
+        "checkpoint_folder": checkpoint_folder,
         "trial_id": trial_id,
         "study_name": study_name,
         "optuna_trial_id": optuna_id,

@@ -21,8 +21,10 @@ from trials.runtime._checkpoint import (
 
 
 def test_layout_is_relative_to_the_model_dir_unless_absolute(tmp_path: Path) -> None:
-    assert trial_checkpoint_dir("./ckpt", "/exp", 2, 9) == Path("/exp/ckpt/2/9")
-    assert trial_checkpoint_dir(str(tmp_path), "/exp", 2, 9) == tmp_path / "2" / "9"
+    assert trial_checkpoint_dir("./ckpt", "/exp", "2-ab", 9) == Path("/exp/ckpt/2-ab/9")
+    assert trial_checkpoint_dir(str(tmp_path), "/exp", "2-ab", 9) == tmp_path / "2-ab" / "9"
+    # An experiment from before the key: its folder is its id, as it always was.
+    assert trial_checkpoint_dir("./ckpt", "/exp", "2", 9) == Path("/exp/ckpt/2/9")
 
 
 def test_write_is_atomic_and_loads_weights_only(tmp_path: Path) -> None:

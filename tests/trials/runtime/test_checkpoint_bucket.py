@@ -1,14 +1,16 @@
 """Checkpoints in an S3 bucket (a real S3-compatible server: moto's, ``.ci/s3.sh``).
 
 The store on its own: a checkpoint round trip, an upload SIGKILLed half-way (never
-offered, the previous one still loads, garbage collection removes it), a bucket that
-does not exist or refuses uploads (one line naming the URL and the provider's reason,
-the checkpoints written before kept). Then a two-rank trial checkpointing to the bucket:
-a rank SIGKILLed, the next attempt restored from the bucket mid-epoch, retention
-deleting exactly the checkpoints its policy names, the UI's download, and the
-credentials in none of the logs, the spec, the command line or the database; beside
-its first attempt, a one-rank trial whose bucket is missing fails with one line, and
-beside its second, one whose bucket refuses its background uploads (as for a full disk).
+offered, the previous one still loads, garbage collection removes it, and a whole one
+whose row was never written, but nothing of another database's experiment of the same
+id in the same bucket), a bucket that does not exist or refuses uploads (one line naming
+the URL and the provider's reason, the checkpoints written before kept). Then a two-rank
+trial checkpointing to the bucket: a rank SIGKILLed, the next attempt restored from the
+bucket mid-epoch, retention deleting exactly the checkpoints its policy names, the UI's
+download, and the credentials in none of the logs, the spec, the command line or the
+database; beside its first attempt, a one-rank trial whose bucket is missing fails with
+one line, and beside its second, one whose bucket refuses its background uploads (as for
+a full disk).
 """
 
 from __future__ import annotations
@@ -37,13 +39,13 @@ from storage import (
     session_scope,
     upgrade_schema,
 )
-from tests.conftest import S3_SECRET, add_experiment
+from tests.conftest import S3_SECRET, add_experiment, checkpoint_folder
 from trials import CheckpointStorageConfig, collect_garbage, store_for, trial_checkpoint_dir
 from trials.checkpoint_storage import CheckpointStorageError
 from trials.runtime._checkpoint import read_checkpoint, write_checkpoint
 from ui._checkpoints import checkpoint_bytes, checkpoint_problem, download_name
 
-from .conftest import TrialHandle, create_trial, run_worker
+from .conftest import TrialHandle, add_run, create_trial, run_worker
 
 pytestmark = pytest.mark.slow
 
@@ -67,13 +69,25 @@ _HALF_WRITE = textwrap.dedent(
 def test_a_half_written_upload_is_never_offered_and_is_collected(
     s3_bucket: str, tmp_path: Path
 ) -> None:
-    db_url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    upgrade_schema(db_url)
-    experiment_id, (trial_id, bare_trial_id) = add_experiment(db_url, [{}, {}])
+    db_url, other_url = (f"sqlite:///{tmp_path / name}.sqlite" for name in ("db", "other"))
     policy = CheckpointStorageConfig(path=f"{s3_bucket}/ckpt")
-    folder = str(trial_checkpoint_dir(policy.path, ".", experiment_id, trial_id))
-    # A trial whose only upload was killed: no row leads to its folder.
-    bare_folder = str(trial_checkpoint_dir(policy.path, ".", experiment_id, bare_trial_id))
+    folders = []
+    for url in (db_url, other_url):
+        upgrade_schema(url)
+        experiment_id, (trial_id, bare_trial_id) = add_experiment(url, [{}, {}])
+        experiment_folder = checkpoint_folder(url, experiment_id)
+        folders.append(
+            [
+                str(trial_checkpoint_dir(policy.path, ".", experiment_folder, t))
+                for t in (trial_id, bare_trial_id)
+            ]
+        )
+    # bare_folder: a trial whose only upload was killed, so no row leads to its folder.
+    # other_folder: another database's experiment and trial of the same ids, in the same
+    # bucket: a folder of its own.
+    [folder, bare_folder], [other_folder, _] = folders
+    assert folder.startswith(f"{policy.path}/{experiment_id}-") and folder.endswith(f"/{trial_id}")
+    assert other_folder != folder and other_folder.startswith(f"{policy.path}/{experiment_id}-")
     before, size = write_checkpoint(folder, "before", {"w": torch.arange(5.0)}, {"step": 1})
     assert before == f"{folder}/before" and size > 0
     killed = [
@@ -98,10 +112,18 @@ def test_a_half_written_upload_is_never_offered_and_is_collected(
     assert store.incomplete(folder) == [half]
     assert store.incomplete(bare_folder) == [bare_half]
     torch.testing.assert_close(read_checkpoint(before)["w"], torch.arange(5.0))
+    # Rank 0 died between a manifest and its row: whole, and no row records it.
+    unrecorded, _ = write_checkpoint(folder, "unrecorded", {"w": torch.zeros(2)}, {"step": 2})
+    # The other database's rank 0 is writing: one upload whose row is not committed yet,
+    # one whose manifest is not written yet.
+    add_run(other_url, trial_id, 0)
+    write_checkpoint(other_folder, "between", {"w": torch.zeros(2)}, {"step": 2})
+    store.fs.pipe_file(f"{other_folder[len('s3://') :]}/writing/state.pt", b"x")
 
-    # Retention's garbage collection removes the half-written prefix, not the recorded
-    # one: rank 0's in its own trial's folder only, the driver's final sweep in every
-    # trial's, the one with no recorded checkpoint included.
+    # Retention's garbage collection removes the half-written prefix and the unrecorded
+    # whole one (no run of the trial runs), not the recorded one: rank 0's in its own
+    # trial's folder only, the driver's final sweep in every trial's, the one with no
+    # recorded checkpoint included; nothing in the other database's folder.
     with session_scope(db_url) as session:
         session.add(
             Checkpoint(
@@ -125,8 +147,11 @@ def test_a_half_written_upload_is_never_offered_and_is_collected(
         assert deleted == []
         assert store.incomplete(folder) == []
         assert store.incomplete(bare_folder) == ([bare_half] if only_trial else [])
+        assert store.whole(folder) == [str(before)]  # no run of the trial is running
     assert not store.fs.exists(bare_folder[len("s3://") :])
-    assert store.is_complete(str(before))
+    assert store.is_complete(str(before)) and not store.fs.exists(str(unrecorded)[len("s3://") :])
+    assert store.whole(other_folder) == [f"{other_folder}/between"]
+    assert store.incomplete(other_folder) == [f"{other_folder}/writing"]
 
 
 def test_a_missing_bucket_is_one_line_naming_the_url(s3_bucket: str) -> None:
@@ -209,7 +234,8 @@ def test_a_trial_checkpoints_to_the_bucket_restores_and_collects(
     assert _checkpoints(db_url, missing.spec.trial_id) == []
     rows = _checkpoints(db_url, crashed.spec.trial_id)
     assert [(r.step, r.state) for r in rows] == [(4, CheckpointState.COMPLETED)]
-    folder = f"{storage_path}/{crashed.spec.experiment_id}/{crashed.spec.trial_id}"
+    folder = f"{storage_path}/{crashed.spec.checkpoint_folder}/{crashed.spec.trial_id}"
+    assert crashed.spec.checkpoint_folder.startswith(f"{crashed.spec.experiment_id}-")
     assert rows[0].path == f"{folder}/{rows[0].uuid}"
 
     # The driver's restart: attempt 1 restores step 4 from the bucket (mid-epoch: an
@@ -276,7 +302,7 @@ def _assert_failed_with_one_line(
     """The trial failed as for a full disk: one line naming its folder and the provider's
     ``reason``, no traceback before it, no secret, the failure recorded, no finish."""
     output = result.stdout + result.stderr
-    folder = f"{storage_path}/{handle.spec.experiment_id}/{handle.spec.trial_id}"
+    folder = f"{storage_path}/{handle.spec.checkpoint_folder}/{handle.spec.trial_id}"
     line = f"[rank 0] slotsweep: checkpoint_storage.path {folder}: {reason}"
     assert result.returncode != 0
     assert output.count(line) == 1, output[-3000:]

@@ -17,6 +17,7 @@ def spec(tmp_path: Path, **changes: Any) -> RuntimeSpec:
     fields: dict[str, Any] = {
         "db_url": "sqlite://",
         "experiment_id": 1,
+        "checkpoint_folder": "1-5f0c2a9e41b7",
         "trial_id": 2,
         "study_name": "s",
         "optuna_trial_id": 3,

@@ -21,6 +21,7 @@ from sqlalchemy import select
 from storage import (
     Checkpoint,
     CheckpointState,
+    Experiment,
     Metric,
     MetricKind,
     Timing,
@@ -182,6 +183,8 @@ def test_checkpoints_are_recorded_and_collected(reference: tuple[TrialHandle, st
     handle, _ = reference
     rows = checkpoint_rows(handle.db_url, handle.spec.trial_id)
     assert [r.step for r in rows] == [4, 8, 12]
+    with session_scope(handle.db_url) as session:
+        key = session.get_one(Experiment, handle.spec.experiment_id).checkpoint_key
     val_loss = series(handle.db_url, handle.spec.trial_id, "val_loss", MetricKind.VALIDATION)
     best_step = min(val_loss, key=val_loss.__getitem__)
     for row in rows:
@@ -192,8 +195,8 @@ def test_checkpoints_are_recorded_and_collected(reference: tuple[TrialHandle, st
         )
         assert row.state == expected
         assert Path(row.path).exists() == (expected == CheckpointState.COMPLETED)
-        assert Path(row.path).parent == Path(handle.spec.checkpoint_storage.path) / str(
-            handle.spec.experiment_id
+        assert Path(row.path).parent == Path(handle.spec.checkpoint_storage.path) / (
+            f"{handle.spec.experiment_id}-{key}"
         ) / str(handle.spec.trial_id)
     final = read_checkpoint(rows[-1].path)
     assert final["step"] == 12 and len(final["rng"]) == 2  # both ranks' RNG states
