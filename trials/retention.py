@@ -263,23 +263,29 @@ def _delete_unrecorded(session: Session, folder: str, trial_id: int) -> None:
 
     A crash between a checkpoint's manifest and its row leaves one; nothing else will
     ever read it. Only while no run of the trial is running: a running rank 0 may be
-    between the two steps of its write. The folder is listed before the database is
-    asked, so a run that recorded its checkpoint meanwhile is seen. A checkpoint is
-    matched to its row by uuid (its name in the folder), which does not depend on how
-    the folder's path was spelled when the row was written.
+    between the two steps of its write. Asked again after the folder is listed, so a
+    run that started meanwhile is seen, and the rows read after it, so a checkpoint
+    recorded meanwhile is too. A checkpoint is matched to its row by uuid (its name in
+    the folder), which does not depend on how the folder's path was spelled when the
+    row was written.
     """
     from sqlalchemy import select
 
     from storage import Checkpoint, TrialRun
 
+    running = (
+        select(TrialRun.id)
+        .where(TrialRun.trial_id == trial_id, TrialRun.ended_at.is_(None))
+        .limit(1)
+    )
+    # First without listing: rank 0's own collection always finds its run running.
+    if session.scalar(running) is not None:
+        return
     store = store_for(folder)
     written = {
         location.rstrip("/").rsplit("/", 1)[-1]: location for location in store.whole(folder)
     }
-    if not written:
-        return
-    running = select(TrialRun.id).where(TrialRun.trial_id == trial_id, TrialRun.ended_at.is_(None))
-    if session.scalar(running.limit(1)) is not None:
+    if not written or session.scalar(running) is not None:
         return
     recorded = set(
         session.scalars(select(Checkpoint.uuid).where(Checkpoint.uuid.in_(list(written))))
