@@ -14,7 +14,7 @@ a small module found by its name:
 - :mod:`searcher.placement`: the pending queue and placing it on free slots;
 - :mod:`searcher.running`: starting attempts through the executor, reaping, hang
   detection, preempting and killing, leftovers of a dead driver;
-- :mod:`searcher.handoff`: a warm job's next trial decided ahead, which the job's rank 0
+- :mod:`searcher.handoff`: a warm job's next trials decided ahead, which the job's rank 0
   starts itself at the hand-back;
 - :mod:`searcher.runtime_spec`: the runtime spec of an attempt (a pure builder);
 - :mod:`searcher.outcomes`: what an ended attempt means (a pure decision, applied);
@@ -249,9 +249,9 @@ class SearchDriver:
         what the placement gave slots, and apply what the launches decided (a trial
         that started nothing waits again). Optuna hears the outcomes, and the trials
         to come are asked ahead, only once the launches are done and the warm jobs'
-        ranks took the trials handed to them: a warm job's next trial, asked while its
-        current one ran, is decided ahead as that job's next (:mod:`searcher.handoff`), and
-        its rank 0 starts it at the hand-back without waiting for this driver.
+        ranks took the trials handed to them: a warm job's next trials, asked while its
+        current one ran, are decided ahead as that job's next (:mod:`searcher.handoff`),
+        and its rank 0 starts each at a hand-back without waiting for this driver.
         """
         study = self._loaded_study()
         self._keep_lease()
@@ -280,12 +280,12 @@ class SearchDriver:
             # behind the next hand-over when another warm job handed its trial back meanwhile.
             if not self._running.warm.await_taken():
                 study.flush_tells()
-                # One trial ahead for each warm job at work, asked off the hand-over's path,
-                # and decided ahead as the job's next: its rank 0 starts it at the hand-back.
+                # Trials ahead for each warm job at work, asked off the hand-over's path,
+                # and decided ahead as the job's next: its rank 0 starts them at hand-backs.
                 study.fill_queue(
                     len(self._running) + len(self._running.ahead),
                     self._pending,
-                    ahead=self._running.on_warm_jobs,
+                    ahead=self._running.wanted_ahead,
                 )
                 self._running.reserve_ahead(self._pending)
             self._running.warm.end_unneeded(self._pending.sizes())
