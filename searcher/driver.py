@@ -288,6 +288,12 @@ class SearchDriver:
                     ahead=self._running.wanted_ahead,
                 )
                 self._running.reserve_ahead(self._pending)
+            # An idle job that no waiting trial fits takes a busy job's second trial
+            # decided ahead, if one of its size has two, rather than end meanwhile.
+            idle_sizes = [
+                idle.slots for idle in self._running.warm.unneeded(self._pending.sizes())
+            ]
+            apply_decisions(self._running.ahead.share(idle_sizes), self._pending, self._control)
             self._running.warm.end_unneeded(self._pending.sizes())
             if (
                 not self._running

@@ -177,6 +177,39 @@ class AheadReservations:
             row.ahead_trial_id = row.ahead[0]["trial_id"]
             return True
 
+    def share(self, sizes: Sequence[int]) -> list[Requeue]:
+        """Withdraw, for each of ``sizes``, the last of :data:`DEPTH` trials decided ahead
+        for a job of that size; those trials wait again.
+
+        For idle jobs that no waiting trial fits: one runs such a trial now, rather than
+        end while the trial waits its turn behind two others on a busy job (at the
+        search's end). The busy job keeps its next trial decided. A trial rank 0 took
+        first (it runs) is not withdrawn.
+        """
+        shared: list[Requeue] = []
+        for slots in sizes:
+            for job_id, chain in list(self._by_job.items()):
+                if len(chain) == DEPTH and chain[-1].slots == slots and self._drop_last(chain):
+                    self._by_job[job_id] = chain[:-1]
+                    shared.append(Requeue(trial_id=chain[-1].trial_id, slots=slots))
+                    break
+        return shared
+
+    def _drop_last(self, chain: Sequence[Reservation]) -> bool:
+        """Take the last of ``chain`` off its job's row if it is still there; whether it was."""
+        last = chain[-1]
+        with session_scope(self.ctx.db_url) as session:
+            row = session.scalars(
+                select(WarmJob).where(WarmJob.id == last.job_id).with_for_update()
+            ).one_or_none()
+            starts = list(row.ahead or ()) if row is not None else []
+            if row is None or not starts or starts[-1]["trial_id"] != last.trial_id:
+                return False
+            rest = starts[:-1]
+            row.ahead = rest or None
+            row.ahead_trial_id = rest[0]["trial_id"] if rest else None
+            return True
+
     def settle(self, job_id: int) -> list[Requeue | Started]:
         """At the hand-back of ``job_id``'s trial: what became of its first reservation.
 
@@ -192,6 +225,8 @@ class AheadReservations:
             return []
         first, rest = chain[0], chain[1:]
         with session_scope(self.ctx.db_url) as session:
+            # Still first on the row: rank 0 did not take it, and now cannot.
+            _clear(session, job_id, chain[:1])
             run_id = started_run(session, first)
             if run_id is None:
                 _clear(session, job_id, chain)

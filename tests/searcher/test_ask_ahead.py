@@ -632,17 +632,10 @@ def test_the_driver_adopts_both_trials_rank_0_started_before_it_looked(
     assert not running.has_warm_jobs and len(running.ahead) == 0
 
 
-@pytest.mark.parametrize(
-    "moved",
-    [_pause_requested, _another_search_waits_first],
-    ids=["pause-requested", "higher-priority-trial-of-another-search"],
-)
-def test_a_refusal_puts_both_trials_decided_ahead_back_in_the_queue(
-    ctx: DriverContext, moved: Any
-) -> None:
+def test_a_refusal_puts_both_trials_decided_ahead_back_in_the_queue(ctx: DriverContext) -> None:
     warm = _warm_job_deciding_ahead(ctx, depth=2)
     first, second, third = warm.trials
-    moved(ctx)
+    _another_search_waits_first(ctx)
 
     assert _hand_back(ctx, warm.job_id, first) == (True, None)
 
@@ -707,3 +700,15 @@ def test_a_resume_after_a_driver_kill_with_two_decided_ahead_runs_each_once(
     assert len(driver._pending) == 2 - taken
     waiting = warm.trials[taken + 1 : taken + 2]  # oldest first, on the one slot
     assert [p.trial_id for p in driver._pending.place(room=1)] == waiting
+
+
+def test_an_idle_job_takes_over_the_second_trial_decided_ahead_for_a_busy_one(
+    ctx: DriverContext,
+) -> None:
+    # The search's end: nothing else waits. Rather than end, an idle job runs the trial
+    # that would wait behind two others on the busy job; that one keeps its next.
+    warm = _warm_job_deciding_ahead(ctx, depth=2)
+    _, second, third = warm.trials
+    assert warm.ahead.share([1]) == [Requeue(trial_id=third, slots=1)]
+    assert _ahead_on_row(ctx, warm.job_id) == [second] and len(warm.ahead) == 1
+    assert warm.ahead.share([1]) == []
