@@ -66,6 +66,9 @@ from trials.timings import timings_from_env
 
 _log = driver_log
 
+# How often the progress bar's counts are read from the database while the search runs.
+_PROGRESS_EVERY_S = 0.25
+
 
 class SearchDriver:
     """Runs (or resumes) one experiment until it completes, pauses or is killed."""
@@ -177,6 +180,7 @@ class SearchDriver:
         self._integrations.start()
         final: ExperimentState | None = None
         self._last_heartbeat = 0.0
+        self._last_progress = 0.0
         outage_since: float | None = None
         try:
             with progress:
@@ -202,7 +206,7 @@ class SearchDriver:
                         time.sleep(1.0)
                         continue
                     self._running.wait(self.poll_interval_s)
-                self._refresh_progress(progress)
+                self._refresh_progress(progress, final=True)
         except control.DriverReplacedError:
             # Another driver owns the experiment now, and with it these trials: it ended
             # what this one left running before it took over. Nothing here is ours to end.
@@ -337,7 +341,14 @@ class SearchDriver:
         control.finish(self.ctx, state, self._control, self._outcomes.fail, self._outcomes.not_run)
         self._loaded_study().flush_tells()
 
-    def _refresh_progress(self, progress: SearchProgress) -> None:
+    def _refresh_progress(self, progress: SearchProgress, *, final: bool = False) -> None:
+        """Show the trials' counts and the best value (two queries): at the end, and at most
+        every ``_PROGRESS_EVERY_S`` while the search runs, not at every tick of a few
+        milliseconds; never when the progress bar is off."""
+        now = time.monotonic()
+        if not progress.enabled or (not final and now - self._last_progress < _PROGRESS_EVERY_S):
+            return
+        self._last_progress = now
         with session_scope(self.db_url) as session:
             counts = trial_counts(session, self.experiment_id)
             best = session.execute(
