@@ -327,8 +327,14 @@ class RunningTrials:
         return {run_id for job_id, run_id in runs.items() if current.get(job_id) != run_id}
 
     def _hand_back_seen(self, running: _Running) -> None:
-        """Record that ``running``'s warm job handed its trial back (idle, or on to the next)."""
-        if self._settle_hand_back(running) is None:
+        """Record that ``running``'s warm job handed its trial back (idle, or on to the next).
+
+        Each trial its rank 0 ran to its end meanwhile is adopted and recorded in turn.
+        """
+        went_on = self._settle_hand_back(running)
+        while went_on is not None and went_on.job_went_past:
+            running, went_on = went_on, self._settle_hand_back(went_on)
+        if went_on is None:
             self._record_hand_back(running)
 
     def _settle_hand_back(self, running: _Running) -> _Running | None:

@@ -712,3 +712,27 @@ def test_an_idle_job_takes_over_the_second_trial_decided_ahead_for_a_busy_one(
     assert warm.ahead.share([1]) == [Requeue(trial_id=third, slots=1)]
     assert _ahead_on_row(ctx, warm.job_id) == [second] and len(warm.ahead) == 1
     assert warm.ahead.share([1]) == []
+
+
+@pytest.mark.parametrize("look", ["reap", "hand-back-seen-at-a-launch"])
+def test_a_job_that_ran_both_trials_to_their_end_before_the_driver_looked_is_idle(
+    ctx: DriverContext, look: str
+) -> None:
+    # Seen at the tick's reap, or at a launch: a placement decision reserved the idle
+    # job for a trial before this driver's reap saw any of it.
+    warm = _warm_job_deciding_ahead(ctx, depth=2)
+    running, _ = _running_trials(ctx, warm)
+    for trial_id in warm.trials:
+        _finished(ctx, trial_id)
+        _hand_back(ctx, warm.job_id, trial_id)
+    assert _job(ctx, warm.job_id).current_trial_id is None
+
+    if look == "reap":
+        assert running.reap() == []
+    else:
+        running._hand_back_seen(running._running[warm.trials[0]])
+
+    # Each adopted in order and recorded; the job waits idle for this driver.
+    assert len(running) == 0 and running.warm.get(warm.job_id) is not None
+    assert set(_states(ctx).values()) == {TrialState.COMPLETED}
+    assert all(_run_of(ctx, trial_id).ended_at is not None for trial_id in warm.trials)
