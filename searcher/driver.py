@@ -14,7 +14,7 @@ a small module found by its name:
 - :mod:`searcher.placement`: the pending queue and placing it on free slots;
 - :mod:`searcher.running`: starting attempts through the executor, reaping, hang
   detection, preempting and killing, leftovers of a dead driver;
-- :mod:`searcher.handoff`: a warm job's next trial decided ahead, which the job's rank 0
+- :mod:`searcher.handoff`: a warm job's next trials decided ahead, which the job's rank 0
   starts itself at the hand-back;
 - :mod:`searcher.runtime_spec`: the runtime spec of an attempt (a pure builder);
 - :mod:`searcher.outcomes`: what an ended attempt means (a pure decision, applied);
@@ -65,6 +65,9 @@ from storage import (
 from trials.timings import timings_from_env
 
 _log = driver_log
+
+# How often the progress bar's counts are read from the database while the search runs.
+_PROGRESS_EVERY_S = 0.25
 
 
 class SearchDriver:
@@ -179,6 +182,7 @@ class SearchDriver:
         self._integrations.start()
         final: ExperimentState | None = None
         self._last_heartbeat = 0.0
+        self._last_progress = 0.0
         outage_since: float | None = None
         try:
             with progress:
@@ -204,7 +208,7 @@ class SearchDriver:
                         time.sleep(1.0)
                         continue
                     self._running.wait(self.poll_interval_s)
-                self._refresh_progress(progress)
+                self._refresh_progress(progress, final=True)
         except control.DriverReplacedError:
             # Another driver owns the experiment now, and with it these trials: it ended
             # what this one left running before it took over. Nothing here is ours to end.
@@ -251,9 +255,9 @@ class SearchDriver:
         what the placement gave slots, and apply what the launches decided (a trial
         that started nothing waits again). Optuna hears the outcomes, and the trials
         to come are asked ahead, only once the launches are done and the warm jobs'
-        ranks took the trials handed to them: a warm job's next trial, asked while its
-        current one ran, is decided ahead as that job's next (:mod:`searcher.handoff`), and
-        its rank 0 starts it at the hand-back without waiting for this driver.
+        ranks took the trials handed to them: a warm job's next trials, asked while its
+        current one ran, are decided ahead as that job's next (:mod:`searcher.handoff`),
+        and its rank 0 starts each at a hand-back without waiting for this driver.
         """
         study = self._loaded_study()
         self._keep_lease()
@@ -282,14 +286,20 @@ class SearchDriver:
             # behind the next hand-over when another warm job handed its trial back meanwhile.
             if not self._running.warm.await_taken():
                 study.flush_tells()
-                # One trial ahead for each warm job at work, asked off the hand-over's path,
-                # and decided ahead as the job's next: its rank 0 starts it at the hand-back.
+                # Trials ahead for each warm job at work, asked off the hand-over's path,
+                # and decided ahead as the job's next: its rank 0 starts them at hand-backs.
                 study.fill_queue(
                     len(self._running) + len(self._running.ahead),
                     self._pending,
-                    ahead=self._running.on_warm_jobs,
+                    ahead=self._running.wanted_ahead,
                 )
                 self._running.reserve_ahead(self._pending)
+            # An idle job that no waiting trial fits takes a busy job's second trial
+            # decided ahead, if one of its size has two, rather than end meanwhile.
+            idle_sizes = [
+                idle.slots for idle in self._running.warm.unneeded(self._pending.sizes())
+            ]
+            apply_decisions(self._running.ahead.share(idle_sizes), self._pending, self._control)
             self._running.warm.end_unneeded(self._pending.sizes())
             if (
                 not self._running
@@ -333,7 +343,14 @@ class SearchDriver:
         control.finish(self.ctx, state, self._control, self._outcomes.fail, self._outcomes.not_run)
         self._loaded_study().flush_tells()
 
-    def _refresh_progress(self, progress: SearchProgress) -> None:
+    def _refresh_progress(self, progress: SearchProgress, *, final: bool = False) -> None:
+        """Show the trials' counts and the best value (two queries): at the end, and at most
+        every ``_PROGRESS_EVERY_S`` while the search runs, not at every tick of a few
+        milliseconds; never when the progress bar is off."""
+        now = time.monotonic()
+        if not progress.enabled or (not final and now - self._last_progress < _PROGRESS_EVERY_S):
+            return
+        self._last_progress = now
         with session_scope(self.db_url) as session:
             counts = trial_counts(session, self.experiment_id)
             best = session.execute(

@@ -36,6 +36,7 @@ class SearchProgress:
     ) -> None:
         self.total = total
         self.metric = metric
+        self.enabled = enabled
         self._last: tuple[object, ...] | None = None
         fixed = Column(no_wrap=True)
         self._progress = Progress(

@@ -37,7 +37,7 @@ from searcher.control import Control, Stop
 from searcher.decisions import Decision, Requeue
 from searcher.driver_context import DriverContext, driver_log
 from searcher.experiments import UsageError
-from searcher.handoff import AheadReservations, RunningJob, Started
+from searcher.handoff import DEPTH, AheadReservations, RunningJob, Started
 from searcher.launching import (
     Attempt,
     AttemptStarter,
@@ -95,6 +95,8 @@ class _Running:
     waiting: str | None = None
     # The warm job the attempt runs on (``resources.reuse_workers``).
     warm_job_id: int | None = None
+    # Adopted from the job's rank 0 when the job had gone past it already (it ended).
+    job_went_past: bool = False
 
 
 def _running(attempt: Attempt, job: TrialJob, waiting: str | None) -> _Running:
@@ -124,16 +126,16 @@ class RunningTrials:
         self._running: dict[int, _Running] = {}
         self.warm = IdleWarmJobs(ctx)
         self.starter = AttemptStarter(ctx, self.warm)
-        #: The next trial of each warm job at work, decided ahead (:mod:`searcher.handoff`).
+        #: The next trials of each warm job at work, decided ahead (:mod:`searcher.handoff`).
         self.ahead = AheadReservations(ctx)
 
     def __len__(self) -> int:
         return len(self._running)
 
     @property
-    def on_warm_jobs(self) -> int:
-        """How many of the attempts run on warm jobs (each hands its job on when it ends)."""
-        return sum(1 for r in self._running.values() if r.warm_job_id is not None)
+    def wanted_ahead(self) -> int:
+        """How many trials to ask ahead: :data:`~searcher.handoff.DEPTH` per warm job at work."""
+        return DEPTH * sum(1 for r in self._running.values() if r.warm_job_id is not None)
 
     @property
     def has_warm_jobs(self) -> bool:
@@ -141,7 +143,7 @@ class RunningTrials:
         return bool(self.warm)
 
     def reserve_ahead(self, pending: PendingQueue) -> None:
-        """Decide ahead, from ``pending``, the next trial of each warm job at work."""
+        """Decide ahead, from ``pending``, the next trials of each warm job at work."""
         self.ahead.reserve(
             [_job_at_work(r) for r in self._running.values() if _at_work(r)], pending
         )
@@ -183,7 +185,7 @@ class RunningTrials:
                 trial_id, {run_id: r.warm_job_id for run_id, r in on_warm.items()}
             )
             if handed_back is not None:
-                self._take_hand_back(on_warm[handed_back])
+                self._hand_back_seen(on_warm[handed_back])
             attempt, job = self.starter.start(trial_id, placed.placement)
             running = _running(
                 attempt, job, None if attempt.idle is not None else job.waiting_reason()
@@ -257,13 +259,21 @@ class RunningTrials:
         what the outcomes decided (:meth:`take_decisions`).
         """
         handed_back = self._warm_handed_back()
-        for trial_id, running in list(self._running.items()):
+        reaping = list(self._running.values())
+        while reaping:
+            running = reaping.pop(0)
             exit_code = running.job.poll()
-            if running.run_id in handed_back and self._settle_ahead(running):
-                continue  # its job runs the trial decided ahead (reaped from the next look)
-            if exit_code is None and running.run_id in handed_back:
-                self._record_hand_back(running)
-                continue
+            if running.run_id in handed_back:
+                went_on = self._settle_hand_back(running)
+                if went_on is not None:
+                    if went_on.job_went_past:
+                        # Rank 0 ran it to its end too before this look: reaped as such.
+                        handed_back.add(went_on.run_id)
+                        reaping.append(went_on)
+                    continue
+                if exit_code is None:
+                    self._record_hand_back(running)
+                    continue
             if exit_code is None:
                 if running.waiting is not None:
                     _follow_queued(self.ctx, running)
@@ -277,7 +287,7 @@ class RunningTrials:
             self._record_exit(running, exit_code)
             # Forgotten only once the outcome is committed: a tick that failed on the
             # database finds the exited run again and records it then.
-            del self._running[trial_id]
+            del self._running[running.trial_id]
         # Jobs handed back idle (rank 0 refused: the queue moved) or gone: their trials
         # decided ahead wait again.
         self._decided += self.ahead.withdraw_except(
@@ -316,38 +326,68 @@ class RunningTrials:
         current = _current_warm_runs(self.ctx, list(runs))
         return {run_id for job_id, run_id in runs.items() if current.get(job_id) != run_id}
 
-    def _take_hand_back(self, running: _Running) -> None:
+    def _hand_back_seen(self, running: _Running) -> None:
         """Record that ``running``'s warm job handed its trial back (idle, or on to the next).
 
-        The job's reservation is settled first (:meth:`_settle_ahead`).
+        Each trial its rank 0 ran to its end meanwhile is adopted and recorded in turn.
         """
-        if not self._settle_ahead(running):
+        went_on = self._settle_hand_back(running)
+        while went_on is not None and went_on.job_went_past:
+            running, went_on = went_on, self._settle_hand_back(went_on)
+        if went_on is None:
             self._record_hand_back(running)
 
-    def _settle_ahead(self, running: _Running) -> bool:
-        """Settle the reservation on ``running``'s warm job; whether its trial went on to it.
+    def _settle_hand_back(self, running: _Running) -> _Running | None:
+        """Settle the reservations of ``running``'s warm job, which handed its trial back.
 
-        Rank 0 started the trial decided ahead in the transaction that ended
-        ``running``'s trial: that hand-back is recorded, and the job runs on under the
-        started trial's attempt. A withdrawn reservation's trial waits again.
+        The attempt the job went on to (its rank 0 started the first trial decided ahead:
+        it is adopted), or None (the job is idle or gone: every trial decided ahead waits
+        again, and the caller records the hand-back or the exit).
         """
-        settled = self.ahead.settle(running.warm_job_id) if running.warm_job_id else None
-        if not isinstance(settled, Started):
-            self._decided += [settled] if settled is not None else []
-            return False
-        trial_id, job_id = settled.reservation.trial_id, settled.reservation.job_id
-        attempt, age_s = self.starter.adopt(trial_id, settled.run_id, job_id)
-        self._record_hand_back(running, went_on_s_ago=age_s)
-        self._running[trial_id] = _running(attempt, running.job, None)
-        self._running[trial_id].started -= age_s
-        return True
+        assert running.warm_job_id is not None
+        return self._went_on(running, self.ahead.settle(running.warm_job_id))
+
+    def _withdraw_ahead(self, running: _Running) -> None:
+        """Withdraw the reservations of ``running``'s warm job (a pause, a kill).
+
+        Those its rank 0 started first are adopted (:meth:`_went_on`); when the job went
+        past the last of them too, that hand-back is recorded now: the job is idle.
+        """
+        if running.warm_job_id is None:
+            return
+        went_on = self._went_on(running, self.ahead.withdraw(running.warm_job_id))
+        if went_on is not None and went_on.job_went_past:
+            self._record_hand_back(went_on)
+
+    def _went_on(self, running: _Running, settled: Sequence[Requeue | Started]) -> _Running | None:
+        """Apply what settling the reservations of ``running``'s warm job gave; the attempt
+        the job went on to, or None.
+
+        Rank 0 started each :class:`~searcher.handoff.Started` trial in the transaction
+        that ended the one before it on the job: each is adopted in order, and the
+        trial before it recorded as handed back. Its ``job_went_past`` says whether the
+        job had gone past the last one too when the driver looked (rank 0 ran it to its
+        end meanwhile). A withdrawn reservation's trial waits again.
+        """
+        went_on: _Running | None = None
+        for each in settled:
+            if isinstance(each, Requeue):
+                self._decided.append(each)
+                continue
+            trial_id, job_id = each.reservation.trial_id, each.reservation.job_id
+            attempt, age_s = self.starter.adopt(trial_id, each.run_id, job_id)
+            self._record_hand_back(running, went_on_s_ago=age_s)
+            went_on = running = self._running[trial_id] = _running(attempt, running.job, None)
+            running.started -= age_s
+            running.job_went_past = each.job_run_id != each.run_id
+        return went_on
 
     def _record_hand_back(self, running: _Running, *, went_on_s_ago: float | None = None) -> None:
         """The trial on a warm job ended (finished or pruned) and its ranks stay for the next.
 
         The attempt moves from the running ones to the idle jobs once its outcome is
         committed. ``went_on_s_ago``: the job went on, that many seconds ago, to the
-        trial its rank 0 started at the hand-back (:meth:`_settle_ahead`) instead.
+        trial its rank 0 started at the hand-back (:meth:`_went_on`) instead.
         """
         assert running.warm_job_id is not None
         elapsed = time.monotonic() - running.started - (went_on_s_ago or 0.0)
@@ -413,54 +453,16 @@ class RunningTrials:
         from its latest checkpoint like any other failure. Also notes the runs another
         driver's placement decision preempted (their grace starts now).
         """
-        timeout_s = self.ctx.config.hang_timeout_s
-        if not self._running:
-            return
-        # Until rank 0 first records anything (it does once the process group has
-        # formed), start-up is measured: imports, rendezvous and DDP set-up take
-        # seconds, minutes on a loaded machine, and are no hang.
-        startup_s = max(timeout_s or 0.0, self.ctx.timings.startup_allowance_s)
-        # An attempt still queued in its cluster engine has no process to hang.
-        by_run = {r.run_id: r for r in self._running.values() if r.waiting is None}
-        if not by_run:
-            return
-        with session_scope(self.ctx.db_url) as session:
-            rows = session.execute(
-                select(
-                    TrialRun.id, TrialRun.started_at, TrialRun.progress_at, TrialRun.stop_reason
-                ).where(TrialRun.id.in_(list(by_run)))
-            ).all()
-        now = utcnow()
-        for run_id, started_at, progress_at, stop_reason in rows:
-            running = by_run[run_id]
-            if stop_reason and running.preempted_by_cluster_at is None:
-                running.preempted_by_cluster_at = time.monotonic()
-                _log.info("trial %s: %s", self.ctx.label(running.optuna_number), stop_reason)
-            if timeout_s is None:
-                continue
-            if progress_at is None:
-                idle_s = (now - started_at).total_seconds()
-                hung = idle_s > startup_s
-                what = f"did not start within {idle_s:.0f} s"
-            else:
-                idle_s = (now - max(started_at, progress_at)).total_seconds()
-                hung = idle_s > timeout_s
-                what = f"no progress for {idle_s:.0f} s"
-            if running.hang_reason is None and hung:
-                running.hang_reason = f"{what} (hang_timeout_s {timeout_s:g}); ended"
-                _log.warning(
-                    "trial %s: %s", self.ctx.label(running.optuna_number), running.hang_reason
-                )
-                running.job.end(grace_s=0.0)
+        _end_hung(self.ctx, list(self._running.values()))
 
     def preempt(self) -> None:
         """Ask every running attempt to checkpoint and stop (a pause); each is asked once.
 
-        The trials decided ahead for warm jobs wait again (for the resume); one that a
-        job's rank 0 started first is adopted and asked too.
+        The trials decided ahead for warm jobs wait again (for the resume); those a
+        job's rank 0 started first are adopted, and the last one is asked too.
         """
         for running in list(self._running.values()):
-            self._settle_ahead(running)
+            self._withdraw_ahead(running)
         self.warm.end_all("the search pauses")
         asking = [r for r in self._running.values() if r.preempted_at is None]
         if not asking:
@@ -482,10 +484,11 @@ class RunningTrials:
         Optuna's tells are queued in :attr:`outcomes`: flush them after this returns.
         """
         kill_grace_s = self.ctx.timings.kill_grace_s
-        # A trial decided ahead that a job's rank 0 started is ended as a running one; the
-        # others stay QUEUED (the search's end says they never ran).
+        # The trials decided ahead that a job's rank 0 started are adopted (the last one is
+        # ended as a running one); the others stay QUEUED (the search's end says they
+        # never ran).
         for running in list(self._running.values()):
-            self._settle_ahead(running)
+            self._withdraw_ahead(running)
         for idle in self.warm:
             self.warm.close(idle, "the search stopped")
         for running in self._running.values():
@@ -509,6 +512,47 @@ class RunningTrials:
                 else:
                     trial.state = TrialState.QUEUED
         self._running.clear()
+
+
+def _end_hung(ctx: DriverContext, attempts: Sequence[_Running]) -> None:
+    """End ``attempts`` that hang; note those another driver's decision preempted."""
+    timeout_s = ctx.config.hang_timeout_s
+    if not attempts:
+        return
+    # Until rank 0 first records anything (it does once the process group has
+    # formed), start-up is measured: imports, rendezvous and DDP set-up take
+    # seconds, minutes on a loaded machine, and are no hang.
+    startup_s = max(timeout_s or 0.0, ctx.timings.startup_allowance_s)
+    # An attempt still queued in its cluster engine has no process to hang.
+    by_run = {r.run_id: r for r in attempts if r.waiting is None}
+    if not by_run:
+        return
+    with session_scope(ctx.db_url) as session:
+        rows = session.execute(
+            select(
+                TrialRun.id, TrialRun.started_at, TrialRun.progress_at, TrialRun.stop_reason
+            ).where(TrialRun.id.in_(list(by_run)))
+        ).all()
+    now = utcnow()
+    for run_id, started_at, progress_at, stop_reason in rows:
+        running = by_run[run_id]
+        if stop_reason and running.preempted_by_cluster_at is None:
+            running.preempted_by_cluster_at = time.monotonic()
+            _log.info("trial %s: %s", ctx.label(running.optuna_number), stop_reason)
+        if timeout_s is None:
+            continue
+        if progress_at is None:
+            idle_s = (now - started_at).total_seconds()
+            hung = idle_s > startup_s
+            what = f"did not start within {idle_s:.0f} s"
+        else:
+            idle_s = (now - max(started_at, progress_at)).total_seconds()
+            hung = idle_s > timeout_s
+            what = f"no progress for {idle_s:.0f} s"
+        if running.hang_reason is None and hung:
+            running.hang_reason = f"{what} (hang_timeout_s {timeout_s:g}); ended"
+            _log.warning("trial %s: %s", ctx.label(running.optuna_number), running.hang_reason)
+            running.job.end(grace_s=0.0)
 
 
 def _follow_queued(ctx: DriverContext, running: _Running) -> None:

@@ -214,9 +214,12 @@ class StudySide:
         asked trial runs (now, or after a resume) unless the experiment is killed.
         """
         limit = self.ctx.config.searcher.max_concurrent_trials + ahead
-        while running + len(pending) < limit:
-            if self.trials_left() <= 0:
-                return
+        if running + len(pending) >= limit:
+            return
+        # Each ask takes one of the trials left (an enqueued one first): counted once.
+        left = self.trials_left()
+        while running + len(pending) < limit and left > 0:
+            left -= 1
             # The sampler hears every outcome recorded so far before it is asked.
             self.flush_tells()
             optuna_trial = self.study.ask()

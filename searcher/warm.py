@@ -173,17 +173,21 @@ class IdleWarmJobs:
             if held_by_job.get(idle.job_id, 0) < idle.slots:
                 self.close(idle, "its slots were reclaimed while its driver was stopped")
 
+    def unneeded(self, waiting_sizes: set[int]) -> list[IdleJob]:
+        """The idle jobs, not asked to end yet, whose size none of ``waiting_sizes`` is."""
+        return [
+            idle
+            for idle in self._idle.values()
+            if idle.ending_since is None and idle.slots not in waiting_sizes
+        ]
+
     def end_unneeded(self, waiting_sizes: set[int]) -> None:
         """Ask the idle jobs that no waiting trial of this experiment can use to end.
 
         Runs after the tick's placement: a job still idle then was not handed a trial,
         and one whose size no trial of this search waits for would only hold slots.
         """
-        unneeded = [
-            idle
-            for idle in self._idle.values()
-            if idle.ending_since is None and idle.slots not in waiting_sizes
-        ]
+        unneeded = self.unneeded(waiting_sizes)
         if not unneeded:
             return
         with session_scope(self.ctx.db_url) as session:

@@ -68,7 +68,7 @@ from storage._url import (
     resolve_db_url,
     url_secrets,
 )
-from storage._warm_jobs import end_earlier_processes
+from storage._warm_jobs import contesting_trial, end_earlier_processes, live_experiments
 from storage.studies import (
     KNOWN_OPTUNA_SCHEMAS,
     OptunaSchemaError,
@@ -119,11 +119,13 @@ __all__ = [
     "check_database_url",
     "check_optuna_schema",
     "claim_attempt",
+    "contesting_trial",
     "end_earlier_processes",
     "fusion_choice",
     "get_engine",
     "is_transient_error",
     "keep_first_fusion_choice",
+    "live_experiments",
     "metric_rows",
     "optuna_schema_revision",
     "optuna_storage",

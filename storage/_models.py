@@ -406,9 +406,10 @@ class WarmJob(Base):
     (``end_requested_at``) when no such trial waits or its slots are needed by another;
     the owning driver then writes the next run and spec (``next_run_id``,
     ``next_spec``), which rank 0 takes and broadcasts to every rank. While the job
-    runs a trial its driver may decide its next one ahead (``ahead_trial_id``, with the
-    prepared start in ``ahead``): rank 0 then starts it itself in its hand-back's
-    transaction if the queue still gives it the job. ``launch_token``
+    runs a trial its driver may decide its next ones ahead (``ahead_trial_id``, the
+    first of them, and ``ahead``, their prepared starts in order): rank 0 then starts
+    the first itself in its hand-back's transaction if the queue still gives it the
+    job, and the next moves up. ``launch_token``
     is the token every process of the job carries (the first run's), so a later driver
     finds the job's processes after a crash.
     """
@@ -431,10 +432,11 @@ class WarmJob(Base):
     next_run_id: Mapped[int | None] = mapped_column(Integer)
     next_spec: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     idle_since: Mapped[_dt.datetime | None] = mapped_column(DateTime)
-    # The trial decided ahead to run next on the job, and its prepared start
-    # ({"priority", "claim_token", "log_path", "spec"}); rank 0 starts it at the hand-back.
+    # The trials decided ahead to run next on the job, in order: the first one's id, and
+    # every one's prepared start ([{"trial_id", "priority", "claim_token", "log_path",
+    # "spec"}, ...]). Rank 0 starts the first at the hand-back and moves the next up.
     ahead_trial_id: Mapped[int | None] = mapped_column(Integer)
-    ahead: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    ahead: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
     trials_run: Mapped[int] = mapped_column(Integer, default=0)
     end_requested_at: Mapped[_dt.datetime | None] = mapped_column(DateTime)
     end_reason: Mapped[str | None] = mapped_column(Text)

@@ -1,11 +1,27 @@
-"""A warm job's processes going on as its next run's: the rows that say whose they are."""
+"""Warm jobs' shared rows: the processes going on as the next run's, the rule for an idle job.
+
+Both hand-overs of a warm job use these: the driver's
+(``trials.coordination.warm_jobs``) and rank 0's start of a trial decided ahead
+(``trials.runtime``), which the layer rule keeps from importing each other.
+"""
 
 from __future__ import annotations
 
-from sqlalchemy import select
+import datetime as _dt
+from typing import Any
+
+from sqlalchemy import Select, or_, select
 from sqlalchemy.orm import Session
 
-from storage._models import TrialProcess, TrialRun, WarmJob, utcnow
+from storage._models import (
+    Experiment,
+    ExperimentState,
+    QueuedTrial,
+    TrialProcess,
+    TrialRun,
+    WarmJob,
+    utcnow,
+)
 
 
 def end_earlier_processes(session: Session, job: WarmJob, run: TrialRun) -> list[TrialProcess]:
@@ -30,3 +46,44 @@ def end_earlier_processes(session: Session, job: WarmJob, run: TrialRun) -> list
     for row in rows:
         row.ended_at = now
     return rows
+
+
+def live_experiments(lease_s: float) -> Select[Any]:
+    """The ids of the active experiments whose driver heartbeat within ``lease_s``.
+
+    A placement decision drops the queue of every other experiment before it decides.
+    """
+    cutoff = utcnow() - _dt.timedelta(seconds=lease_s)
+    return select(Experiment.id).where(
+        Experiment.state == ExperimentState.ACTIVE, Experiment.driver_heartbeat_at >= cutoff
+    )
+
+
+def contesting_trial(
+    session: Session, *, experiment_id: int, pool: str, slots: int, priority: int, lease_s: float
+) -> int | None:
+    """A waiting trial that keeps an idle warm job from its own search's next trial; None.
+
+    The rule of the placement decision for an idle warm job (the pure form over a
+    decision's rows is ``trials.coordination.warm_jobs.match_idle_jobs``), for one job
+    of ``experiment_id`` with ``slots`` slots in ``pool`` and its search's next trial of
+    that shape at ``priority``: the job gets that trial unless a trial of another shape
+    (another search's, or this search's of another size) waits in the pool, not placed
+    and its driver live, at the same or a higher priority (a number no larger). Then
+    the job's slots go to the decision's order instead, and this is such a trial.
+
+    Its driver decides a job's next trial ahead under this rule, and the job's rank 0
+    checks it again when it starts that trial at the hand-back.
+    """
+    return session.scalar(
+        select(QueuedTrial.trial_id)
+        .where(
+            QueuedTrial.experiment_id.in_(live_experiments(lease_s)),
+            QueuedTrial.resource_pool == pool,
+            QueuedTrial.placement.is_(None),
+            QueuedTrial.priority <= priority,
+            or_(QueuedTrial.experiment_id != experiment_id, QueuedTrial.slots != slots),
+        )
+        .order_by(QueuedTrial.priority, QueuedTrial.trial_id)
+        .limit(1)
+    )

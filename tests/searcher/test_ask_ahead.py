@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -33,6 +34,7 @@ from searcher.experiments import create_experiment, trial_counts, trial_total
 from searcher.handoff import AheadReservations, RunningJob, Started
 from searcher.outcomes import Outcomes
 from searcher.placement import PendingQueue
+from searcher.running import RunningTrials, _Running
 from searcher.runtime_spec import build_runtime_spec
 from searcher.study_side import StudySide, TellQueue
 from storage import (
@@ -67,8 +69,12 @@ ONE_SLOT = ResourcePool("default", (Agent("local", "127.0.0.1", (0,)),))
 @pytest.fixture
 def config() -> ExperimentConfig:
     """The digits example on warm 1-slot jobs, one at a time, three trials in all."""
+    return _digits(max_trials=3)
+
+
+def _digits(*, max_trials: int) -> ExperimentConfig:
     raw = yaml.safe_load((EXAMPLES_DIR / "digits" / "experiment.yaml").read_text())
-    raw["searcher"].update(max_trials=3, max_concurrent_trials=1)
+    raw["searcher"].update(max_trials=max_trials, max_concurrent_trials=1)
     raw["resources"] = {"slots_per_trial": 1, "reuse_workers": True}
     return parse_config(raw)
 
@@ -263,6 +269,24 @@ def _decided_ahead(ctx: DriverContext) -> tuple[PendingQueue, AheadReservations,
 
     Returns the pending queue, the reservations, J, and the ids of trials 0 and 1.
     """
+    warm = _warm_job_deciding_ahead(ctx, depth=1)
+    return warm.pending, warm.ahead, warm.job_id, *warm.trials
+
+
+@dataclass
+class _WarmJob:
+    """A warm job running a search's first trial, and the trials decided ahead for it."""
+
+    study: StudySide
+    pending: PendingQueue
+    ahead: AheadReservations
+    job_id: int
+    #: The ids of the trial it runs and of those decided ahead, in order.
+    trials: list[int]
+
+
+def _warm_job_deciding_ahead(ctx: DriverContext, *, depth: int) -> _WarmJob:
+    """Trial 0 runs on warm job J; ``depth`` trials asked ahead are decided as J's next ones."""
     study = StudySide.load(ctx, trials_so_far=0, tells=TellQueue())
     pending = PendingQueue(ctx)
     study.fill_queue(0, pending)
@@ -281,11 +305,10 @@ def _decided_ahead(ctx: DriverContext) -> tuple[PendingQueue, AheadReservations,
         session.flush()
         job_id = warm_jobs.open_job(session, run, first.placement, experiment_id=ctx.experiment_id)
     _start(ctx, first.trial_id)
-    study.fill_queue(1, pending, ahead=1)
-    (ahead_id,) = [trial_id for trial_id in _trial_ids(ctx) if trial_id != first.trial_id]
+    study.fill_queue(1, pending, ahead=depth)
     ahead = AheadReservations(ctx)
     ahead.reserve([RunningJob(job_id, slots=1, trial_id=first.trial_id)], pending)
-    return pending, ahead, job_id, first.trial_id, ahead_id
+    return _WarmJob(study, pending, ahead, job_id, sorted(_trial_ids(ctx)))
 
 
 def _trial_ids(ctx: DriverContext) -> list[int]:
@@ -370,7 +393,7 @@ def test_rank_0_starts_the_trial_decided_ahead_in_its_hand_back(
     assert (job.current_trial_id, job.current_run_id) == (second, run.id)
     assert job.ahead_trial_id is None and job.trials_run == 1
     # The driver sees it started, and takes it over.
-    settled = ahead.settle(job_id)
+    (settled,) = ahead.settle(job_id)
     assert isinstance(settled, Started)
     assert (settled.reservation.trial_id, settled.run_id) == (second, run.id)
     assert len(ahead) == 0
@@ -423,14 +446,14 @@ def test_rank_0_hands_back_when_the_decision_no_longer_stands(
     with session_scope(ctx.db_url) as session:
         assert not session.scalars(select(TrialRun).where(TrialRun.trial_id == second)).all()
     # The driver sees the job idle: the trial waits for the queue's decision again.
-    assert ahead.settle(job_id) == Requeue(trial_id=second, slots=1)
+    assert ahead.settle(job_id) == [Requeue(trial_id=second, slots=1)]
     apply_decisions([Requeue(trial_id=second, slots=1)], pending, Control())
     assert pending.first_of_size(1) == second
 
 
 def test_a_pause_withdraws_the_decision_before_the_hand_back(ctx: DriverContext) -> None:
     _, ahead, job_id, first, second = _decided_ahead(ctx)
-    assert ahead.settle(job_id) == Requeue(trial_id=second, slots=1)
+    assert ahead.withdraw(job_id) == [Requeue(trial_id=second, slots=1)]
     assert _job(ctx, job_id).ahead_trial_id is None
     # Rank 0 comes too late: the job is idle and the trial never started.
     assert _hand_back(ctx, job_id, first) == (True, None)
@@ -444,7 +467,7 @@ def test_a_withdrawal_after_rank_0_started_the_trial_leaves_it_to_adopt(
     staying, started = _hand_back(ctx, job_id, first)
     assert staying and started is not None
     # Too late to withdraw: it runs, and the driver adopts (then stops) it.
-    settled = ahead.settle(job_id)
+    (settled,) = ahead.withdraw(job_id)
     assert isinstance(settled, Started) and settled.reservation.trial_id == second
 
 
@@ -476,3 +499,245 @@ def test_a_resume_after_a_kill_of_the_driver_runs_the_trial_decided_ahead_once(
     # The trial decided ahead waits once, to run again from its start.
     assert _states(ctx)[1] == TrialState.QUEUED
     assert [p.trial_id for p in driver._pending.place(room=2)] == [second]
+
+
+# ----------------------------------------------------------------- two decided ahead
+# The driver keeps two trials decided ahead per warm job: a short trial may end before
+# the driver has adopted the one before it and decided another.
+
+
+def _ahead_on_row(ctx: DriverContext, job_id: int) -> list[int]:
+    """The trials decided ahead on the job's row, in order (the first one's id checked)."""
+    job = _job(ctx, job_id)
+    chain = [start["trial_id"] for start in job.ahead or ()]
+    assert job.ahead_trial_id == (chain[0] if chain else None)
+    return chain
+
+
+def _finished(ctx: DriverContext, trial_id: int) -> None:
+    """Rank 0 recorded the trial's end (its last validation, then its finish)."""
+    with session_scope(ctx.db_url) as session:
+        trial = session.get(Trial, trial_id)
+        assert trial is not None
+        trial.finished_at, trial.searcher_metric_value = utcnow(), 0.1
+
+
+def _run_of(ctx: DriverContext, trial_id: int) -> TrialRun:
+    with session_scope(ctx.db_url) as session:
+        (run,) = session.scalars(select(TrialRun).where(TrialRun.trial_id == trial_id))
+        session.expunge(run)
+    return run
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_rank_0_takes_the_first_of_two_decided_ahead_and_the_second_moves_up(
+    request: pytest.FixtureRequest, db_url: str, tmp_path: Path, database: str
+) -> None:
+    if database == "postgresql":
+        db_url = request.getfixturevalue("postgres_url")
+        upgrade_schema(db_url)
+    ctx = _new_experiment(db_url, _digits(max_trials=4), tmp_path)
+    warm = _warm_job_deciding_ahead(ctx, depth=2)
+    first, second, third = warm.trials
+    assert len(warm.pending) == 0 and len(warm.ahead) == 2
+    assert _ahead_on_row(ctx, warm.job_id) == [second, third]
+
+    staying, started = _hand_back(ctx, warm.job_id, first)
+
+    assert staying and started is not None and json.loads(started)["trial_id"] == second
+    assert _ahead_on_row(ctx, warm.job_id) == [third]
+    assert _states(ctx) == {0: TrialState.RUNNING, 1: TrialState.RUNNING, 2: TrialState.QUEUED}
+    with session_scope(ctx.db_url) as session:
+        # The job's slot is the started trial's alone.
+        assert set(session.scalars(select(Allocation.trial_id))) == {second}
+    # The driver adopts it; the third stays decided ahead.
+    (settled,) = warm.ahead.settle(warm.job_id)
+    run = _run_of(ctx, second)
+    assert settled == Started(settled.reservation, run.id, job_run_id=run.id)
+    assert settled.reservation.trial_id == second and len(warm.ahead) == 1
+    # And decides the next one at once: two are ready again.
+    warm.study.fill_queue(1 + len(warm.ahead), warm.pending, ahead=2)
+    (fourth,) = [t for t in _trial_ids(ctx) if t not in warm.trials]
+    warm.ahead.reserve([RunningJob(warm.job_id, slots=1, trial_id=second)], warm.pending)
+    assert _ahead_on_row(ctx, warm.job_id) == [third, fourth] and len(warm.ahead) == 2
+
+
+def test_the_next_trial_is_decided_ahead_behind_one_that_rank_0_took_before_the_driver_looked(
+    ctx: DriverContext,
+) -> None:
+    warm = _warm_job_deciding_ahead(ctx, depth=1)
+    first, second = warm.trials
+    assert _hand_back(ctx, warm.job_id, first)[1] is not None
+    # The driver has not seen that hand-back yet: it decides the third behind the second.
+    warm.study.fill_queue(1 + len(warm.ahead), warm.pending, ahead=2)
+    (third,) = [t for t in _trial_ids(ctx) if t not in warm.trials]
+    warm.ahead.reserve([RunningJob(warm.job_id, slots=1, trial_id=first)], warm.pending)
+    assert _ahead_on_row(ctx, warm.job_id) == [third] and len(warm.ahead) == 2
+
+    (settled,) = warm.ahead.settle(warm.job_id)
+    assert isinstance(settled, Started) and settled.reservation.trial_id == second
+    assert _hand_back(ctx, warm.job_id, second)[1] is not None
+    assert _states(ctx)[2] == TrialState.RUNNING
+
+
+def _running_trials(ctx: DriverContext, warm: _WarmJob) -> tuple[RunningTrials, _Job]:
+    """The driver's running attempts: the warm job's first trial, with ``warm``'s reservations."""
+    running = RunningTrials(ctx, Outcomes(ctx, TellQueue(), Control()))
+    running.ahead = warm.ahead
+    first = warm.trials[0]
+    job = _Job()
+    running._running[first] = _Running(
+        trial_id=first,
+        optuna_number=0,
+        attempt=0,
+        slots=1,
+        job=job,
+        started=0.0,
+        run_id=_run_of(ctx, first).id,
+        warm_job_id=warm.job_id,
+    )
+    return running, job
+
+
+class _Job:
+    """The warm job's processes, which run on (this test starts none)."""
+
+    def poll(self) -> int | None:
+        return None
+
+    def end(self, *, grace_s: float) -> bool:
+        return True
+
+
+def test_the_driver_adopts_both_trials_rank_0_started_before_it_looked(
+    ctx: DriverContext,
+) -> None:
+    warm = _warm_job_deciding_ahead(ctx, depth=2)
+    first, second, third = warm.trials
+    running, _ = _running_trials(ctx, warm)
+    # Two short trials: the second ended, and rank 0 started the third, before the
+    # driver looked at the job once.
+    _finished(ctx, first)
+    assert _hand_back(ctx, warm.job_id, first)[1] is not None
+    _finished(ctx, second)
+    assert _hand_back(ctx, warm.job_id, second)[1] is not None
+
+    assert running.reap() == []
+
+    # Both are adopted in order: each ended the one before it on the job.
+    assert set(running._running) == {third} and len(running) == 1
+    assert running._running[third].run_id == _run_of(ctx, third).id
+    assert _states(ctx) == {
+        0: TrialState.COMPLETED,
+        1: TrialState.COMPLETED,
+        2: TrialState.RUNNING,
+    }
+    assert _run_of(ctx, first).ended_at is not None and _run_of(ctx, second).ended_at is not None
+    assert _run_of(ctx, third).ended_at is None
+    assert not running.has_warm_jobs and len(running.ahead) == 0
+
+
+def test_a_refusal_puts_both_trials_decided_ahead_back_in_the_queue(ctx: DriverContext) -> None:
+    warm = _warm_job_deciding_ahead(ctx, depth=2)
+    first, second, third = warm.trials
+    _another_search_waits_first(ctx)
+
+    assert _hand_back(ctx, warm.job_id, first) == (True, None)
+
+    assert _ahead_on_row(ctx, warm.job_id) == []
+    assert warm.ahead.settle(warm.job_id) == [
+        Requeue(trial_id=second, slots=1),
+        Requeue(trial_id=third, slots=1),
+    ]
+    assert len(warm.ahead) == 0
+    assert _states(ctx) == {0: TrialState.RUNNING, 1: TrialState.QUEUED, 2: TrialState.QUEUED}
+
+
+@pytest.mark.parametrize("taken", [0, 1], ids=["none-taken", "first-taken"])
+def test_a_pause_withdraws_both_trials_decided_ahead(ctx: DriverContext, taken: int) -> None:
+    warm = _warm_job_deciding_ahead(ctx, depth=2)
+    first, second, third = warm.trials
+    running, _ = _running_trials(ctx, warm)
+    if taken:
+        _finished(ctx, first)
+        assert _hand_back(ctx, warm.job_id, first)[1] is not None
+
+    running.preempt()
+
+    assert _ahead_on_row(ctx, warm.job_id) == [] and len(running.ahead) == 0
+    # What rank 0 took first is adopted and asked to stop; the rest waits for the resume.
+    assert running.take_decisions() == [
+        Requeue(trial_id=trial_id, slots=1) for trial_id in (second, third)[taken:]
+    ]
+    (asked,) = running._running
+    assert asked == (second if taken else first)
+    assert _run_of(ctx, asked).stop_requested_at is not None
+    # Rank 0 can start neither now.
+    assert _hand_back(ctx, warm.job_id, asked) == (True, None)
+    assert _states(ctx)[2] == TrialState.QUEUED
+
+
+@pytest.mark.parametrize("taken", [0, 1, 2], ids=["none-taken", "first-taken", "both-taken"])
+def test_a_resume_after_a_driver_kill_with_two_decided_ahead_runs_each_once(
+    ctx: DriverContext, monkeypatch: pytest.MonkeyPatch, taken: int
+) -> None:
+    warm = _warm_job_deciding_ahead(ctx, depth=2)
+    for before in warm.trials[:taken]:
+        _finished(ctx, before)
+        assert _hand_back(ctx, warm.job_id, before)[1] is not None
+    _finished(ctx, warm.trials[taken])
+
+    # The driver is killed here (its processes are gone: this test started none).
+    driver = _resumed_driver(ctx, monkeypatch)
+
+    job = _job(ctx, warm.job_id)
+    assert job.ended_at is not None and _ahead_on_row(ctx, warm.job_id) == []
+    # A rank 0 that outlived its driver can no longer start anything on the job.
+    assert _hand_back(ctx, warm.job_id, warm.trials[taken]) == (False, None)
+    with session_scope(ctx.db_url) as session:
+        runs = session.execute(select(TrialRun.trial_id, TrialRun.ended_at)).all()
+    assert sorted(trial_id for trial_id, _ in runs) == warm.trials[: taken + 1]
+    assert all(ended_at is not None for _, ended_at in runs)
+    # Every trial that finished stays finished; each other waits once, to run from its start.
+    states = _states(ctx)
+    assert [states[n] for n in range(taken + 1)] == [TrialState.COMPLETED] * (taken + 1)
+    assert [states[n] for n in range(taken + 1, 3)] == [TrialState.QUEUED] * (2 - taken)
+    assert len(driver._pending) == 2 - taken
+    waiting = warm.trials[taken + 1 : taken + 2]  # oldest first, on the one slot
+    assert [p.trial_id for p in driver._pending.place(room=1)] == waiting
+
+
+def test_an_idle_job_takes_over_the_second_trial_decided_ahead_for_a_busy_one(
+    ctx: DriverContext,
+) -> None:
+    # The search's end: nothing else waits. Rather than end, an idle job runs the trial
+    # that would wait behind two others on the busy job; that one keeps its next.
+    warm = _warm_job_deciding_ahead(ctx, depth=2)
+    _, second, third = warm.trials
+    assert warm.ahead.share([1]) == [Requeue(trial_id=third, slots=1)]
+    assert _ahead_on_row(ctx, warm.job_id) == [second] and len(warm.ahead) == 1
+    assert warm.ahead.share([1]) == []
+
+
+@pytest.mark.parametrize("look", ["reap", "hand-back-seen-at-a-launch"])
+def test_a_job_that_ran_both_trials_to_their_end_before_the_driver_looked_is_idle(
+    ctx: DriverContext, look: str
+) -> None:
+    # Seen at the tick's reap, or at a launch: a placement decision reserved the idle
+    # job for a trial before this driver's reap saw any of it.
+    warm = _warm_job_deciding_ahead(ctx, depth=2)
+    running, _ = _running_trials(ctx, warm)
+    for trial_id in warm.trials:
+        _finished(ctx, trial_id)
+        _hand_back(ctx, warm.job_id, trial_id)
+    assert _job(ctx, warm.job_id).current_trial_id is None
+
+    if look == "reap":
+        assert running.reap() == []
+    else:
+        running._hand_back_seen(running._running[warm.trials[0]])
+
+    # Each adopted in order and recorded; the job waits idle for this driver.
+    assert len(running) == 0 and running.warm.get(warm.job_id) is not None
+    assert set(_states(ctx).values()) == {TrialState.COMPLETED}
+    assert all(_run_of(ctx, trial_id).ended_at is not None for trial_id in warm.trials)

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 from sqlalchemy import select
 
-from storage import Allocation, QueuedTrial, TrialRun, WarmJob, session_scope
+from storage import (
+    Allocation,
+    Experiment,
+    QueuedTrial,
+    Trial,
+    TrialRun,
+    TrialState,
+    WarmJob,
+    contesting_trial,
+    session_scope,
+    utcnow,
+)
 from tests.trials.test_cluster_queue import A0, A1, POOL, decide, experiment, queue, running
 from trials.coordination import allocations, warm_jobs
 from trials.coordination.attempts import trial_processes_gone
@@ -71,6 +84,79 @@ def test_two_idle_jobs_of_one_shape_take_one_trial_each() -> None:
         [IdleJob(1, 7, 1, None), IdleJob(2, 7, 1, None)], [WaitingTrial(30, 7, 1, 42)]
     )
     assert match == warm_jobs.WarmMatch({1: 30}, {})
+
+
+# ----------------------------------------------------------------- the rule as a query
+
+
+@pytest.mark.parametrize(
+    ("search", "slots", "priority", "live"),
+    [
+        ("other", 2, 42, True),
+        ("mine", 4, 42, True),
+        ("other", 1, 1, True),
+        ("other", 2, 50, True),
+        ("other", 2, 1, False),
+        (None, 0, 0, True),
+    ],
+    ids=[
+        "another-search-same-priority",
+        "larger-trial-same-search",
+        "higher-priority",
+        "lower-priority",
+        "dead-driver",
+        "nothing-else-waits",
+    ],
+)
+def test_the_rule_as_a_query_agrees_with_the_decisions_match(
+    db_url: str, search: str | None, slots: int, priority: int, live: bool
+) -> None:
+    # A driver deciding a running warm job's next trial ahead, and the job's rank 0
+    # starting it, ask the queue what a placement decision would do once the job idles.
+    mine, (next_trial,) = experiment(db_url, "mine", 1, slots=2)
+    queue(db_url, mine, [next_trial], slots=2, priority=42)
+    waiting = [WaitingTrial(next_trial, mine, 2, 42)]
+    if search is not None:
+        other, (trial,) = (
+            experiment(db_url, "other", 1, slots=slots)
+            if search == "other"
+            else (mine, [_another_trial(db_url, mine, slots)])
+        )
+        queue(db_url, other, [trial], slots=slots, priority=priority)
+        if live:
+            waiting.append(WaitingTrial(trial, other, slots, priority))
+        else:
+            # A decision drops the queue of a driver that stopped heartbeating first.
+            with session_scope(db_url) as session:
+                row = session.get(Experiment, other)
+                assert row is not None
+                row.driver_heartbeat_at = utcnow() - dt.timedelta(seconds=60)
+    match = match_idle_jobs([IdleJob(1, mine, 2, None)], waiting)
+    with session_scope(db_url) as session:
+        contested = contesting_trial(
+            session, experiment_id=mine, pool=POOL.name, slots=2, priority=42, lease_s=30.0
+        )
+    assert (contested is None) == (match.reserved == {1: next_trial})
+    assert (contested is not None) == (1 in match.ending)
+
+
+def _another_trial(db_url: str, experiment_id: int, slots: int) -> int:
+    """One more QUEUED trial of ``slots`` slots in the experiment; its id."""
+    with session_scope(db_url) as session:
+        numbers = session.scalars(
+            select(Trial.optuna_trial_number).where(Trial.experiment_id == experiment_id)
+        ).all()
+        trial = Trial(
+            experiment_id=experiment_id,
+            optuna_trial_id=max(numbers) + 1,
+            optuna_trial_number=max(numbers) + 1,
+            state=TrialState.QUEUED,
+            slots_per_trial=slots,
+            hparams={},
+        )
+        session.add(trial)
+        session.flush()
+        return trial.id
 
 
 # ----------------------------------------------------------------- the real decision

@@ -234,6 +234,10 @@ def match_idle_jobs(
     the hand-back and has no trial of its shape to give it
     (``RunningTrials.end_unneeded_warm_jobs``).
 
+    The rule for one job and its search's next trial, as a query over the queue, is
+    :func:`storage.contesting_trial`: a driver decides a running job's next trials
+    ahead under it, and the job's rank 0 checks it again as it starts one.
+
     Example:
         >>> match_idle_jobs([IdleJob(1, 7, 2, None)], [WaitingTrial(30, 7, 2, 42)]).reserved
         {1: 30}

@@ -1,15 +1,17 @@
 """Rank 0 starts its warm job's next trial itself, when the driver decided it ahead.
 
-While a warm job runs a trial, its driver may decide the job's next trial ahead
-(``searcher.handoff``): under the placement decision's usual rule for an idle job
-(:func:`trials.coordination.warm_jobs.match_idle_jobs`: its search's next trial of its
-shape, unless a trial of another shape waits at the same or a higher priority) it
-writes the trial on the job's row (``WarmJob.ahead_trial_id``) with its prepared start
-(``WarmJob.ahead``: the priority it was decided at, a claim token, the log path, the
-runtime spec). At the hand-back rank 0 calls :func:`take_ahead` in the same transaction
-that ends the job's trial. If the decision still stands, the trial starts at once,
-with the rows the driver's hand-over would write; else rank 0 hands the job back and
-the driver decides, as without a reservation. The decision stands while:
+While a warm job runs a trial, its driver may decide the job's next trials ahead
+(``searcher.handoff``; two at most): under the placement decision's usual rule for an
+idle job (:func:`storage.contesting_trial`: its search's next trial of its shape, unless
+a trial of another shape waits at the same or a higher priority) it writes them on the
+job's row in order, the first one's id in ``WarmJob.ahead_trial_id`` and each one's
+prepared start in ``WarmJob.ahead`` (the trial, the priority it was decided at, a claim
+token, the log path, the runtime spec). At the hand-back rank 0 calls :func:`take_ahead`
+in the same transaction that ends the job's trial. If the decision for the first still
+stands, that trial starts at once, with the rows the driver's hand-over would write,
+and the next moves up (its decision is checked when its turn comes); else rank 0
+clears them all and hands the job back, and the driver decides, as without a
+reservation. The decision stands while:
 
 - the experiment is active, no pause or kill is requested and its driver heartbeats;
 - the job's trial was not asked to stop (a pause, a preemption) and the job not to end;
@@ -43,11 +45,12 @@ if TYPE_CHECKING:
 def take_ahead(
     session: Session, job: WarmJob, *, finished_trial_id: int, driver_lease_s: float
 ) -> dict[str, Any] | None:
-    """Start the trial decided ahead on ``job`` if the decision stands; its spec, else None.
+    """Start the first trial decided ahead on ``job`` if the decision stands; its spec, else None.
 
     Runs in rank 0's hand-back transaction, ``job`` read (locked) in it and still running
-    ``finished_trial_id``. Clears the reservation either way: refused, the trial waits in
-    its driver's queue for an ordinary decision.
+    ``finished_trial_id``. Started, the next trial decided ahead becomes the first;
+    refused, every one is cleared and waits in its driver's queue for an ordinary
+    decision.
     """
     from storage import (
         RanksFencedError,
@@ -55,10 +58,11 @@ def take_ahead(
         start_ranks,
     )
 
-    ahead, trial_id = job.ahead, job.ahead_trial_id
+    chain, trial_id = list(job.ahead or ()), job.ahead_trial_id
     job.ahead = job.ahead_trial_id = None
-    if ahead is None or trial_id is None:
+    if not chain or trial_id is None or chain[0]["trial_id"] != trial_id:
         return None
+    ahead, rest = chain[0], chain[1:]
     if not _decision_stands(session, job, trial_id, ahead, driver_lease_s=driver_lease_s):
         return None
     finished = session.get(TrialRun, job.current_run_id) if job.current_run_id else None
@@ -70,6 +74,8 @@ def take_ahead(
             start_ranks(session, trial_id, run.attempt)
     except RanksFencedError:
         return None
+    if rest:
+        job.ahead_trial_id, job.ahead = rest[0]["trial_id"], rest
     spec: dict[str, Any] = ahead["spec"]
     return spec
 
@@ -78,7 +84,7 @@ def _decision_stands(
     session: Session, job: WarmJob, trial_id: int, ahead: dict[str, Any], *, driver_lease_s: float
 ) -> bool:
     """Whether the placement decision would still give ``job`` to ``trial_id`` now."""
-    from sqlalchemy import func, or_, select
+    from sqlalchemy import func, select
 
     from storage import (
         Allocation,
@@ -88,6 +94,7 @@ def _decision_stands(
         Trial,
         TrialRun,
         TrialState,
+        contesting_trial,
         utcnow,
     )
 
@@ -123,22 +130,14 @@ def _decision_stands(
     placed = session.scalar(select(QueuedTrial.placement).where(QueuedTrial.trial_id == trial_id))
     if placed is not None:
         return False  # a decision gave it other slots: its driver starts it there
-    # The rule of the placement decision for an idle warm job (match_idle_jobs), over
-    # the trials of live drivers (a decision drops a dead driver's queue first).
-    live = select(Experiment.id).where(
-        Experiment.state == ExperimentState.ACTIVE,
-        Experiment.driver_heartbeat_at >= utcnow() - _dt.timedelta(seconds=driver_lease_s),
-    )
-    contested = session.scalar(
-        select(QueuedTrial.trial_id)
-        .where(
-            QueuedTrial.experiment_id.in_(live),
-            QueuedTrial.resource_pool == job.resource_pool,
-            QueuedTrial.placement.is_(None),
-            QueuedTrial.priority <= int(ahead["priority"]),
-            or_(QueuedTrial.experiment_id != job.experiment_id, QueuedTrial.slots != job.slots),
-        )
-        .limit(1)
+    # The placement decision's rule for an idle warm job, over live drivers' queues.
+    contested = contesting_trial(
+        session,
+        experiment_id=job.experiment_id,
+        pool=job.resource_pool,
+        slots=job.slots,
+        priority=int(ahead["priority"]),
+        lease_s=driver_lease_s,
     )
     if contested is not None:
         return False
