@@ -207,6 +207,48 @@ class PrunerSpec(ConfigModel):
 
         return getattr(optuna.pruners, self.name)(**self.kwargs)
 
+    def may_prune(self, asked_at: int | None, step: int) -> bool:
+        """Whether the pruner can answer yes at ``step``, last asked at ``asked_at``.
+
+        Asking costs rank 0 a few database round trips that the training loop waits
+        for; this rule lets it skip the validations where every answer is no, read
+        from the pruners' own logic. Successive halving (ASHA) decides only when a
+        trial reaches a rung it had not reached at the last ask (its rungs are
+        ``min_resource * reduction_factor ** (min_early_stopping_rate + k)``; each
+        Hyperband bracket is one with its own rate, so any power counts); the median
+        and percentile pruners never before ``n_warmup_steps``. Anything else (a pruner
+        this rule does not know, ``min_resource: auto``) is always asked.
+        ``asked_at`` None: not asked yet in this process (a restarted trial asks at
+        its first validation whatever rungs it passed before).
+
+        Example:
+            >>> asha = PrunerSpec(name="SuccessiveHalvingPruner",
+            ...                   kwargs={"min_resource": 1, "reduction_factor": 3})
+            >>> [step for step in range(1, 28) if asha.may_prune(step - 1, step)]
+            [1, 3, 9, 27]
+            >>> asha.may_prune(None, 5), asha.may_prune(2, 5), asha.may_prune(3, 8)
+            (True, True, False)
+        """
+        kwargs = self.kwargs
+        if self.name in ("MedianPruner", "PercentilePruner"):
+            return step >= int(kwargs.get("n_warmup_steps", 0))
+        if self.name not in ("SuccessiveHalvingPruner", "HyperbandPruner"):
+            return True
+        halving = self.name == "SuccessiveHalvingPruner"
+        # Optuna's defaults where the arguments leave one out.
+        min_resource = kwargs.get("min_resource", "auto" if halving else 1)
+        factor = kwargs.get("reduction_factor", 4 if halving else 3)
+        if not isinstance(min_resource, int | float) or min_resource <= 0 or factor <= 1:
+            return True
+        rung = min_resource * factor ** (
+            kwargs.get("min_early_stopping_rate", 0) if halving else 0
+        )
+        while rung <= step:
+            if asked_at is None or rung > asked_at:
+                return True
+            rung *= factor
+        return False
+
 
 class WarmSpec(ConfigModel):
     """How a rank of a warm job (``resources.reuse_workers``) waits for its next trial.

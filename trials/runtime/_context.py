@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import math
+import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from trials.runtime._distributed import (
 from trials.runtime._metrics import MetricAccumulator, reduce_means, unpack_means
 from trials.runtime._precision import PrecisionPlan, resolve_mixed_precision
 from trials.runtime._preemption import NO_PREEMPTION, ChiefPreemption, Preemption
+from trials.runtime._prune_gate import PruneGate
 from trials.runtime._recording import NO_RECORDER, Recorder
 
 # What user code passes to ``wrap_lr_scheduler``; the runtime keeps an LRStepMode.
@@ -148,7 +150,8 @@ class TrialContext:
             )
         self.seed = _trial_seed(spec)
         self._latest_validation: tuple[int, dict[str, float]] | None = None
-        self._pending_prune_report = False
+        # Rank 0 asks the pruner only where it can answer yes; the others follow its answer.
+        self._prune_gate = PruneGate(spec.pruner, spec.slots_per_trial)
         self.pruned = False
         self.steps_reported = 0
 
@@ -298,15 +301,18 @@ class TrialContext:
         self.steps_reported = max(self.steps_reported, steps_completed)
         self._recorder.validation_metrics(steps_completed, epoch, means)
         unit = self.spec.step_unit
+        moment = time.time()
         if unit == "slot_seconds":
             # Counted from the trial's runs in the database, restarts included.
-            self._recorder.report_compute(means[metric] if self.spec.pruning else None)
+            self._recorder.report_compute(means[metric] if self.spec.pruning else None, moment)
+            self._prune_gate.validated(moment=moment)
         elif self.spec.pruning:
             if unit == "epochs" and epoch is not None:
                 optuna_step = math.floor(epoch + 1e-9)
             else:
                 optuna_step = steps_completed
             self._recorder.report_intermediate(means[metric], optuna_step)
+            self._prune_gate.validated(moment=moment, step=optuna_step)
 
     def _compute_budget_spent(self) -> bool:
         """Whether a ``max_length`` in slot-seconds is spent, as of the last validation.
@@ -326,7 +332,11 @@ class TrialContext:
         """
         if not self.spec.pruning:
             return False
-        decision = broadcast_flag(self._recorder.should_prune(), self.device)
+        ask = self.is_chief and self._prune_gate.must_ask()
+        decision = broadcast_flag(ask and self._recorder.should_prune(), self.device)
+        if ask:
+            slot_seconds = self.spec.step_unit == "slot_seconds"
+            self._prune_gate.asked(spent=self._recorder.compute_spent() if slot_seconds else None)
         if decision and not self.pruned:
             self.pruned = True
             self._recorder.pruned(self.steps_reported)

@@ -356,11 +356,12 @@ class ChiefRecorder(RecorderQueue):
 
         self.submit(lambda: self._transaction(write))
 
-    def report_compute(self, value: float | None) -> None:
-        """Count the trial's compute now; report ``value`` to Optuna at it (in slot-seconds).
+    def report_compute(self, value: float | None, moment: float) -> None:
+        """Count the trial's compute at ``moment``; report ``value`` to Optuna at it.
 
-        The count is the trial's runs' training spans up to this moment, read from the
-        database (so a restarted run carries on from its trial's earlier runs);
+        ``moment`` (a ``time.time()``) is the validation's. The count is the trial's
+        runs' training spans up to it, read from the database (so a restarted run
+        carries on from its trial's earlier runs);
         :meth:`compute_spent` returns it. ``value`` None counts without reporting
         (pruning off, a ``max_length`` in slot-seconds).
         """
@@ -368,7 +369,7 @@ class ChiefRecorder(RecorderQueue):
         def count(session: Session) -> float:
             from sqlalchemy import select
 
-            from storage import TrialRun, utcnow
+            from storage import TrialRun, utc_from_timestamp
 
             rows = session.execute(
                 select(
@@ -376,7 +377,7 @@ class ChiefRecorder(RecorderQueue):
                 ).where(TrialRun.trial_id == self.spec.trial_id)
             ).all()
             spans = [RunSpan(start, progress, ended) for start, progress, ended in rows]
-            return slot_seconds_spent(spans, self.spec.slots_per_trial, utcnow())
+            return slot_seconds_spent(spans, self.spec.slots_per_trial, utc_from_timestamp(moment))
 
         def report() -> None:
             from storage import retry_transient

@@ -59,8 +59,8 @@ class Recorder(Protocol):
         """The run's start-up is done: its first batch begins now."""
         ...
 
-    def report_compute(self, value: float | None) -> None:
-        """Count the trial's compute (slot-seconds) now; report ``value`` to Optuna at it."""
+    def report_compute(self, value: float | None, moment: float) -> None:
+        """Count the trial's compute (slot-seconds) at ``moment``; report ``value`` to Optuna at it."""
         ...
 
     def compute_spent(self) -> float:
@@ -164,7 +164,7 @@ class NoRecorder:
     def training_started(self) -> None:
         """Nothing: rank 0 stamps the run."""
 
-    def report_compute(self, value: float | None) -> None:
+    def report_compute(self, value: float | None, moment: float) -> None:
         """Nothing: rank 0 counts the compute and reports to the study."""
 
     def compute_spent(self) -> float:

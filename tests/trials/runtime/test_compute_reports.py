@@ -9,6 +9,7 @@ this process against a real SQLite database and Optuna study.
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Callable
 
 import optuna
@@ -51,7 +52,7 @@ def test_a_restarted_attempt_reports_at_its_trials_whole_compute(
     recorder = ChiefRecorder(restarted.spec)
     try:
         recorder.training_started()
-        recorder.report_compute(0.5)
+        recorder.report_compute(0.5, time.time())
         spent = recorder.compute_spent()
     finally:
         recorder.close()
