@@ -84,6 +84,26 @@ first recorded metric) and the slot-seconds beyond them, with their ratio: what 
 searchers' choices cost, which for a model whose epochs take minutes is nearly all of
 it.
 
+Rungs in compute (``--resource slot_seconds``, issue 32): ASHA's rungs at 0.5, 1.5,
+4.5 slot-seconds instead of 1, 3, 9 epochs. Over the 36 default seeds with ``--warm``
+(quiet machine, one run of 27 minutes) TPE+ASHA needed 0.588x random search's
+trial-epochs to the target but **0.990x its slot-seconds** (90% interval 0.80 to 1.12):
+start-ups 7.1 against 7.2, training alone 17.2 against 18.7 (0.922x), hand-overs under
+a slot-second. The target of 0.6x slot-seconds is out of reach on this space and model,
+for three measured reasons: a whole 27-epoch trial trains in about a second (26 to 54 ms
+an epoch), so the first rung at 0.5 slot-seconds is already half a trial and pruning
+saves at most half of a pruned trial's training; the two start-ups are 27% of either
+arm's compute and no searcher can save them; and TPE+ASHA's epochs cost 1.37x random
+search's at every batch size and every optimizer (44 against 33 ms): not the
+searcher's choices, nor the driver (its own CPU was 5.5 s over a seed-4 search in each
+arm), which leaves that arm's per-validation work (the compute count, the report to
+Optuna, the pruner's question; rank 0 now asks only at a rung) on two cores shared by
+two trials and the driver. A first rung earlier than 0.5 slot-seconds
+prunes on one or two epochs' noise (8 seeds at 0.1: 1.07x to 1.50x). The figure means
+something for a model whose trial trains for minutes: there the start-ups and the
+per-validation costs vanish beside training, and the epochs ratio (0.588x here) is
+what slot-seconds follow.
+
 To keep the run short, a search is stopped (``slotsweep kill``) as soon as a validation
 has reached the target: nothing after it can change the figure. ``--full`` runs every
 search to ``max_trials`` instead. A default run takes about 2 hours 40 minutes on this
