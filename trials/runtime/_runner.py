@@ -28,7 +28,8 @@ import contextlib
 import importlib
 import os
 import sys
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -52,6 +53,9 @@ from trials.runtime._recorder_queue import FAILURE_EXIT_CODE, TrialStopped
 from trials.runtime._recording import NO_RECORDER, Recorder
 from trials.runtime._signals import sigterm_ends_at_once
 from trials.runtime._trial import PyTorchTrial
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 
 def load_entrypoint(spec: RuntimeSpec) -> Any:
@@ -166,8 +170,17 @@ def join_job(spec: RuntimeSpec, info: DistributedInfo) -> bool:
         raise
 
 
-def run_trial(spec: RuntimeSpec, info: DistributedInfo | None = None) -> TrialOutcome:
+def run_trial(
+    spec: RuntimeSpec,
+    info: DistributedInfo | None = None,
+    *,
+    hand_back: Callable[[Session], object] | None = None,
+) -> TrialOutcome:
     """Run this rank's part of the trial; the outcome (finished, pruned or preempted).
+
+    ``hand_back`` (a warm job's rank 0: :meth:`~trials.runtime.WarmChannel.hand_back_write`)
+    is written in the trial's last transaction, with its end, when the trial finished
+    or was pruned: one commit from the last record to the next trial's start.
 
     Raises :class:`InvalidTrialError` for a trial that cannot run as configured, and
     ``SystemExit`` (after one line on stderr) for a rank that must stop: see the module.
@@ -207,6 +220,8 @@ def run_trial(spec: RuntimeSpec, info: DistributedInfo | None = None) -> TrialOu
         context._wait_for_checkpoints()
         if outcome is TrialOutcome.FINISHED:
             recorder.finished(context.steps_reported)
+        if hand_back is not None and outcome in (TrialOutcome.FINISHED, TrialOutcome.PRUNED):
+            recorder.call_write(hand_back)
         else:
             recorder.flush()
         return outcome
