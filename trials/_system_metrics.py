@@ -19,11 +19,14 @@ import datetime
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 _log = logging.getLogger(__name__)
 
@@ -315,6 +318,8 @@ class SystemMetricsSampler:
         self._thread: threading.Thread | None = None
         self._failing = False
         self._superseded = False
+        # Set by :meth:`finish`: the last sample is left for the caller to write.
+        self._final_write_to_caller = False
         # Samples not yet written: (recorded_at, [(gpu_index, name, value), ...]).
         self._pending: list[tuple[Any, list[tuple[int | None, str, float]]]] = []
 
@@ -332,6 +337,29 @@ class SystemMetricsSampler:
         self._stopping.set()
         if self._thread is not None:
             self._thread.join()
+
+    def finish(self) -> Callable[[Session], None]:
+        """Stop as :meth:`stop` does, but leave the last sample's write to the caller.
+
+        Returns the write of what is still unwritten, for a transaction of the caller's
+        that is fenced already (a trial's last, with its end: one commit less between
+        two trials of a warm job). Like every write here it never fails the caller: a
+        failed write is logged and rolled back alone.
+        """
+        self._final_write_to_caller = True
+        self.stop()
+        pending = list(self._pending)
+
+        def write(session: Session) -> None:
+            if self._superseded or not pending:
+                return
+            try:
+                with session.begin_nested():
+                    self._insert(session, pending)
+            except Exception as err:
+                _log.warning("could not record system metrics: %s", err)
+
+        return write
 
     def __enter__(self) -> SystemMetricsSampler:
         self.start()
@@ -354,17 +382,23 @@ class SystemMetricsSampler:
             while not self._stopping.wait(self._interval_s):
                 before = self._sample(before, nvml)
             if time.monotonic() - before.time_s >= _MIN_FINAL_WINDOW_S:
-                self._sample(before, nvml)
+                self._sample(before, nvml, write=not self._final_write_to_caller)
         finally:
             nvml.close()
 
-    def _sample(self, before: HostCounters, nvml: _Nvml) -> HostCounters:
+    def _sample(self, before: HostCounters, nvml: _Nvml, *, write: bool = True) -> HostCounters:
+        """One sample since ``before``, written now (or, ``write`` False, left pending)."""
+        from storage import utcnow
+
         after = read_host_counters()
         host = host_metrics(before, after)
         rows: list[tuple[int | None, str, float]] = [(None, k, v) for k, v in host.items()]
         for index, metrics in nvml.sample():
             rows.extend((index, name, value) for name, value in metrics.items())
-        self._write(rows)
+        if write:
+            self._write(rows)
+        elif not self._superseded:
+            self._pending.append((utcnow(), rows))
         return after
 
     def _write(self, rows: list[tuple[int | None, str, float]]) -> None:
@@ -401,26 +435,36 @@ class SystemMetricsSampler:
 
     def _write_pending(self) -> None:
         """One transaction writing every pending sample; safe to re-run after a lost commit."""
-        from sqlalchemy import delete
-
-        from storage import SystemMetric, claim_attempt, session_scope
+        from storage import claim_attempt, session_scope
 
         with session_scope(self._db_url) as session:
             if self._trial_id is not None and self._attempt is not None:
                 claim_attempt(session, self._trial_id, self._attempt, progress=False)
-            for recorded_at, rows in self._pending:
-                # A sample is (trial, agent, time): one written before is replaced.
-                session.execute(
-                    delete(SystemMetric).where(
-                        SystemMetric.trial_id.is_(None)
-                        if self._trial_id is None
-                        else SystemMetric.trial_id == self._trial_id,
-                        SystemMetric.agent == self._agent,
-                        SystemMetric.recorded_at == recorded_at,
-                    )
-                )
-                session.add_all(
-                    SystemMetric(**row)
-                    for row in system_metric_rows(self._trial_id, self._agent, recorded_at, rows)
-                )
+            self._insert(session, self._pending)
         self._pending.clear()
+
+    def _insert(
+        self,
+        session: Session,
+        samples: list[tuple[Any, list[tuple[int | None, str, float]]]],
+    ) -> None:
+        """The rows of ``samples`` in ``session``; a sample written before is replaced."""
+        from sqlalchemy import delete
+
+        from storage import SystemMetric
+
+        for recorded_at, rows in samples:
+            # A sample is (trial, agent, time).
+            session.execute(
+                delete(SystemMetric).where(
+                    SystemMetric.trial_id.is_(None)
+                    if self._trial_id is None
+                    else SystemMetric.trial_id == self._trial_id,
+                    SystemMetric.agent == self._agent,
+                    SystemMetric.recorded_at == recorded_at,
+                )
+            )
+            session.add_all(
+                SystemMetric(**row)
+                for row in system_metric_rows(self._trial_id, self._agent, recorded_at, rows)
+            )

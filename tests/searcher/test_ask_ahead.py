@@ -741,3 +741,50 @@ def test_a_job_that_ran_both_trials_to_their_end_before_the_driver_looked_is_idl
     assert len(running) == 0 and running.warm.get(warm.job_id) is not None
     assert set(_states(ctx).values()) == {TrialState.COMPLETED}
     assert all(_run_of(ctx, trial_id).ended_at is not None for trial_id in warm.trials)
+
+
+def test_the_hand_back_commits_with_the_trials_last_records_and_end(ctx: DriverContext) -> None:
+    """Rank 0's last metrics, the trial's end and the hand-back (the next trial's start
+    included) are one transaction, as the runner writes them on a warm job."""
+    import time
+
+    from sqlalchemy import event
+
+    from storage import Metric, get_engine
+    from trials.runtime._recorder import ChiefRecorder
+
+    _, _, job_id, first, second = _decided_ahead(ctx)
+    with session_scope(ctx.db_url) as session:
+        trial = session.get(Trial, first)
+        assert trial is not None
+        spec = build_runtime_spec(ctx, trial, 0, None, warm_job_id=job_id)
+    channel = WarmChannel(spec, DistributedInfo())
+    recorder = ChiefRecorder(spec)
+    commits: list[object] = []
+
+    def count(connection: object) -> None:
+        commits.append(connection)
+
+    engine = get_engine(spec.db_url)
+    event.listen(engine, "commit", count)
+    try:
+        recorder.flush()
+        commits.clear()
+        # What the runner does once the user's code returned (the thread is busy meanwhile).
+        recorder.submit(lambda: time.sleep(0.2))
+        recorder.validation_metrics(1, None, {"val_loss": 0.25})
+        recorder.finished(1)
+        recorder.call_write(channel.hand_back_write(first))
+        assert len(commits) == 1
+    finally:
+        event.remove(engine, "commit", count)
+        recorder.close()
+    next_spec = channel.next_trial(first)
+    assert next_spec is not None and next_spec.trial_id == second
+    with session_scope(ctx.db_url) as session:
+        finished = session.get(Trial, first)
+        assert finished is not None and finished.finished_at is not None
+        assert finished.searcher_metric_value == 0.25
+        assert session.scalar(select(Metric.value).where(Metric.trial_id == first)) == 0.25
+        started = session.get(Trial, second)
+        assert started is not None and started.state == TrialState.RUNNING

@@ -186,6 +186,30 @@ def test_stop_records_a_last_sample_for_short_trials(db_url: str) -> None:
     _check_host_rows(rows, trial_id=None)
 
 
+def test_finish_leaves_the_last_sample_to_the_callers_transaction(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rank 0 writes its node's last sample with the trial's end (one commit, not two)."""
+    sampler = SystemMetricsSampler(db_url, trial_id=None, agent="agent-a", interval_s=3600)
+    sampler.start()
+    time.sleep(0.3)
+    write = sampler.finish()
+    assert _rows(db_url) == []
+    with session_scope(db_url) as session:
+        write(session)
+    rows = _rows(db_url)
+    assert {"cpu_util_percent", "net_sent_bytes_s"} <= {row.name for row in rows}
+    _check_host_rows(rows, trial_id=None)
+    sampler.stop()  # already stopped: writes nothing more
+    assert len(_rows(db_url)) == len(rows)
+    # Like every write of the sampler's, a failed one never fails the caller's transaction.
+    caplog.set_level(logging.WARNING, logger="trials._system_metrics")
+    with session_scope(db_url) as session:
+        session.execute(sa.text("DROP TABLE slotsweep_system_metrics"))
+        write(session)
+    assert any("could not record system metrics" in r.message for r in caplog.records)
+
+
 def test_failed_writes_warn_once_and_do_not_stop_the_sampler(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

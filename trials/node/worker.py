@@ -180,8 +180,10 @@ def _run_warm(spec: RuntimeSpec) -> int:
     try:
         while current is not None:
             label = trial_label(current.experiment_id, current.optuna_trial_number)
+            # Rank 0 hands the job back in the trial's last transaction, with its end.
+            hand_back = channel.hand_back_write(current.trial_id) if info.is_chief else None
             try:
-                outcome = record(run_trial)(current, info)
+                outcome = record(run_trial)(current, info, hand_back=hand_back)
             except InvalidTrialError as error:
                 return _fail(str(error))
             print(f"slotsweep: trial {label} attempt {current.attempt}: {outcome}", flush=True)

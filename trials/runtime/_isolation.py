@@ -150,9 +150,19 @@ class TorchGlobals:
         """
         torch.set_default_dtype(self.default_dtype)
         torch.set_num_threads(self.num_threads)
-        torch.use_deterministic_algorithms(
-            self.deterministic_algorithms, warn_only=self.deterministic_warn_only
-        )
+        # torch's setter also sets Inductor's flag, importing Inductor (about 800 modules,
+        # sympy's among them: ~0.85 s on the first hand-over, and ~0.1 s more collecting
+        # at the next) into a job whose trials never used it. Not imported, that flag is
+        # as a fresh process has it; so the setter runs only when either differs.
+        if (
+            "torch._inductor.config" in sys.modules
+            or torch.are_deterministic_algorithms_enabled() != self.deterministic_algorithms
+            or torch.is_deterministic_algorithms_warn_only_enabled()
+            != self.deterministic_warn_only
+        ):
+            torch.use_deterministic_algorithms(
+                self.deterministic_algorithms, warn_only=self.deterministic_warn_only
+            )
         torch.set_anomaly_enabled(self.anomaly_enabled, self.anomaly_check_nan)
         for state in self.autocast:
             torch.set_autocast_enabled(state.device_type, state.enabled)

@@ -80,7 +80,7 @@ class ChiefRecorder(RecorderQueue):
             record_metrics(session, self.spec.trial_id, step, MetricKind.TRAINING, values, epoch)
             self._update_trial(session, total_batches=step)
 
-        self.submit(lambda: self._transaction(write))
+        self.submit_write(write)
 
     def validation_metrics(
         self, step: int, epoch: float | None, values: Mapping[str, float]
@@ -101,7 +101,7 @@ class ChiefRecorder(RecorderQueue):
                 fields["searcher_metric_value"] = None if math.isnan(value) else value
             self._update_trial(session, **fields)
 
-        self.submit(lambda: self._transaction(write))
+        self.submit_write(write)
 
     def stop_asked_by_cluster(self) -> None:
         """Stop at this report, and record that the cluster asked (a SIGTERM from Slurm).
@@ -125,7 +125,7 @@ class ChiefRecorder(RecorderQueue):
                     .values(stop_requested_at=utcnow())
                 )
 
-        self.submit(lambda: self._transaction(write))
+        self.submit_write(write)
 
     def rewind(self, step: int) -> None:
         """Forget what an earlier attempt recorded past ``step`` (the restored checkpoint).
@@ -146,7 +146,7 @@ class ChiefRecorder(RecorderQueue):
             )
             self._update_trial(session, total_batches=step)
 
-        self.submit(lambda: self._transaction(write))
+        self.submit_write(write)
 
     def timings(self, windows: Sequence[TimingWindow]) -> None:
         """Profiling windows; a window re-run after a lost commit replaces itself."""
@@ -170,17 +170,15 @@ class ChiefRecorder(RecorderQueue):
             )
             session.add_all(Timing(**row) for row in timing_rows(trial_id, rows))
 
-        self.submit(lambda: self._transaction(write))
+        self.submit_write(write)
 
     def fusion_choice(self, shape_key: str, world_size: int) -> float | None:
         """The bucket size (MB) an earlier trial of this experiment chose for the shape."""
         from storage import fusion_choice
 
         experiment_id = self.spec.experiment_id
-        return self.call(
-            lambda: self._transaction(
-                lambda session: fusion_choice(session, experiment_id, shape_key, world_size)
-            )
+        return self.call_write(
+            lambda session: fusion_choice(session, experiment_id, shape_key, world_size)
         )
 
     def record_fusion_choice(
@@ -213,7 +211,7 @@ class ChiefRecorder(RecorderQueue):
                 ),
             )
 
-        self.submit(lambda: self._transaction(write))
+        self.submit_write(write)
 
     def register(self, processes: Sequence[RankProcess]) -> None:
         """Record every rank's process under this attempt's run (and its first progress).
@@ -262,7 +260,7 @@ class ChiefRecorder(RecorderQueue):
                 if p.rank not in known
             )
 
-        self.submit(lambda: self._transaction(write))
+        self.submit_write(write)
 
     def checkpoint(
         self,
@@ -354,7 +352,7 @@ class ChiefRecorder(RecorderQueue):
                     .values(training_started_at=utc_from_timestamp(moment))
                 )
 
-        self.submit(lambda: self._transaction(write))
+        self.submit_write(write)
 
     def report_compute(self, value: float | None, moment: float) -> None:
         """Count the trial's compute at ``moment``; report ``value`` to Optuna at it.
@@ -433,14 +431,16 @@ class ChiefRecorder(RecorderQueue):
         return self._optuna_trial
 
     def finished(self, total_batches: int) -> None:
-        """The user's training ran to its end: the driver will mark the trial COMPLETED."""
+        """The user's training ran to its end: the driver will mark the trial COMPLETED.
+
+        Queued: the runner's next :meth:`flush` or :meth:`call_write` commits it."""
 
         def write(session: Session) -> None:
             from storage import utcnow
 
             self._update_trial(session, total_batches=total_batches, finished_at=utcnow())
 
-        self.call(lambda: self._transaction(write))
+        self.submit_write(write)
 
     def pruned(self, total_batches: int) -> None:
         """The pruner stopped the trial: the driver will mark it PRUNED."""
@@ -450,7 +450,7 @@ class ChiefRecorder(RecorderQueue):
 
             self._update_trial(session, total_batches=total_batches, pruned_at=utcnow())
 
-        self.call(lambda: self._transaction(write))
+        self.call_write(write)
 
 
 # -- row shapes, shared with bulk writers (the UI's test and benchmark data) ------------

@@ -1,9 +1,14 @@
 """Rank 0's one database thread: writes applied in order, each a fenced transaction.
 
 :class:`RecorderQueue` is what :class:`~trials.runtime._recorder.ChiefRecorder` records
-through: :meth:`~RecorderQueue.submit` queues a write (a training step never waits for
-the database), :meth:`~RecorderQueue.call` waits for its answer and for everything
-queued before it. Every transaction is fenced (``storage.claim_attempt``) and re-run
+through: :meth:`~RecorderQueue.submit_write` queues a write (a training step never
+waits for the database), :meth:`~RecorderQueue.call_write` and
+:meth:`~RecorderQueue.call` wait for their answer and for everything queued before.
+Writes that queued up while the thread was busy commit together, in one transaction
+(a trial's end is usually its last metrics, its end and a warm job's hand-back): one
+fence, one commit and one wait for SQLite's write lock instead of three. Should that
+transaction fail, each write runs again alone, so each keeps its own outcome.
+Every transaction is fenced (``storage.claim_attempt``) and re-run
 whole while the database is briefly unreachable (``storage.retry_transient``); an
 attempt that lost its trial, or a database gone past the deadline, ends the rank with
 :class:`TrialStopped` at its next use of the queue.
@@ -16,6 +21,7 @@ import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from trials.config import RuntimeSpec
@@ -45,14 +51,27 @@ SUPERSEDED_EXIT_CODE = 3
 FAILURE_EXIT_CODE = 1
 
 
+@dataclass
+class _Task:
+    """One piece of rank 0's database work: a fenced transaction's ``body``, or other ``work``."""
+
+    future: Future[Any]
+    # Its failure is reported at the next :meth:`RecorderQueue.call` (fire and forget).
+    background: bool
+    body: Callable[[Session], Any] | None = None
+    work: Callable[[], Any] | None = None
+
+
 class RecorderQueue:
-    """One thread applying rank 0's database work in order, each piece fenced."""
+    """One thread applying rank 0's database work in order, each piece fenced.
+
+    Writes queued while the thread was busy share one transaction (one fence, one
+    commit): a trial's last metrics, its end and a warm job's hand-back are one commit.
+    """
 
     def __init__(self, spec: RuntimeSpec) -> None:
         self.spec = spec
-        self._tasks: queue.Queue[tuple[Callable[[], Any], Future[Any], bool] | None] = (
-            queue.Queue()
-        )
+        self._tasks: queue.Queue[_Task | None] = queue.Queue()
         self._error: BaseException | None = None
         # Set once by the recorder's thread; from then on nothing more is recorded.
         self._stopped: TrialStopped | None = None
@@ -66,30 +85,77 @@ class RecorderQueue:
         self.submit(self._warm_up)
 
     def _run(self) -> None:
+        # A task taken from the queue behind a run of writes, applied after them.
+        held: list[_Task | None] = []
         while True:
-            item = self._tasks.get()
-            if item is None:
+            task = held.pop() if held else self._tasks.get()
+            if task is None:
                 return
-            fn, future, background = item
-            if self._stopped is not None:
-                future.set_exception(self._stopped)
-                continue
-            try:
-                future.set_result(fn())
-            except BaseException as error:
-                stopped = _as_stop(error)
-                if stopped is not None:
-                    self._stopped = stopped
-                    future.set_exception(stopped)
-                    continue
-                future.set_exception(error)
-                if background and self._error is None:
-                    self._error = error
-                    print(
-                        f"slotsweep: recording to the database failed: {error!r}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+            batch = [task]
+            while task.body is not None:
+                try:
+                    task = self._tasks.get_nowait()
+                except queue.Empty:
+                    break
+                if task is None or task.body is None:
+                    held.append(task)
+                    break
+                batch.append(task)
+            self._apply(batch)
+
+    def _apply(self, batch: list[_Task]) -> None:
+        """Run ``batch`` (one piece of work, or writes queued one after another)."""
+        if len(batch) == 1:
+            self._settle(batch[0])
+            return
+        if self._stopped is not None:
+            for task in batch:
+                task.future.set_exception(self._stopped)
+            return
+        bodies = [task.body for task in batch if task.body is not None]
+        try:
+            results = self._transaction(lambda session: [body(session) for body in bodies])
+        except BaseException as error:
+            stopped = _as_stop(error)
+            if stopped is None:
+                # One of them failed: each runs alone, so each keeps its own outcome (the
+                # failed transaction was rolled back whole).
+                for task in batch:
+                    self._settle(task)
+                return
+            self._stopped = stopped
+            for task in batch:
+                task.future.set_exception(stopped)
+            return
+        for task, result in zip(batch, results, strict=True):
+            task.future.set_result(result)
+
+    def _settle(self, task: _Task) -> None:
+        """Run one task in a transaction of its own (or as it is, not a write)."""
+        if self._stopped is not None:
+            task.future.set_exception(self._stopped)
+            return
+        body, work = task.body, task.work
+        try:
+            if body is not None:
+                task.future.set_result(self._transaction(body))
+            else:
+                assert work is not None
+                task.future.set_result(work())
+        except BaseException as error:
+            stopped = _as_stop(error)
+            if stopped is not None:
+                self._stopped = stopped
+                task.future.set_exception(stopped)
+                return
+            task.future.set_exception(error)
+            if task.background and self._error is None:
+                self._error = error
+                print(
+                    f"slotsweep: recording to the database failed: {error!r}",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def submit(self, fn: Callable[[], Any]) -> None:
         """Queue ``fn`` (fire and forget; its error surfaces at the next :meth:`call`).
@@ -97,14 +163,33 @@ class RecorderQueue:
         Raises :class:`TrialStopped` once the rank must stop, so that the training
         thread stops at its next report rather than train on for nothing.
         """
-        if self._stopped is not None:
-            raise self._stopped
-        self._tasks.put((fn, Future(), True))
+        self._put(_Task(Future(), background=True, work=fn))
+
+    def submit_write(self, body: Callable[[Session], Any]) -> None:
+        """Queue ``body`` to run in a fenced transaction, as :meth:`submit` queues work."""
+        self._put(_Task(Future(), background=True, body=body))
 
     def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` after everything queued so far and return its result."""
         future: Future[T] = Future()
-        self._tasks.put((fn, future, False))
+        self._tasks.put(_Task(future, background=False, work=fn))
+        return self._result(future)
+
+    def call_write(self, body: Callable[[Session], T]) -> T:
+        """Run ``body`` in a fenced transaction after everything queued so far; its result.
+
+        Writes still queued share its transaction.
+        """
+        future: Future[T] = Future()
+        self._tasks.put(_Task(future, background=False, body=body))
+        return self._result(future)
+
+    def _put(self, task: _Task) -> None:
+        if self._stopped is not None:
+            raise self._stopped
+        self._tasks.put(task)
+
+    def _result(self, future: Future[T]) -> T:
         result = future.result()
         if self._stopped is not None:
             raise self._stopped

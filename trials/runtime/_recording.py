@@ -12,21 +12,26 @@ SQLAlchemy or Optuna, and its calls cost a method call each.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from trials.runtime._timing import TimingWindow
 
 if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
     from trials.runtime._recorder import RankProcess
+
+T = TypeVar("T")
 
 
 class Recorder(Protocol):
     """The database side of a rank: metrics, timings, checkpoints, pruning, the end.
 
     The methods that queue a write return at once; those whose result the loop needs
-    (a checkpoint's row, the pruner's answer, the final state) wait for it.
+    (a checkpoint's row, the pruner's answer) wait for it, and the trial's end is
+    committed by the :meth:`flush` or :meth:`call_write` that follows it.
     """
 
     @property
@@ -125,6 +130,10 @@ class Recorder(Protocol):
         """Wait until every queued write is committed."""
         ...
 
+    def call_write(self, body: Callable[[Session], T]) -> T | None:
+        """Run ``body`` in a fenced transaction after every queued write; its result."""
+        ...
+
     def close(self, timeout: float = 60.0) -> None:
         """Commit what is queued and stop recording."""
         ...
@@ -220,6 +229,10 @@ class NoRecorder:
 
     def flush(self) -> None:
         """Nothing is queued."""
+
+    def call_write(self, body: Callable[[Session], T]) -> T | None:
+        """None: nothing is written here (rank 0 writes)."""
+        return None
 
     def close(self, timeout: float = 60.0) -> None:
         """Nothing to stop."""

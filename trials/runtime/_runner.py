@@ -28,7 +28,8 @@ import contextlib
 import importlib
 import os
 import sys
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -36,7 +37,7 @@ from trials.checkpoint_storage import CheckpointStorageError
 from trials.config import RuntimeSpec
 from trials.launch.launcher import AGENT_ENV_VAR, SLOTS_ENV_VAR
 from trials.launch.processes import ProcessRef
-from trials.runtime._context import InvalidTrialError, PyTorchTrialContext
+from trials.runtime._context import InvalidTrialError, PyTorchTrialContext, TrialContext
 from trials.runtime._distributed import (
     DistributedInfo,
     destroy_process_group,
@@ -52,6 +53,9 @@ from trials.runtime._recorder_queue import FAILURE_EXIT_CODE, TrialStopped
 from trials.runtime._recording import NO_RECORDER, Recorder
 from trials.runtime._signals import sigterm_ends_at_once
 from trials.runtime._trial import PyTorchTrial
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 
 def load_entrypoint(spec: RuntimeSpec) -> Any:
@@ -103,12 +107,17 @@ class _Sampler(Protocol):
 
     def stop(self) -> None: ...
 
+    def finish(self) -> Callable[[Session], None] | None: ...
+
 
 class _NoSampler:
     """The system-metrics sampler of a rank that samples none."""
 
     def stop(self) -> None:
         """Nothing was started."""
+
+    def finish(self) -> None:
+        """Nothing to write."""
 
 
 def _start_system_metrics(spec: RuntimeSpec, info: DistributedInfo) -> _Sampler:
@@ -166,8 +175,17 @@ def join_job(spec: RuntimeSpec, info: DistributedInfo) -> bool:
         raise
 
 
-def run_trial(spec: RuntimeSpec, info: DistributedInfo | None = None) -> TrialOutcome:
+def run_trial(
+    spec: RuntimeSpec,
+    info: DistributedInfo | None = None,
+    *,
+    hand_back: Callable[[Session], object] | None = None,
+) -> TrialOutcome:
     """Run this rank's part of the trial; the outcome (finished, pruned or preempted).
+
+    ``hand_back`` (a warm job's rank 0: :meth:`~trials.runtime.WarmChannel.hand_back_write`)
+    is written in the trial's last transaction, with its end, when the trial finished
+    or was pruned: one commit from the last record to the next trial's start.
 
     Raises :class:`InvalidTrialError` for a trial that cannot run as configured, and
     ``SystemExit`` (after one line on stderr) for a rank that must stop: see the module.
@@ -205,10 +223,7 @@ def run_trial(spec: RuntimeSpec, info: DistributedInfo | None = None) -> TrialOu
         # The last checkpoint is recorded before the trial's end is: the driver (or the
         # warm job's next trial) must find it. A write that failed fails the trial here.
         context._wait_for_checkpoints()
-        if outcome is TrialOutcome.FINISHED:
-            recorder.finished(context.steps_reported)
-        else:
-            recorder.flush()
+        _record_the_end(recorder, system_metrics, info, context, outcome, hand_back)
         return outcome
     except TrialStopped as stop:
         # Superseded or the database is gone: there is nobody to tell.
@@ -238,6 +253,35 @@ def run_trial(spec: RuntimeSpec, info: DistributedInfo | None = None) -> TrialOu
             record_failure(
                 spec, info.rank, failure, _steps_completed(loop, context, restored_step)
             )
+
+
+def _record_the_end(
+    recorder: Recorder,
+    system_metrics: _Sampler,
+    info: DistributedInfo,
+    context: TrialContext,
+    outcome: TrialOutcome,
+    hand_back: Callable[[Session], object] | None,
+) -> None:
+    """Commit the trial's end, with its last records, before the runner returns.
+
+    On rank 0 one transaction: what is still queued, the end, the node's last
+    system-metrics sample and a warm job's hand-back. Another node's sampler writes its
+    own last sample when stopped.
+    """
+    writes: list[Callable[[Session], object]] = []
+    if info.is_chief:
+        last_sample = system_metrics.finish()
+        if last_sample is not None:
+            writes.append(last_sample)
+    if outcome is TrialOutcome.FINISHED:
+        recorder.finished(context.steps_reported)
+    if hand_back is not None and outcome in (TrialOutcome.FINISHED, TrialOutcome.PRUNED):
+        writes.append(hand_back)
+    if writes:
+        recorder.call_write(lambda session: [write(session) for write in writes])
+    else:
+        recorder.flush()
 
 
 def _finish_before_terminating() -> None:

@@ -6,8 +6,10 @@ sees the trial ended there, as it would see an exit code), then polls the row un
 the driver writes the next trial's spec or asks the job to end, and broadcasts what it
 found to every rank over the process group that stays formed. When the driver decided
 the job's next trial ahead, rank 0 starts it in the hand-back's own transaction
-(:mod:`trials.runtime._warm_ahead`) and waits for nothing. Only rank 0 touches the
-database, as in a cold trial.
+(:mod:`trials.runtime._warm_ahead`) and waits for nothing. The hand-back is written in
+the finished trial's last transaction, with its last records and its end
+(:meth:`WarmChannel.hand_back_write`): one commit between two trials. Only rank 0
+touches the database, as in a cold trial.
 
 While rank 0 waits it broadcasts a keep-alive every second, so no rank sits in one
 collective long enough for the group's timeout. An idle job whose driver stopped
@@ -28,12 +30,15 @@ import json
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trials.config import RuntimeSpec
 from trials.launch.launcher import DB_URL_ENV_VAR
 from trials.runtime._distributed import DistributedInfo, broadcast_object
 from trials.runtime._warm_ahead import take_ahead
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 # How often rank 0 looks for the next trial right after a hand-back, when the driver
 # usually writes it (within tens of milliseconds): the warm hand-over's latency floor.
@@ -70,6 +75,8 @@ class WarmChannel:
         self.end_reason: str | None = None
         # Set when the trial handed over was refused at its start (``storage.start_ranks``).
         self.fenced = False
+        # (trial id, what the hand-back found), written in that trial's last transaction.
+        self._handed_back: tuple[int, tuple[bool, str | None]] | None = None
 
     # ----------------------------------------------------------------- rank 0
     def hand_back(self, trial_id: int) -> tuple[bool, str | None]:
@@ -80,38 +87,59 @@ class WarmChannel:
         as JSON, comes back with True. Otherwise the job is idle (True, None) and waits
         for its driver. (False, None) when the job was asked to end meanwhile or no
         longer runs that trial (a driver ended it): the ranks then exit as a cold
-        trial's would.
+        trial's would. A trial's runner writes it in the trial's last transaction
+        instead (:meth:`hand_back_write`).
         """
-        from sqlalchemy import select
-
-        from storage import WarmJob, retry_transient, session_scope, utcnow
+        from storage import retry_transient, session_scope
 
         def write() -> tuple[bool, str | None]:
             with session_scope(self.db_url) as session:
-                job = session.scalars(
-                    select(WarmJob).where(WarmJob.id == self.job_id).with_for_update()
-                ).one_or_none()
-                if (
-                    job is None
-                    or job.current_trial_id != trial_id
-                    or job.end_requested_at is not None
-                    or job.ended_at is not None
-                ):
-                    return False, None
-                spec = take_ahead(
-                    session,
-                    job,
-                    finished_trial_id=trial_id,
-                    driver_lease_s=self.driver_lease_s,
-                )
-                if spec is not None:
-                    return True, json.dumps(spec)
-                job.current_run_id = job.current_trial_id = None
-                job.idle_since = utcnow()
-                job.trials_run = job.trials_run + 1
-                return True, None
+                return self._hand_back_in(session, trial_id)
 
         return retry_transient(write)
+
+    def hand_back_write(self, trial_id: int) -> Callable[[Session], object]:
+        """Rank 0: the hand-back of trial ``trial_id`` as a write for the trial's runner.
+
+        :func:`~trials.runtime.run_trial` runs it in the transaction that records the
+        trial's end (``hand_back``), so the last records, the end and the next trial's
+        start are one commit; :meth:`next_trial` then takes what it found.
+        """
+        self._handed_back = None
+
+        def write(session: Session) -> None:
+            self._handed_back = (trial_id, self._hand_back_in(session, trial_id))
+
+        return write
+
+    def _hand_back_in(self, session: Session, trial_id: int) -> tuple[bool, str | None]:
+        """:meth:`hand_back`'s work, in the caller's transaction."""
+        from sqlalchemy import select
+
+        from storage import WarmJob, utcnow
+
+        job = session.scalars(
+            select(WarmJob).where(WarmJob.id == self.job_id).with_for_update()
+        ).one_or_none()
+        if (
+            job is None
+            or job.current_trial_id != trial_id
+            or job.end_requested_at is not None
+            or job.ended_at is not None
+        ):
+            return False, None
+        spec = take_ahead(
+            session,
+            job,
+            finished_trial_id=trial_id,
+            driver_lease_s=self.driver_lease_s,
+        )
+        if spec is not None:
+            return True, json.dumps(spec)
+        job.current_run_id = job.current_trial_id = None
+        job.idle_since = utcnow()
+        job.trials_run = job.trials_run + 1
+        return True, None
 
     def _poll(self) -> tuple[_Message, Any]:
         """Rank 0: one look at the job's row; the message for the other ranks."""
@@ -199,12 +227,17 @@ class WarmChannel:
         """The next trial's spec on every rank, or None when the job must end.
 
         Collective: every rank of the job calls it once trial ``trial_id`` finished or
-        was pruned; rank 0 hands the job back first. ``meanwhile`` (the reset between
+        was pruned; rank 0 hands the job back first, unless the trial's runner did in its
+        last transaction (:meth:`hand_back_write`). ``meanwhile`` (the reset between
         trials) runs on every rank after that and before the ranks wait, so it overlaps
         the driver's turn-around instead of delaying the next trial's start.
         """
         if self.info.is_chief:
-            staying, started = self.hand_back(trial_id)
+            handed, self._handed_back = self._handed_back, None
+            if handed is not None and handed[0] == trial_id:
+                staying, started = handed[1]
+            else:
+                staying, started = self.hand_back(trial_id)
             if meanwhile is not None:
                 meanwhile()
             if started is not None:

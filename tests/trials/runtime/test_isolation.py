@@ -286,6 +286,18 @@ def test_restore_clears_the_autocast_cache(torch_globals: TorchGlobals) -> None:
     assert cast_of_weight() is not first
 
 
+def test_restore_leaves_inductor_unimported_when_nothing_deterministic_changed(
+    torch_globals: TorchGlobals, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's deterministic-algorithms setter imports Inductor (and sympy: ~0.85 s on a
+    warm job's first hand-over); a job whose trials never changed the flags skips it."""
+    calls: list[object] = []
+    monkeypatch.delitem(sys.modules, "torch._inductor.config", raising=False)
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda *a, **k: calls.append(a))
+    torch_globals.restore()
+    assert calls == []
+
+
 def _write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)

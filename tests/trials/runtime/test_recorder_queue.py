@@ -1,0 +1,78 @@
+"""Rank 0's database thread: writes queued meanwhile share one transaction."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from sqlalchemy import event, select
+
+from storage import Metric, get_engine, session_scope
+from trials.runtime._recorder import ChiefRecorder
+
+from .conftest import TrialHandle
+
+
+@pytest.fixture
+def recorder(make_trial: Callable[..., TrialHandle]) -> Iterator[ChiefRecorder]:
+    recorder = ChiefRecorder(make_trial().spec)
+    recorder.flush()
+    try:
+        yield recorder
+    finally:
+        recorder.close()
+
+
+def _commits(recorder: ChiefRecorder, writes: Callable[[], None]) -> int:
+    """How many transactions ``writes`` committed, queued while the thread was busy."""
+    commits: list[object] = []
+
+    def count(connection: object) -> None:
+        commits.append(connection)
+
+    engine = get_engine(recorder.spec.db_url)
+    event.listen(engine, "commit", count)
+    try:
+        recorder.submit(lambda: time.sleep(0.2))
+        writes()
+    finally:
+        event.remove(engine, "commit", count)
+    return len(commits)
+
+
+def _steps(recorder: ChiefRecorder) -> list[int]:
+    with session_scope(recorder.spec.db_url) as session:
+        return list(
+            session.scalars(
+                select(Metric.step)
+                .where(Metric.trial_id == recorder.spec.trial_id)
+                .order_by(Metric.step)
+            )
+        )
+
+
+def test_writes_queued_meanwhile_commit_in_one_transaction(recorder: ChiefRecorder) -> None:
+    def writes() -> None:
+        for step in (1, 2, 3):
+            recorder.training_metrics(step, None, {"loss": 1.0 / step})
+        recorder.flush()
+
+    assert _commits(recorder, writes) == 1
+    assert _steps(recorder) == [1, 2, 3]
+
+
+def test_a_failing_write_fails_alone_and_the_others_commit(recorder: ChiefRecorder) -> None:
+    def fails(session: object) -> None:
+        raise ValueError("not this one")
+
+    def writes() -> None:
+        recorder.training_metrics(1, None, {"loss": 1.0})
+        recorder.submit_write(fails)
+        recorder.training_metrics(2, None, {"loss": 0.5})
+        with pytest.raises(RuntimeError, match=r"an earlier database write failed.*not this one"):
+            recorder.flush()
+
+    # The three together, rolled back; then each alone: two commits.
+    assert _commits(recorder, writes) == 2
+    assert _steps(recorder) == [1, 2]
