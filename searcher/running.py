@@ -53,6 +53,7 @@ from storage import (
     TrialRun,
     TrialState,
     WarmJob,
+    get_engine,
     is_transient_error,
     session_scope,
     utcnow,
@@ -627,10 +628,14 @@ def _job_at_work(running: _Running) -> RunningJob:
 
 
 def _current_warm_runs(ctx: DriverContext, jobs: list[int]) -> dict[int, int | None]:
-    """The run each of the warm jobs ``jobs`` runs now, by job id."""
+    """The run each of the warm jobs ``jobs`` runs now, by job id.
+
+    Asked every 10 ms while warm jobs run: a deferred (read-only) transaction, so the
+    look never holds SQLite's write lock that a rank 0 handing back waits for.
+    """
     if not jobs:
         return {}
-    with session_scope(ctx.db_url) as session:
+    with session_scope(get_engine(ctx.db_url, read_only=True)) as session:
         return dict(
             session.execute(
                 select(WarmJob.id, WarmJob.current_run_id).where(WarmJob.id.in_(jobs))
