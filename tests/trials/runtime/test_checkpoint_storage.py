@@ -118,7 +118,7 @@ def test_a_trial_whose_checkpoint_folder_breaks_fails_with_one_line(
     )
     spoiler.join()
     output = result.stdout + result.stderr
-    folder = small_tmpfs / str(handle.spec.experiment_id) / str(trial_id)
+    folder = small_tmpfs / handle.spec.checkpoint_folder / str(trial_id)
     line = f"[rank 0] slotsweep: checkpoint_storage.path {folder}: {reason}"
     assert result.returncode != 0
     assert output.count(line) == 1, output[-3000:]
