@@ -129,15 +129,7 @@ def test_collect_garbage_spares_the_newest_and_what_a_live_run_restores(
     policy = CheckpointStorageConfig(
         path=str(tmp_path), save_trial_latest=0, save_trial_best=0, save_experiment_best=0
     )
-    with session_scope(db_url) as session:
-        deleted = collect_garbage(
-            session,
-            experiment_id=experiment_id,
-            policy=policy,
-            metric="val_loss",
-            smaller_is_better=True,
-            trial_id=trial_id,
-        )
+    deleted = _collect(db_url, experiment_id, policy, trial_id)
     assert deleted == ["c20", "c30"]
     with session_scope(db_url) as session:
         states = {
