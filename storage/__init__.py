@@ -68,7 +68,7 @@ from storage._url import (
     resolve_db_url,
     url_secrets,
 )
-from storage._warm_jobs import contesting_trial, end_earlier_processes, live_experiments
+from storage._warm_jobs import contesting_trial, end_earlier_processes
 from storage.studies import (
     KNOWN_OPTUNA_SCHEMAS,
     OptunaSchemaError,
@@ -125,7 +125,6 @@ __all__ = [
     "get_engine",
     "is_transient_error",
     "keep_first_fusion_choice",
-    "live_experiments",
     "metric_rows",
     "optuna_schema_revision",
     "optuna_storage",

@@ -48,7 +48,7 @@ def end_earlier_processes(session: Session, job: WarmJob, run: TrialRun) -> list
     return rows
 
 
-def live_experiments(lease_s: float) -> Select[Any]:
+def _live_experiments(lease_s: float) -> Select[Any]:
     """The ids of the active experiments whose driver heartbeat within ``lease_s``.
 
     A placement decision drops the queue of every other experiment before it decides.
@@ -78,7 +78,7 @@ def contesting_trial(
     return session.scalar(
         select(QueuedTrial.trial_id)
         .where(
-            QueuedTrial.experiment_id.in_(live_experiments(lease_s)),
+            QueuedTrial.experiment_id.in_(_live_experiments(lease_s)),
             QueuedTrial.resource_pool == pool,
             QueuedTrial.placement.is_(None),
             QueuedTrial.priority <= priority,
