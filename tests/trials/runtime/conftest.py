@@ -50,6 +50,9 @@ def add_run(
     from storage import Checkpoint, TrialRun, session_scope, utcnow
 
     with session_scope(db_url) as session:
+        # The moment is taken once this transaction holds SQLite's write lock: a rank 0
+        # transaction that committed while this one waited came before the supersede.
+        session.execute(select(TrialRun.id).limit(1))
         session.execute(
             update(TrialRun)
             .where(TrialRun.trial_id == trial_id, TrialRun.ended_at.is_(None))
