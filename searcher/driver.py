@@ -286,14 +286,7 @@ class SearchDriver:
             # behind the next hand-over when another warm job handed its trial back meanwhile.
             if not self._running.warm.await_taken():
                 study.flush_tells()
-                # Trials ahead for each warm job at work, asked off the hand-over's path,
-                # and decided ahead as the job's next: its rank 0 starts them at hand-backs.
-                study.fill_queue(
-                    len(self._running) + len(self._running.ahead),
-                    self._pending,
-                    ahead=self._running.wanted_ahead,
-                )
-                self._running.reserve_ahead(self._pending)
+                self._ask_ahead(study)
             # An idle job that no waiting trial fits takes a busy job's second trial
             # decided ahead, if one of its size has two, rather than end meanwhile.
             idle_sizes = [
@@ -310,6 +303,25 @@ class SearchDriver:
                 return study.completion_state()
         self._refresh_progress(progress)
         return None
+
+    def _ask_ahead(self, study: StudySide) -> None:
+        """Ask and decide ahead the next trials of each warm job at work, one at a time.
+
+        Asked off the hand-over's path and decided ahead as the job's next: its rank 0
+        starts them at hand-backs. Each is decided as soon as it is asked (a job with none
+        decided first), and the asking stops at a hand-back this driver has not seen: an
+        ask takes tens of milliseconds, and a job handed back idle waits for the driver.
+        """
+        while True:
+            asked = study.fill_queue(
+                len(self._running) + len(self._running.ahead),
+                self._pending,
+                ahead=self._running.wanted_ahead,
+                most=1,
+            )
+            self._running.reserve_ahead(self._pending)
+            if not asked or self._running.warm_handed_back():
+                return
 
     def _keep_lease(self) -> None:
         """Heartbeat every ``heartbeat_every_s``; then check claims if it was stopped, end hangs."""

@@ -113,15 +113,20 @@ class AheadReservations:
         A trial reserved leaves ``pending``. A trial that ran before (it restarts from a
         checkpoint, its attempt is not the first) is left to an ordinary decision.
         """
-        for job in jobs:
-            chain = self._by_job.get(job.job_id, [])
-            while len(chain) < DEPTH:
+        # Breadth first: every job's next trial before any job's second, so that a job
+        # whose chain ran dry is served by the first trial asked.
+        refused: set[int] = set()
+        for depth in range(1, DEPTH + 1):
+            for job in jobs:
+                chain = self._by_job.get(job.job_id, [])
+                if job.job_id in refused or len(chain) >= depth:
+                    continue
                 trial_id = pending.first_of_size(job.slots)
                 if trial_id is None or not self._write(job, chain, trial_id):
-                    break
+                    refused.add(job.job_id)
+                    continue
                 pending.remove(trial_id)
-                chain = [*chain, Reservation(job.job_id, trial_id, job.slots)]
-                self._by_job[job.job_id] = chain
+                self._by_job[job.job_id] = [*chain, Reservation(job.job_id, trial_id, job.slots)]
 
     def _write(self, job: RunningJob, chain: Sequence[Reservation], trial_id: int) -> bool:
         """Decide ``trial_id`` ahead for ``job``, after ``chain``, on the job's row; whether it was.

@@ -259,7 +259,7 @@ class RunningTrials:
         waits for the next trial of its shape; idle jobs that ended are closed. Returns
         what the outcomes decided (:meth:`take_decisions`).
         """
-        handed_back = self._warm_handed_back()
+        handed_back = self.warm_handed_back()
         reaping = list(self._running.values())
         while reaping:
             running = reaping.pop(0)
@@ -311,7 +311,7 @@ class RunningTrials:
         while (left := deadline - time.monotonic()) > 0:
             time.sleep(min(_HAND_BACK_POLL_S, left))
             try:
-                if self._warm_handed_back():
+                if self.warm_handed_back():
                     return
             except Exception as exc:
                 # The tick rides out a database outage; waiting here need not.
@@ -321,8 +321,8 @@ class RunningTrials:
                 return
 
     # ----------------------------------------------------------------- warm jobs
-    def _warm_handed_back(self) -> set[int]:
-        """Runs on warm jobs whose ranks handed the job back (idle now, or on its next trial)."""
+    def warm_handed_back(self) -> set[int]:
+        """Runs on warm jobs whose ranks handed the job back (idle, or on its next trial): a query."""
         runs = {r.warm_job_id: r.run_id for r in self._running.values() if r.warm_job_id}
         current = _current_warm_runs(self.ctx, list(runs))
         return {run_id for job_id, run_id in runs.items() if current.get(job_id) != run_id}

@@ -11,6 +11,7 @@ Example:
     >>> pending = PendingQueue(ctx)
     >>> side = StudySide.load(ctx, trials_so_far=1, tells=TellQueue())
     >>> side.fill_queue(running=0, pending=pending)
+    1
     >>> len(pending), side.trials_left()
     (1, 6)
     >>> side.flush_tells()
@@ -34,6 +35,7 @@ from storage import (
     TrialState,
     optuna_storage,
     optuna_trial_id,
+    optuna_writes_together,
     retry_transient,
     session_scope,
     study_trials,
@@ -192,16 +194,24 @@ class StudySide:
         """Whether no trial is left to ask for."""
         return self.trials_left() <= 0
 
-    def trials_left(self) -> int:
-        """Trials still to ask for: up to max_trials, plus any a user enqueued beyond it."""
+    def trials_left(self, *, enough: int | None = None) -> int:
+        """Trials still to ask for: up to max_trials, plus any a user enqueued beyond it.
+
+        A count of at least ``enough`` within max_trials is final without reading the
+        trials users enqueued (Optuna's read of a study's unfinished trials).
+        """
         import optuna
 
-        waiting = len(self._trials(optuna.trial.TrialState.WAITING))
         with session_scope(self.ctx.db_url) as session:
             total = trial_total(session, self.ctx.experiment_id)
-        return max(max_trials(self.ctx.config) - total, waiting)
+        left = max_trials(self.ctx.config) - total
+        if enough is not None and left >= enough:
+            return left
+        return max(left, len(self._trials(optuna.trial.TrialState.WAITING)))
 
-    def fill_queue(self, running: int, pending: TrialQueue, *, ahead: int = 0) -> None:
+    def fill_queue(
+        self, running: int, pending: TrialQueue, *, ahead: int = 0, most: int | None = None
+    ) -> int:
         """Ask Optuna for new trials while there is room to run them, and ``ahead`` more.
 
         ``running`` attempts and the ``pending`` trials together stay within
@@ -212,19 +222,28 @@ class StudySide:
         the pending queue offers the cluster only what the free room allows
         (:meth:`searcher.placement.PendingQueue.place`). Never past ``max_trials``: an
         asked trial runs (now, or after a resume) unless the experiment is killed.
+        At ``most`` trials per call when given; returns how many were asked.
         """
         limit = self.ctx.config.searcher.max_concurrent_trials + ahead
         if running + len(pending) >= limit:
-            return
+            return 0
         # Each ask takes one of the trials left (an enqueued one first): counted once.
-        left = self.trials_left()
+        left = self.trials_left(enough=most)
+        if most is not None:
+            left = min(left, most)
+        asked = 0
         while running + len(pending) < limit and left > 0:
             left -= 1
+            asked += 1
             # The sampler hears every outcome recorded so far before it is asked.
             self.flush_tells()
             optuna_trial = self.study.ask()
             try:
-                hparams = space.suggest_hparams(optuna_trial, self.ctx.config.hyperparameters)
+                # The sampler's joint draw (TPE's, CMA-ES's) runs here, before the write
+                # lock is taken; the suggestions then only store what it drew, at once.
+                optuna_trial.relative_params  # noqa: B018
+                with optuna_writes_together(optuna_storage(self.ctx.db_url)):
+                    hparams = space.suggest_hparams(optuna_trial, self.ctx.config.hyperparameters)
             except BaseException:
                 # Never leave a trial without its values where resume would adopt it.
                 import optuna
@@ -245,6 +264,7 @@ class StudySide:
                     )
                 )
             )
+        return asked
 
     def new_trial_row(self, number: int, optuna_id: int, hparams: dict[str, Any]) -> Trial:
         """The QUEUED row of Optuna trial ``number`` (not added to any session)."""

@@ -57,7 +57,7 @@ from storage._models import (
     utcnow,
 )
 from storage._open import DatabaseUrlError, check_database_url
-from storage._optuna import optuna_storage
+from storage._optuna import optuna_storage, optuna_writes_together
 from storage._records import fusion_choice, keep_first_fusion_choice, metric_rows, record_metrics
 from storage._url import (
     DB_ENV_VAR,
@@ -129,6 +129,7 @@ __all__ = [
     "optuna_schema_revision",
     "optuna_storage",
     "optuna_trial_id",
+    "optuna_writes_together",
     "prepare_engine",
     "read_study",
     "record_metrics",

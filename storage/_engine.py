@@ -17,6 +17,7 @@ connection's, not the statement's, up to a bounded total wait.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import logging
 import sqlite3
@@ -35,6 +36,11 @@ SQLITE_BUSY_TIMEOUT_S = 60.0
 # How long a writer keeps re-running a transaction while the database is unreachable.
 TRANSIENT_DEADLINE_S = 120.0
 
+# Set inside :func:`reading_only`: the transactions begun there are deferred.
+_READING_ONLY = contextvars.ContextVar("slotsweep_reading_only", default=False)
+# Between two tries at SQLite's write lock (:func:`_begin_immediate`).
+_BEGIN_RETRY_MIN_S = 0.0002
+_BEGIN_RETRY_MAX_S = 0.002
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -54,7 +60,62 @@ def _make_sqlite_shareable(engine: Engine, read_only: bool = False) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
-        connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+        if read_only or _READING_ONLY.get():
+            connection.exec_driver_sql("BEGIN")
+        else:
+            _begin_immediate(connection.connection.driver_connection)
+
+
+@contextlib.contextmanager
+def reading_only() -> Iterator[None]:
+    """Transactions begun inside this block only read: on SQLite they start deferred.
+
+    A deferred transaction reads a snapshot and never takes the write lock, so a long
+    read (Optuna's trials, parsed into objects while the transaction is open) makes no
+    writer wait. Only for transactions that write nothing: one that wrote after reading
+    would fail at once, not wait, if another writer had committed since its read.
+    A read-only engine (``get_engine(url, read_only=True)``, the UI's) defers every
+    transaction it begins; this block defers those begun on a writing engine for a
+    while (the reads of :func:`storage.optuna_storage`'s storage).
+
+    Example:
+        >>> with reading_only(), session_scope("sqlite://") as session:
+        ...     session.execute(sqlalchemy.text("select 1")).scalar_one()
+        1
+    """
+    token = _READING_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _READING_ONLY.reset(token)
+
+
+def _begin_immediate(dbapi_connection: sqlite3.Connection) -> None:
+    """``BEGIN IMMEDIATE``, retried every millisecond or so while another writer holds the lock.
+
+    SQLite's own busy handler sleeps 1, 2, 5, 10, 15, 20, 25 ... 100 ms between tries:
+    a writer that came a moment after another one's 2 ms transaction often waits 8 ms,
+    and one that waited a while sleeps 25-100 ms at a time whatever the lock does
+    (measured on a search with two warm jobs: rank 0's waits were 80 ms at the 99th
+    percentile behind transactions that held the lock 13 ms). Taking the lock is
+    retried here at a fine grain instead, with the busy timeout off for that one
+    statement and back on for the transaction's own. The total wait is bounded as before.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    delay_s = _BEGIN_RETRY_MIN_S
+    dbapi_connection.execute("PRAGMA busy_timeout = 0")
+    try:
+        while True:
+            try:
+                dbapi_connection.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+            time.sleep(delay_s)
+            delay_s = min(2 * delay_s, _BEGIN_RETRY_MAX_S)
+    finally:
+        dbapi_connection.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
 
 
 def _switch_to_wal(cursor: Any) -> None:

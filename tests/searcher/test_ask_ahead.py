@@ -13,6 +13,7 @@ launch queues each asked trial once, the one whose row was never written include
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -788,3 +789,74 @@ def test_the_hand_back_commits_with_the_trials_last_records_and_end(ctx: DriverC
         assert session.scalar(select(Metric.value).where(Metric.trial_id == first)) == 0.25
         started = session.get(Trial, second)
         assert started is not None and started.state == TrialState.RUNNING
+
+
+TWO_SLOTS = ResourcePool("default", (Agent("local", "127.0.0.1", (0, 1)),))
+
+
+def _two_warm_jobs(
+    db_url: str, tmp_path: Path
+) -> tuple[DriverContext, StudySide, PendingQueue, list[RunningJob]]:
+    """Two warm 1-slot jobs of one search on two slots, each running one of its trials."""
+    config = _digits(max_trials=8)
+    searcher_config = config.searcher.model_copy(update={"max_concurrent_trials": 2})
+    config = config.model_copy(update={"searcher": searcher_config})
+    ctx = dataclasses.replace(_new_experiment(db_url, config, tmp_path), pool=TWO_SLOTS)
+    study = StudySide.load(ctx, trials_so_far=0, tells=TellQueue())
+    pending = PendingQueue(ctx)
+    study.fill_queue(0, pending)
+    jobs = []
+    for placed in pending.place(room=2):
+        assert placed.placement is not None
+        with session_scope(ctx.db_url) as session:
+            run = TrialRun(
+                trial_id=placed.trial_id,
+                attempt=0,
+                executor="local",
+                agents=[{"agent": "local", "host": "127.0.0.1", "slots": [0]}],
+                launch_token=f"warm-job-token-{placed.trial_id}",
+                claim_token=placed.placement.token,
+            )
+            session.add(run)
+            session.flush()
+            job_id = warm_jobs.open_job(
+                session, run, placed.placement, experiment_id=ctx.experiment_id
+            )
+        _start(ctx, placed.trial_id)
+        jobs.append(RunningJob(job_id, slots=1, trial_id=placed.trial_id))
+    assert len(jobs) == 2
+    return ctx, study, pending, jobs
+
+
+def test_every_warm_job_gets_its_next_trial_before_any_gets_a_second(
+    db_url: str, tmp_path: Path
+) -> None:
+    # One trial asked ahead goes to the first job; the next one asked to the other job,
+    # not behind the first job's: a job whose chain ran dry is served by the next ask.
+    ctx, study, pending, (first, second) = _two_warm_jobs(db_url, tmp_path)
+    ahead = AheadReservations(ctx)
+    assert study.fill_queue(2, pending, ahead=4, most=1) == 1
+    ahead.reserve([first, second], pending)
+    assert [len(_ahead_on_row(ctx, job.job_id)) for job in (first, second)] == [1, 0]
+    assert study.fill_queue(2 + len(ahead), pending, ahead=4, most=1) == 1
+    ahead.reserve([first, second], pending)
+    assert [len(_ahead_on_row(ctx, job.job_id)) for job in (first, second)] == [1, 1]
+    # Asked two at once, the third and fourth go one to each, in the jobs' order.
+    assert study.fill_queue(2 + len(ahead), pending, ahead=4) == 2
+    ahead.reserve([first, second], pending)
+    rows = [_ahead_on_row(ctx, job.job_id) for job in (first, second)]
+    assert [len(row) for row in rows] == [2, 2] and not pending
+    assert rows[0][1] < rows[1][1]  # the older trial runs first
+    assert study.fill_queue(2 + len(ahead), pending, ahead=4) == 0
+
+
+def test_trials_enqueued_past_the_count_are_asked_one_at_a_time_too(ctx: DriverContext) -> None:
+    # `enough` skips reading the trials users enqueued only while the count itself
+    # leaves that many: once max_trials is reached, an enqueued trial is still asked.
+    study = StudySide.load(ctx, trials_so_far=0, tells=TellQueue())
+    pending = PendingQueue(ctx)
+    assert study.fill_queue(0, pending, ahead=5) == 3  # max_trials
+    study.study.enqueue_trial({"lr": 0.01})
+    assert study.trials_left(enough=1) == 1
+    assert study.fill_queue(0, pending, ahead=5, most=1) == 1
+    assert study.trials_left(enough=1) == 0 and study.search_done()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import multiprocessing
 import re
+import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import func, inspect, select, text
+from sqlalchemy.engine import make_url
 
 from storage import (
     Experiment,
@@ -188,3 +191,30 @@ def test_urls_are_made_absolute_and_passwords_hidden(tmp_path: Path) -> None:
     assert absolute_db_url("sqlite://") == "sqlite://"
     hidden = redact_url("postgresql://me:secret@db:5432/sweeps")
     assert "secret" not in hidden and "me" in hidden
+
+
+def test_a_writer_waits_for_the_write_lock_and_takes_it_once_let_go(db_url: str) -> None:
+    # SQLite's busy handler is off while the lock is tried again and again (finer than
+    # its own 1-100 ms sleeps); the connection's busy timeout is back on afterwards.
+    (trial_id,) = add_experiment(db_url, [{"hparams": {"lr": 0.1}}])[1]
+    path = make_url(db_url).database
+    assert path is not None
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    let_go = threading.Event()
+
+    def release() -> None:
+        let_go.set()
+        holder.execute("ROLLBACK")
+
+    timer = threading.Timer(0.3, release)
+    timer.start()
+    with session_scope(db_url) as session:
+        record_metrics(session, trial_id, 1, MetricKind.TRAINING, {"loss": 0.5})
+    assert let_go.is_set()
+    timer.join()
+    holder.close()
+    with get_engine(db_url).connect() as connection:
+        assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() == 60_000
+    with session_scope(db_url) as session:
+        assert session.scalar(select(func.count()).where(Metric.trial_id == trial_id)) == 1

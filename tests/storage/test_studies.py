@@ -8,7 +8,10 @@ study. CI runs this module twice: with the pinned Optuna and with the oldest rel
 from __future__ import annotations
 
 import math
+import sqlite3
+import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
@@ -22,6 +25,7 @@ from storage import (
     optuna_schema_revision,
     optuna_storage,
     optuna_trial_id,
+    optuna_writes_together,
     read_study,
     study_signature,
     study_trials,
@@ -223,3 +227,73 @@ def test_rows_optuna_would_not_number_so_are_read_through_optunas_storage(db_url
     record = read_study(db_url, "single")
     assert [t.number for t in record.trials] == [0, 1, 3, 4, 5, 6, 7]
     assert record.trials[2].values == [0.125]
+
+
+def _holding_the_write_lock(url: str, read: Callable[[], object], *, hold_s: float = 10.0) -> bool:
+    """Whether ``read()`` returns while another connection holds SQLite's write lock.
+
+    The lock is held until ``read`` returns, or for ``hold_s``: a read that waited for
+    the writer would only return once it let go.
+    """
+    path = sa.engine.make_url(url).database
+    assert path is not None
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")
+    done = threading.Event()
+    reader = threading.Thread(target=lambda: (read(), done.set()), daemon=True)
+    reader.start()
+    returned = done.wait(timeout=hold_s)
+    writer.execute("ROLLBACK")
+    writer.close()
+    reader.join(timeout=60.0)
+    return returned
+
+
+def test_optunas_reads_never_wait_for_a_writer(db_url: str) -> None:
+    # A study's trials are read (by the sampler, the pruner, the UI) while the trials'
+    # ranks write: the reads run in deferred transactions and take no write lock.
+    study = _searched_study(db_url, "reads")
+    storage = optuna_storage(db_url)
+    study_id = storage.get_study_id_from_name("reads")
+    expected = len(study.trials)
+    counts: list[int] = []
+    assert _holding_the_write_lock(
+        db_url, lambda: counts.append(len(storage.get_all_trials(study_id)))
+    )
+    assert _holding_the_write_lock(
+        db_url,
+        lambda: counts.append(len(optuna.load_study(study_name="reads", storage=storage).trials)),
+    )
+    assert counts == [expected, expected]
+    # A write still takes the lock up front, and waits for it.
+    assert not _holding_the_write_lock(db_url, lambda: study.ask(), hold_s=1.0)
+
+
+def test_optunas_writes_in_the_block_commit_together_or_not_at_all(db_url: str) -> None:
+    storage = optuna_storage(db_url)
+    study = optuna.create_study(study_name="together", storage=storage)
+    trial = study.ask()
+    with optuna_writes_together(storage):
+        trial.suggest_int("x", 0, 9)
+        trial.suggest_categorical("c", ["a", "b"])
+        # Not committed yet: another connection does not see them.
+        other = sa.create_engine(db_url)
+        with other.connect() as connection:
+            params = connection.execute(sa.text("select count(*) from trial_params")).scalar()
+        other.dispose()
+        assert params == 0
+    assert set(study.trials[-1].params) == {"x", "c"}
+
+    failed = study.ask()
+    with (
+        pytest.raises(RuntimeError, match="between the suggestions"),
+        optuna_writes_together(storage),
+    ):
+        failed.suggest_int("x", 0, 9)
+        raise RuntimeError("between the suggestions")
+    assert study.trials[-1].params == {}
+    # Outside the block, Optuna commits each write on its own again.
+    later = study.ask()
+    later.suggest_int("x", 0, 9)
+    study.tell(later, 1.0)
+    assert study.trials[-1].params.keys() == {"x"}
