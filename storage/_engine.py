@@ -101,19 +101,13 @@ def _begin_immediate(dbapi_connection: sqlite3.Connection) -> None:
     retried here at a fine grain instead, with the busy timeout off for that one
     statement and back on for the transaction's own. The total wait is bounded as before.
     """
-    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
-    delay_s = _BEGIN_RETRY_MIN_S
     dbapi_connection.execute("PRAGMA busy_timeout = 0")
     try:
-        while True:
-            try:
-                dbapi_connection.execute("BEGIN IMMEDIATE")
-                return
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() > deadline:
-                    raise
-            time.sleep(delay_s)
-            delay_s = min(2 * delay_s, _BEGIN_RETRY_MAX_S)
+        _while_locked(
+            lambda: dbapi_connection.execute("BEGIN IMMEDIATE"),
+            first_delay_s=_BEGIN_RETRY_MIN_S,
+            max_delay_s=_BEGIN_RETRY_MAX_S,
+        )
     finally:
         dbapi_connection.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
 
@@ -128,17 +122,29 @@ def _switch_to_wal(cursor: Any) -> None:
     started together on a new database would see one of them refuse to open it. Once
     the file is in WAL mode (a persistent property), the statement needs no lock.
     """
+    _while_locked(
+        lambda: cursor.execute("PRAGMA journal_mode = WAL"), first_delay_s=0.005, max_delay_s=0.2
+    )
+
+
+def _while_locked(
+    statement: Callable[[], Any], *, first_delay_s: float, max_delay_s: float
+) -> None:
+    """``statement()``, run again after a doubling sleep while SQLite says "locked".
+
+    For at most the busy timeout; any other error, or the last one, propagates.
+    """
     deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
-    delay_s = 0.005
+    delay_s = first_delay_s
     while True:
         try:
-            cursor.execute("PRAGMA journal_mode = WAL")
+            statement()
             return
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) or time.monotonic() > deadline:
                 raise
         time.sleep(delay_s)
-        delay_s = min(2 * delay_s, 0.2)
+        delay_s = min(2 * delay_s, max_delay_s)
 
 
 def prepare_engine(engine: Engine, read_only: bool = False) -> Engine:

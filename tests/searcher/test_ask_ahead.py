@@ -34,7 +34,7 @@ from searcher.driver_context import DriverContext
 from searcher.experiments import create_experiment, trial_counts, trial_total
 from searcher.handoff import AheadReservations, RunningJob, Started
 from searcher.outcomes import Outcomes
-from searcher.placement import PendingQueue
+from searcher.placement import PendingQueue, Placed
 from searcher.running import RunningTrials, _Running
 from searcher.runtime_spec import build_runtime_spec
 from searcher.study_side import StudySide, TellQueue
@@ -292,24 +292,32 @@ def _warm_job_deciding_ahead(ctx: DriverContext, *, depth: int) -> _WarmJob:
     pending = PendingQueue(ctx)
     study.fill_queue(0, pending)
     (first,) = pending.place(room=1)
-    assert first.placement is not None
-    with session_scope(ctx.db_url) as session:
-        run = TrialRun(
-            trial_id=first.trial_id,
-            attempt=0,
-            executor="local",
-            agents=[{"agent": "local", "host": "127.0.0.1", "slots": [0]}],
-            launch_token="warm-job-token",
-            claim_token=first.placement.token,
-        )
-        session.add(run)
-        session.flush()
-        job_id = warm_jobs.open_job(session, run, first.placement, experiment_id=ctx.experiment_id)
-    _start(ctx, first.trial_id)
+    job_id = _open_warm_job(ctx, first)
     study.fill_queue(1, pending, ahead=depth)
     ahead = AheadReservations(ctx)
     ahead.reserve([RunningJob(job_id, slots=1, trial_id=first.trial_id)], pending)
     return _WarmJob(study, pending, ahead, job_id, sorted(_trial_ids(ctx)))
+
+
+def _open_warm_job(ctx: DriverContext, placed: Placed) -> int:
+    """Start the placed trial as the first on a new warm job (no processes); the job's id."""
+    assert placed.placement is not None
+    with session_scope(ctx.db_url) as session:
+        run = TrialRun(
+            trial_id=placed.trial_id,
+            attempt=0,
+            executor="local",
+            agents=[{"agent": "local", "host": "127.0.0.1", "slots": [0]}],
+            launch_token=f"warm-job-token-{placed.trial_id}",
+            claim_token=placed.placement.token,
+        )
+        session.add(run)
+        session.flush()
+        job_id = warm_jobs.open_job(
+            session, run, placed.placement, experiment_id=ctx.experiment_id
+        )
+    _start(ctx, placed.trial_id)
+    return job_id
 
 
 def _trial_ids(ctx: DriverContext) -> list[int]:
@@ -379,7 +387,7 @@ def test_rank_0_starts_the_trial_decided_ahead_in_its_hand_back(
         assert trial is not None and trial.state == TrialState.RUNNING
         # The rows the driver's hand-over writes: the run on the job's token, fenced
         # and started, the slots under its claim, the job's torchrun under it.
-        assert (run.attempt, run.launch_token) == (0, "warm-job-token")
+        assert (run.attempt, run.launch_token) == (0, f"warm-job-token-{first}")
         assert run.ranks_started_at is not None and run.spec == json.loads(started)
         tokens = set(session.scalars(select(Allocation.claim_token)))
         owners = set(session.scalars(select(Allocation.trial_id)))
@@ -805,25 +813,10 @@ def _two_warm_jobs(
     study = StudySide.load(ctx, trials_so_far=0, tells=TellQueue())
     pending = PendingQueue(ctx)
     study.fill_queue(0, pending)
-    jobs = []
-    for placed in pending.place(room=2):
-        assert placed.placement is not None
-        with session_scope(ctx.db_url) as session:
-            run = TrialRun(
-                trial_id=placed.trial_id,
-                attempt=0,
-                executor="local",
-                agents=[{"agent": "local", "host": "127.0.0.1", "slots": [0]}],
-                launch_token=f"warm-job-token-{placed.trial_id}",
-                claim_token=placed.placement.token,
-            )
-            session.add(run)
-            session.flush()
-            job_id = warm_jobs.open_job(
-                session, run, placed.placement, experiment_id=ctx.experiment_id
-            )
-        _start(ctx, placed.trial_id)
-        jobs.append(RunningJob(job_id, slots=1, trial_id=placed.trial_id))
+    jobs = [
+        RunningJob(_open_warm_job(ctx, placed), slots=1, trial_id=placed.trial_id)
+        for placed in pending.place(room=2)
+    ]
     assert len(jobs) == 2
     return ctx, study, pending, jobs
 
