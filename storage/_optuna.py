@@ -95,10 +95,10 @@ def optuna_writes_together(storage: RDBStorage) -> Iterator[None]:
 
     Optuna commits each suggested parameter in a transaction of its own: six
     hyperparameters are six transactions, each taking SQLite's write lock that the
-    trials' ranks wait for. Inside this block its sessions join one transaction of
-    this thread's, each Optuna commit a savepoint, all committed at the end (or none,
-    if the block raises). Keep the block short: on SQLite it holds the write lock
-    throughout, so a sampler's work belongs before it.
+    trials' ranks wait for. Inside this block its sessions in this thread join one
+    transaction, each Optuna commit a savepoint, all committed at the end (or none, if
+    the block raises); other threads' sessions are not touched. Keep the block short:
+    on SQLite it holds the write lock throughout, so a sampler's work belongs before it.
 
     Example:
         >>> import optuna
@@ -111,12 +111,14 @@ def optuna_writes_together(storage: RDBStorage) -> Iterator[None]:
         ['x', 'y']
     """
     sessions = storage.scoped_session
-    before = dict(sessions.session_factory.kw)
     sessions.remove()
     with storage.engine.connect() as connection, connection.begin():
-        sessions.configure(bind=connection, join_transaction_mode="create_savepoint")
+        # This thread's session only (Optuna asks its scoped registry for one per call).
+        joined = sessions.session_factory(
+            bind=connection, join_transaction_mode="create_savepoint"
+        )
+        sessions.registry.set(joined)
         try:
             yield
         finally:
             sessions.remove()
-            sessions.session_factory.kw = before

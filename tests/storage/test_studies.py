@@ -282,6 +282,14 @@ def test_optunas_writes_in_the_block_commit_together_or_not_at_all(db_url: str) 
             params = connection.execute(sa.text("select count(*) from trial_params")).scalar()
         other.dispose()
         assert params == 0
+        # Another thread's Optuna sessions stay on their own transactions.
+        binds: list[object] = []
+        other_thread = threading.Thread(
+            target=lambda: binds.append(storage.scoped_session().get_bind())
+        )
+        other_thread.start()
+        other_thread.join()
+        assert binds == [storage.engine]
     assert set(study.trials[-1].params) == {"x", "c"}
 
     failed = study.ask()
