@@ -28,7 +28,7 @@ from pathlib import Path
 from sqlalchemy import select
 
 from searcher.driver_context import DriverContext
-from storage import TrialRun, WarmJob, session_scope
+from storage import TrialRun, WarmJob, get_engine, session_scope
 from trials.coordination import warm_jobs
 from trials.coordination.attempts import end_run
 from trials.executors import TrialJob, mark_processes_ended
@@ -99,7 +99,8 @@ class IdleWarmJobs:
         deadline = time.monotonic() + _HAND_OVER_WAIT_S
         while waiting and time.monotonic() < deadline:
             time.sleep(_HAND_OVER_POLL_S)
-            with session_scope(self.ctx.db_url) as session:
+            # Deferred: a look every 3 ms must not hold the write lock rank 0's take needs.
+            with session_scope(get_engine(self.ctx.db_url, read_only=True)) as session:
                 taken = set(
                     session.scalars(
                         select(TrialRun.id).where(

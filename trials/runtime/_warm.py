@@ -142,16 +142,41 @@ class WarmChannel:
         return True, None
 
     def _poll(self) -> tuple[_Message, Any]:
-        """Rank 0: one look at the job's row; the message for the other ranks."""
+        """Rank 0: one look at the job's row; the message for the other ranks.
+
+        The look only reads; the job's next trial is taken, if there is one, in a
+        transaction of its own that reads the row again.
+        """
         from sqlalchemy import select, update
 
         from storage import (
             RanksFencedError,
             WarmJob,
+            get_engine,
             retry_transient,
             session_scope,
             start_ranks,
         )
+
+        def look() -> bool:
+            # A deferred transaction: rank 0 looks every few milliseconds while its job is
+            # idle, and the driver's writes that hand it the next trial must not queue
+            # behind those looks for SQLite's write lock.
+            with session_scope(get_engine(self.db_url, read_only=True)) as session:
+                row = session.execute(
+                    select(WarmJob.next_run_id, WarmJob.end_requested_at, WarmJob.ended_at).where(
+                        WarmJob.id == self.job_id
+                    )
+                ).one_or_none()
+            return (
+                row is None
+                or row.ended_at is not None
+                or row.end_requested_at is not None
+                or row.next_run_id is not None
+            )
+
+        if not retry_transient(look):
+            return _Message.WAIT, None
 
         def read() -> tuple[_Message, Any]:
             with session_scope(self.db_url) as session:
