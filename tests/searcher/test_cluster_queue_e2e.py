@@ -260,10 +260,17 @@ def test_a_killed_driver_s_waiting_trials_leave_the_queue(
     db = f"sqlite:///{tmp_path / 'sweep.db'}"
     cluster = _cluster_file(tmp_path, [1, 1])
     common = ["--db", db, "--cluster", str(cluster)]
+    # Each trial takes both agents. The first low-priority one waits at its start,
+    # holding them, until the other driver is dead, so the later ones still wait to be
+    # placed then: the live driver's placement is what clears the dead driver's
+    # reservation (a driver with nothing waiting places nothing), however fast or slowly
+    # the machine runs either driver.
+    gate = tmp_path / "high-killed"
     low = _experiment(
         tmp_path,
         "low",
         searcher=_search(trials=3, concurrent=2),
+        data={"gate_file": str(gate), "slow_trials": [0]},
     )
     high = _experiment(
         tmp_path,
@@ -272,13 +279,14 @@ def test_a_killed_driver_s_waiting_trials_leave_the_queue(
         searcher=_search(trials=1, concurrent=1),
     )
     low_driver = start_cli(["run", str(low), *common], cli_env, tmp_path)
-    wait_for(lambda: len(_starts(db, "low")) >= 1, what="a low-priority trial running")
+    wait_for(lambda: len(_starts(db, "low")) == 1, what="a low-priority trial running")
     high_driver = start_cli(["run", str(high), *common], cli_env, tmp_path)
     wait_for(lambda: bool(_queued_reasons(db, "high")), what="the priority-1 trial queued")
     # Its driver dies while the trial waits: after its heartbeat goes stale the trial
     # leaves the queue, and its reservation with it, so the other search goes on.
     high_driver.kill()
     high_driver.communicate(timeout=30)
+    gate.touch()
     wait_for(
         lambda: not _queued_reasons(db, "high"), timeout=120, what="the dead driver's trial gone"
     )
