@@ -17,8 +17,9 @@ The database URL reaches the ranks through the environment
 (:data:`DB_URL_ENV_VAR`), never through a file or a command line.
 
 ``torchrun`` runs under :mod:`trials.node.torchrun`, which calls its ``main`` in-process
-(so the process recorded as ``torchrun`` is torchrun) and prefixes torchrun's own log
-lines with ``[torchrun] ``, as the ranks prefix theirs with ``[rank N] ``.
+(so the process recorded as ``torchrun`` is torchrun), forks the ranks from it (torch
+imported once per node, not once per rank) and prefixes torchrun's own log lines with
+``[torchrun] ``, as the ranks prefix theirs with ``[rank N] ``.
 
 Ports are picked free when an attempt starts (the rendezvous port here, the ranks'
 ``MASTER_PORT`` by torchrun), so another process may take one before it is bound. The

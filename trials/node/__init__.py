@@ -1,10 +1,10 @@
 """The programs a trial's processes run on each node: the ``torchrun`` wrapper and the rank.
 
 ``python -m trials.node.torchrun`` runs ``torchrun`` in-process and prefixes its
-lines with ``[torchrun] `` (:mod:`~trials.node.torchrun`); every rank it starts runs
-``python -m trials.node.worker`` (:mod:`~trials.node.worker`), which routes its output
-through ``[rank N] `` prefixing before it imports torch, then hands over to
-:mod:`trials.runtime`. On a node of a multi-node attempt (a Slurm step, a Ray
+lines with ``[torchrun] `` (:mod:`~trials.node.torchrun`); every rank it starts, forked
+from it with torch already imported, runs :mod:`~trials.node.worker` (a plain
+``torchrun ... -m trials.node.worker`` works too), which routes its output through
+``[rank N] `` prefixing, then hands over to :mod:`trials.runtime`. On a node of a multi-node attempt (a Slurm step, a Ray
 node's actor) ``python -m trials.node.cluster_node`` sets that node's part up first
 (:mod:`~trials.node.cluster_node`); on Ray, the actors of :mod:`~trials.node.ray_actors`
 start it. They live here, not in :mod:`trials.executors`, because the node imports

@@ -8,7 +8,9 @@ the trial runs, and a broken pipe would take ``torchrun`` down with it.
 
 The wrapper runs ``torch.distributed.run.main`` in-process, so it *is* the trial's
 ``torchrun`` (the driver records its pid as such, stopping it stops the attempt, and
-the ranks, its children, die with it through ``PR_SET_PDEATHSIG``). Its prefixer child
+the ranks, its children, die with it through ``PR_SET_PDEATHSIG``). The ranks are forked
+from it (:func:`forked_ranks`): torch is imported once per node, by the agent, instead
+of once more by every rank (1.5 s of CPU or more each, paid by every cold trial). Its prefixer child
 exits once the wrapper is gone (the pipe's last writer). Ranks write to the log itself,
 not through this prefixer: the wrapper keeps a descriptor of the original output open
 and names it to them in ``SLOTSWEEP_LOG_TARGET`` (torchrun starts ranks with
@@ -25,6 +27,7 @@ driver was stopped) make the wrapper exit with that code too, not torchrun's 1.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -38,6 +41,14 @@ PREFIX = "[torchrun] "
 # Ranks check that their parent is still this process once they have asked to die
 # with it (trials.node.worker.die_with_parent): one that died first is not waited for.
 PID_ENV_VAR = "SLOTSWEEP_TORCHRUN_PID"
+# torch's agent asks whether CUDA is available (its LaunchConfig does). Answered by
+# CUDA itself, the question marks every process forked afterwards unable to use a GPU
+# (torch's "poison fork"); answered by NVML, it does not. The ranks get the variable
+# back as it was (:func:`restore_rank_environment`), from the JSON in
+# RANK_ENVIRONMENT_ENV_VAR (the wrapper runs as __main__: a module global of it would
+# not be this module's in the rank).
+NVML_CHECK_ENV_VAR = "PYTORCH_NVML_BASED_CUDA_CHECK"
+RANK_ENVIRONMENT_ENV_VAR = "SLOTSWEEP_RANK_ENVIRONMENT"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -48,6 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         original = os.dup(1)
         os.environ[LOG_TARGET_ENV_VAR] = f"/proc/{os.getpid()}/fd/{original}"
     os.environ[PID_ENV_VAR] = str(os.getpid())
+    os.environ[RANK_ENVIRONMENT_ENV_VAR] = json.dumps(
+        {NVML_CHECK_ENV_VAR: os.environ.get(NVML_CHECK_ENV_VAR)}
+    )
+    os.environ[NVML_CHECK_ENV_VAR] = "1"
 
     def torchrun() -> int:
         fence = _node_fence()
@@ -63,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A failure (a rank failed: torchrun's error summary) is printed prefixed, as
         # ``python -m torch.distributed.run`` would print it.
         try:
-            torchrun_main(args)
+            torchrun_main(forked_ranks(args))
         except Exception as error:
             if ranks_fenced(error):
                 from storage import FENCED_EXIT_CODE
@@ -78,6 +93,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     return run_prefixed(PREFIX, torchrun)
+
+
+def forked_ranks(args: Sequence[str]) -> list[str]:
+    """``args`` with the ranks of ``-m trials.node.worker`` forked from this process.
+
+    torchrun's own in-interpreter start (``--start-method=fork --run-path SCRIPT``)
+    runs the rank's program in a child of the agent, which has imported torch: a rank
+    then starts in milliseconds instead of importing torch again (1.5 s of CPU or more
+    per rank). The script is this node's copy of :mod:`trials.node._forked_rank`.
+
+    Example:
+        >>> forked_ranks(["--nnodes=1", "-m", "trials.node.worker"])[:3]
+        ['--nnodes=1', '--start-method=fork', '--run-path']
+    """
+    *options, flag, program = args
+    if (flag, program) != ("-m", "trials.node.worker"):
+        return list(args)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_forked_rank.py")
+    return [*options, "--start-method=fork", "--run-path", script]
+
+
+def restore_rank_environment() -> None:
+    """In a rank forked from this wrapper: the variables set for the agent alone, as they were.
+
+    Example:
+        >>> restore_rank_environment()  # nothing set by a wrapper in this process
+    """
+    saved = json.loads(os.environ.pop(RANK_ENVIRONMENT_ENV_VAR, "{}"))
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def _node_fence() -> NodeFence | None:

@@ -1,5 +1,9 @@
 """The program every rank of a trial runs: ``torchrun ... -m trials.node.worker``.
 
+The ``torchrun`` wrapper (:mod:`trials.node.torchrun`) forks its ranks from the agent,
+which has imported torch already, and runs :func:`run_forked` in each; started as a
+program of its own (plain ``torchrun``), a rank runs :func:`main`. Both behave alike.
+
 The driver passes the trial's :class:`~trials.RuntimeSpec` as JSON in
 ``SLOTSWEEP_TRIAL_SPEC`` (the environment reaches every node of a launch, a file on
 the driver's disk would not), without the database URL, which comes in
@@ -7,12 +11,12 @@ the driver's disk would not), without the database URL, which comes in
 output at the trial's log file.
 
 A rank never outlives its ``torchrun``: the first thing it does is ask the kernel for
-SIGKILL when its parent dies (``PR_SET_PDEATHSIG``). torch's elastic agent starts each
-rank in a session of its own, so without this a killed ``torchrun`` left its ranks
-training beside the trial's next attempt.
+SIGKILL when its parent dies (``PR_SET_PDEATHSIG``). Each rank runs in a session of
+its own (torch's agent starts a program so; a forked rank takes one), so without this
+a killed ``torchrun`` left its ranks training beside the trial's next attempt.
 
-The first thing a rank does, before importing torch, is to route its stdout and stderr
-(file descriptors 1 and 2, so C-level output too) through a small child process that
+Next, before importing anything more, a rank routes its stdout and stderr (file
+descriptors 1 and 2, so C-level output too) through a small child process that
 prefixes every line with ``[rank N] `` (:mod:`trials.node._prefix`): the log of a multi-rank
 trial can then be filtered per rank. It writes to the trial's log itself (named by
 ``SLOTSWEEP_LOG_TARGET``), not to the output it inherited: that is the ``torchrun``
@@ -278,6 +282,42 @@ def exit_without_teardown(code: int) -> NoReturn:
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(code)
+
+
+def run_forked() -> None:
+    """:func:`main` in a rank forked from its ``torchrun`` wrapper (:mod:`trials.node.torchrun`).
+
+    The child starts as a copy of the agent: it takes a session of its own, as torchrun
+    gives a rank it starts as a program (stopping the agent's group must not reach the
+    ranks, whose checkpoint on SIGTERM torchrun itself asks for), and the default
+    handlers back for the signals torch's agent turned into exceptions. A failing rank
+    exits with its code at once; a finished one returns, so torchrun's fork wrapper
+    hands its agent the rank's result (a rank that just exited with 0 would be waited
+    for forever) and then ends the process without the interpreter's teardown.
+    """
+    import atexit
+    import signal
+
+    from trials.node.torchrun import restore_rank_environment
+
+    os.setsid()
+    restore_rank_environment()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    # torch sized its thread pool when the agent imported it, before torchrun set
+    # OMP_NUM_THREADS for its ranks (1 each when a node runs several).
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        import torch
+
+        torch.set_num_threads(int(threads))
+    code = main()
+    if code:
+        exit_without_teardown(code)
+    atexit._run_exitfuncs()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
 
 
 if __name__ == "__main__":

@@ -13,7 +13,10 @@ one line per attempt, so a test can check that the next attempt got another port
 - ``rdzv``: the ``torchrun`` that hosts the c10d rendezvous store (``is_host=1``) takes
   the ``--rdzv-endpoint`` port it is about to bind.
 
-Nothing happens without the variable.
+Nothing happens without the variable. A rank forked from its ``torchrun``
+(:mod:`trials.node.torchrun`) starts no interpreter of its own: there the port is taken
+when torchrun runs the rank's script (``runpy.run_path``, in the child), by then
+given its ``RANK`` and ``MASTER_PORT``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+from typing import Any
 
 _ENV_VAR = "SLOTSWEEP_TEST_TAKE_PORT"
 # Open for the whole life of the process that took the port.
@@ -62,5 +66,20 @@ def _take() -> None:
     os.close(fd)
 
 
+def _take_in_forked_ranks() -> None:
+    import runpy
+
+    run_path = runpy.run_path
+
+    def take_then_run(*args: Any, **kwargs: Any) -> Any:
+        if os.environ.get(_ENV_VAR, "").startswith("master:"):
+            with contextlib.suppress(Exception):
+                _take()
+        return run_path(*args, **kwargs)
+
+    runpy.run_path = take_then_run
+
+
 with contextlib.suppress(Exception):
     _take()
+    _take_in_forked_ranks()

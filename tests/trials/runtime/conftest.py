@@ -154,9 +154,17 @@ def create_trial(
 
 
 def run_torchrun(
-    target: list[str], *, nproc: int = 2, env: dict[str, str] | None = None, timeout: float = 180
+    target: list[str],
+    *,
+    nproc: int = 2,
+    env: dict[str, str] | None = None,
+    timeout: float = 180,
+    torchrun: str = "torch.distributed.run",
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m torch.distributed.run --standalone --nproc-per-node N <target>``."""
+    """``python -m torch.distributed.run --standalone --nproc-per-node N <target>``.
+
+    ``torchrun="trials.node.torchrun"`` runs it under the driver's wrapper instead.
+    """
     full_env = dict(os.environ)
     full_env.pop("SLOTSWEEP_DB", None)
     full_env["PYTHONUNBUFFERED"] = "1"
@@ -166,7 +174,7 @@ def run_torchrun(
         [
             sys.executable,
             "-m",
-            "torch.distributed.run",
+            torchrun,
             "--standalone",
             f"--nproc-per-node={nproc}",
             "--max-restarts=0",
@@ -182,11 +190,13 @@ def run_torchrun(
 
 
 def run_worker(handle: TrialHandle, *, nproc: int = 2) -> subprocess.CompletedProcess[str]:
-    """Run the trial as the driver does: ``torchrun ... -m trials.node.worker``."""
+    """Run the trial as the driver does: ``torchrun ... -m trials.node.worker`` under the
+    ``torchrun`` wrapper, which forks the ranks (:mod:`trials.node.torchrun`)."""
     return run_torchrun(
         ["-m", "trials.node.worker"],
         nproc=nproc,
         env={"SLOTSWEEP_TRIAL_SPEC": handle.spec_path.read_text()},
+        torchrun="trials.node.torchrun",
     )
 
 

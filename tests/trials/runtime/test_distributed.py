@@ -209,18 +209,36 @@ def test_ranks_hold_identical_state_every_step(reference: tuple[TrialHandle, str
     assert digests(handle, 0, 0) == digests(handle, 1, 0)
 
 
-def test_only_rank_0_imports_optuna_and_every_rank_only_the_database_s_fence(
+def test_only_rank_0_imports_the_database_s_code(reference: tuple[TrialHandle, str]) -> None:
+    handle, _ = reference
+    scratch = Path(handle.spec.scratch_dir)
+    rank1 = json.loads((scratch / "rank-1" / "modules.json").read_text())
+    # Forked from the torchrun wrapper, which passed the fence for the node
+    # (trials.node._fence) without importing it itself, rank 1 never touches the database;
+    # only rank 0 records. (Plain torchrun's ranks check the fence themselves:
+    # tests/trials/runtime/test_fencing.py.)
+    assert rank1 == {"optuna": False, "sqlalchemy": False, "streamlit": False, "storage": False}
+    rank0 = json.loads((scratch / "rank-0" / "modules.json").read_text())
+    assert rank0["storage"] and rank0["sqlalchemy"] and not rank0["streamlit"]
+
+
+def test_ranks_are_forked_from_the_wrapper_each_in_a_session_of_its_own(
     reference: tuple[TrialHandle, str],
 ) -> None:
     handle, _ = reference
     scratch = Path(handle.spec.scratch_dir)
-    rank1 = json.loads((scratch / "rank-1" / "modules.json").read_text())
-    # Started by plain torchrun (no wrapper passed the fence for them: trials.node._fence),
-    # every rank checks its claim in the database before it touches a device
-    # (storage.start_ranks); only rank 0 records, so only rank 0 needs Optuna.
-    assert rank1 == {"optuna": False, "sqlalchemy": True, "streamlit": False, "storage": True}
-    rank0 = json.loads((scratch / "rank-0" / "modules.json").read_text())
-    assert rank0["storage"] and rank0["sqlalchemy"] and not rank0["streamlit"]
+    ranks = [json.loads((scratch / f"rank-{r}" / "process.json").read_text()) for r in (0, 1)]
+    # Both children of one process, the wrapper's torchrun: forked, so still running its
+    # program (torch imported once, by the agent), not a Python of their own.
+    assert ranks[0]["parent"] == ranks[1]["parent"]
+    assert all(rank["program"][1:3] == ["-m", "trials.node.torchrun"] for rank in ranks), ranks
+    # As torchrun starts a program: a session of its own (stopping the agent's process
+    # group does not reach it), one thread each when a node runs two ranks
+    # (OMP_NUM_THREADS, which torchrun sets after the agent imported torch), and the
+    # environment the agent alone needed taken back.
+    assert all(rank["session_leader"] for rank in ranks), ranks
+    assert all(rank["threads"] == 1 for rank in ranks), ranks
+    assert all(rank["nvml_check"] is None for rank in ranks), ranks
 
 
 def test_sigkilled_rank_then_restore_continues_the_same_trajectory(
