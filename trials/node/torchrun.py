@@ -8,13 +8,14 @@ the trial runs, and a broken pipe would take ``torchrun`` down with it.
 
 The wrapper runs ``torch.distributed.run.main`` in-process, so it *is* the trial's
 ``torchrun`` (the driver records its pid as such, stopping it stops the attempt, and
-the ranks, its children, die with it through ``PR_SET_PDEATHSIG``). The ranks are forked
-from it (:func:`forked_ranks`): torch is imported once per node, by the agent, instead
-of once more by every rank (1.5 s of CPU or more each, paid by every cold trial). Its prefixer child
-exits once the wrapper is gone (the pipe's last writer). Ranks write to the log itself,
-not through this prefixer: the wrapper keeps a descriptor of the original output open
-and names it to them in ``SLOTSWEEP_LOG_TARGET`` (torchrun starts ranks with
-``close_fds``, so a path, ``/proc/PID/fd/N``, travels where a descriptor would not).
+the ranks, its children, die with it through ``PR_SET_PDEATHSIG``). The ranks are
+forked from it (:func:`forked_ranks`): torch is imported once per node, by the agent,
+instead of once more by every rank (1.5 s of CPU or more each, paid by every cold
+trial). Its prefixer child exits once the wrapper is gone (the pipe's last writer).
+Ranks write to the log itself, not through this prefixer: the wrapper keeps a
+descriptor of the original output open and names it to them in
+``SLOTSWEEP_LOG_TARGET`` as a path, ``/proc/PID/fd/N``, which also reaches ranks that
+plain torchrun starts as programs (with ``close_fds``: a descriptor would not).
 
 A failing rank records its own failure; torchrun failing before it starts any rank
 records nothing, except here: when the port of its rendezvous store was taken
@@ -106,12 +107,13 @@ def forked_ranks(args: Sequence[str]) -> list[str]:
     Example:
         >>> forked_ranks(["--nnodes=1", "-m", "trials.node.worker"])[:3]
         ['--nnodes=1', '--start-method=fork', '--run-path']
+        >>> forked_ranks(["--help"])
+        ['--help']
     """
-    *options, flag, program = args
-    if (flag, program) != ("-m", "trials.node.worker"):
+    if list(args[-2:]) != ["-m", "trials.node.worker"]:
         return list(args)
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_forked_rank.py")
-    return [*options, "--start-method=fork", "--run-path", script]
+    return [*args[:-2], "--start-method=fork", "--run-path", script]
 
 
 def restore_rank_environment() -> None:
