@@ -4,8 +4,9 @@
 lines with ``[torchrun] `` (:mod:`~trials.node.torchrun`); every rank it starts, forked
 from it with torch already imported, runs :mod:`~trials.node.worker` (a plain
 ``torchrun ... -m trials.node.worker`` works too), which routes its output through
-``[rank N] `` prefixing, then hands over to :mod:`trials.runtime`. On a node of a multi-node attempt (a Slurm step, a Ray
-node's actor) ``python -m trials.node.cluster_node`` sets that node's part up first
+``[rank N] `` prefixing, then hands over to :mod:`trials.runtime`. On a node of a
+multi-node attempt (a Slurm step, a Ray node's actor) ``python -m
+trials.node.cluster_node`` sets that node's part up first
 (:mod:`~trials.node.cluster_node`); on Ray, the actors of :mod:`~trials.node.ray_actors`
 start it. They live here, not in :mod:`trials.executors`, because the node imports
 them: a module there would import every executor (SQLAlchemy, the Slurm and Ray

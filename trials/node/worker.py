@@ -275,13 +275,18 @@ def exit_without_teardown(code: int) -> NoReturn:
     exception`` (SIGABRT), which torchrun reports as a failed job. User code's atexit
     handlers still run; only module teardown is skipped.
     """
+    _run_exit_handlers()
+    os._exit(code)
+
+
+def _run_exit_handlers() -> None:
+    """The atexit handlers, then the streams flushed: a process's end short of teardown."""
     import atexit
 
     atexit._run_exitfuncs()
     with contextlib.suppress(Exception):
         sys.stdout.flush()
         sys.stderr.flush()
-    os._exit(code)
 
 
 def run_forked() -> None:
@@ -295,7 +300,6 @@ def run_forked() -> None:
     hands its agent the rank's result (a rank that just exited with 0 would be waited
     for forever) and then ends the process without the interpreter's teardown.
     """
-    import atexit
     import signal
 
     from trials.node.torchrun import restore_rank_environment
@@ -314,10 +318,7 @@ def run_forked() -> None:
     code = main()
     if code:
         exit_without_teardown(code)
-    atexit._run_exitfuncs()
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
-        sys.stderr.flush()
+    _run_exit_handlers()
 
 
 if __name__ == "__main__":
