@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
 
 from trials.launch.launcher import SpecUnreadableError, says_address_in_use, spec_from_environment
@@ -76,10 +78,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             # started, nothing touched a device: the driver reads this code as no failure.
             return fenced
 
+        # torchrun keeps its ranks' error files in a folder it never removes, by default
+        # one of its own in the temporary folder: one left there per trial attempt.
+        owner = os.getpid()
+        log_dir = tempfile.mkdtemp(prefix="slotsweep-torchrun-")
         # A failure (a rank failed: torchrun's error summary) is printed prefixed, as
         # ``python -m torch.distributed.run`` would print it.
         try:
-            torchrun_main(forked_ranks(args))
+            torchrun_main(with_log_dir(forked_ranks(args), log_dir))
         except Exception as error:
             if ranks_fenced(error):
                 from storage import FENCED_EXIT_CODE
@@ -91,6 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if taken is not None:
                 _record_port_taken(taken)
             raise
+        finally:
+            # Forked ranks leave through os._exit, never this way; the check is cheap.
+            if os.getpid() == owner:
+                shutil.rmtree(log_dir, ignore_errors=True)
         return 0
 
     return run_prefixed(PREFIX, torchrun)
@@ -114,6 +124,19 @@ def forked_ranks(args: Sequence[str]) -> list[str]:
         return list(args)
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_forked_rank.py")
     return [*args[:-2], "--start-method=fork", "--run-path", script]
+
+
+def with_log_dir(args: Sequence[str], log_dir: str) -> list[str]:
+    """``args`` with torchrun's log folder (its ranks' error files) set to ``log_dir``.
+
+    Put first: torchrun's options precede the program, and one ``args`` already gives
+    comes later and wins.
+
+    Example:
+        >>> with_log_dir(["--nnodes=1", "-m", "trials.node.worker"], "/tmp/x")[:2]
+        ['--log-dir=/tmp/x', '--nnodes=1']
+    """
+    return [f"--log-dir={log_dir}", *args]
 
 
 def restore_rank_environment() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,13 +192,22 @@ def run_torchrun(
 
 def run_worker(handle: TrialHandle, *, nproc: int = 2) -> subprocess.CompletedProcess[str]:
     """Run the trial as the driver does: ``torchrun ... -m trials.node.worker`` under the
-    ``torchrun`` wrapper, which forks the ranks (:mod:`trials.node.torchrun`)."""
-    return run_torchrun(
-        ["-m", "trials.node.worker"],
-        nproc=nproc,
-        env={"SLOTSWEEP_TRIAL_SPEC": handle.spec_path.read_text()},
-        torchrun="trials.node.torchrun",
-    )
+    ``torchrun`` wrapper, which forks the ranks (:mod:`trials.node.torchrun`).
+
+    Whatever the trial's end, the run leaves nothing of its own in its temporary folder
+    (torchrun by itself would leave one folder there per run).
+    """
+    with tempfile.TemporaryDirectory(prefix="slotsweep-test-") as temporary:
+        result = run_torchrun(
+            ["-m", "trials.node.worker"],
+            nproc=nproc,
+            env={"SLOTSWEEP_TRIAL_SPEC": handle.spec_path.read_text(), "TMPDIR": temporary},
+            torchrun="trials.node.torchrun",
+        )
+        # torch's compile cache is one folder per user, kept on purpose and reused.
+        left = sorted(n for n in os.listdir(temporary) if not n.startswith("torchinductor_"))
+    assert not left, f"the trial left {left} in its temporary folder"
+    return result
 
 
 @pytest.fixture
