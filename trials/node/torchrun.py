@@ -34,11 +34,15 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from trials.launch.launcher import SpecUnreadableError, says_address_in_use, spec_from_environment
 from trials.node._fence import NodeFence
 from trials.node._heap import frozen_imports
 from trials.node._prefix import LOG_TARGET_ENV_VAR, run_prefixed
+
+if TYPE_CHECKING:
+    from trials.config import RuntimeSpec
 
 PREFIX = "[torchrun] "
 # Ranks check that their parent is still this process once they have asked to die
@@ -68,9 +72,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ[NVML_CHECK_ENV_VAR] = "1"
 
     def torchrun() -> int:
-        fence = _node_fence()
+        spec = _spec()
+        fence = NodeFence(spec) if spec is not None else None
+        ranks_args = forked_ranks(args)
         with frozen_imports():
             from torch.distributed.run import main as torchrun_main
+
+            if ranks_args != args and spec is not None and spec.slots_per_trial > 1:
+                # DDP's constructor imports torch._dynamo (about 1.4 s of CPU here, and
+                # no CUDA call): imported once here, every rank forked from here has it.
+                import torch._dynamo  # noqa: F401
 
         fenced = fence.verdict() if fence is not None else None
         if fenced is not None:
@@ -85,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A failure (a rank failed: torchrun's error summary) is printed prefixed, as
         # ``python -m torch.distributed.run`` would print it.
         try:
-            torchrun_main(with_log_dir(forked_ranks(args), log_dir))
+            torchrun_main(with_log_dir(ranks_args, log_dir))
         except Exception as error:
             if ranks_fenced(error):
                 from storage import FENCED_EXIT_CODE
@@ -94,8 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # touched nothing: the driver reads this code as no failure.
                 return FENCED_EXIT_CODE
             taken = port_taken(error)
-            if taken is not None:
-                _record_port_taken(taken)
+            if taken is not None and spec is not None:
+                _record_port_taken(spec, taken)
             raise
         finally:
             # Forked ranks leave through os._exit, never this way; the check is cheap.
@@ -153,16 +164,13 @@ def restore_rank_environment() -> None:
             os.environ[name] = value
 
 
-def _node_fence() -> NodeFence | None:
-    """The fenced start of this node's ranks, begun in a child (none without a spec).
-
-    A spec that cannot be read is left to the ranks, which say what is wrong with it.
-    """
+def _spec() -> RuntimeSpec | None:
+    """The trial's spec from the environment; None without one, or one that cannot be
+    read (the ranks say what is wrong with it)."""
     try:
-        spec = spec_from_environment()
+        return spec_from_environment()
     except SpecUnreadableError:
         return None
-    return NodeFence(spec)
 
 
 def ranks_fenced(error: BaseException) -> bool:
@@ -205,15 +213,11 @@ def port_taken(error: BaseException) -> BaseException | None:
     return None
 
 
-def _record_port_taken(error: BaseException) -> None:
-    """Record ``error`` as this torchrun's failure under the attempt's run, if it has one."""
+def _record_port_taken(spec: RuntimeSpec, error: BaseException) -> None:
+    """Record ``error`` as this torchrun's failure under the attempt's run."""
     from storage import TrialFailure
     from trials.runtime import record_failure
 
-    try:
-        spec = spec_from_environment()
-    except SpecUnreadableError:
-        return  # not started by a driver: nobody to tell
     record_failure(spec, TrialFailure.TORCHRUN_RANK, error, 0)
 
 
