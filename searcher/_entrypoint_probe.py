@@ -3,8 +3,9 @@
 Run by :func:`searcher.preflight.check_entrypoint`, never imported by the driver: the
 user's module is imported here, with whatever it does at import time (reading data,
 raising, exiting), and only a one-line verdict goes back. The resolution itself is the
-runtime's (:func:`trials.runtime._runner.load_entrypoint`), so the check and the ranks
-agree on what resolves.
+ranks' (:func:`trials.entrypoints.load_entrypoint`), so the check and the ranks agree on
+what resolves, and it imports no more than the user's module does (no torch for a
+trial that does not use it).
 
 The verdict is the last stdout line that starts with :data:`MARKER`, followed by JSON:
 ``null`` when the entrypoint resolves, else the problem as one line naming the field.
@@ -17,26 +18,17 @@ import json
 import os
 import sys
 import traceback
-from types import SimpleNamespace
-from typing import TYPE_CHECKING, cast
-
-if TYPE_CHECKING:
-    from trials import RuntimeSpec
 
 MARKER = "slotsweep-entrypoint-check:"
 
 
 def resolve(model_dir: str, entrypoint: str) -> str | None:
     """The problem with ``entrypoint`` in ``model_dir`` (imports it); ``None`` if it resolves."""
-    from trials.runtime import InvalidTrialError, load_entrypoint
+    from trials.entrypoints import InvalidTrialError, load_entrypoint
 
     module_name, _, attr = entrypoint.partition(":")
     try:
-        # load_entrypoint reads only these two fields of the trial's spec, and a whole
-        # RuntimeSpec needs a trial that does not exist yet.
-        load_entrypoint(
-            cast("RuntimeSpec", SimpleNamespace(entrypoint=entrypoint, model_dir=model_dir))
-        )
+        load_entrypoint(entrypoint, model_dir)
     except InvalidTrialError as error:
         return str(error) + _did_you_mean(module_name, attr)
     except BaseException as error:  # the user's module raised (or exited) while importing

@@ -110,3 +110,19 @@ def test_check_entrypoint_is_bounded(model_dir: Path) -> None:
     assert check_entrypoint(_config("slow:Trial"), model_dir, timeout_s=3) == [
         "entrypoint: importing 'slow' took longer than 3 s"
     ]
+
+
+@pytest.mark.slow
+def test_a_trial_that_does_not_use_torch_is_checked_without_importing_it(
+    model_dir: Path,
+) -> None:
+    """The check imports what the user's module imports: a plain function trial (not
+    PyTorch) does not pay for torch's import (seconds of CPU) before its search starts."""
+    seen = model_dir / "torch_seen.txt"
+    (model_dir / "plain.py").write_text(
+        "import pathlib, sys\n"
+        f"pathlib.Path({str(seen)!r}).write_text(str('torch' in sys.modules))\n"
+        "def objective(context):\n    pass\n"
+    )
+    assert check_entrypoint(_config("plain:objective"), model_dir) == []
+    assert seen.read_text() == "False"

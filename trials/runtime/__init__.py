@@ -22,9 +22,9 @@ Example:
     >>> from trials.runtime import build_lr_scheduler, build_optimizer
 """
 
+from trials.entrypoints import InvalidTrialError, load_entrypoint
 from trials.runtime._checkpoint import read_checkpoint
 from trials.runtime._context import (
-    InvalidTrialError,
     LoadedCheckpoint,
     PyTorchTrialContext,
     TrialContext,
@@ -35,7 +35,7 @@ from trials.runtime._failure import record_failure
 from trials.runtime._isolation import TorchGlobals, reset_between_trials
 from trials.runtime._lr_schedule import build_lr_scheduler
 from trials.runtime._optimizers import build_optimizer
-from trials.runtime._runner import join_job, load_entrypoint, preload_entrypoint, run_trial
+from trials.runtime._runner import join_job, preload_entrypoint, run_trial
 from trials.runtime._signals import install_checkpoint_on_sigterm
 from trials.runtime._trial import PyTorchTrial
 from trials.runtime._warm import WarmChannel

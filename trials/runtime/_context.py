@@ -28,6 +28,7 @@ import torch
 
 from trials.checkpoint_storage import trial_checkpoint_dir
 from trials.config import Length, RuntimeSpec, per_slot_batch_size
+from trials.entrypoints import InvalidTrialError
 from trials.runtime._checkpoint import (
     FORMAT_VERSION,
     NO_CHECKPOINTS,
@@ -57,13 +58,6 @@ class LRStepMode(str, enum.Enum):
     OPTIMIZER_STEP = "optimizer_step"  # after every optimizer step
     EPOCH = "epoch"  # at every epoch's end
     MANUAL = "manual"  # never: the user's code calls step()
-
-
-class InvalidTrialError(ValueError):
-    """A trial that cannot run as configured (bad hparams, entrypoint, metric name).
-
-    The worker prints its message as one line and exits with code 2.
-    """
 
 
 @dataclass(frozen=True)

@@ -32,13 +32,14 @@ from typing import Any
 
 import torch
 
+from trials.entrypoints import InvalidTrialError
 from trials.runtime._checkpoint import (
     FORMAT_VERSION,
     capture_rng_state,
     read_checkpoint,
     restore_rng_state,
 )
-from trials.runtime._context import InvalidTrialError, LRStepMode, PyTorchTrialContext
+from trials.runtime._context import LRStepMode, PyTorchTrialContext
 from trials.runtime._data import ResumableDistributedSampler, ShardSampler, batch_sizes
 from trials.runtime._distributed import gather_to_chief
 from trials.runtime._metrics import MetricAccumulator, reduce_means, unpack_means

@@ -25,19 +25,19 @@ code raising, a checkpoint refused) records why under its run before it exits
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from trials.checkpoint_storage import CheckpointStorageError
 from trials.config import RuntimeSpec
+from trials.entrypoints import load_entrypoint
 from trials.launch.launcher import AGENT_ENV_VAR, SLOTS_ENV_VAR
 from trials.launch.processes import ProcessRef
-from trials.runtime._context import InvalidTrialError, PyTorchTrialContext, TrialContext
+from trials.runtime._context import PyTorchTrialContext, TrialContext
 from trials.runtime._distributed import (
     DistributedInfo,
     destroy_process_group,
@@ -58,37 +58,6 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
 
-def load_entrypoint(spec: RuntimeSpec) -> Any:
-    """The object ``spec.entrypoint`` names, imported with the model directory on the path."""
-    module_name, _, attr = spec.entrypoint.partition(":")
-    if not module_name or not attr:
-        raise InvalidTrialError(
-            f"entrypoint: must be 'module:Name', e.g. 'model:DigitsTrial', got {spec.entrypoint!r}"
-        )
-    if spec.model_dir not in sys.path:
-        sys.path.insert(0, spec.model_dir)
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        if error.name != module_name.split(".")[0] and error.name != module_name:
-            raise  # the user's module exists but imports something missing: show the traceback
-        raise InvalidTrialError(
-            f"entrypoint: no module {module_name!r} in the model directory {spec.model_dir}"
-        ) from None
-    try:
-        target = getattr(module, attr)
-    except AttributeError:
-        raise InvalidTrialError(f"entrypoint: module {module_name!r} has no {attr!r}") from None
-    if isinstance(target, type) and issubclass(target, PyTorchTrial):
-        return target
-    if not callable(target):
-        raise InvalidTrialError(
-            f"entrypoint: {spec.entrypoint} must be a PyTorchTrial subclass or a callable "
-            "taking the trial context"
-        )
-    return target
-
-
 def preload_entrypoint(spec: RuntimeSpec) -> None:
     """Import ``spec.entrypoint``'s module now, ahead of the trial that runs it.
 
@@ -99,7 +68,7 @@ def preload_entrypoint(spec: RuntimeSpec) -> None:
     """
     # SystemExit too: a module that exits at import fails its trial, not the warm job.
     with contextlib.suppress(Exception, SystemExit):
-        load_entrypoint(spec)
+        load_entrypoint(spec.entrypoint, spec.model_dir)
 
 
 class _Sampler(Protocol):
@@ -208,7 +177,7 @@ def run_trial(
         # One collective, cheap next to the group's own start-up; only rank 0 gets a list.
         recorder.register(gather_to_chief(this_rank_process(spec, info)) or [])
         system_metrics = _start_system_metrics(spec, info)
-        target = load_entrypoint(spec)
+        target = load_entrypoint(spec.entrypoint, spec.model_dir)
         context = PyTorchTrialContext(spec, info, device, recorder)
         _seed_everything(context.seed + info.rank)
         if isinstance(target, type) and issubclass(target, PyTorchTrial):
