@@ -6,7 +6,8 @@ ranks read, process identity), :mod:`trials.runtime` (inside every rank),
 :mod:`trials.node` (the programs on each node), :mod:`trials.executors` (where attempts
 run) and :mod:`trials.coordination` (what drivers share in the database). The modules
 at this level (the experiment config, YAML and validation helpers, timings, labels,
-checkpoint storage and retention, a trial's compute spent, GPU detection) import none of them; every sub-package may.
+checkpoint storage and retention, a trial's compute spent, its entrypoint's resolution,
+GPU detection) import none of them; every sub-package may.
 
 ``trials`` may import ``storage``, never ``searcher`` or ``ui``. Code that runs inside
 each rank keeps heavy imports (Optuna, SQLAlchemy) lazy so a trial starts fast.
