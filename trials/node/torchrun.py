@@ -76,12 +76,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         fence = NodeFence(spec) if spec is not None else None
         ranks_args = forked_ranks(args)
         with frozen_imports():
+            # torchrun's own imports only. torch._dynamo, which DDP's constructor imports
+            # (1.4 s of CPU per rank here), imported here for the ranks made forked ranks
+            # hang at the end of a trial: twice in 19 cold 2-slot trials, never in 30
+            # without it.
             from torch.distributed.run import main as torchrun_main
-
-            if ranks_args != args and spec is not None and spec.slots_per_trial > 1:
-                # DDP's constructor imports torch._dynamo (about 1.4 s of CPU here, and
-                # no CUDA call): imported once here, every rank forked from here has it.
-                import torch._dynamo  # noqa: F401
 
         fenced = fence.verdict() if fence is not None else None
         if fenced is not None:
