@@ -74,7 +74,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     def torchrun() -> int:
         spec = _spec()
         fence = NodeFence(spec) if spec is not None else None
-        ranks_args = forked_ranks(args)
         with frozen_imports():
             # torchrun's own imports only. torch._dynamo, which DDP's constructor imports
             # (1.4 s of CPU per rank here), imported here for the ranks made forked ranks
@@ -95,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A failure (a rank failed: torchrun's error summary) is printed prefixed, as
         # ``python -m torch.distributed.run`` would print it.
         try:
-            torchrun_main(with_log_dir(ranks_args, log_dir))
+            torchrun_main(with_log_dir(forked_ranks(args), log_dir))
         except Exception as error:
             if ranks_fenced(error):
                 from storage import FENCED_EXIT_CODE
