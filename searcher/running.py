@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from searcher.control import Control, Stop
@@ -90,7 +90,8 @@ class _Running:
     # When this driver saw that another driver's placement decision asked the attempt
     # to stop (preemption by a higher-priority trial); the grace runs from then.
     preempted_by_cluster_at: float | None = None
-    # Set when the driver ended the run for making no progress (hang_timeout_s).
+    # Set when the driver ended the run for making no progress (hang_timeout_s), or for
+    # outliving its trial's recorded end (exit_grace_s).
     hang_reason: str | None = None
     # Queued in the executor's cluster engine, no process started yet (and why).
     waiting: str | None = None
@@ -516,7 +517,14 @@ class RunningTrials:
 
 
 def _end_hung(ctx: DriverContext, attempts: Sequence[_Running]) -> None:
-    """End ``attempts`` that hang; note those another driver's decision preempted."""
+    """End ``attempts`` that hang; note those another driver's decision preempted.
+
+    An attempt hangs when rank 0 records nothing for ``hang_timeout_s`` (or nothing at
+    all past the start-up allowance), or when its processes are still there
+    ``exit_grace_s`` after rank 0 recorded the trial's end: everything the trial had to
+    record is in, and a process that never exits (a hung destructor or exit handler)
+    would hold the slots until the hang timeout.
+    """
     timeout_s = ctx.config.hang_timeout_s
     if not attempts:
         return
@@ -531,15 +539,33 @@ def _end_hung(ctx: DriverContext, attempts: Sequence[_Running]) -> None:
     with session_scope(ctx.db_url) as session:
         rows = session.execute(
             select(
-                TrialRun.id, TrialRun.started_at, TrialRun.progress_at, TrialRun.stop_reason
-            ).where(TrialRun.id.in_(list(by_run)))
+                TrialRun.id,
+                TrialRun.started_at,
+                TrialRun.progress_at,
+                TrialRun.stop_reason,
+                func.coalesce(Trial.finished_at, Trial.pruned_at),
+            )
+            .join(Trial, Trial.id == TrialRun.trial_id)
+            .where(TrialRun.id.in_(list(by_run)))
         ).all()
     now = utcnow()
-    for run_id, started_at, progress_at, stop_reason in rows:
+    exit_grace_s = ctx.timings.exit_grace_s
+    for run_id, started_at, progress_at, stop_reason, trial_ended_at in rows:
         running = by_run[run_id]
         if stop_reason and running.preempted_by_cluster_at is None:
             running.preempted_by_cluster_at = time.monotonic()
             _log.info("trial %s: %s", ctx.label(running.optuna_number), stop_reason)
+        # A warm job's trial hands the job back with its end: the job goes on.
+        if trial_ended_at is not None and running.warm_job_id is None:
+            lingering_s = (now - trial_ended_at).total_seconds()
+            if running.hang_reason is None and lingering_s > exit_grace_s:
+                running.hang_reason = (
+                    f"its processes had not exited {lingering_s:.0f} s after the trial ended "
+                    f"(exit_grace_s {exit_grace_s:g}); ended"
+                )
+                _log.warning("trial %s: %s", ctx.label(running.optuna_number), running.hang_reason)
+                running.job.end(grace_s=0.0)
+            continue
         if timeout_s is None:
             continue
         if progress_at is None:

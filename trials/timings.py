@@ -16,7 +16,7 @@ Example:
     >>> parse_timings("lease=6")
     Traceback (most recent call last):
     ...
-    trials.timings.TimingsError: SLOTSWEEP_TIMINGS: unknown field 'lease'; allowed: heartbeat_every_s, lease_s, driver_stale_after_s, preempt_grace_s, startup_allowance_s, kill_grace_s
+    trials.timings.TimingsError: SLOTSWEEP_TIMINGS: unknown field 'lease'; allowed: heartbeat_every_s, lease_s, driver_stale_after_s, preempt_grace_s, startup_allowance_s, kill_grace_s, exit_grace_s
 """
 
 from __future__ import annotations
@@ -53,6 +53,9 @@ class Timings:
     startup_allowance_s: float = 120.0
     #: How long a killed trial gets after SIGTERM (rank 0 commits what it queued).
     kill_grace_s: float = 10.0
+    #: How long a trial's processes get to exit once its rank 0 has recorded its end
+    #: (finished or pruned); past it they are ended and the trial keeps that end.
+    exit_grace_s: float = 60.0
 
 
 _FIELDS = tuple(field.name for field in dataclasses.fields(Timings))

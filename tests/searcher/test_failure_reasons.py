@@ -13,11 +13,13 @@ from storage import (
     ExperimentState,
     Trial,
     TrialFailure,
+    TrialProcess,
     TrialRun,
     TrialState,
     session_scope,
 )
-from tests.searcher.conftest import run_cli, write_experiment
+from tests.searcher.conftest import process_alive, run_cli, write_experiment
+from trials.timings import TIMINGS_ENV_VAR
 
 pytestmark = pytest.mark.slow
 
@@ -69,3 +71,53 @@ def test_a_constructor_that_raises_is_not_restarted_and_the_experiment_stops(
         assert failure.exception_type == "ValueError"
         assert "__init__" in failure.traceback
         assert failure.steps_completed == 0
+
+
+_LINGERING = textwrap.dedent(
+    """
+    import atexit
+    import time
+
+
+    def objective(context):
+        context.report_validation_metrics(1, {"val_loss": 0.25})
+        # The trial's end is recorded once this returns; then every rank's exit waits
+        # forever, as a hung exit handler or destructor would make it.
+        atexit.register(time.sleep, 3600)
+    """
+)
+
+
+def test_processes_that_outlive_their_trials_end_are_ended_and_the_trial_keeps_it(
+    tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    """Rank 0 recorded the trial's end; its processes never exit. Past ``exit_grace_s``
+    the driver ends them (not after ``hang_timeout_s``), the trial stays COMPLETED with
+    its metric, and the run says why it was ended."""
+    path = write_experiment(
+        tmp_path / "exp",
+        entrypoint="lingering:objective",
+        searcher={
+            "max_trials": 1,
+            "max_length": {"batches": 1},
+            "pruner": {"name": "none"},
+        },
+        resources={"slots_per_trial": 2},
+        hang_timeout_s=3600,
+    )
+    (path.parent / "lingering.py").write_text(_LINGERING)
+    db = f"sqlite:///{tmp_path / 'sweep.db'}"
+    env = {**cli_env, TIMINGS_ENV_VAR: "exit_grace_s=2"}
+
+    result = run_cli(["run", str(path), "--db", db, "--no-progress"], env, tmp_path, timeout=300)
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    with session_scope(db) as session:
+        trial = session.scalars(select(Trial)).one()
+        assert trial.state == TrialState.COMPLETED, trial.error
+        assert trial.searcher_metric_value == 0.25
+        (run,) = session.scalars(select(TrialRun))
+        assert run.reason and "had not exited" in run.reason, run.reason
+        assert "exit_grace_s 2" in run.reason
+        processes = list(session.scalars(select(TrialProcess)))
+    assert processes and not [p.pid for p in processes if process_alive(p)]
