@@ -25,6 +25,7 @@ not run as an example; the end-to-end tests run it)::
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -549,37 +550,73 @@ def _end_hung(ctx: DriverContext, attempts: Sequence[_Running]) -> None:
             .where(TrialRun.id.in_(list(by_run)))
         ).all()
     now = utcnow()
-    exit_grace_s = ctx.timings.exit_grace_s
     for run_id, started_at, progress_at, stop_reason, trial_ended_at in rows:
         running = by_run[run_id]
         if stop_reason and running.preempted_by_cluster_at is None:
             running.preempted_by_cluster_at = time.monotonic()
             _log.info("trial %s: %s", ctx.label(running.optuna_number), stop_reason)
-        # A warm job's trial hands the job back with its end: the job goes on.
-        if trial_ended_at is not None and running.warm_job_id is None:
-            lingering_s = (now - trial_ended_at).total_seconds()
-            if running.hang_reason is None and lingering_s > exit_grace_s:
-                running.hang_reason = (
-                    f"its processes had not exited {lingering_s:.0f} s after the trial ended "
-                    f"(exit_grace_s {exit_grace_s:g}); ended"
-                )
-                _log.warning("trial %s: %s", ctx.label(running.optuna_number), running.hang_reason)
-                running.job.end(grace_s=0.0)
-            continue
-        if timeout_s is None:
-            continue
-        if progress_at is None:
-            idle_s = (now - started_at).total_seconds()
-            hung = idle_s > startup_s
-            what = f"did not start within {idle_s:.0f} s"
-        else:
-            idle_s = (now - max(started_at, progress_at)).total_seconds()
-            hung = idle_s > timeout_s
-            what = f"no progress for {idle_s:.0f} s"
-        if running.hang_reason is None and hung:
-            running.hang_reason = f"{what} (hang_timeout_s {timeout_s:g}); ended"
-            _log.warning("trial %s: %s", ctx.label(running.optuna_number), running.hang_reason)
+        reason = _hang_reason(
+            now - started_at,
+            None if progress_at is None else now - max(started_at, progress_at),
+            # A warm job's trial hands the job back with its end: the job goes on.
+            None
+            if trial_ended_at is None or running.warm_job_id is not None
+            else now - trial_ended_at,
+            timeout_s=timeout_s,
+            startup_s=startup_s,
+            exit_grace_s=ctx.timings.exit_grace_s,
+        )
+        if running.hang_reason is None and reason is not None:
+            running.hang_reason = reason
+            _log.warning("trial %s: %s", ctx.label(running.optuna_number), reason)
             running.job.end(grace_s=0.0)
+
+
+def _hang_reason(
+    since_start: dt.timedelta,
+    since_progress: dt.timedelta | None,
+    since_end: dt.timedelta | None,
+    *,
+    timeout_s: float | None,
+    startup_s: float,
+    exit_grace_s: float,
+) -> str | None:
+    """Why an attempt counts as hung (the run's reason once ended), or None.
+
+    ``since_progress`` is None before rank 0's first record, ``since_end`` before it
+    records the trial's end. Past the end only ``exit_grace_s`` counts.
+
+    Example:
+        >>> from datetime import timedelta as s
+        >>> _hang_reason(s(seconds=90), s(seconds=5), s(seconds=70), timeout_s=600,
+        ...              startup_s=120, exit_grace_s=60)
+        'its processes had not exited 70 s after the trial ended (exit_grace_s 60); ended'
+        >>> _hang_reason(s(seconds=900), s(seconds=601), None, timeout_s=600,
+        ...              startup_s=120, exit_grace_s=60)
+        'no progress for 601 s (hang_timeout_s 600); ended'
+        >>> _hang_reason(s(seconds=60), None, None, timeout_s=600, startup_s=120,
+        ...              exit_grace_s=60) is None
+        True
+    """
+    if since_end is not None:
+        lingering_s = since_end.total_seconds()
+        if lingering_s <= exit_grace_s:
+            return None
+        return (
+            f"its processes had not exited {lingering_s:.0f} s after the trial ended "
+            f"(exit_grace_s {exit_grace_s:g}); ended"
+        )
+    if timeout_s is None:
+        return None
+    if since_progress is None:
+        idle_s = since_start.total_seconds()
+        hung = idle_s > startup_s
+        what = f"did not start within {idle_s:.0f} s"
+    else:
+        idle_s = since_progress.total_seconds()
+        hung = idle_s > timeout_s
+        what = f"no progress for {idle_s:.0f} s"
+    return f"{what} (hang_timeout_s {timeout_s:g}); ended" if hung else None
 
 
 def _follow_queued(ctx: DriverContext, running: _Running) -> None:

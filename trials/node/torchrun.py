@@ -89,7 +89,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         # torchrun keeps its ranks' error files in a folder it never removes, by default
         # one of its own in the temporary folder: one left there per trial attempt.
-        owner = os.getpid()
         log_dir = tempfile.mkdtemp(prefix="slotsweep-torchrun-")
         # A failure (a rank failed: torchrun's error summary) is printed prefixed, as
         # ``python -m torch.distributed.run`` would print it.
@@ -107,9 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _record_port_taken(spec, taken)
             raise
         finally:
-            # Forked ranks leave through os._exit, never this way; the check is cheap.
-            if os.getpid() == owner:
-                shutil.rmtree(log_dir, ignore_errors=True)
+            # Forked ranks leave through os._exit in torch's fork wrapper, never this way.
+            shutil.rmtree(log_dir, ignore_errors=True)
         return 0
 
     return run_prefixed(PREFIX, torchrun)
