@@ -88,13 +88,24 @@ def init_process_group(info: DistributedInfo, device: torch.device) -> bool:
     return True
 
 
+# The process groups this process left, kept until it ends (see destroy_process_group).
+_LEFT_GROUPS: list[Any] = []
+
+
 def destroy_process_group() -> None:
     """Leave the job cleanly, so no peer is left waiting on this rank.
 
-    gloo's threads outlive this call: end the process with
-    :func:`trials.node.worker.exit_without_teardown`, not the interpreter's teardown.
+    The group is left but never destroyed: it is kept until the process ends, which a
+    rank does without the interpreter's teardown
+    (:func:`trials.node.worker.exit_without_teardown`). torch's gloo group joins its
+    worker threads in its destructor, holding the GIL, and a worker still releasing a
+    finished collective's tensors waits for the GIL: the rank deadlocks. Seen on rank 1
+    right after a trial's last checkpoint gathered the ranks' RNG states: its main
+    thread in ``~ProcessGroupGloo`` (DDP's reducer, freed with the trial, held the
+    last reference), the worker in ``~AsyncGatherWork`` taking the GIL (gdb).
     """
     if dist.is_available() and dist.is_initialized():
+        _LEFT_GROUPS.append(dist.group.WORLD)
         dist.destroy_process_group()
 
 
