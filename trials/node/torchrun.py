@@ -74,12 +74,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     def torchrun() -> int:
         spec = _spec()
         fence = NodeFence(spec) if spec is not None else None
+        ranks_args = forked_ranks(args)
         with frozen_imports():
-            # torchrun's own imports only. torch._dynamo, which DDP's constructor imports
-            # (1.4 s of CPU per rank here), imported here for the ranks made forked ranks
-            # hang at the end of a trial: twice in 19 cold 2-slot trials, never in 30
-            # without it.
             from torch.distributed.run import main as torchrun_main
+
+            if ranks_args != list(args):
+                # Every rank imports torch._dynamo (an optimizer's constructor does, and
+                # DDP's): about 1.4 s of CPU, paid once here for every rank forked from
+                # here. No CUDA call: the ranks can still use their GPUs.
+                import torch._dynamo  # noqa: F401
 
         fenced = fence.verdict() if fence is not None else None
         if fenced is not None:
@@ -93,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A failure (a rank failed: torchrun's error summary) is printed prefixed, as
         # ``python -m torch.distributed.run`` would print it.
         try:
-            torchrun_main(with_log_dir(forked_ranks(args), log_dir))
+            torchrun_main(with_log_dir(ranks_args, log_dir))
         except Exception as error:
             if ranks_fenced(error):
                 from storage import FENCED_EXIT_CODE
