@@ -113,6 +113,20 @@ def torchrun_args(
     )
 
 
+def ranks_per_node(args: Sequence[str]) -> int:
+    """The ranks per node in one node's ``torchrun`` arguments (:func:`torchrun_args`).
+
+    Example:
+        >>> args = torchrun_args(nnodes=1, nproc_per_node=2, rdzv_endpoint=None, rdzv_id="t")
+        >>> ranks_per_node(args)
+        2
+        >>> ranks_per_node(["--standalone"])
+        1
+    """
+    value = next((a.split("=", 1)[1] for a in args if a.startswith("--nproc-per-node=")), "1")
+    return int(value)
+
+
 def gpu_environment(slots: Sequence[int]) -> dict[str, str]:
     """The environment that gives a node's ranks exactly the GPUs ``slots`` name.
 

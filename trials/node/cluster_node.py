@@ -75,8 +75,9 @@ def _slots_given(args: Sequence[str]) -> list[int]:
     gpus = os.environ.get("SLURM_STEP_GPUS") or os.environ.get("SLURM_JOB_GPUS")
     if gpus:
         return [int(gpu) for gpu in gpus.split(",") if gpu.strip().isdigit()]
-    nproc = next((a.split("=", 1)[1] for a in args if a.startswith("--nproc-per-node=")), "1")
-    return list(range(int(nproc)))
+    from trials.launch.launcher import ranks_per_node
+
+    return list(range(ranks_per_node(args)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -36,7 +36,12 @@ import tempfile
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from trials.launch.launcher import SpecUnreadableError, says_address_in_use, spec_from_environment
+from trials.launch.launcher import (
+    SpecUnreadableError,
+    ranks_per_node,
+    says_address_in_use,
+    spec_from_environment,
+)
 from trials.node._fence import NodeFence
 from trials.node._heap import frozen_imports
 from trials.node._prefix import LOG_TARGET_ENV_VAR, run_prefixed
@@ -78,10 +83,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         with frozen_imports():
             from torch.distributed.run import main as torchrun_main
 
-            if ranks_args != list(args):
-                # Every rank imports torch._dynamo (an optimizer's constructor does, and
+            if ranks_args != list(args) and ranks_per_node(args) > 1:
+                # Ranks import torch._dynamo (torch's optimizers' constructors do, and
                 # DDP's): about 1.4 s of CPU, paid once here for every rank forked from
-                # here. No CUDA call: the ranks can still use their GPUs.
+                # here. No CUDA call: the ranks can still use their GPUs. A node's only
+                # rank imports it itself if it needs it (a plain function may not).
                 import torch._dynamo  # noqa: F401
 
         fenced = fence.verdict() if fence is not None else None
