@@ -171,18 +171,32 @@ def launch(
     if plan.warning is not None:
         print(plan.warning, file=sys.stderr, flush=True)
     print(f"slotsweep ui: {redact_url(plan.env[DB_ENV_VAR])} at {plan.open_url}", flush=True)
-    process = subprocess.Popen(plan.command, env=plan.env)
-    # `kill PID` of `slotsweep ui` must stop the server too, not orphan it.
+    # `kill PID` of `slotsweep ui` must stop the server too, not orphan it: the handler
+    # is in place before the server starts, and a signal that comes while it starts is
+    # passed on once it has (a loaded machine showed that window: the server orphaned).
+    started: list[subprocess.Popen[bytes]] = []
+    pending: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        if started:
+            started[0].send_signal(signum)
+        else:
+            pending.append(signum)
+
     previous = None
     if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(
-            signal.SIGTERM, lambda signum, _frame: process.send_signal(signum)
-        )
+        previous = signal.signal(signal.SIGTERM, forward)
     try:
+        process = subprocess.Popen(plan.command, env=plan.env)
+        started.append(process)
+        for signum in pending:
+            process.send_signal(signum)
         return process.wait()
     except KeyboardInterrupt:
+        if not started:
+            raise
         # Ctrl-C reaches the whole process group; let Streamlit finish shutting down.
-        return process.wait()
+        return started[0].wait()
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
