@@ -214,8 +214,11 @@ def session_scope(url_or_engine: str | Engine | None = None) -> Iterator[Session
 
 
 # SQLSTATE classes and codes that mean the connection, not the statement, failed:
-# class 08 (connection exception), 57P01-57P03 (admin or crash shutdown, starting up).
-_TRANSIENT_SQLSTATE_PREFIXES = ("08", "57P01", "57P02", "57P03")
+# class 08 (connection exception), 57P01-57P03 (admin or crash shutdown, starting up);
+# and those of a transaction the server aborted for another's sake, which succeeds when
+# run again: 40P01 (chosen to break a deadlock: two drivers releasing and claiming
+# slots locked the same rows in opposite orders) and 40001 (serialization failure).
+_TRANSIENT_SQLSTATE_PREFIXES = ("08", "57P01", "57P02", "57P03", "40P01", "40001")
 # Messages of the same failures where the driver gives no SQLSTATE (refused at connect,
 # SQLite's busy timeout running out).
 _TRANSIENT_MESSAGES = (
@@ -252,7 +255,8 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 
 
 def is_transient_error(exc: BaseException) -> bool:
-    """Whether ``exc`` means "the connection was lost, refused or locked" (worth a retry).
+    """Whether ``exc`` means "the connection was lost, refused or locked", or "the
+    server aborted this transaction to let another go on" (worth a retry).
 
     A constraint violation, a syntax error or a missing table is not transient: running
     the same transaction again would fail the same way.

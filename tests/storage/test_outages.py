@@ -160,3 +160,50 @@ def test_a_file_that_is_not_sqlite_is_not_transient(tmp_path: Path) -> None:
         connection = sqlite3.connect(bogus)
         connection.execute("select 1 from sqlite_master")
     assert not is_transient_error(error.value)
+
+
+@pytest.mark.slow
+def test_a_transaction_postgresql_aborts_to_break_a_deadlock_is_run_again(
+    postgres_url: str,
+) -> None:
+    # Two writers lock the same two rows in opposite orders (as two drivers releasing
+    # and claiming slots did in CI): PostgreSQL aborts one of them with 40P01. That one
+    # is transient, and run again it commits after the other: both writes land once.
+    url = postgres_url.replace("postgresql://", "postgresql+psycopg://", 1)
+    with session_scope(url) as session:
+        session.execute(text("CREATE TABLE pair (id integer PRIMARY KEY, writes integer)"))
+        session.execute(text("INSERT INTO pair VALUES (1, 0), (2, 0)"))
+    both_locked_one = threading.Barrier(2, timeout=30)
+    errors: list[BaseException] = []
+
+    def writer(first: int, second: int) -> None:
+        attempts = 0
+
+        def transaction() -> None:
+            nonlocal attempts
+            attempts += 1
+            try:
+                with session_scope(url) as session:
+                    bump = "UPDATE pair SET writes = writes + 1 WHERE id = :id"
+                    session.execute(text(bump), {"id": first})
+                    if attempts == 1:
+                        both_locked_one.wait()
+                    session.execute(text(bump), {"id": second})
+            except Exception as error:
+                errors.append(error)
+                raise
+
+        retry_transient(transaction, deadline_s=60)
+
+    threads = [threading.Thread(target=writer, args=order) for order in ((1, 2), (2, 1))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=90)
+    assert len(errors) == 1 and "deadlock detected" in str(errors[0]), errors
+    assert is_transient_error(errors[0])
+    with session_scope(url) as session:
+        assert session.execute(text("SELECT writes FROM pair ORDER BY id")).scalars().all() == [
+            2,
+            2,
+        ]

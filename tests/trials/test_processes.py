@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import uuid
@@ -13,12 +14,15 @@ from pathlib import Path
 import psutil
 import pytest
 
+from trials.launch.launcher import NodeCommand, start_trial
 from trials.launch.processes import (
     LAUNCH_TOKEN_ENV_VAR,
     ProcessRef,
     end_processes,
     is_alive,
     processes_with_token,
+    remove_torchrun_log_dirs,
+    torchrun_log_prefix,
 )
 
 # A stand-in for torchrun: it starts a "rank" in a session of its own (as torch's
@@ -128,3 +132,58 @@ def test_a_rank_dies_with_its_parent() -> None:
     parent.kill()
     parent.wait()
     assert _wait_for(lambda: is_alive(rank) is False, timeout_s=5.0)
+
+
+def test_an_attempts_torchrun_log_folders_are_removed_and_no_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    mine, other = uuid.uuid4().hex, uuid.uuid4().hex
+    left = tmp_path / f"{torchrun_log_prefix(mine)}x1y2"
+    (left / "attempt_0" / "0").mkdir(parents=True)
+    (left / "attempt_0" / "0" / "error.json").write_text("{}")
+    others = [tmp_path / f"{torchrun_log_prefix(other)}z3", tmp_path / "torchelastic_abc"]
+    for folder in others:
+        folder.mkdir()
+    assert remove_torchrun_log_dirs(mine) == [left]
+    assert not left.exists() and all(folder.exists() for folder in others)
+    assert remove_torchrun_log_dirs(mine) == []
+
+
+@pytest.mark.slow
+def test_the_log_folder_of_a_sigkilled_torchrun_goes_with_its_attempt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The wrapper removes its folder when torchrun returns; SIGKILLed, it cannot, and
+    # the attempt's end removes it (the driver's poll of its processes).
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(600)\n")
+    token = uuid.uuid4().hex
+    argv = (sys.executable, "-m", "trials.node.torchrun", "--standalone", "--nnodes=1")
+    command = NodeCommand(
+        agent="a",
+        host="127.0.0.1",
+        slots=(0,),
+        argv=(*argv, "--nproc-per-node=1", "--max-restarts=0", "sleeper.py"),
+    )
+    repo = str(Path(__file__).resolve().parents[2])
+    processes = start_trial(
+        [command],
+        log_path=tmp_path / "trial.log",
+        cwd=tmp_path,
+        token=token,
+        extra_env={"TMPDIR": str(temporary), "PYTHONPATH": repo},
+    )
+    try:
+        prefix = torchrun_log_prefix(token)
+        assert _wait_for(
+            lambda: any(n.startswith(prefix) for n in os.listdir(temporary)), timeout_s=60.0
+        ), (tmp_path / "trial.log").read_text()
+        processes.processes[0].kill()
+        assert _wait_for(lambda: processes.poll() is not None)
+        assert processes.poll() == -9
+        assert not [n for n in os.listdir(temporary) if n.startswith("slotsweep-torchrun-")]
+    finally:
+        processes.end(grace_s=0.0)

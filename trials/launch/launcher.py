@@ -54,6 +54,7 @@ from trials.launch.processes import (
     ProcessRef,
     end_processes,
     is_local_host,
+    remove_torchrun_log_dirs,
 )
 
 SPEC_ENV_VAR = "SLOTSWEEP_TRIAL_SPEC"
@@ -271,19 +272,25 @@ class TrialProcesses:
     processes: list[subprocess.Popen[bytes]]
     refs: list[ProcessRef]
     token: str
+    _log_dirs_removed: bool = field(default=False, init=False, repr=False)
 
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self.processes]
 
     def poll(self) -> int | None:
-        """None while any agent still runs; else the first non-zero exit code, or 0."""
+        """None while any agent still runs; else the first non-zero exit code, or 0.
+
+        Once every ``torchrun`` has exited, what a killed one left in the temporary
+        folder is removed (:func:`~trials.launch.processes.remove_torchrun_log_dirs`).
+        """
         codes = [p.poll() for p in self.processes]
         if any(code is None for code in codes):
             # One failed agent dooms the gang: the others would wait for it forever.
             if any(code not in (None, 0) for code in codes):
                 self.end(grace_s=0.0)
             return None
+        self._remove_log_dirs()
         return next((code for code in codes if code != 0), 0)
 
     def end(self, *, grace_s: float = 10.0) -> bool:
@@ -296,7 +303,15 @@ class TrialProcesses:
         for process in self.processes:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=1.0)
+        if not survivors:
+            self._remove_log_dirs()
         return not survivors
+
+    def _remove_log_dirs(self) -> None:
+        # Asked at every poll once the attempt is over: look in the folder once.
+        if not self._log_dirs_removed:
+            self._log_dirs_removed = True
+            remove_torchrun_log_dirs(self.token)
 
     def describe(self) -> list[dict[str, Any]]:
         """Where each agent's ``torchrun`` runs, for the trial run's record."""

@@ -13,7 +13,10 @@ by then. The same time is the process row's ``started_at``, compared with times 
 database records. Every
 process of an attempt also carries the attempt's launch token in its environment
 (:data:`LAUNCH_TOKEN_ENV_VAR`), which finds processes whose pid was never recorded
-(a driver killed between starting ``torchrun`` and writing its pid).
+(a driver killed between starting ``torchrun`` and writing its pid), and names the
+folder each node's ``torchrun`` keeps its ranks' error files in
+(:func:`torchrun_log_prefix`), so that a folder a killed ``torchrun`` left behind is
+removed with the rest of its attempt (:func:`remove_torchrun_log_dirs`).
 
 Only processes on this machine can be checked or signalled here; for a process on
 another host :func:`is_alive` answers ``None`` (unknown), and its executor decides.
@@ -27,16 +30,22 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
 LAUNCH_TOKEN_ENV_VAR = "SLOTSWEEP_LAUNCH_TOKEN"
+#: What the name of a node's ``torchrun`` log folder starts with (in the temporary folder).
+TORCHRUN_LOG_PREFIX = "slotsweep-torchrun-"
 _LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 # Start times come from boot time and clock ticks; a clock adjustment can shift them a
 # little (and rows written before start_time() existed are up to a second early),
@@ -219,3 +228,36 @@ def _wait_gone(processes: list[psutil.Process], timeout_s: float) -> list[psutil
         time.sleep(0.05)
         living = _living(living)
     return living
+
+
+def torchrun_log_prefix(token: str | None) -> str:
+    """What the name of the ``torchrun`` log folder of attempt ``token`` starts with.
+
+    Example:
+        >>> torchrun_log_prefix("5f0c")
+        'slotsweep-torchrun-5f0c-'
+        >>> torchrun_log_prefix(None)  # a wrapper started by hand, with no attempt
+        'slotsweep-torchrun-'
+    """
+    return f"{TORCHRUN_LOG_PREFIX}{token}-" if token else TORCHRUN_LOG_PREFIX
+
+
+def remove_torchrun_log_dirs(token: str) -> list[Path]:
+    """Remove the ``torchrun`` log folders of attempt ``token`` from this machine's
+    temporary folder; the folders removed.
+
+    A node's ``torchrun`` wrapper removes its own folder when ``torchrun`` returns; one
+    that was SIGKILLed (a driver ending a hung attempt, the kernel's OOM killer) cannot,
+    and without this one folder would stay behind per such attempt. Called once every
+    process of the attempt on this machine has exited.
+
+    Example:
+        >>> remove_torchrun_log_dirs("no-such-attempt")
+        []
+    """
+    pattern = os.path.join(tempfile.gettempdir(), glob.escape(torchrun_log_prefix(token)) + "*")
+    removed = []
+    for name in glob.glob(pattern):
+        shutil.rmtree(name, ignore_errors=True)
+        removed.append(Path(name))
+    return removed

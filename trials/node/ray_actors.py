@@ -214,8 +214,11 @@ class NodeRunner:
         with self._lock:
             self._released.add(token)
             attempt = self._attempts.pop(token, None)
-        if attempt is not None:
-            attempt.terminate(0.0)
+        if attempt is not None and attempt.terminate(0.0):
+            from trials.launch.processes import remove_torchrun_log_dirs
+
+            # A torchrun that was SIGKILLed left its log folder behind.
+            remove_torchrun_log_dirs(token)
         return sum(1 for other in list(self._attempts.values()) if other.running())
 
     def holds(self, token: str, *, running: bool) -> bool:

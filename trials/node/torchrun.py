@@ -42,6 +42,7 @@ from trials.launch.launcher import (
     says_address_in_use,
     spec_from_environment,
 )
+from trials.launch.processes import LAUNCH_TOKEN_ENV_VAR, torchrun_log_prefix
 from trials.node._fence import NodeFence
 from trials.node._heap import frozen_imports
 from trials.node._prefix import LOG_TARGET_ENV_VAR, run_prefixed
@@ -98,7 +99,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         # torchrun keeps its ranks' error files in a folder it never removes, by default
         # one of its own in the temporary folder: one left there per trial attempt.
-        log_dir = tempfile.mkdtemp(prefix="slotsweep-torchrun-")
+        # Named after the attempt: the driver removes it if this wrapper is SIGKILLed.
+        log_dir = tempfile.mkdtemp(
+            prefix=torchrun_log_prefix(os.environ.get(LAUNCH_TOKEN_ENV_VAR))
+        )
         # A failure (a rank failed: torchrun's error summary) is printed prefixed, as
         # ``python -m torch.distributed.run`` would print it.
         try:
