@@ -200,7 +200,7 @@ class SearchDriver:
                         now = time.monotonic()
                         if outage_since is None:
                             outage_since = now
-                            _log.warning("a database transaction failed; retrying: %s", exc)
+                            _log.warning("the database is unreachable; retrying: %s", exc)
                         elif now - outage_since > TRANSIENT_DEADLINE_S:
                             raise DatabaseUnavailableError(
                                 f"the database was unreachable for {TRANSIENT_DEADLINE_S:g} s"
