@@ -174,12 +174,12 @@ def launch(
     # `kill PID` of `slotsweep ui` must stop the server too, not orphan it: the handler
     # is in place before the server starts, and a signal that comes while it starts is
     # passed on once it has (a loaded machine showed that window: the server orphaned).
-    started: list[subprocess.Popen[bytes]] = []
+    process: subprocess.Popen[bytes] | None = None
     pending: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
-        if started:
-            started[0].send_signal(signum)
+        if process is not None:
+            process.send_signal(signum)
         else:
             pending.append(signum)
 
@@ -188,15 +188,14 @@ def launch(
         previous = signal.signal(signal.SIGTERM, forward)
     try:
         process = subprocess.Popen(plan.command, env=plan.env)
-        started.append(process)
         for signum in pending:
             process.send_signal(signum)
         return process.wait()
     except KeyboardInterrupt:
-        if not started:
+        if process is None:
             raise
         # Ctrl-C reaches the whole process group; let Streamlit finish shutting down.
-        return started[0].wait()
+        return process.wait()
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -23,7 +23,6 @@ from trials.launch.processes import (
     is_alive,
     is_local_host,
     processes_with_token,
-    remove_torchrun_log_dirs,
 )
 
 if TYPE_CHECKING:
@@ -106,9 +105,6 @@ def end_local_processes(session: Session, run: TrialRun, *, grace_s: float = 0.0
     for row in rows:
         if is_local_host(row.host) and row.pid not in still:
             row.ended_at = now
-    if not survivors and run.launch_token:
-        # A torchrun of the attempt that was SIGKILLed left its log folder behind.
-        remove_torchrun_log_dirs(run.launch_token)
     return not survivors and not remote
 
 

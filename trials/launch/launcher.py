@@ -303,8 +303,6 @@ class TrialProcesses:
         for process in self.processes:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=1.0)
-        if not survivors:
-            self._remove_log_dirs()
         return not survivors
 
     def _remove_log_dirs(self) -> None:

@@ -205,20 +205,24 @@ def end_processes(
     for whatever is left after ``grace_s`` (0 kills at once). Returns the local
     processes still alive ``kill_wait_s`` after SIGKILL (normally none: a process
     in uninterruptible sleep can outlast it); the caller must not free their slots.
+    Once none of launch ``token``'s processes is left, neither is its ``torchrun`` log
+    folder (:func:`remove_torchrun_log_dirs`).
     """
     roots = [p for p in (ref.local_process() for ref in refs) if p is not None]
     if token is not None:
         roots.extend(processes_with_token(token))
-    targets = _living(_with_descendants(roots))
-    if not targets:
-        return []
-    if grace_s > 0:
-        for process in targets:
-            _signal(process, signal.SIGTERM)
-        targets = _wait_gone(_with_descendants(targets), grace_s)
-    for process in targets:
-        _signal(process, signal.SIGKILL)
-    return _wait_gone(targets, kill_wait_s)
+    survivors = _living(_with_descendants(roots))
+    if survivors:
+        if grace_s > 0:
+            for process in survivors:
+                _signal(process, signal.SIGTERM)
+            survivors = _wait_gone(_with_descendants(survivors), grace_s)
+        for process in survivors:
+            _signal(process, signal.SIGKILL)
+        survivors = _wait_gone(survivors, kill_wait_s)
+    if token is not None and not survivors:
+        remove_torchrun_log_dirs(token)
+    return survivors
 
 
 def _wait_gone(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
