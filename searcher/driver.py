@@ -207,7 +207,8 @@ class SearchDriver:
                             ) from exc
                         time.sleep(1.0)
                         continue
-                    self._running.wait(self.poll_interval_s)
+                    if final is None:
+                        self._running.wait(self.poll_interval_s)
                 self._refresh_progress(progress, final=True)
         except control.DriverReplacedError:
             # Another driver owns the experiment now, and with it these trials: it ended

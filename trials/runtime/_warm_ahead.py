@@ -20,9 +20,11 @@ reservation. The decision stands while:
   arrived since the driver decided: another search's, a larger one of this search);
 - the ledger still holds all of the job's slots.
 
-The start is fenced as the driver's hand-over is (``storage.start_ranks``); the driver
-sees the job running the trial at its next look and adopts it
-(``searcher.running.RunningTrials``).
+The start needs no fence of its own (the driver's hand-over passes
+``storage.start_ranks``): the run is created, its claim given the job's slots and its
+ranks marked started in the transaction that checked the decision, so no judgement of
+the run can come between. The driver sees the job running the trial at its next look
+and adopts it (``searcher.running.RunningTrials``).
 
 Rank 0 of a warm job calls it in its hand-back (a database and a job's rows are
 needed, so no example runs here)::
@@ -52,11 +54,7 @@ def take_ahead(
     refused, every one is cleared and waits in its driver's queue for an ordinary
     decision.
     """
-    from storage import (
-        RanksFencedError,
-        TrialRun,
-        start_ranks,
-    )
+    from storage import TrialRun
 
     chain, trial_id = list(job.ahead or ()), job.ahead_trial_id
     job.ahead = job.ahead_trial_id = None
@@ -68,12 +66,7 @@ def take_ahead(
     finished = session.get(TrialRun, job.current_run_id) if job.current_run_id else None
     if finished is None or finished.trial_id != finished_trial_id:
         return None
-    try:
-        with session.begin_nested():
-            run = _start(session, job, finished, trial_id, ahead)
-            start_ranks(session, trial_id, run.attempt)
-    except RanksFencedError:
-        return None
+    _start(session, job, finished, trial_id, ahead)
     if rest:
         job.ahead_trial_id, job.ahead = rest[0]["trial_id"], rest
     spec: dict[str, Any] = ahead["spec"]
@@ -116,19 +109,31 @@ def _decision_stands(
     )
     if stop_asked is not None:
         return False
+    # One statement: the trial, whether it ever ran, and whether a decision placed it.
     trial = session.execute(
-        select(Trial.experiment_id, Trial.state, Trial.started_at).where(Trial.id == trial_id)
+        select(
+            Trial.experiment_id,
+            Trial.state,
+            Trial.started_at,
+            select(func.count())
+            .where(TrialRun.trial_id == trial_id)
+            .scalar_subquery()
+            .label("runs"),
+            select(QueuedTrial.placement)
+            .where(QueuedTrial.trial_id == trial_id)
+            .scalar_subquery()
+            .label("placement"),
+        ).where(Trial.id == trial_id)
     ).one_or_none()
     if (
         trial is None
         or trial.experiment_id != job.experiment_id
         or trial.state != TrialState.QUEUED
         or trial.started_at is not None
-        or session.scalar(select(func.count()).where(TrialRun.trial_id == trial_id))
+        or trial.runs
     ):
         return False
-    placed = session.scalar(select(QueuedTrial.placement).where(QueuedTrial.trial_id == trial_id))
-    if placed is not None:
+    if trial.placement is not None:
         return False  # a decision gave it other slots: its driver starts it there
     # The placement decision's rule for an idle warm job, over live drivers' queues.
     contested = contesting_trial(
@@ -154,8 +159,9 @@ def _start(
 
     The job's slots move to the trial under the reservation's claim token; the job's
     ``torchrun`` rows move to the new run (those of earlier runs end); the trial is
-    RUNNING. The run's executor, agents and external id are the job's, as for any run
-    on it.
+    RUNNING and its ranks started (what ``storage.start_ranks`` would stamp: the caller's
+    transaction holds what that checks). The run's executor, agents and external id are
+    the job's, as for any run on it.
     """
     from sqlalchemy import delete, update
 
@@ -182,6 +188,7 @@ def _start(
         claim_token=ahead["claim_token"],
         spec=ahead["spec"],
         started_at=now,
+        ranks_started_at=now,
     )
     session.add(run)
     session.flush()

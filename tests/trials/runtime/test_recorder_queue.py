@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import event, select
 
 from storage import Metric, get_engine, session_scope
+from trials.runtime import _recorder_queue
 from trials.runtime._recorder import ChiefRecorder
 
 from .conftest import TrialHandle
@@ -76,3 +77,41 @@ def test_a_failing_write_fails_alone_and_the_others_commit(recorder: ChiefRecord
     # The three together, rolled back; then each alone: two commits.
     assert _commits(recorder, writes) == 2
     assert _steps(recorder) == [1, 2]
+
+
+def test_a_write_soon_after_a_background_write_shares_its_transaction(
+    recorder: ChiefRecorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A wide window, so that a loaded machine cannot make the second write miss it.
+    monkeypatch.setattr(_recorder_queue, "GROUP_COMMIT_S", 5.0)
+    commits: list[object] = []
+
+    def count(connection: object) -> None:
+        commits.append(connection)
+
+    engine = get_engine(recorder.spec.db_url)
+    event.listen(engine, "commit", count)
+    try:
+        recorder.training_metrics(1, None, {"loss": 1.0})
+        time.sleep(0.2)  # the thread is idle and has taken the write
+        began = time.monotonic()
+        assert recorder.call_write(lambda session: "the end") == "the end"
+        waited = time.monotonic() - began
+    finally:
+        event.remove(engine, "commit", count)
+    # The caller's write ended the wait: it did not sit out the window.
+    assert waited < 4.0
+    assert len(commits) == 1
+    assert _steps(recorder) == [1]
+
+
+def test_a_background_write_alone_commits_once_its_window_passes(
+    recorder: ChiefRecorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_recorder_queue, "GROUP_COMMIT_S", 0.3)
+    recorder.training_metrics(1, None, {"loss": 1.0})
+    assert _steps(recorder) == []  # still waiting for company
+    deadline = time.monotonic() + 30.0
+    while not _steps(recorder) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _steps(recorder) == [1]
