@@ -24,9 +24,9 @@ driver does for a trial besides running it, in-process, no processes started) on
 digits example's space and TPE sampler, first with 100 finished trials in the study,
 then with S. The study is filled quickly: random trials drawn in memory, added to the
 experiment's Optuna study (``Study.add_trials``) and given their finished rows in one
-transaction. Each cost is also given without the sampler's share (Optuna's ask and the
-suggestions, where TPE samples): what grows with the study inside TPE itself is
-Optuna's, the rest is the driver's own.
+transaction. Each cost is also given without the sampler's share (Optuna's ask, the
+sampler's joint draw and the suggestions: where TPE samples): what grows with the
+study inside TPE itself is Optuna's, the rest is the driver's own.
 
 On a loaded machine the wall times move with the load: run with smaller N (``-n``) and
 say so.
@@ -223,34 +223,48 @@ def _filled_driver(folder: Path, finished: int) -> tuple[Any, Any, Any, Any]:
 
 @contextlib.contextmanager
 def sampler_clock(study: Any) -> Iterator[list[float]]:
-    """Seconds the study's sampler spends meanwhile: Optuna's ask and the suggestions.
+    """Seconds the study's sampler spends meanwhile: Optuna's ask, its joint draw and the
+    suggestions.
 
-    TPE samples a trial's values at its first suggestion, so both are timed; the rest
-    of a trial's cost is the driver's own (rows, placement, outcome, tell).
+    TPE draws a trial's values jointly when the trial's ``relative_params`` are first
+    read (the driver reads them right after the ask, before the suggestions store them),
+    so all three are timed, each only where no other timed call is under way (a
+    suggestion reads them too); the rest of a trial's cost is the driver's own (rows,
+    placement, outcome, tell).
     """
+    import optuna
+
     import searcher.space as space
 
     spent = [0.0]
+    depth = [0]
 
     def timed(fn: Any) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
+            depth[0] += 1
             began = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                spent[0] += time.perf_counter() - began
+                depth[0] -= 1
+                if depth[0] == 0:
+                    spent[0] += time.perf_counter() - began
 
         return call
 
     suggest = space.suggest_hparams
+    trial_class: Any = optuna.trial.Trial
+    relative_params = trial_class.__dict__["relative_params"]  # the property itself
     # Set on the instance, it shadows the class's method until deleted.
     study.study.ask = timed(study.study.ask)
     space.suggest_hparams = timed(suggest)
+    trial_class.relative_params = property(timed(relative_params.fget))
     try:
         yield spent
     finally:
         delattr(study.study, "ask")
         space.suggest_hparams = suggest
+        trial_class.relative_params = relative_params
 
 
 def one_trial_cost(parts: tuple[Any, Any, Any, Any], rng: random.Random) -> tuple[float, float]:
@@ -310,7 +324,7 @@ def study_size_report(size: int, root: Path) -> None:
         print(
             f"{finished} finished trials: per trial median {fmt(statistics.median(values))} s, "
             f"mean {fmt(statistics.fmean(values))} s, max {fmt(max(values))} s "
-            f"over {COST_TRIALS} trials; without the sampler's ask and suggestions "
+            f"over {COST_TRIALS} trials; without the sampler's ask, draw and suggestions "
             f"median {fmt(statistics.median(own[finished]))} s"
         )
     at_100, at_size = (statistics.median(costs[finished]) for finished in sizes)
