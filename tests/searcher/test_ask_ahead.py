@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 import searcher.space as space
 from searcher.consistency import check_consistency
@@ -437,10 +437,21 @@ def _trial_asked_to_stop(ctx: DriverContext) -> None:
             request_stop(session, run)
 
 
+def _slots_reclaimed(ctx: DriverContext) -> None:
+    """The ledger lost the job's slot (a driver judged the job gone and freed it)."""
+    with session_scope(ctx.db_url) as session:
+        session.execute(delete(Allocation))
+
+
 @pytest.mark.parametrize(
     "moved",
-    [_another_search_waits_first, _pause_requested, _trial_asked_to_stop],
-    ids=["higher-priority-trial-of-another-search", "pause-requested", "trial-asked-to-stop"],
+    [_another_search_waits_first, _pause_requested, _trial_asked_to_stop, _slots_reclaimed],
+    ids=[
+        "higher-priority-trial-of-another-search",
+        "pause-requested",
+        "trial-asked-to-stop",
+        "slots-reclaimed",
+    ],
 )
 def test_rank_0_hands_back_when_the_decision_no_longer_stands(
     ctx: DriverContext, moved: Any

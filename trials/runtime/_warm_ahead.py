@@ -18,7 +18,9 @@ reservation. The decision stands while:
 - the trial still waits (QUEUED, never started, not placed by a decision) and no
   trial of another shape waits in the pool at the same or a higher priority (one that
   arrived since the driver decided: another search's, a larger one of this search);
-- the ledger still holds all of the job's slots.
+- the ledger still holds all of the job's slots (counted once they are moved to the
+  trial's claim, so that a driver reclaiming them meanwhile on PostgreSQL is seen; the
+  start is then rolled back).
 
 The start needs no fence of its own (the driver's hand-over passes
 ``storage.start_ranks``): the run is created, its claim given the job's slots and its
@@ -66,7 +68,11 @@ def take_ahead(
     finished = session.get(TrialRun, job.current_run_id) if job.current_run_id else None
     if finished is None or finished.trial_id != finished_trial_id:
         return None
-    _start(session, job, finished, trial_id, ahead)
+    try:
+        with session.begin_nested():
+            _start(session, job, finished, trial_id, ahead)
+    except _SlotsGone:
+        return None
     if rest:
         job.ahead_trial_id, job.ahead = rest[0]["trial_id"], rest
     spec: dict[str, Any] = ahead["spec"]
@@ -80,7 +86,6 @@ def _decision_stands(
     from sqlalchemy import func, select
 
     from storage import (
-        Allocation,
         Experiment,
         ExperimentState,
         QueuedTrial,
@@ -144,12 +149,11 @@ def _decision_stands(
         priority=int(ahead["priority"]),
         lease_s=driver_lease_s,
     )
-    if contested is not None:
-        return False
-    held = session.scalar(
-        select(func.count()).select_from(Allocation).where(Allocation.warm_job_id == job.id)
-    )
-    return held == job.slots
+    return contested is None
+
+
+class _SlotsGone(Exception):
+    """The ledger no longer holds all of the job's slots: the start is rolled back."""
 
 
 def _start(
@@ -163,7 +167,7 @@ def _start(
     transaction holds what that checks). The run's executor, agents and external id are
     the job's, as for any run on it.
     """
-    from sqlalchemy import delete, update
+    from sqlalchemy import delete, func, select, update
 
     from storage import (
         Allocation,
@@ -203,6 +207,15 @@ def _start(
         .where(Allocation.warm_job_id == job.id)
         .values(trial_id=trial_id, claim_token=ahead["claim_token"])
     )
+    # Counted after the move, not before: on PostgreSQL a driver reclaiming the job's
+    # slots may commit between a look and the move, which then takes only what is left.
+    held = session.scalar(
+        select(func.count())
+        .select_from(Allocation)
+        .where(Allocation.trial_id == trial_id, Allocation.claim_token == ahead["claim_token"])
+    )
+    if held != job.slots:
+        raise _SlotsGone
     # The job's torchrun processes go on as the new run's.
     for row in end_earlier_processes(session, job, run):
         if row.role == ProcessRole.TORCHRUN and row.run_id == finished.id:
