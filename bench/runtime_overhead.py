@@ -320,7 +320,7 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        from trials.node.worker import exit_without_teardown
+        from trials.node.exiting import exit_without_teardown
 
         worker(args)
         exit_without_teardown(0)  # as the product's worker ends a rank

@@ -48,11 +48,12 @@ import gc
 import io
 import os
 import sys
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 from trials.node._fence import rank_fenced_start
 from trials.node._heap import frozen_imports
 from trials.node._prefix import run_prefixed, write_to_log_target
+from trials.node.exiting import exit_without_teardown, run_exit_handlers
 
 if TYPE_CHECKING:
     from trials.config import RuntimeSpec
@@ -265,30 +266,6 @@ def main() -> int:
     return run_prefixed(f"[rank {os.environ.get('RANK', '0')}] ", _run)
 
 
-def exit_without_teardown(code: int) -> NoReturn:
-    """Exit with ``code`` after the atexit handlers, skipping the interpreter's teardown.
-
-    Call it once the process group is left and the records are committed. Tearing down
-    torch's modules costs about a second per rank, on every trial of a search, and can
-    abort a finished rank: gloo's worker threads outlive ``destroy_process_group`` and
-    finalization sometimes ends them with ``terminate called without an active
-    exception`` (SIGABRT), which torchrun reports as a failed job. User code's atexit
-    handlers still run; only module teardown is skipped.
-    """
-    _run_exit_handlers()
-    os._exit(code)
-
-
-def _run_exit_handlers() -> None:
-    """The atexit handlers, then the streams flushed: a process's end short of teardown."""
-    import atexit
-
-    atexit._run_exitfuncs()
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
-        sys.stderr.flush()
-
-
 def run_forked() -> None:
     """:func:`main` in a rank forked from its ``torchrun`` wrapper (:mod:`trials.node.torchrun`).
 
@@ -318,7 +295,7 @@ def run_forked() -> None:
     code = main()
     if code:
         exit_without_teardown(code)
-    _run_exit_handlers()
+    run_exit_handlers()
 
 
 if __name__ == "__main__":

@@ -97,7 +97,7 @@ def destroy_process_group() -> None:
 
     The group is left but never destroyed: it is kept until the process ends, which a
     rank does without the interpreter's teardown
-    (:func:`trials.node.worker.exit_without_teardown`). torch's gloo group joins its
+    (:func:`trials.node.exiting.exit_without_teardown`). torch's gloo group joins its
     worker threads in its destructor, holding the GIL, and a worker still releasing a
     finished collective's tensors waits for the GIL: the rank deadlocks. Seen on rank 1
     right after a trial's last checkpoint gathered the ranks' RNG states: its main

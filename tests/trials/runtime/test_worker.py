@@ -122,7 +122,7 @@ def test_exit_without_teardown_runs_atexit_handlers_and_keeps_the_code() -> None
     program = (
         "import atexit, sys\n"
         "atexit.register(lambda: print('handler ran'))\n"
-        "from trials.node.worker import exit_without_teardown\n"
+        "from trials.node.exiting import exit_without_teardown\n"
         "sys.stdout.write('buffered, no newline')\n"
         "exit_without_teardown(3)\n"
     )
