@@ -131,4 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # As the single-node wrapper ends (trials.node.torchrun): no teardown of torch.
+    from trials.node.exiting import exit_without_teardown
+
+    exit_without_teardown(main())
