@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 
@@ -25,8 +26,9 @@ def recorder(make_trial: Callable[..., TrialHandle]) -> Iterator[ChiefRecorder]:
         recorder.close()
 
 
-def _commits(recorder: ChiefRecorder, writes: Callable[[], None]) -> int:
-    """How many transactions ``writes`` committed, queued while the thread was busy."""
+@contextlib.contextmanager
+def _counted_commits(recorder: ChiefRecorder) -> Iterator[list[object]]:
+    """The commits on the recorder's database while the block runs."""
     commits: list[object] = []
 
     def count(connection: object) -> None:
@@ -35,10 +37,16 @@ def _commits(recorder: ChiefRecorder, writes: Callable[[], None]) -> int:
     engine = get_engine(recorder.spec.db_url)
     event.listen(engine, "commit", count)
     try:
-        recorder.submit(lambda: time.sleep(0.2))
-        writes()
+        yield commits
     finally:
         event.remove(engine, "commit", count)
+
+
+def _commits(recorder: ChiefRecorder, writes: Callable[[], None]) -> int:
+    """How many transactions ``writes`` committed, queued while the thread was busy."""
+    with _counted_commits(recorder) as commits:
+        recorder.submit(lambda: time.sleep(0.2))
+        writes()
     return len(commits)
 
 
@@ -84,21 +92,12 @@ def test_a_write_soon_after_a_background_write_shares_its_transaction(
 ) -> None:
     # A wide window, so that a loaded machine cannot make the second write miss it.
     monkeypatch.setattr(_recorder_queue, "GROUP_COMMIT_S", 5.0)
-    commits: list[object] = []
-
-    def count(connection: object) -> None:
-        commits.append(connection)
-
-    engine = get_engine(recorder.spec.db_url)
-    event.listen(engine, "commit", count)
-    try:
+    with _counted_commits(recorder) as commits:
         recorder.training_metrics(1, None, {"loss": 1.0})
         time.sleep(0.2)  # the thread is idle and has taken the write
         began = time.monotonic()
         assert recorder.call_write(lambda session: "the end") == "the end"
         waited = time.monotonic() - began
-    finally:
-        event.remove(engine, "commit", count)
     # The caller's write ended the wait: it did not sit out the window.
     assert waited < 4.0
     assert len(commits) == 1
