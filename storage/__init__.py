@@ -28,6 +28,7 @@ from storage._fence import (
     AttemptSupersededError,
     RanksFencedError,
     claim_attempt,
+    claimed_slots,
     start_ranks,
     stop_requested,
 )
@@ -119,6 +120,7 @@ __all__ = [
     "check_database_url",
     "check_optuna_schema",
     "claim_attempt",
+    "claimed_slots",
     "contesting_trial",
     "end_earlier_processes",
     "fusion_choice",

@@ -186,14 +186,29 @@ def start_ranks(session: Session, trial_id: int, attempt: int) -> int | None:
         select(TrialRun.claim_token, TrialRun.agents).where(TrialRun.id == run_id)
     ).one()
     if run.claim_token is not None:
-        held = session.scalar(
-            select(func.count())
-            .select_from(Allocation)
-            .where(Allocation.trial_id == trial_id, Allocation.claim_token == run.claim_token)
-        )
+        held = claimed_slots(session, trial_id, run.claim_token)
         wanted = sum(len(node.get("slots", [])) for node in run.agents or [])
         if not held or held < wanted:
             raise RanksFencedError(
                 trial_id, attempt, "its slot claim is gone (the slots may be another trial's)"
             )
     return run_id
+
+
+def claimed_slots(session: Session, trial_id: int, claim_token: str) -> int:
+    """How many slots the ledger holds for ``trial_id`` under the claim ``claim_token``.
+
+    Example:
+        >>> from storage import session_scope
+        >>> with session_scope(url) as session:
+        ...     claimed_slots(session, trial_id=1, claim_token="no-such-claim")
+        0
+    """
+    return int(
+        session.scalar(
+            select(func.count())
+            .select_from(Allocation)
+            .where(Allocation.trial_id == trial_id, Allocation.claim_token == claim_token)
+        )
+        or 0
+    )

@@ -167,7 +167,7 @@ def _start(
     transaction holds what that checks). The run's executor, agents and external id are
     the job's, as for any run on it.
     """
-    from sqlalchemy import delete, func, select, update
+    from sqlalchemy import delete, update
 
     from storage import (
         Allocation,
@@ -177,6 +177,7 @@ def _start(
         TrialProcess,
         TrialRun,
         TrialState,
+        claimed_slots,
         end_earlier_processes,
         utcnow,
     )
@@ -209,12 +210,7 @@ def _start(
     )
     # Counted after the move, not before: on PostgreSQL a driver reclaiming the job's
     # slots may commit between a look and the move, which then takes only what is left.
-    held = session.scalar(
-        select(func.count())
-        .select_from(Allocation)
-        .where(Allocation.trial_id == trial_id, Allocation.claim_token == ahead["claim_token"])
-    )
-    if held != job.slots:
+    if claimed_slots(session, trial_id, ahead["claim_token"]) != job.slots:
         raise _SlotsGone
     # The job's torchrun processes go on as the new run's.
     for row in end_earlier_processes(session, job, run):
