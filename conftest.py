@@ -72,9 +72,9 @@ _NEEDS_DATABASE = re.compile(r"\b(url|ctx|trial|spec|context)\b")
 @pytest.fixture(scope="session")
 def _example_database_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The database every ``url`` starts as, built once per test process (a copy is cheap)."""
-    from searcher.experiments import create_experiment
-    from searcher.placement import PendingQueue
-    from searcher.study_side import StudySide, TellQueue
+    from searcher.driver.placement import PendingQueue
+    from searcher.driver.study_side import StudySide, TellQueue
+    from searcher.submit.creation import create_experiment
     from trials.config import load_config
 
     config = load_config(EXAMPLE_CONFIG)
@@ -90,7 +90,7 @@ def _example_database_template(tmp_path_factory: pytest.TempPathFactory) -> Path
 
 def _driver_context(url: str, config: Any, folder: Path) -> Any:
     """Experiment 1 of ``url`` as its driver sees it: the local executor on ``pool``."""
-    from searcher.driver_context import DriverContext
+    from searcher.driver.context import DriverContext
     from storage import Experiment, session_scope
     from trials.executors import LocalExecutor
     from trials.timings import Timings
@@ -118,7 +118,7 @@ def _example_database(template: Path, folder: Path, config: Any) -> dict[str, An
     import torch
     from sqlalchemy import select
 
-    from searcher.runtime_spec import build_runtime_spec
+    from searcher.driver.runtime_spec import build_runtime_spec
     from storage import Trial, session_scope
     from trials.runtime import DistributedInfo, PyTorchTrialContext
 

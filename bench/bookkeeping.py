@@ -162,13 +162,13 @@ def _filled_driver(folder: Path, finished: int) -> tuple[Any, Any, Any, Any]:
     """A driver's parts on a new experiment whose study holds ``finished`` finished trials."""
     import optuna
 
-    import searcher.space as space
-    from searcher.control import Control, claim_ownership
-    from searcher.driver_context import DriverContext
-    from searcher.experiments import create_experiment
-    from searcher.outcomes import Outcomes
-    from searcher.placement import PendingQueue
-    from searcher.study_side import StudySide, TellQueue
+    import searcher.submit.space as space
+    from searcher.driver.context import DriverContext
+    from searcher.driver.control import Control, claim_ownership
+    from searcher.driver.outcomes import Outcomes
+    from searcher.driver.placement import PendingQueue
+    from searcher.driver.study_side import StudySide, TellQueue
+    from searcher.submit.creation import create_experiment
     from storage import Experiment, session_scope, upgrade_schema
     from trials.executors import LocalExecutor
     from trials.scheduler import Agent, ResourcePool
@@ -234,7 +234,7 @@ def sampler_clock(study: Any) -> Iterator[list[float]]:
     """
     import optuna
 
-    import searcher.space as space
+    import searcher.submit.space as space
 
     spent = [0.0]
     depth = [0]
@@ -272,7 +272,7 @@ def one_trial_cost(parts: tuple[Any, Any, Any, Any], rng: random.Random) -> tupl
     running it, and how many of them the sampler took (:func:`sampler_clock`)."""
     from datetime import timedelta
 
-    from searcher.control import Control, heartbeat
+    from searcher.driver.control import Control, heartbeat
     from storage import utcnow
     from trials.coordination import allocations as slot_ledger
 

@@ -1,5 +1,13 @@
-"""slotsweep's searcher: experiment configs, the search space, the driver, the Python API
-(:mod:`searcher.api`: ``searcher.run``, ``searcher.Experiment``) and the CLI.
+"""slotsweep's searcher: a search from its config to its end, and every way to steer it.
+
+Its rooms, each building on those before it: the package's own modules
+(:mod:`searcher.experiments`: an experiment found by id or name; :mod:`searcher.logs`:
+its log folders), :mod:`searcher.integrations` (TensorBoard, MLflow, webhooks),
+:mod:`searcher.submit` (config to a validated, created experiment),
+:mod:`searcher.driver` (the search driver), then :mod:`searcher.diagnose` (``run --test``,
+``diagnose``, the consistency check) and :mod:`searcher.api` (the Python API:
+``searcher.run``, ``searcher.Experiment``), and at the top :mod:`searcher.cli` (the
+``slotsweep`` command). ``tests/test_dependencies.py`` checks that order.
 
 Public names load on first use, so ``slotsweep --help`` and config errors do not
 pay for Optuna and SQLAlchemy.
@@ -18,18 +26,19 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from searcher.api import Experiment, TrialSummary, continue_search, resume, run, submit
-    from searcher.consistency import ConsistencyReport, check_consistency
-    from searcher.driver import SearchDriver
-    from searcher.experiments import UsageError, create_experiment, find_experiment
-    from searcher.samplers import build_pruner, build_sampler, pruner_spec, study_directions
-    from searcher.space import (
+    from searcher.diagnose.consistency import ConsistencyReport, check_consistency
+    from searcher.driver.driver import SearchDriver
+    from searcher.experiments import UsageError, find_experiment
+    from searcher.submit.creation import create_experiment
+    from searcher.submit.samplers import build_pruner, build_sampler, pruner_spec, study_directions
+    from searcher.submit.space import (
         distributions,
         grid_search_space,
         grid_size,
         parse_enqueue_params,
         suggest_hparams,
     )
-    from searcher.submission import ValidatedRun, validate_run
+    from searcher.submit.submission import ValidatedRun, validate_run
     from trials.config import ConfigError, ExperimentConfig, load_config, parse_config
 
 _EXPORTS = {
@@ -39,27 +48,27 @@ _EXPORTS = {
     "resume": "searcher.api",
     "run": "searcher.api",
     "submit": "searcher.api",
-    "ConsistencyReport": "searcher.consistency",
-    "check_consistency": "searcher.consistency",
+    "ConsistencyReport": "searcher.diagnose.consistency",
+    "check_consistency": "searcher.diagnose.consistency",
     "ConfigError": "trials.config",
     "ExperimentConfig": "trials.config",
     "load_config": "trials.config",
     "parse_config": "trials.config",
-    "SearchDriver": "searcher.driver",
+    "SearchDriver": "searcher.driver.driver",
     "UsageError": "searcher.experiments",
-    "create_experiment": "searcher.experiments",
+    "create_experiment": "searcher.submit.creation",
     "find_experiment": "searcher.experiments",
-    "build_pruner": "searcher.samplers",
-    "build_sampler": "searcher.samplers",
-    "pruner_spec": "searcher.samplers",
-    "study_directions": "searcher.samplers",
-    "distributions": "searcher.space",
-    "grid_search_space": "searcher.space",
-    "grid_size": "searcher.space",
-    "parse_enqueue_params": "searcher.space",
-    "suggest_hparams": "searcher.space",
-    "ValidatedRun": "searcher.submission",
-    "validate_run": "searcher.submission",
+    "build_pruner": "searcher.submit.samplers",
+    "build_sampler": "searcher.submit.samplers",
+    "pruner_spec": "searcher.submit.samplers",
+    "study_directions": "searcher.submit.samplers",
+    "distributions": "searcher.submit.space",
+    "grid_search_space": "searcher.submit.space",
+    "grid_size": "searcher.submit.space",
+    "parse_enqueue_params": "searcher.submit.space",
+    "suggest_hparams": "searcher.submit.space",
+    "ValidatedRun": "searcher.submit.submission",
+    "validate_run": "searcher.submit.submission",
 }
 
 __all__ = [

@@ -2,8 +2,8 @@
 
 ``slotsweep run``, ``resume`` and ``continue`` are :func:`run`, :func:`resume` and
 :func:`continue_search` here, so a search started from a notebook is the same search as
-one started from a terminal: the same validation (:mod:`searcher.submission`), the same
-:class:`~searcher.driver.SearchDriver`, the same database, listed by ``slotsweep list``
+one started from a terminal: the same validation (:mod:`searcher.submit.submission`), the same
+:class:`~searcher.driver.driver.SearchDriver`, the same database, listed by ``slotsweep list``
 and shown in the UI. An :class:`Experiment` is a handle on one experiment's row: every
 property reads the database afresh, so another process (a second notebook, a terminal)
 can watch a search through :meth:`Experiment.open`.
@@ -55,25 +55,24 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from sqlalchemy import select
 
-import searcher.samplers as samplers
-from searcher.driver import SearchDriver
+import searcher.submit.samplers as samplers
+from searcher.driver.driver import SearchDriver
 from searcher.experiments import (
     UsageError,
     best_trials,
-    create_experiment,
-    extend_experiment,
+    describe_rows,
     find_experiment,
     request_action,
 )
 from searcher.logs import stored_experiment_log_dir
-from searcher.relocation import Relocation, relocate_experiment
-from searcher.submission import (
+from searcher.submit.creation import create_experiment, extend_experiment
+from searcher.submit.relocation import Relocation, relocate_experiment
+from searcher.submit.submission import (
     ValidatedRun,
     open_database,
     validate_new_run,
     validate_stored_run,
 )
-from searcher.tables import describe_rows
 from storage import (
     DB_ENV_VAR,
     Checkpoint,

@@ -553,7 +553,7 @@ class Diagnosis(Base):
     Linked to the experiment of the same configuration when one is named or found by
     name, else standalone. ``report`` is the whole ``--json`` document (probes, shares,
     scaling, the bucket sweep, the settings to try): its shape is
-    ``searcher.diagnosis.Report``, versioned by its ``format`` key.
+    ``searcher.diagnose.diagnosis.Report``, versioned by its ``format`` key.
     """
 
     __tablename__ = "slotsweep_diagnoses"

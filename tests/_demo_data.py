@@ -3,9 +3,9 @@
 Test and benchmark fixtures, not part of the shipped packages. What they write comes
 from the code that writes it in a real search, so it cannot drift from it:
 
-- experiments: :func:`searcher.experiments.create_experiment` with a config validated
+- experiments: :func:`searcher.submit.creation.create_experiment` with a config validated
   by :func:`trials.config.parse_config`; samplers and pruners from
-  :mod:`searcher.samplers`, hyperparameters from :func:`searcher.space.suggest_hparams`;
+  :mod:`searcher.submit.samplers`, hyperparameters from :func:`searcher.submit.space.suggest_hparams`;
 - everything rank 0 records: the runtime's own :class:`trials.runtime.TrialContext`
   with a :class:`trials.runtime._recorder.ChiefRecorder`, as ``run_trial`` builds them
   for a core-API trial. Metrics, profiling windows (``trials.runtime._timing``),
@@ -18,7 +18,7 @@ from the code that writes it in a real search, so it cannot drift from it:
   :func:`trials.coordination.allocations.claim`.
 
 Only the driver's own bookkeeping (a trial's row, a run's row, a trial's final state)
-is written here the way ``searcher/driver.py`` writes it, since that code lives in the
+is written here the way ``searcher/driver/driver.py`` writes it, since that code lives in the
 live driver's methods.
 
 :func:`seed_small_search` runs a genuine, tiny search in-process: Optuna's TPE sampler
@@ -39,7 +39,7 @@ from the runtime's row builders: :func:`storage.metric_rows`,
 :func:`trials._system_metrics.system_metric_rows`.
 
 :func:`seed_cluster_queue` puts searches sharing a small pool in the cluster's queue as
-their drivers do (``searcher/placement.py``: queue rows, launches, a pause) and lets
+their drivers do (``searcher/driver/placement.py``: queue rows, launches, a pause) and lets
 the real placement decision, :func:`trials.coordination.cluster_queue.decide`, place them or hold
 them back: each waiting trial's reason is the scheduler's own.
 
@@ -200,8 +200,8 @@ def _create_experiment(url: str, raw_config: dict[str, Any], model_dir: Path) ->
     The experiment is left ACTIVE with this process as its live driver (a fresh
     heartbeat), as the driver claims it when it starts.
     """
-    from searcher.experiments import create_experiment
-    from searcher.samplers import study_directions
+    from searcher.submit.creation import create_experiment
+    from searcher.submit.samplers import study_directions
     from trials.config import parse_config
 
     config = parse_config(raw_config)
@@ -225,7 +225,7 @@ def _load_study(experiment: _Experiment) -> optuna.Study:
     """The experiment's study with the driver's sampler and pruner."""
     import optuna
 
-    from searcher.samplers import build_pruner, build_sampler
+    from searcher.submit.samplers import build_pruner, build_sampler
 
     return optuna.load_study(
         study_name=experiment.study_name,
@@ -242,7 +242,7 @@ def _complete_experiment(url: str, experiment_id: int) -> None:
         done.ended_at = utcnow()
 
 
-# --- The driver's bookkeeping (as searcher/driver.py writes it) -------------------------
+# --- The driver's bookkeeping (as searcher/driver/driver.py writes it) -------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -419,7 +419,7 @@ def _runtime_spec(
     experiment: _Experiment, trial: _TrialRow, attempt: int, restore: Checkpoint | None
 ) -> RuntimeSpec:
     """The spec the driver builds for one attempt, through the driver's own builder."""
-    from searcher.runtime_spec import runtime_spec_of
+    from searcher.driver.runtime_spec import runtime_spec_of
 
     return runtime_spec_of(
         experiment.config,
@@ -702,7 +702,7 @@ class _SearchRun:
 
     def ask(self) -> tuple[optuna.Trial, _TrialRow]:
         """The next trial, asked of Optuna and launched as the driver launches it."""
-        from searcher.space import suggest_hparams
+        from searcher.submit.space import suggest_hparams
 
         trial = self.study.ask()
         hparams = suggest_hparams(trial, self.experiment.config.hyperparameters)
@@ -988,7 +988,7 @@ def _queue_experiment(
 
 def _queued_trial(experiment: _Experiment, study: optuna.Study) -> tuple[int, str]:
     """The driver's QUEUED row of a newly asked trial (``new_trial_row``); (id, label)."""
-    from searcher.space import suggest_hparams
+    from searcher.submit.space import suggest_hparams
     from trials.labels import trial_label
 
     trial = study.ask()
@@ -1512,7 +1512,7 @@ def _huge_trial(
     start: _dt.datetime,
 ) -> _HugeTrial:
     """Draw one trial: 80 % completed, 12 % pruned, 5 % failed, 3 % running."""
-    from searcher.space import distributions
+    from searcher.submit.space import distributions
 
     roll = rng.random()
     state = (
@@ -1540,7 +1540,7 @@ def _add_optuna_rows(
     from optuna.distributions import distribution_to_json
     from optuna.trial import TrialState as OptunaState
 
-    from searcher.space import distributions
+    from searcher.submit.space import distributions
 
     optuna_state = {
         TrialState.COMPLETED: OptunaState.COMPLETE,

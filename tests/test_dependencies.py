@@ -208,6 +208,23 @@ TRIALS_LAYERS: dict[str, frozenset[str]] = {
     ),
 }
 
+# Layers of searcher: what each may import besides ``trials``, ``storage`` and itself.
+# "searcher" is the package's own modules below its sub-packages (an experiment found
+# by id or name and the user's error, the experiments' log folders); ``searcher.api``
+# (the Python API) is a layer of its own, under the CLI; the package's ``__init__``
+# re-exports the public names of all of them. Each sub-package's docstring says the same.
+_SEARCHER_BELOW_DRIVER = frozenset({"searcher", "searcher.integrations", "searcher.submit"})
+SEARCHER_LAYERS: dict[str, frozenset[str]] = {
+    "searcher": frozenset(),
+    "searcher.integrations": frozenset({"searcher"}),
+    "searcher.submit": frozenset({"searcher", "searcher.integrations"}),
+    "searcher.driver": _SEARCHER_BELOW_DRIVER,
+    "searcher.diagnose": _SEARCHER_BELOW_DRIVER | {"searcher.driver"},
+    "searcher.api": _SEARCHER_BELOW_DRIVER | {"searcher.driver"},
+    "searcher.cli": _SEARCHER_BELOW_DRIVER
+    | {"searcher.driver", "searcher.diagnose", "searcher.api"},
+}
+
 # Known exceptions; each entry fails the test once it is gone, so the lists only shrink.
 KNOWN_PRIVATE_IMPORTS: frozenset[tuple[str, str]] = frozenset()
 KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset()
@@ -383,17 +400,28 @@ def private_imports(edges: Iterable[Edge]) -> list[str]:
     return found
 
 
-def trials_layer(module: str, subpackages: Iterable[str]) -> str | None:
-    """The layer of ``trials`` that ``module`` belongs to, or None outside ``trials``."""
-    if module != "trials" and not module.startswith("trials."):
+def layer_of(module: str, package: str, layers: Iterable[str]) -> str | None:
+    """The layer of ``package`` that ``module`` belongs to, or None outside ``package``.
+
+    A layer is a sub-package or a single module (``searcher.api``); the longest that
+    contains ``module`` wins, and the package's other modules are the layer ``package``.
+
+    Example:
+        >>> layer_of("searcher.driver.running", "searcher", ["searcher", "searcher.driver"])
+        'searcher.driver'
+        >>> layer_of("searcher.logs", "searcher", ["searcher", "searcher.driver"])
+        'searcher'
+    """
+    if module != package and not module.startswith(package + "."):
         return None
-    return next(
-        (sub for sub in subpackages if module == sub or module.startswith(sub + ".")), "trials"
-    )
+    inside = sorted((name for name in layers if name != package), key=len, reverse=True)
+    return next((sub for sub in inside if module == sub or module.startswith(sub + ".")), package)
 
 
-def layer_violations(edges: Iterable[Edge], layers: Mapping[str, frozenset[str]]) -> list[str]:
-    """Each import between ``trials``' layers that its layer may not make.
+def layer_violations(
+    edges: Iterable[Edge], layers: Mapping[str, frozenset[str]], package: str = "trials"
+) -> list[str]:
+    """Each import between ``package``'s layers that its layer may not make.
 
     Example:
         >>> layer_violations([Edge("trials.scheduler._core", "trials.launch.launcher", "x.py:4")],
@@ -401,15 +429,16 @@ def layer_violations(edges: Iterable[Edge], layers: Mapping[str, frozenset[str]]
         ...                   "trials.launch": frozenset({"trials", "trials.scheduler"})})
         ['x.py:4: trials.scheduler imports trials.launch (it may import trials)']
     """
-    subpackages = sorted((name for name in layers if name != "trials"), key=len, reverse=True)
     found = []
     for edge in edges:
-        source = trials_layer(edge.importer, subpackages)
-        target = trials_layer(edge.imported, subpackages)
+        if edge.importer == package:
+            continue  # The package's __init__: its public names, re-exported from every layer.
+        source = layer_of(edge.importer, package, layers)
+        target = layer_of(edge.imported, package, layers)
         if source is None or target is None or source == target:
             continue
         if target not in layers[source]:
-            allowed = ", ".join(sorted(layers[source])) or "nothing else of trials"
+            allowed = ", ".join(sorted(layers[source])) or f"nothing else of {package}"
             found.append(f"{edge.where}: {source} imports {target} (it may import {allowed})")
     return found
 
@@ -433,17 +462,25 @@ def test_no_import_of_another_packages_private_module() -> None:
     assert not gone, f"no longer imported: drop them from KNOWN_PRIVATE_IMPORTS: {gone}"
 
 
-def test_trials_subpackages_follow_their_layers() -> None:
+@pytest.mark.parametrize(
+    ("package", "layers"), [("trials", TRIALS_LAYERS), ("searcher", SEARCHER_LAYERS)]
+)
+def test_subpackages_follow_their_layers(
+    package: str, layers: Mapping[str, frozenset[str]]
+) -> None:
     subpackages = {
-        module_name(path.parent) for path in (REPO_ROOT / "trials").glob("*/__init__.py")
+        module_name(path.parent) for path in (REPO_ROOT / package).glob("*/__init__.py")
     }
-    assert subpackages == set(TRIALS_LAYERS) - {"trials"}, "every sub-package needs a layer"
-    for package in subpackages:
-        init = REPO_ROOT / package.replace(".", "/") / "__init__.py"
+    modules = {module_name(path) for path in (REPO_ROOT / package).glob("*.py")}
+    assert subpackages == set(layers) - {package} - modules, "every sub-package needs a layer"
+    for subpackage in subpackages:
+        init = REPO_ROOT / subpackage.replace(".", "/") / "__init__.py"
         docstring = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
-        assert "May import" in docstring, f"{init}: the docstring must say what it may import"
-    broken = layer_violations(product_edges(product_modules()), TRIALS_LAYERS)
-    assert not broken, "imports across trials' layers:\n" + "\n".join(broken)
+        assert "May import" in docstring or "may import" in docstring, (
+            f"{init}: the docstring must say what it may import"
+        )
+    broken = layer_violations(product_edges(product_modules()), layers, package)
+    assert not broken, f"imports across {package}' layers:\n" + "\n".join(broken)
 
 
 def test_a_cycle_is_named_with_every_import_on_it() -> None:

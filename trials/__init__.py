@@ -15,6 +15,7 @@ each rank keeps heavy imports (Optuna, SQLAlchemy) lazy so a trial starts fast.
 
 from trials.checkpoint_storage import (
     CheckpointStorageError,
+    checkpoint_root,
     storage_environment,
     store_for,
     trial_checkpoint_dir,
@@ -42,6 +43,7 @@ __all__ = [
     "PrunerSpec",
     "RunSpan",
     "RuntimeSpec",
+    "checkpoint_root",
     "checkpoints_to_delete",
     "collect_garbage",
     "is_url",

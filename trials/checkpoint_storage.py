@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from trials.config import is_url
+from trials.config import ExperimentConfig, is_url
 
 MANIFEST_FILE = "MANIFEST.json"
 TMP_PREFIX = ".tmp-"
@@ -334,3 +334,18 @@ def store_for(location: str | Path) -> CheckpointStore:
     """The store holding ``location``: :class:`ObjectStore` for a URL, else the local one."""
     text = str(location)
     return ObjectStore(text) if is_url(text) else _LOCAL
+
+
+def checkpoint_root(config: ExperimentConfig, model_dir: Path) -> Path | str:
+    """Where the experiment's checkpoints go: the configured path, relative to ``model_dir``.
+
+    A URL (``s3://bucket/prefix``) is taken as it is.
+
+    Example:
+        >>> checkpoint_root(config, Path("/models/digits"))
+        PosixPath('/models/digits/checkpoints')
+    """
+    if is_url(config.checkpoint_storage.path):
+        return config.checkpoint_storage.path
+    path = Path(config.checkpoint_storage.path)
+    return path if path.is_absolute() else (model_dir / path).resolve()

@@ -1,7 +1,7 @@
 """A trial's ``entrypoint`` (``module:Name``) resolved without importing torch.
 
 The ranks resolve it to run the trial, and the driver's check before a search
-(:mod:`searcher._entrypoint_probe`) resolves it the same way in a process of its own.
+(:mod:`searcher.submit._entrypoint_probe`) resolves it the same way in a process of its own.
 That check imports what the user's module imports and nothing more: a trial that is a
 plain function (scikit-learn, XGBoost, a simulation) is checked without paying for
 torch's import.

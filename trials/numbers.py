@@ -16,7 +16,9 @@ Example:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from decimal import Decimal
+from typing import Any
 
 SIGNIFICANT_DIGITS = 4
 # JavaScript prints a number in plain decimals in this range, in exponent form outside.
@@ -35,3 +37,17 @@ def significant(value: float) -> str:
         return text.rstrip("0").rstrip(".") if "." in text else text
     mantissa, exponent = repr(rounded).split("e")
     return f"{mantissa.removesuffix('.0')}e{int(exponent):+d}"
+
+
+def format_value(value: object) -> str:
+    """A table cell: floats with 4 significant digits, None as ``-``, the rest as is."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return significant(value)
+    return str(value)
+
+
+def format_hparams(hparams: Mapping[str, Any]) -> str:
+    """``name=value`` pairs sorted by name, floats shortened as in every table cell."""
+    return ", ".join(f"{k}={format_value(v)}" for k, v in sorted(hparams.items()))

@@ -1,7 +1,7 @@
 """How the learning-curve chart reads an experiment's config: its step axis and ASHA's rungs.
 
 The runtime reports the searcher metric to Optuna at steps in ``searcher.max_length``'s
-unit (epochs or batches; see ``searcher.samplers.pruner_spec``), so the chart uses that
+unit (epochs or batches; see ``searcher.submit.samplers.pruner_spec``), so the chart uses that
 unit and ASHA's rungs fall on it: rung ``k`` is at ``min_resource x
 reduction_factor ** (min_early_stopping_rate + k)``, below ``max_length``.
 

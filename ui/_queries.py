@@ -1234,7 +1234,7 @@ def failure_summary(engine: Engine, experiment_id: int) -> FailureSummary:
 
 
 # What the driver writes into the error of trials it ends when it stops the experiment
-# (``searcher.running`` and ``searcher.control``), before the stop's reason.
+# (``searcher.driver.running`` and ``searcher.driver.control``), before the stop's reason.
 _STOPPED_PREFIXES = ("experiment stopped before the trial ran: ", "experiment stopped: ")
 
 

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from rich.console import Console
 
-import searcher.cli_integrations as cli_integrations
-from searcher.diagnose_command import add_parser as add_diagnose_parser
-from searcher.diagnose_command import cmd_diagnose
+import searcher.cli.exports as exports
+from searcher.cli.diagnose import add_parser as add_diagnose_parser
+from searcher.cli.diagnose import cmd_diagnose
 
 if TYPE_CHECKING:
     from searcher.api import Experiment
@@ -229,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument(
         "--port", type=_int_in("--port", 1, _MAX_PORT), default=8501, help="port (default 8501)"
     )
-    cli_integrations.add_commands(
+    exports.add_commands(
         commands,
         add_db=_add_db,
         add_experiment=_add_experiment,
@@ -287,8 +287,8 @@ def _capped(problems: list[str]) -> list[str]:
 
 
 def _db_url(args: argparse.Namespace, *, need_schema: bool = False) -> str:
-    """The ``--db`` database, checked and opened (:func:`searcher.submission.open_database`)."""
-    from searcher.submission import open_database
+    """The ``--db`` database, checked and opened (:func:`searcher.submit.submission.open_database`)."""
+    from searcher.submit.submission import open_database
 
     return open_database(args.db, need_schema=need_schema)
 
@@ -314,7 +314,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     config_path = Path(args.config)
     if args.test:
-        from searcher.trial_test import run_trial_test
+        from searcher.diagnose.smoke import run_trial_test
 
         return run_trial_test(config_path, cluster=args.cluster, slots=args.slots)
     if args.detach:
@@ -371,8 +371,8 @@ def _summary(experiment: Experiment) -> int:
 
 def _print_summary(db_url: str, experiment_id: int, state: str) -> None:
     """The final line (state and counts), a warning when some trials failed, the best trials."""
+    from searcher.cli.tables import best_trials_table
     from searcher.experiments import best_trials, trial_counts
-    from searcher.tables import best_trials_table
     from storage import Experiment, session_scope
     from trials.config import read_stored_config
 
@@ -400,7 +400,8 @@ def _print_summary(db_url: str, experiment_id: int, state: str) -> None:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from searcher.tables import experiment_rows, experiments_table
+    from searcher.cli.tables import experiments_table
+    from searcher.experiments import experiment_rows
     from storage import session_scope, upgrade_schema
 
     db_url = _db_url(args, need_schema=True)
@@ -415,8 +416,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_describe(args: argparse.Namespace) -> int:
-    from searcher.experiments import find_experiment
-    from searcher.tables import describe_rows, failure_lines, trials_table, waiting_lines
+    from searcher.cli.tables import failure_lines, trials_table, waiting_lines
+    from searcher.experiments import describe_rows, find_experiment
     from storage import session_scope, upgrade_schema
 
     db_url = _db_url(args, need_schema=True)
@@ -454,7 +455,7 @@ def _cmd_kill(args: argparse.Namespace) -> int:
 def _cmd_enqueue(args: argparse.Namespace) -> int:
     import optuna
 
-    import searcher.space as space
+    import searcher.submit.space as space
     from searcher.experiments import UsageError, find_experiment
     from storage import Experiment, ExperimentState, optuna_storage, session_scope
     from trials.config import read_stored_config
@@ -485,7 +486,7 @@ def _cmd_enqueue(args: argparse.Namespace) -> int:
 
 def _cmd_task(args: argparse.Namespace) -> int:
     """Every slot and its holder, then the cluster's queue in order with each reason."""
-    from searcher.tables import queue_rows, queue_table, task_rows, tasks_table
+    from searcher.cli.tables import queue_rows, queue_table, task_rows, tasks_table
     from storage import session_scope, upgrade_schema, utcnow
     from trials.coordination import allocations, cluster_queue
 
@@ -511,8 +512,8 @@ def _cmd_agents(args: argparse.Namespace) -> int:
     """Agents by pool; with a database, how many slots of each are held right now."""
     from collections import Counter
 
+    from searcher.cli.tables import agents_table
     from searcher.experiments import UsageError
-    from searcher.tables import agents_table
     from storage import DB_ENV_VAR, DatabaseUrlError, session_scope
     from trials.coordination import allocations
 
@@ -565,9 +566,5 @@ _HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "task": _cmd_task,
     "agents": _cmd_agents,
     "ui": _cmd_ui,
-    **cli_integrations.HANDLERS,
+    **exports.HANDLERS,
 }
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

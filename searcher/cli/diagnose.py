@@ -1,5 +1,5 @@
 """The ``slotsweep diagnose`` command: its arguments and exit codes (the work is
-:mod:`searcher.diagnose`, imported when the command runs: building the parser stays cheap).
+:mod:`searcher.diagnose.probes`, imported when the command runs: building the parser stays cheap).
 
 Example:
     $ slotsweep diagnose examples/digits/experiment.yaml --hparams global_batch_size=256
@@ -56,7 +56,7 @@ def add_parser(commands: Any, options: tuple[AddOptions, ...]) -> None:
 def cmd_diagnose(args: argparse.Namespace) -> int:
     """0 with a diagnosis, 1 when a probe failed (its trial's error in one line); bad
     input and unplaceable sizes raise what the CLI turns into one line and exit 2."""
-    from searcher.diagnose import PROBE_BATCHES, ProbeFailed, diagnose, print_report
+    from searcher.diagnose.probes import PROBE_BATCHES, ProbeFailed, diagnose, print_report
 
     try:
         report = diagnose(

@@ -73,7 +73,7 @@ def add_commands(
 def _open(args: argparse.Namespace) -> tuple[str, int]:
     """The database and the experiment's id, as every command resolves them."""
     from searcher.experiments import find_experiment
-    from searcher.submission import open_database
+    from searcher.submit.submission import open_database
     from storage import session_scope
 
     db_url = open_database(args.db, need_schema=True)

@@ -19,15 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.table import Table
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
 
-from searcher.experiments import best_trials, trial_counts
-from storage import Checkpoint, CheckpointState, Experiment, Trial, TrialState
-from trials.config import read_stored_config
-from trials.coordination.cluster_queue import queue_view, waiting_reason
+from storage import Trial
 from trials.labels import trial_label
-from trials.numbers import significant
+from trials.numbers import format_hparams, format_value
 
 if TYPE_CHECKING:
     from trials.coordination.allocations import SlotHolder
@@ -45,43 +40,7 @@ def _table(title: str) -> Table:
     return Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False)
 
 
-def format_value(value: object) -> str:
-    """A table cell: floats with 4 significant digits, None as ``-``, the rest as is."""
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return significant(value)
-    return str(value)
-
-
-def format_hparams(hparams: Mapping[str, Any]) -> str:
-    """``name=value`` pairs sorted by name, floats shortened as in every table cell."""
-    return ", ".join(f"{k}={format_value(v)}" for k, v in sorted(hparams.items()))
-
-
 # ----------------------------------------------------------------------- list
-def experiment_rows(session: Session) -> list[dict[str, Any]]:
-    """One row per experiment: state, trial counts and the best searcher metric value."""
-    rows = []
-    for experiment in session.scalars(select(Experiment).order_by(Experiment.id)):
-        counts = trial_counts(session, experiment.id)
-        best = best_trials(session, experiment, limit=1)
-        rows.append(
-            {
-                "id": experiment.id,
-                "name": experiment.name,
-                "state": experiment.state.value,
-                "trials": counts.total,
-                "max_trials": experiment.max_trials,
-                "running": counts.running,
-                "completed": counts.completed,
-                "pruned": counts.pruned,
-                "failed": counts.errored,
-                "metric": read_stored_config(experiment.config).searcher.metric,
-                "best": best[0].searcher_metric_value if best else None,
-            }
-        )
-    return rows
 
 
 def experiments_table(rows: Sequence[Mapping[str, Any]]) -> Table:
@@ -106,52 +65,6 @@ def experiments_table(rows: Sequence[Mapping[str, Any]]) -> Table:
 
 
 # ------------------------------------------------------------------- describe
-def describe_rows(session: Session, experiment: Experiment) -> dict[str, Any]:
-    """The experiment and each of its trials, numbered as Optuna numbers them."""
-    latest = (
-        select(Checkpoint.trial_id, func.max(Checkpoint.step).label("step"))
-        .where(Checkpoint.state == CheckpointState.COMPLETED)
-        .group_by(Checkpoint.trial_id)
-        .subquery()
-    )
-    found = session.execute(
-        select(Trial, latest.c.step)
-        .outerjoin(latest, latest.c.trial_id == Trial.id)
-        .where(Trial.experiment_id == experiment.id)
-        .order_by(Trial.optuna_trial_number)
-    ).all()
-    metric = read_stored_config(experiment.config).searcher.metric
-    queued = {view.trial_id: view for view in queue_view(session, experiment_id=experiment.id)}
-    trials = [
-        {
-            "trial": trial_label(experiment.id, trial.optuna_trial_number),
-            "number": trial.optuna_trial_number,
-            "state": trial.state.value,
-            metric: trial.searcher_metric_value,
-            "batches": trial.total_batches,
-            "restarts": trial.restarts,
-            "slot_seconds": trial.slot_seconds,
-            "checkpoint_step": step,
-            "hyperparameters": dict(trial.hparams),
-            "error": trial.error,
-            "waiting_reason": (
-                waiting_reason(queued.get(trial.id), experiment.state)
-                if trial.state == TrialState.QUEUED
-                else None
-            ),
-        }
-        for trial, step in found
-    ]
-    return {
-        "id": experiment.id,
-        "name": experiment.name,
-        "state": experiment.state.value,
-        "metric": metric,
-        "max_trials": experiment.max_trials,
-        # Its folder under checkpoint_storage.path: ``<id>-<key>``, not to be guessed.
-        "checkpoint_folder": experiment.checkpoint_folder,
-        "trials": trials,
-    }
 
 
 def trials_table(described: Mapping[str, Any]) -> Table:

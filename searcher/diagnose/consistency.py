@@ -254,10 +254,10 @@ def _optuna_problems(db_url: str, experiment: Experiment, trials: Sequence[Trial
 def _searched_hyperparameters(stored_config: Any) -> set[str] | None:
     """The names Optuna suggests: the stored space's non-constant hyperparameters.
 
-    Parsed with the config's own types and :func:`searcher.space.distributions`, so what
+    Parsed with the config's own types and :func:`searcher.submit.space.distributions`, so what
     counts as searched is decided in one place. None when the stored space does not parse.
     """
-    from searcher.space import distributions
+    from searcher.submit.space import distributions
 
     try:
         return set(distributions(read_stored_hyperparameters(stored_config)))

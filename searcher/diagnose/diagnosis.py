@@ -1,7 +1,7 @@
 """What ``slotsweep diagnose`` concludes from its probes: pure functions over numbers.
 
 Each probe is a short run of the experiment's own trial with one thing changed
-(:mod:`searcher.diagnose` runs them). Its phase timings give, per window of batches,
+(:mod:`searcher.diagnose.probes` runs them). Its phase timings give, per window of batches,
 the seconds of a batch: input (waiting for the loader and copying to the device),
 ``train_batch`` (forward, backward and, on the last batch of an aggregation group, the
 gradient exchange) and the rest (schedulers, metric reduction). From the probes:

@@ -26,7 +26,7 @@ Each throughput probe trains :data:`PROBE_BATCHES` batches (``--batches``, at le
 :data:`MIN_PROBE_BATCHES`) timed in windows of :data:`WINDOW_BATCHES` (the first
 window is warm-up and left out); every number is given as the median over the windows
 and their range. ``--probes`` runs only some of the optional probes (``configured``
-always runs). The conclusions are :mod:`searcher.diagnosis`'s pure functions. The
+always runs). The conclusions are :mod:`searcher.diagnose.diagnosis`'s pure functions. The
 diagnosis is stored in ``--db`` (``storage.Diagnosis``), linked to the latest
 experiment of the same name if any.
 
@@ -51,9 +51,9 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy import func, make_url, select, text
 
-import searcher.samplers as samplers
-import searcher.space as space
-from searcher.diagnosis import (
+import searcher.submit.samplers as samplers
+import searcher.submit.space as space
+from searcher.diagnose.diagnosis import (
     NO_EXCHANGE_AGGREGATION,
     Exchange,
     Probe,
@@ -66,10 +66,11 @@ from searcher.diagnosis import (
     share_removed,
     suggest,
 )
-from searcher.driver import SearchDriver
-from searcher.experiments import UsageError, create_experiment
-from searcher.submission import open_database, validate_run
-from searcher.trial_test import failure_line, first_point, temporary_places
+from searcher.diagnose.smoke import failure_line, first_point, temporary_places
+from searcher.driver.driver import SearchDriver
+from searcher.experiments import UsageError
+from searcher.submit.creation import create_experiment
+from searcher.submit.submission import open_database, validate_run
 from storage import (
     Diagnosis,
     Experiment,
@@ -380,7 +381,7 @@ def probe_database(db_url: str, folder: Path, executor: Executor) -> Iterator[st
 def build_report(
     config: ExperimentConfig, probes: Sequence[Probe], exchange: Exchange | None
 ) -> Report:
-    """The conclusions from measured probes (pure: :mod:`searcher.diagnosis`)."""
+    """The conclusions from measured probes (pure: :mod:`searcher.diagnose.diagnosis`)."""
     by_name = {p.name: p for p in probes}
     configured, synthetic = by_name["configured"], by_name.get("synthetic")
     no_exchange = by_name.get("no_exchange")

@@ -4,7 +4,7 @@ Determined's ``--test`` for slotsweep: before a search spends hours, run its cod
 the configured slots through the real path (the driver, torchrun, the managed loop)
 and say what happened, phase by phase:
 
-1. ``entrypoint``: the entrypoint resolves (:func:`searcher.preflight.check_entrypoint`).
+1. ``entrypoint``: the entrypoint resolves (:func:`searcher.submit.preflight.check_entrypoint`).
 2. ``trial``: one trial at the first point of the space trains :data:`TEST_BATCHES`
    batches, validates once and writes checkpoints (after batch
    :data:`CHECKPOINT_AFTER` and at the end). The first point is the first point of
@@ -37,12 +37,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from searcher.failures import FailureRecord
-from searcher.tables import format_value
+from searcher.driver.failures import FailureRecord
 from trials.config import ConfigError, ConstHP, ExperimentConfig, load_config, parse_config
+from trials.numbers import format_value
 
 if TYPE_CHECKING:
-    from searcher.submission import ValidatedRun
+    from searcher.submit.submission import ValidatedRun
 
 TEST_BATCHES = 4
 CHECKPOINT_AFTER = 2
@@ -64,8 +64,8 @@ def run_trial_test(
     ``cluster`` and ``slots`` are the CLI's ``--cluster`` and ``--slots``
     (:func:`trials.executors.load_cluster`). Lines go to ``out`` (default stdout).
     """
-    from searcher.preflight import check_entrypoint
-    from searcher.submission import validate_run
+    from searcher.submit.preflight import check_entrypoint
+    from searcher.submit.submission import validate_run
     from trials.executors import load_cluster
 
     out = out or sys.stdout
@@ -172,9 +172,9 @@ class _TestRun:
     def _create(self) -> int:
         import optuna
 
-        import searcher.samplers as samplers
-        import searcher.space as space
-        from searcher.experiments import create_experiment
+        import searcher.submit.samplers as samplers
+        import searcher.submit.space as space
+        from searcher.submit.creation import create_experiment
         from storage import optuna_storage, session_scope
 
         experiment_id = create_experiment(
@@ -200,7 +200,7 @@ class _TestRun:
         return experiment_id
 
     def _drive(self, experiment_id: int) -> None:
-        from searcher.driver import SearchDriver
+        from searcher.driver.driver import SearchDriver
 
         SearchDriver(experiment_id, self.validated, show_progress=False).run()
 

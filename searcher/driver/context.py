@@ -1,8 +1,8 @@
 """What every part of the search driver reads: one experiment's fixed facts and timings.
 
-:class:`~searcher.driver.SearchDriver` builds one :class:`DriverContext` when it starts
-and hands it to its parts (:mod:`searcher.study_side`, :mod:`searcher.placement`,
-:mod:`searcher.running`, :mod:`searcher.outcomes`, :mod:`searcher.control`). Nothing
+:class:`~searcher.driver.driver.SearchDriver` builds one :class:`DriverContext` when it starts
+and hands it to its parts (:mod:`searcher.driver.study_side`, :mod:`searcher.driver.placement`,
+:mod:`searcher.driver.running`, :mod:`searcher.driver.outcomes`, :mod:`searcher.driver.control`). Nothing
 in it changes while the driver runs; what does change (the Optuna study, the pending
 queue, the running attempts, what Ctrl-C asked for) lives in the part that owns it.
 
@@ -30,7 +30,7 @@ from trials.scheduler import ResourcePool
 from trials.timings import Timings
 
 # Every part logs as the driver did before it was split, so a filter on the
-# "searcher.driver" logger still sees every line the driver writes.
+# "searcher.driver.driver" logger still sees every line the driver writes.
 driver_log = logging.getLogger("searcher.driver")
 
 

@@ -35,7 +35,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from searcher.driver_context import DriverContext, driver_log
+from searcher.driver.context import DriverContext, driver_log
 from searcher.experiments import UsageError, driver_alive
 from storage import Experiment, ExperimentState, Trial, TrialState, session_scope, utcnow
 from trials.coordination import allocations as slot_ledger
@@ -156,9 +156,9 @@ def finish(
 
     A completed experiment's checkpoints are garbage-collected. A killed or stopped one
     ends its queued trials: one that never started (asked, maybe ahead of its slots) with
-    ``not_run`` (:meth:`searcher.outcomes.Outcomes.not_run`: no failure of the search),
+    ``not_run`` (:meth:`searcher.driver.outcomes.Outcomes.not_run`: no failure of the search),
     one that ran before and waits for a restart with ``fail``
-    (:meth:`searcher.outcomes.Outcomes.fail`). Both queue Optuna's tells: flush them
+    (:meth:`searcher.driver.outcomes.Outcomes.fail`). Both queue Optuna's tells: flush them
     after this returns.
     """
     with session_scope(ctx.db_url) as session:

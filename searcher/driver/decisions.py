@@ -1,6 +1,6 @@
 """What the driver's tick decides about ended attempts, as plain data between its stages.
 
-Reaping ends attempts; :class:`searcher.outcomes.Outcomes` records each one's outcome
+Reaping ends attempts; :class:`searcher.driver.outcomes.Outcomes` records each one's outcome
 on the trial's row and returns what else must happen: the trial goes back to the
 pending queue (:class:`Requeue`), or the whole experiment stops (:class:`StopExperiment`,
 ``fail_fast_trials``). A failed trial needs nothing more: its row and Optuna's FAIL are
@@ -8,7 +8,7 @@ written where it failed. The driver applies the decisions (:func:`apply_decision
 no stage reaches back into another.
 
 Example:
-    >>> from searcher.control import Control
+    >>> from searcher.driver.control import Control
     >>> class Queue:
     ...     def requeue(self, trial_id: int, slots: int) -> None:
     ...         print("queued", trial_id, slots)
@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from searcher.control import Control, Stop
+from searcher.driver.control import Control, Stop
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ Decision = Requeue | StopExperiment
 
 
 class RequeueTarget(Protocol):
-    """Where requeued trials wait (:class:`searcher.placement.PendingQueue`)."""
+    """Where requeued trials wait (:class:`searcher.driver.placement.PendingQueue`)."""
 
     def requeue(self, trial_id: int, slots: int) -> None:
         """Queue the trial again (once)."""

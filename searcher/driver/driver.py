@@ -9,20 +9,20 @@ continue from their latest checkpoint, and the Optuna study goes on to
 :class:`SearchDriver` only composes the parts and runs the tick loop; each part is
 a small module found by its name:
 
-- :mod:`searcher.study_side`: the Optuna study (ask, write trial rows, tell, adopt and
+- :mod:`searcher.driver.study_side`: the Optuna study (ask, write trial rows, tell, adopt and
   reconcile after a crash, trials left);
-- :mod:`searcher.placement`: the pending queue and placing it on free slots;
-- :mod:`searcher.running`: starting attempts through the executor, reaping, hang
+- :mod:`searcher.driver.placement`: the pending queue and placing it on free slots;
+- :mod:`searcher.driver.running`: starting attempts through the executor, reaping, hang
   detection, preempting and killing, leftovers of a dead driver;
-- :mod:`searcher.handoff`: a warm job's next trials decided ahead, which the job's rank 0
+- :mod:`searcher.driver.handoff`: a warm job's next trials decided ahead, which the job's rank 0
   starts itself at the hand-back;
-- :mod:`searcher.runtime_spec`: the runtime spec of an attempt (a pure builder);
-- :mod:`searcher.outcomes`: what an ended attempt means (a pure decision, applied);
-- :mod:`searcher.control`: ownership, heartbeat, Ctrl-C and requested actions, the end;
-- :mod:`searcher.driver_context`: the experiment's fixed facts the parts share.
+- :mod:`searcher.driver.runtime_spec`: the runtime spec of an attempt (a pure builder);
+- :mod:`searcher.driver.outcomes`: what an ended attempt means (a pure decision, applied);
+- :mod:`searcher.driver.control`: ownership, heartbeat, Ctrl-C and requested actions, the end;
+- :mod:`searcher.driver.context`: the experiment's fixed facts the parts share.
 
 The driver checks nothing about the run itself: it is handed a
-:class:`~searcher.submission.ValidatedRun` (the config, the pool, the run's one
+:class:`~searcher.submit.submission.ValidatedRun` (the config, the pool, the run's one
 executor, the database), validated once when the run was submitted.
 
 A search is one call, which returns the experiment's final state
@@ -39,19 +39,19 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-import searcher.control as control
-from searcher.control import Control, Stop
-from searcher.decisions import apply_decisions
-from searcher.driver_context import DriverContext, driver_log
+import searcher.driver.control as control
+from searcher.driver.context import DriverContext, driver_log
+from searcher.driver.control import Control, Stop
+from searcher.driver.decisions import apply_decisions
+from searcher.driver.outcomes import Outcomes
+from searcher.driver.placement import PendingQueue
+from searcher.driver.progress import SearchProgress
+from searcher.driver.running import RunningTrials, end_leftover_warm_jobs, end_leftovers
+from searcher.driver.study_side import StudySide, TellQueue, max_trials
 from searcher.experiments import UsageError, trial_counts, trial_total
 from searcher.integrations import DriverIntegrations
 from searcher.logs import experiment_log_dir
-from searcher.outcomes import Outcomes
-from searcher.placement import PendingQueue
-from searcher.progress import SearchProgress
-from searcher.running import RunningTrials, end_leftover_warm_jobs, end_leftovers
-from searcher.study_side import StudySide, TellQueue, max_trials
-from searcher.submission import ValidatedRun
+from searcher.submit.submission import ValidatedRun
 from storage import (
     TRANSIENT_DEADLINE_S,
     DatabaseUnavailableError,
@@ -257,7 +257,7 @@ class SearchDriver:
         that started nothing waits again). Optuna hears the outcomes, and the trials
         to come are asked ahead, only once the launches are done and the warm jobs'
         ranks took the trials handed to them: a warm job's next trials, asked while its
-        current one ran, are decided ahead as that job's next (:mod:`searcher.handoff`),
+        current one ran, are decided ahead as that job's next (:mod:`searcher.driver.handoff`),
         and its rank 0 starts each at a hand-back without waiting for this driver.
         """
         study = self._loaded_study()

@@ -1,7 +1,7 @@
 """A warm job's next trials, decided ahead: rank 0 starts each at the hand-back, no driver between.
 
 The driver asks each warm job's next trials while the current one runs (constant liar,
-:meth:`searcher.study_side.StudySide.fill_queue` with ``ahead``). :class:`AheadReservations`
+:meth:`searcher.driver.study_side.StudySide.fill_queue` with ``ahead``). :class:`AheadReservations`
 also decides, while the job still runs, that these trials are the job's next ones, in
 order and :data:`DEPTH` at most, each under the placement decision's rule for an idle
 warm job (:func:`storage.contesting_trial`: its search's next trial of its shape,
@@ -13,18 +13,18 @@ starts them anywhere else.
 At the hand-back rank 0 starts the first of them in the transaction that ends the job's
 trial, if its decision still stands (``trials.runtime._warm_ahead``), and the next moves
 up; the driver sees the job running it at its next look, adopts it
-(:meth:`searcher.running.RunningTrials.reap`) and decides one more ahead. Two are kept
+(:meth:`searcher.driver.running.RunningTrials.reap`) and decides one more ahead. Two are kept
 because a short trial may end before the driver has looked: rank 0 then starts the
 second too, and the driver adopts both, in order. Otherwise rank 0 hands the job back
 and clears them all, and the driver puts each back in the pending queue
-(:meth:`AheadReservations.settle`, a :class:`~searcher.decisions.Requeue`) for an
+(:meth:`AheadReservations.settle`, a :class:`~searcher.driver.decisions.Requeue`) for an
 ordinary decision. A pause or a kill withdraws every reservation
 (:meth:`AheadReservations.withdraw`); those rank 0 took first are adopted and then
 stopped like any running trial. A reservation lives only on the job's row: a resume
 closes every job left and runs its trials as any other queued ones.
 
 Example:
-    >>> from searcher.placement import PendingQueue
+    >>> from searcher.driver.placement import PendingQueue
     >>> ahead = AheadReservations(ctx)
     >>> pending = PendingQueue(ctx)
     >>> ahead.reserve([RunningJob(job_id=1, slots=1, trial_id=1)], pending)  # nothing waits
@@ -42,10 +42,10 @@ from pathlib import Path
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from searcher.decisions import Requeue
-from searcher.driver_context import DriverContext
-from searcher.placement import PendingQueue
-from searcher.runtime_spec import build_runtime_spec
+from searcher.driver.context import DriverContext
+from searcher.driver.decisions import Requeue
+from searcher.driver.placement import PendingQueue
+from searcher.driver.runtime_spec import build_runtime_spec
 from storage import (
     Trial,
     TrialRun,
@@ -219,7 +219,7 @@ class AheadReservations:
         """At the hand-back of ``job_id``'s trial: what became of its first reservation.
 
         ``[Started]`` when rank 0 started it in that hand-back (the driver adopts it;
-        the next ones stay reserved), else a :class:`~searcher.decisions.Requeue` for
+        the next ones stay reserved), else a :class:`~searcher.driver.decisions.Requeue` for
         each reservation (rank 0 refused, or the job ended: every one waits again, and
         rank 0 can take none of them from here on). Empty when the job has none. One
         transaction: the withdrawal and the look at what rank 0 did cannot interleave
@@ -247,7 +247,7 @@ class AheadReservations:
 
         A :class:`Started` for each that rank 0 started first (the first ones: the driver
         adopts them in order, each ended the one before it on the job), a
-        :class:`~searcher.decisions.Requeue` for each other (it waits again). One
+        :class:`~searcher.driver.decisions.Requeue` for each other (it waits again). One
         transaction, as :meth:`settle`.
         """
         chain = self._by_job.pop(job_id, [])

@@ -1,6 +1,6 @@
 """Starting a trial's attempt: its run row first, then its log line, then its processes.
 
-:class:`AttemptStarter` does the three steps :meth:`searcher.running.RunningTrials.launch`
+:class:`AttemptStarter` does the three steps :meth:`searcher.driver.running.RunningTrials.launch`
 takes for each placement. :meth:`AttemptStarter.record` confirms the slot claim behind
 the placement and writes the run row in one transaction
 (:func:`trials.coordination.allocations.confirm_claim`: a claim lost while this driver was
@@ -14,7 +14,7 @@ Two attempts of a trial never overlap: an earlier one not confirmed gone raises
 :class:`EarlierAttemptRunning` and the trial waits.
 
 A launch that raised is settled here too (:func:`settle_failed_launch`): a trial that
-started nothing goes back to the pending queue (a :class:`~searcher.decisions.Requeue`),
+started nothing goes back to the pending queue (a :class:`~searcher.driver.decisions.Requeue`),
 one whose launch failed for good is failed. When a transient database error stops the
 launches, the placements not tried yet give their claims back (:func:`release_claims`).
 
@@ -37,13 +37,13 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from searcher.decisions import Decision, Requeue
-from searcher.driver_context import DriverContext, driver_log
-from searcher.outcomes import Outcomes
-from searcher.placement import Placed
-from searcher.runtime_spec import build_runtime_spec
-from searcher.study_side import missing_hparams
-from searcher.warm import IdleJob, IdleWarmJobs
+from searcher.driver.context import DriverContext, driver_log
+from searcher.driver.decisions import Decision, Requeue
+from searcher.driver.outcomes import Outcomes
+from searcher.driver.placement import Placed
+from searcher.driver.runtime_spec import build_runtime_spec
+from searcher.driver.study_side import missing_hparams
+from searcher.driver.warm import IdleJob, IdleWarmJobs
 from storage import (
     Checkpoint,
     CheckpointState,
@@ -226,7 +226,7 @@ class AttemptStarter:
     def adopt(self, trial_id: int, run_id: int, warm_job_id: int) -> tuple[Attempt, float]:
         """The attempt that rank 0 of warm job ``warm_job_id`` started itself, and its age in s.
 
-        Its trial was decided ahead for the job (:mod:`searcher.handoff`) and rank 0
+        Its trial was decided ahead for the job (:mod:`searcher.driver.handoff`) and rank 0
         wrote its run at the hand-back: the driver takes it over as it would an attempt
         it started on the job, its log's first line included.
         """
@@ -344,7 +344,7 @@ def settle_failed_launch(
 
     A claim lost between the decision and the launch, or an earlier attempt still
     running, started nothing: the trial waits for a new placement (a
-    :class:`~searcher.decisions.Requeue`). A transient database error returns None: nothing
+    :class:`~searcher.driver.decisions.Requeue`). A transient database error returns None: nothing
     was started (the run's row comes first), and the caller retries the tick. Any other
     failure releases the slots and fails the trial.
     """

@@ -4,14 +4,14 @@ The decision is a pure function, :func:`decide_outcome`: the facts a trial recor
 (:class:`OutcomeFacts`) in, a :class:`OutcomeDecision` out. :class:`Outcomes` does the
 I/O around it: it reads the facts from the database, applies the decision to the
 trial's row, writes the failure line and queues Optuna's tell. What the driver must do
-besides, it returns as :mod:`searcher.decisions`: queue the trial again, or stop the
+besides, it returns as :mod:`searcher.driver.decisions`: queue the trial again, or stop the
 experiment when its first trials all failed the same way (``fail_fast_trials``).
 
 torchrun can exit non-zero after a finished run (gloo teardown), so the record, not
 the exit code, decides.
 
 A port clash (a port the attempt was given taken before it started:
-:func:`searcher.failures.is_port_clash`) is no failure either: the trial is queued
+:func:`searcher.driver.failures.is_port_clash`) is no failure either: the trial is queued
 again at once, its restarts unchanged, and its next attempt gets fresh ports. Only
 :data:`PORT_CLASH_RETRIES` clashes in a row go uncounted: a port that is always taken
 is no race.
@@ -35,17 +35,17 @@ from typing import Literal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from searcher.control import Control
-from searcher.decisions import Decision, Requeue, StopExperiment
-from searcher.driver_context import DriverContext, driver_log
-from searcher.failures import (
+from searcher.driver.context import DriverContext, driver_log
+from searcher.driver.control import Control
+from searcher.driver.decisions import Decision, Requeue, StopExperiment
+from searcher.driver.failures import (
     FailureRecord,
     RunVerdict,
     TrialOutcome,
     fail_fast_reason,
     judge_run,
 )
-from searcher.study_side import TellQueue, objective_values
+from searcher.driver.study_side import TellQueue, objective_values
 from storage import Metric, MetricKind, Trial, TrialFailure, TrialRun, TrialState, utcnow
 from trials.launch.launcher import write_log_line
 
@@ -213,8 +213,8 @@ class Outcomes:
     ) -> list[Decision]:
         """Record the outcome of the trial's ended attempt (its facts read in ``session``).
 
-        Returns what the driver must do besides: :class:`~searcher.decisions.Requeue` the
-        trial, or :class:`~searcher.decisions.StopExperiment`.
+        Returns what the driver must do besides: :class:`~searcher.driver.decisions.Requeue` the
+        trial, or :class:`~searcher.driver.decisions.StopExperiment`.
         """
         facts = self._facts(session, trial, exit_code, cause, stopped_by_cluster)
         decision = decide_outcome(facts)

@@ -7,15 +7,15 @@ waiting trials (:func:`trials.coordination.cluster_queue.decide`, one decision a
 the database's lock), which claims the slots of whatever it places in the shared
 ledger (:mod:`trials.coordination.allocations`, leased). :meth:`PendingQueue.place` takes the
 trials placed for this experiment off the queue and returns their placements, in the
-decision's order; the launching step (:meth:`searcher.running.RunningTrials.launch`)
+decision's order; the launching step (:meth:`searcher.driver.running.RunningTrials.launch`)
 starts them, and a trial that could not start comes back here as a
-:class:`~searcher.decisions.Requeue`.
+:class:`~searcher.driver.decisions.Requeue`.
 
 Example (the driver hands the placements to
-:meth:`RunningTrials.launch <searcher.running.RunningTrials.launch>`, which starts the
+:meth:`RunningTrials.launch <searcher.driver.running.RunningTrials.launch>`, which starts the
 trials' processes):
 
-    >>> from searcher.control import claim_ownership
+    >>> from searcher.driver.control import claim_ownership
     >>> claim_ownership(ctx)  # the queue of an experiment without a driver is dropped
     >>> pending = PendingQueue(ctx)
     >>> pending.queue(trial)
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from searcher.driver_context import DriverContext
+from searcher.driver.context import DriverContext
 from storage import Trial, session_scope
 from trials.coordination import allocations as slot_ledger
 from trials.coordination import cluster_queue
@@ -78,7 +78,7 @@ class PendingQueue:
         return min(sized, key=lambda p: (p.priority, p.order)).trial_id if sized else None
 
     def remove(self, trial_id: int) -> None:
-        """Take the trial off the queue (decided ahead for a warm job: ``searcher.handoff``)."""
+        """Take the trial off the queue (decided ahead for a warm job: ``searcher.driver.handoff``)."""
         self._pending = [p for p in self._pending if p.trial_id != trial_id]
 
     def queue(self, trial: Trial) -> None:
@@ -103,12 +103,12 @@ class PendingQueue:
 
         The decision (one at a time, over every experiment's queue) claims the slots;
         the placements come back in the decision's order, for the launching step
-        (:meth:`searcher.running.RunningTrials.launch`) to start. A trial the decision
+        (:meth:`searcher.driver.running.RunningTrials.launch`) to start. A trial the decision
         placed that no longer waits here (it ended while queued) gets its slots back.
 
         ``room`` (None: no limit) is how many more trials may run now: only the oldest
         ``room`` pending trials are offered to the cluster, and no more are placed. The
-        others were asked ahead (:meth:`searcher.study_side.StudySide.fill_queue`) and
+        others were asked ahead (:meth:`searcher.driver.study_side.StudySide.fill_queue`) and
         wait here, out of the cluster's queue, until a running trial ends.
         """
         if not self._pending or room == 0:

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column
 
-from searcher.tables import format_value
+from trials.numbers import format_value
 
 if TYPE_CHECKING:
     from searcher.experiments import TrialCounts

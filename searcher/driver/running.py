@@ -8,8 +8,8 @@ should the driver die; then ``executor.launch`` starts it, then what finds it ag
 is recorded.
 :class:`RunningTrials` holds the :class:`~trials.executors.TrialJob` of each attempt
 this driver started, reaps those that exited (the outcome goes to
-:class:`~searcher.outcomes.Outcomes`, and what it decided back to the driver as
-:mod:`searcher.decisions`), ends those that hang, and preempts (pause) or
+:class:`~searcher.driver.outcomes.Outcomes`, and what it decided back to the driver as
+:mod:`searcher.driver.decisions`), ends those that hang, and preempts (pause) or
 kills them all. :func:`end_leftovers` ends what a dead driver left running.
 
 Two attempts of a trial never overlap, and an attempt's slots go back to the ledger
@@ -34,20 +34,20 @@ from pathlib import Path
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from searcher.control import Control, Stop
-from searcher.decisions import Decision, Requeue
-from searcher.driver_context import DriverContext, driver_log
-from searcher.experiments import UsageError
-from searcher.handoff import DEPTH, AheadReservations, RunningJob, Started
-from searcher.launching import (
+from searcher.driver.context import DriverContext, driver_log
+from searcher.driver.control import Control, Stop
+from searcher.driver.decisions import Decision, Requeue
+from searcher.driver.handoff import DEPTH, AheadReservations, RunningJob, Started
+from searcher.driver.launching import (
     Attempt,
     AttemptStarter,
     release_claims,
     settle_failed_launch,
 )
-from searcher.outcomes import Outcomes
-from searcher.placement import PendingQueue, Placed
-from searcher.warm import IdleJob, IdleWarmJobs
+from searcher.driver.outcomes import Outcomes
+from searcher.driver.placement import PendingQueue, Placed
+from searcher.driver.warm import IdleJob, IdleWarmJobs
+from searcher.experiments import UsageError
 from storage import (
     FENCED_EXIT_CODE,
     Trial,
@@ -129,7 +129,7 @@ class RunningTrials:
         self._running: dict[int, _Running] = {}
         self.warm = IdleWarmJobs(ctx)
         self.starter = AttemptStarter(ctx, self.warm)
-        #: The next trials of each warm job at work, decided ahead (:mod:`searcher.handoff`).
+        #: The next trials of each warm job at work, decided ahead (:mod:`searcher.driver.handoff`).
         self.ahead = AheadReservations(ctx)
 
     def __len__(self) -> int:
@@ -137,7 +137,7 @@ class RunningTrials:
 
     @property
     def wanted_ahead(self) -> int:
-        """How many trials to ask ahead: :data:`~searcher.handoff.DEPTH` per warm job at work."""
+        """How many trials to ask ahead: :data:`~searcher.driver.handoff.DEPTH` per warm job at work."""
         return DEPTH * sum(1 for r in self._running.values() if r.warm_job_id is not None)
 
     @property
@@ -157,7 +157,7 @@ class RunningTrials:
 
         A trial that started nothing (its claim was lost, or an earlier attempt still
         runs) goes back to the queue; one whose launch failed is failed, its slots
-        released (:func:`~searcher.launching.settle_failed_launch`). A transient database
+        released (:func:`~searcher.driver.launching.settle_failed_launch`). A transient database
         error stops the launches and propagates (the tick is retried): that trial and the
         later ones go back to the queue, the later ones without their claims, and what was
         decided waits in :meth:`take_decisions` for the next tick.
@@ -366,7 +366,7 @@ class RunningTrials:
         """Apply what settling the reservations of ``running``'s warm job gave; the attempt
         the job went on to, or None.
 
-        Rank 0 started each :class:`~searcher.handoff.Started` trial in the transaction
+        Rank 0 started each :class:`~searcher.driver.handoff.Started` trial in the transaction
         that ended the one before it on the job: each is adopted in order, and the
         trial before it recorded as handed back. Its ``job_went_past`` says whether the
         job had gone past the last one too when the driver looked (rank 0 ran it to its

@@ -2,7 +2,7 @@
 
 A pure builder (no database, no processes): the experiment (:class:`DriverContext`),
 the trial's row, the attempt number and the checkpoint it restores go in, a
-:class:`~trials.RuntimeSpec` comes out. :mod:`searcher.running` stores it on the run
+:class:`~trials.RuntimeSpec` comes out. :mod:`searcher.driver.running` stores it on the run
 row and hands it to the executor.
 
 Example:
@@ -16,27 +16,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import searcher.samplers as samplers
-from searcher.driver_context import DriverContext
+import searcher.submit.samplers as samplers
+from searcher.driver.context import DriverContext
 from searcher.logs import scratch_root
 from storage import Checkpoint, Trial
-from trials import RuntimeSpec, is_url
+from trials import RuntimeSpec, checkpoint_root
 from trials.config import ExperimentConfig, WarmSpec
-
-
-def checkpoint_root(config: ExperimentConfig, model_dir: Path) -> Path | str:
-    """Where the experiment's checkpoints go: the configured path, relative to ``model_dir``.
-
-    A URL (``s3://bucket/prefix``) is taken as it is.
-
-    Example:
-        >>> checkpoint_root(config, Path("/models/digits"))
-        PosixPath('/models/digits/checkpoints')
-    """
-    if is_url(config.checkpoint_storage.path):
-        return config.checkpoint_storage.path
-    path = Path(config.checkpoint_storage.path)
-    return path if path.is_absolute() else (model_dir / path).resolve()
 
 
 def build_runtime_spec(

@@ -7,7 +7,7 @@ here but never told. :class:`StudySide` owns the study and closes both gaps on r
 (:class:`TellQueue`) and told only after our transaction commits.
 
 Example:
-    >>> from searcher.placement import PendingQueue
+    >>> from searcher.driver.placement import PendingQueue
     >>> pending = PendingQueue(ctx)
     >>> side = StudySide.load(ctx, trials_so_far=1, tells=TellQueue())
     >>> side.fill_queue(running=0, pending=pending)
@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import select
 
-import searcher.samplers as samplers
-import searcher.space as space
-from searcher.driver_context import DriverContext, driver_log
+import searcher.submit.samplers as samplers
+import searcher.submit.space as space
+from searcher.driver.context import DriverContext, driver_log
 from searcher.experiments import trial_counts, trial_total
 from storage import (
     ExperimentState,
@@ -50,7 +50,7 @@ _log = driver_log
 
 
 class TrialQueue(Protocol):
-    """Where new trials wait for slots (:class:`searcher.placement.PendingQueue`)."""
+    """Where new trials wait for slots (:class:`searcher.driver.placement.PendingQueue`)."""
 
     def __len__(self) -> int:
         """How many trials wait."""
@@ -220,7 +220,7 @@ class StudySide:
         treats the running ones as concurrent trials: TPE's constant liar), so that a
         warm job's next trial is ready the moment its current one hands the job back;
         the pending queue offers the cluster only what the free room allows
-        (:meth:`searcher.placement.PendingQueue.place`). Never past ``max_trials``: an
+        (:meth:`searcher.driver.placement.PendingQueue.place`). Never past ``max_trials``: an
         asked trial runs (now, or after a resume) unless the experiment is killed.
         At ``most`` trials per call when given; returns how many were asked.
         """

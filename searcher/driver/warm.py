@@ -6,7 +6,7 @@ and the job's processes wait for the next trial of its shape
 idle jobs of this driver: it closes those that exited or were asked to end, asks the
 ones no waiting trial can use to end, gives one to the launch of the trial the
 placement reserved it for, and waits (briefly) for its ranks to take that trial. The
-running attempts (:class:`searcher.running.RunningTrials`) hand jobs back to it and
+running attempts (:class:`searcher.driver.running.RunningTrials`) hand jobs back to it and
 take them from it.
 
 The driver uses it so (its jobs run processes, so this is not run as an example; the
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from searcher.driver_context import DriverContext
+from searcher.driver.context import DriverContext
 from storage import TrialRun, WarmJob, get_engine, session_scope
 from trials.coordination import warm_jobs
 from trials.coordination.attempts import end_run

@@ -12,8 +12,8 @@ and never from a rank: a tool that is slow or down cannot slow or fail training.
 - :mod:`~searcher.integrations.driver_side`: the driver's background thread for both;
 - :mod:`~searcher.integrations.extras`: the optional packages, named when missing.
 
-May import ``searcher.experiments``, ``storage`` and ``trials``; the driver and the CLI
-import this package, never the reverse. TensorBoard and MLflow load on first use.
+May import the package's own modules (:mod:`searcher.experiments`), ``storage`` and
+``trials``; submission, the driver and the CLI import this package, never the reverse. TensorBoard and MLflow load on first use.
 
 Example:
     >>> from searcher.integrations import missing_extra_message

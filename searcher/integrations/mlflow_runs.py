@@ -13,7 +13,7 @@ driver that could not reach the server, catches up without logging a value twice
 
 ``mlflow`` is the ``slotsweep[mlflow]`` extra (MLflow's client, ``mlflow-skinny``).
 
-Example (talks to a tracking server, so tests/searcher/test_integrations.py runs it)::
+Example (talks to a tracking server, so tests/searcher/integrations/test_integrations.py runs it)::
 
     MlflowExport(db_url, 3, tracking_uri="http://127.0.0.1:5000").sync()
 """

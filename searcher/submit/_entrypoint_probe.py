@@ -1,6 +1,6 @@
-"""Resolve an entrypoint in a process of its own: ``python -m searcher._entrypoint_probe DIR EP``.
+"""Resolve an entrypoint in a process of its own: ``python -m searcher.submit._entrypoint_probe DIR EP``.
 
-Run by :func:`searcher.preflight.check_entrypoint`, never imported by the driver: the
+Run by :func:`searcher.submit.preflight.check_entrypoint`, never imported by the driver: the
 user's module is imported here, with whatever it does at import time (reading data,
 raising, exiting), and only a one-line verdict goes back. The resolution itself is the
 ranks' (:func:`trials.entrypoints.load_entrypoint`), so the check and the ranks agree on
@@ -67,7 +67,10 @@ def _where(error: BaseException, model_dir: str) -> str:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m searcher._entrypoint_probe MODEL_DIR ENTRYPOINT", file=sys.stderr)
+        print(
+            "usage: python -m searcher.submit._entrypoint_probe MODEL_DIR ENTRYPOINT",
+            file=sys.stderr,
+        )
         return 2
     problem = resolve(argv[0], argv[1])
     sys.stdout.flush()

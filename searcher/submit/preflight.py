@@ -1,14 +1,14 @@
 """Checks made before a search spends any slot: does the experiment's code even load?
 
 :func:`check_entrypoint` resolves the config's ``entrypoint`` the way every rank will,
-but once, in a short subprocess (``python -m searcher._entrypoint_probe``) with the
+but once, in a short subprocess (``python -m searcher.submit._entrypoint_probe``) with the
 model directory as its working directory and first on ``sys.path``: the user's module
 runs its import-time code there, so nothing it does can hurt the driver, and a typo
 costs a second or two instead of every trial's restarts.
 
 With the entrypoint misspelt as ``model:DigitTrial`` in the digits example's config,
 the probe answers as below (the probe, a Python process importing torch, takes
-seconds: tests/searcher/test_preflight.py runs it, not the docstring examples)::
+seconds: tests/searcher/submit/test_preflight.py runs it, not the docstring examples)::
 
     check_entrypoint(config, Path("examples/digits"))
     # ["entrypoint: module 'model' has no 'DigitTrial' (did you mean 'DigitsTrial'?)"]
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from searcher._entrypoint_probe import MARKER
+from searcher.submit._entrypoint_probe import MARKER
 
 if TYPE_CHECKING:
     from trials.config import ExperimentConfig
@@ -56,7 +56,7 @@ def check_entrypoint(
             [
                 sys.executable,
                 "-m",
-                "searcher._entrypoint_probe",
+                "searcher.submit._entrypoint_probe",
                 str(model_dir),
                 config.entrypoint,
             ],

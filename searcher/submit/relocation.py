@@ -32,8 +32,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from searcher.experiments import UsageError
-from searcher.runtime_spec import checkpoint_root
 from storage import Checkpoint, Experiment, Trial, TrialState, session_scope
+from trials import checkpoint_root
 from trials.config import ExperimentConfig, read_stored_config
 
 __all__ = ["NO_RELOCATION", "Relocation", "missing_folder", "relocate_experiment"]

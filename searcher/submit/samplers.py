@@ -36,7 +36,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
-from searcher.space import grid_search_space
+from searcher.submit.space import grid_search_space
 from trials import PrunerSpec
 from trials.config import ExperimentConfig, slot_seconds_step
 
@@ -60,10 +60,10 @@ def build_sampler(
     """The sampler ``searcher.name`` asks for, seeded from ``searcher.seed``.
 
     - random: ``RandomSampler``.
-    - grid: ``GridSampler`` over :func:`searcher.space.grid_search_space`. It does not
+    - grid: ``GridSampler`` over :func:`searcher.submit.space.grid_search_space`. It does not
       call ``study.stop()`` when the grid is done (Optuna's raises ``RuntimeError`` from
       ``study.tell`` outside ``study.optimize``); the driver stops after
-      :func:`searcher.space.grid_size` trials.
+      :func:`searcher.submit.space.grid_size` trials.
     - tpe: multivariate ``TPESampler`` with ``n_startup_trials``; ``constant_liar``
       when ``max_concurrent_trials > 1`` or with warm workers (``reuse_workers``: a warm
       job's next trial is asked while its current one runs), so running trials count as
@@ -278,7 +278,7 @@ def _driver_grid_sampler_class() -> type[optuna.samplers.GridSampler]:
 
         ``study.stop()`` only works inside ``study.optimize``; under ask/tell it makes
         ``study.tell`` raise after the trial is stored. The driver bounds a grid search
-        by :func:`searcher.space.grid_size` instead.
+        by :func:`searcher.submit.space.grid_size` instead.
         """
 
         def after_trial(

@@ -1,13 +1,13 @@
 """A run validated once, before anything is written: what the driver is handed.
 
 ``slotsweep run``, ``resume`` and ``continue`` (and ``run --test``) each build one
-:class:`ValidatedRun`, and :class:`~searcher.driver.SearchDriver` takes it as it is:
+:class:`ValidatedRun`, and :class:`~searcher.driver.driver.SearchDriver` takes it as it is:
 the typed config, the cluster, the one executor object of the run, the database URL
 and the schedulability verdict. Every check lives here, once:
 
 - the config (parsed by :mod:`trials.config`) and, for a new run, its entrypoint
-  (:func:`searcher.preflight.check_entrypoint`); for a stored run, that the folders it
-  stores exist, or where they moved (:mod:`searcher.relocation`);
+  (:func:`searcher.submit.preflight.check_entrypoint`); for a stored run, that the folders it
+  stores exist, or where they moved (:mod:`searcher.submit.relocation`);
 - the database: its URL, whether it opens, and whether the executor's nodes can share it
   (:func:`trials.executors.database_problem`);
 - schedulability: every ``slots_per_trial`` a trial may ask for fits the pool
@@ -49,8 +49,8 @@ from sqlalchemy.exc import DBAPIError
 
 from searcher.experiments import UsageError, find_experiment
 from searcher.integrations import integration_problem
-from searcher.preflight import check_entrypoint
-from searcher.relocation import NO_RELOCATION, Relocation, missing_folder
+from searcher.submit.preflight import check_entrypoint
+from searcher.submit.relocation import NO_RELOCATION, Relocation, missing_folder
 from storage import (
     DB_ENV_VAR,
     absolute_db_url,
@@ -203,7 +203,7 @@ def validate_stored_run(
 
     The database must already be slotsweep's (nothing is created); the config is the
     one stored with the experiment, read through ``relocation`` (``--relocate``). A
-    stored folder the run would write into must exist (:func:`~searcher.relocation.missing_folder`).
+    stored folder the run would write into must exist (:func:`~searcher.submit.relocation.missing_folder`).
     """
     cluster = load_cluster(cluster_file, slots=slots)
     executor = executor_for(cluster)

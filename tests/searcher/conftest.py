@@ -43,7 +43,7 @@ from trials.launch.processes import ProcessRef, is_alive
 # tests/searcher/test_slurm_jobs.py for one job per trial (a cancelled job, a
 # preempted one, a killed driver and resume).
 EXECUTORS = ("local", "local-warm")
-#: The executors the fault-injection tests (tests/searcher/test_fault_injection.py)
+#: The executors the fault-injection tests (tests/searcher/driver/test_fault_injection.py)
 #: run on: those above, and Ray on the real Ray test cluster (its nodes are network
 #: namespaces of this machine, so their processes are in its process table too, and
 #: signals to recorded pids are the same faults; a killed driver's Ray actors are

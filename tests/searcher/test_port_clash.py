@@ -19,8 +19,8 @@ import pytest
 import yaml
 from sqlalchemy import select
 
-from searcher.failures import FailureRecord, judge_run
-from searcher.outcomes import PORT_CLASH_NOTE
+from searcher.driver.failures import FailureRecord, judge_run
+from searcher.driver.outcomes import PORT_CLASH_NOTE
 from storage import (
     Experiment,
     Trial,

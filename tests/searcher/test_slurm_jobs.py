@@ -19,7 +19,7 @@ import pytest
 import yaml
 from sqlalchemy import select
 
-from searcher.outcomes import PORT_CLASH_NOTE
+from searcher.driver.outcomes import PORT_CLASH_NOTE
 from storage import (
     Checkpoint,
     Metric,

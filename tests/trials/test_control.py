@@ -16,9 +16,10 @@ import optuna
 import pytest
 from sqlalchemy import select
 
-from searcher import samplers
-from searcher.experiments import UsageError, create_experiment
+from searcher.experiments import UsageError
 from searcher.experiments import request_action as cli_request_action
+from searcher.submit import samplers
+from searcher.submit.creation import create_experiment
 from storage import (
     Experiment,
     ExperimentState,

@@ -4,7 +4,7 @@ Which node hosts the c10d rendezvous store is said to torchrun, on every executo
 (its own guess waits a minute on a taken port); torchrun's failure to bind is found in
 its error and recorded; a rank still joining its group dies at once on SIGTERM. The
 driver's side (a port clash starts the trial again, no restart counted) is in
-``tests/searcher/test_failures.py``, ``tests/searcher/test_driver_parts.py`` and, with
+``tests/searcher/driver/test_failures.py``, ``tests/searcher/driver/test_driver_parts.py`` and, with
 real searches whose port is taken, ``tests/searcher/test_port_clash.py``.
 """
 

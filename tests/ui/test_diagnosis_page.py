@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from searcher.diagnose import build_report
-from searcher.diagnosis import Exchange, Probe, Spread, Window
+from searcher.diagnose.diagnosis import Exchange, Probe, Spread, Window
+from searcher.diagnose.probes import build_report
 from storage import Diagnosis, session_scope
 from tests._demo_data import DemoSearch
 from tests.searcher.conftest import write_experiment

@@ -291,7 +291,7 @@ def test_compare_experiments_plots_every_trial_and_lists_failed_searches(
 def test_one_number_format_in_text_tables_and_cli() -> None:
     # The browser rounds NumberColumn cells with sprintf-js and prints the result as
     # JavaScript does; the page's text and the CLI must read the same.
-    from searcher.tables import format_value
+    from trials.numbers import format_value
 
     shown_by_browser = {
         0.03833332156156663: "0.03833",

@@ -1,7 +1,7 @@
 """Rank 0 starts its warm job's next trial itself, when the driver decided it ahead.
 
 While a warm job runs a trial, its driver may decide the job's next trials ahead
-(``searcher.handoff``; two at most): under the placement decision's usual rule for an
+(``searcher.driver.handoff``; two at most): under the placement decision's usual rule for an
 idle job (:func:`storage.contesting_trial`: its search's next trial of its shape, unless
 a trial of another shape waits at the same or a higher priority) it writes them on the
 job's row in order, the first one's id in ``WarmJob.ahead_trial_id`` and each one's
@@ -26,7 +26,7 @@ The start needs no fence of its own (the driver's hand-over passes
 ``storage.start_ranks``): the run is created, its claim given the job's slots and its
 ranks marked started in the transaction that checked the decision, so no judgement of
 the run can come between. The driver sees the job running the trial at its next look
-and adopts it (``searcher.running.RunningTrials``).
+and adopts it (``searcher.driver.running.RunningTrials``).
 
 Rank 0 of a warm job calls it in its hand-back (a database and a job's rows are
 needed, so no example runs here)::

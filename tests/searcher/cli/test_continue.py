@@ -9,7 +9,7 @@ import optuna
 import pytest
 from sqlalchemy import func, select
 
-from searcher import samplers, space
+from searcher.submit import samplers, space
 from storage import Experiment, Metric, Trial, optuna_storage, session_scope
 from tests.searcher.conftest import run_cli, write_experiment
 from trials.config import ExperimentConfig

@@ -2,7 +2,7 @@
 
 Hundreds of malformed experiment and cluster files go through ``searcher.cli.main``, the
 function the ``slotsweep`` console script calls, in this process (so they run in
-seconds); ``test_cli_errors.py`` runs a few of the same through real processes.
+seconds); ``tests/searcher/cli/test_errors.py`` runs a few of the same through real processes.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from searcher.cli import MAX_PROBLEMS_SHOWN, main
+from searcher.cli import main
+from searcher.cli.commands import MAX_PROBLEMS_SHOWN
 
 _EXPERIMENT: dict[str, Any] = {
     "name": "hostile",

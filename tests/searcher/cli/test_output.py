@@ -11,17 +11,21 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from searcher.experiments import TrialCounts, UsageError, find_experiment
-from searcher.progress import SearchProgress
-from searcher.tables import (
-    describe_rows,
-    experiment_rows,
+from searcher.cli.tables import (
     experiments_table,
     queue_rows,
     queue_table,
     task_rows,
     tasks_table,
     trials_table,
+)
+from searcher.driver.progress import SearchProgress
+from searcher.experiments import (
+    TrialCounts,
+    UsageError,
+    describe_rows,
+    experiment_rows,
+    find_experiment,
 )
 from storage import Experiment, Trial, TrialState, session_scope
 from tests.searcher.conftest import run_cli
@@ -326,7 +330,7 @@ def test_cli_json_quotes_db_and_control(
 def test_summary_counts_failures_and_warns_when_some_succeeded(
     db_url: str, finished: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from searcher.cli import _print_summary
+    from searcher.cli.commands import _print_summary
 
     _print_summary(db_url, finished, "COMPLETED")
     out, err = capsys.readouterr()

@@ -16,16 +16,7 @@ from rich.console import Console
 from sqlalchemy import select
 
 from searcher.cli import main
-from searcher.diagnose import (
-    MIN_PROBE_BATCHES,
-    OPTIONAL_PROBES,
-    build_report,
-    point_of,
-    print_report,
-    probe_database,
-    probe_plan,
-)
-from searcher.diagnosis import (
+from searcher.diagnose.diagnosis import (
     BOUND_SHARE,
     Exchange,
     Probe,
@@ -39,13 +30,21 @@ from searcher.diagnosis import (
     step_split,
     suggest,
 )
+from searcher.diagnose.probes import (
+    MIN_PROBE_BATCHES,
+    OPTIONAL_PROBES,
+    build_report,
+    point_of,
+    print_report,
+    probe_database,
+    probe_plan,
+)
 from searcher.experiments import UsageError
-from searcher.submission import open_database
+from searcher.submit.submission import open_database
 from storage import Diagnosis, get_engine, session_scope, upgrade_schema
+from tests.searcher.conftest import write_experiment
 from trials.config import load_config
 from trials.executors import LocalExecutor, SlurmExecutor
-
-from .conftest import write_experiment
 
 HERE = Path(__file__).resolve().parent
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from searcher.trial_test import first_point, run_trial_test
+from searcher.diagnose.smoke import first_point, run_trial_test
 from trials.config import ConfigError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 DIGITS = REPO_ROOT / "examples" / "digits"
 
 _BROKEN_MODEL = """\

@@ -1,10 +1,10 @@
 """Trials asked ahead of their slots: never past the count, never left RUNNING, never a failure.
 
 With warm workers the driver asks each warm job's next trial while the current one
-runs (:meth:`searcher.study_side.StudySide.fill_queue` with ``ahead``), so that the
+runs (:meth:`searcher.driver.study_side.StudySide.fill_queue` with ``ahead``), so that the
 hand-over does not wait for the sampler. Such a trial waits in the driver's pending
 queue, out of the cluster's queue, until a running trial ends
-(:meth:`searcher.placement.PendingQueue.place` with ``room``). Here, on a real Optuna
+(:meth:`searcher.driver.placement.PendingQueue.place` with ``room``). Here, on a real Optuna
 study in a SQLite file and without processes: the count is never passed; a kill ends a
 trial that never started as NOT_RUN (Optuna hears FAIL, the search counts no failure);
 a pause keeps it for the resume; and a resume after a crash between the ask and the
@@ -25,19 +25,20 @@ import pytest
 import yaml
 from sqlalchemy import delete, select
 
-import searcher.space as space
-from searcher.consistency import check_consistency
-from searcher.control import Control, claim_ownership, finish
-from searcher.decisions import Requeue, apply_decisions
-from searcher.driver import SearchDriver
-from searcher.driver_context import DriverContext
-from searcher.experiments import create_experiment, trial_counts, trial_total
-from searcher.handoff import AheadReservations, RunningJob, Started
-from searcher.outcomes import Outcomes
-from searcher.placement import PendingQueue, Placed
-from searcher.running import RunningTrials, _Running
-from searcher.runtime_spec import build_runtime_spec
-from searcher.study_side import StudySide, TellQueue
+import searcher.submit.space as space
+from searcher.diagnose.consistency import check_consistency
+from searcher.driver.context import DriverContext
+from searcher.driver.control import Control, claim_ownership, finish
+from searcher.driver.decisions import Requeue, apply_decisions
+from searcher.driver.driver import SearchDriver
+from searcher.driver.handoff import AheadReservations, RunningJob, Started
+from searcher.driver.outcomes import Outcomes
+from searcher.driver.placement import PendingQueue, Placed
+from searcher.driver.running import RunningTrials, _Running
+from searcher.driver.runtime_spec import build_runtime_spec
+from searcher.driver.study_side import StudySide, TellQueue
+from searcher.experiments import trial_counts, trial_total
+from searcher.submit.creation import create_experiment
 from storage import (
     Allocation,
     Experiment,

@@ -21,14 +21,14 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from searcher import control
-from searcher.control import Control
-from searcher.decisions import Requeue, apply_decisions
-from searcher.launching import AttemptStarter
-from searcher.outcomes import Outcomes
-from searcher.placement import PendingQueue, Placed
-from searcher.running import RunningTrials, _Running
-from searcher.study_side import TellQueue
+from searcher.driver import control
+from searcher.driver.control import Control
+from searcher.driver.decisions import Requeue, apply_decisions
+from searcher.driver.launching import AttemptStarter
+from searcher.driver.outcomes import Outcomes
+from searcher.driver.placement import PendingQueue, Placed
+from searcher.driver.running import RunningTrials, _Running
+from searcher.driver.study_side import TellQueue
 from storage import (
     FENCED_EXIT_CODE,
     Allocation,
@@ -43,7 +43,7 @@ from storage import (
     utcnow,
 )
 from tests.conftest import add_experiment
-from tests.searcher.test_driver_parts import _config, _ctx
+from tests.searcher.driver.test_driver_parts import _config, _ctx
 from trials.coordination import allocations, cluster_queue
 from trials.coordination.allocations import ClaimedPlacement, ClaimLostError
 from trials.coordination.attempts import end_run, open_runs, trial_processes_gone

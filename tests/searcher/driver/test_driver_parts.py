@@ -1,7 +1,7 @@
 """The search driver's parts, one at a time, without a running search.
 
-The outcome decision (:func:`searcher.outcomes.decide_outcome`) and the runtime spec
-(:func:`searcher.runtime_spec.build_runtime_spec`) are pure and tested without a
+The outcome decision (:func:`searcher.driver.outcomes.decide_outcome`) and the runtime spec
+(:func:`searcher.driver.runtime_spec.build_runtime_spec`) are pure and tested without a
 database; the queues and Ctrl-C need none either. Where a part does I/O (applying an
 outcome), a fresh SQLite file stands in. The real-process tests (``test_search_e2e``,
 ``test_fault_tolerance``, ...) check the parts composed in :class:`SearchDriver`.
@@ -20,23 +20,24 @@ import yaml
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from searcher.control import Control, install_signal_handlers, restore_signal_handlers
-from searcher.decisions import apply_decisions
-from searcher.driver_context import DriverContext, Timings
-from searcher.failures import RunVerdict
-from searcher.logs import scratch_root
-from searcher.outcomes import (
+from searcher.driver.context import DriverContext, Timings
+from searcher.driver.control import Control, install_signal_handlers, restore_signal_handlers
+from searcher.driver.decisions import apply_decisions
+from searcher.driver.failures import RunVerdict
+from searcher.driver.outcomes import (
     PORT_CLASH_NOTE,
     PORT_CLASH_RETRIES,
     OutcomeFacts,
     Outcomes,
     decide_outcome,
 )
-from searcher.placement import PendingQueue
-from searcher.runtime_spec import build_runtime_spec, checkpoint_root
-from searcher.study_side import TellQueue, max_trials, missing_hparams, objective_values
+from searcher.driver.placement import PendingQueue
+from searcher.driver.runtime_spec import build_runtime_spec
+from searcher.driver.study_side import TellQueue, max_trials, missing_hparams, objective_values
+from searcher.logs import scratch_root
 from storage import Checkpoint, Trial, TrialFailure, TrialRun, TrialState, session_scope
 from tests.conftest import EXAMPLES_DIR, add_experiment
+from trials import checkpoint_root
 from trials.config import ExperimentConfig, parse_config
 from trials.scheduler import Agent, ResourcePool
 from trials.timings import timings_from_env

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from searcher.failures import (
+from searcher.driver.failures import (
     FailureRecord,
     TrialOutcome,
     fail_fast_reason,

@@ -1,7 +1,7 @@
 """Pause, resume, enqueue and kill, with real drivers and real torchrun jobs.
 
 Crashes at chosen moments (a machine losing power: the driver and every trial process
-get SIGKILL) are in :mod:`tests.searcher.test_fault_injection`
+get SIGKILL) are in :mod:`tests.searcher.driver.test_fault_injection`
 (``test_search_survives_crashes_at_chosen_and_random_moments``), in the same search as
 the driver's random kills.
 """

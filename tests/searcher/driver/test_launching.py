@@ -1,7 +1,7 @@
 """Placement hands its placements to the launching step, which settles each launch.
 
-The driver's tick places the waiting trials (:meth:`searcher.placement.PendingQueue.place`,
-whose decision claims their slots), launches them (:meth:`searcher.running.RunningTrials.launch`)
+The driver's tick places the waiting trials (:meth:`searcher.driver.placement.PendingQueue.place`,
+whose decision claims their slots), launches them (:meth:`searcher.driver.running.RunningTrials.launch`)
 and applies what the launches decided. Here the launches fail, without processes, on a
 real SQLite file: a trial that started nothing waits again, one whose launch failed for
 good is failed, and a transient database error stops the launches with the later
@@ -20,18 +20,18 @@ from types import SimpleNamespace
 import optuna
 import pytest
 
-from searcher.control import Control
-from searcher.decisions import Requeue, apply_decisions
-from searcher.launching import EarlierAttemptRunning
-from searcher.outcomes import Outcomes
-from searcher.placement import PendingQueue
-from searcher.running import RunningTrials
-from searcher.study_side import TellQueue
-from searcher.warm import IdleJob, IdleWarmJobs
+from searcher.driver.control import Control
+from searcher.driver.decisions import Requeue, apply_decisions
+from searcher.driver.launching import EarlierAttemptRunning
+from searcher.driver.outcomes import Outcomes
+from searcher.driver.placement import PendingQueue
+from searcher.driver.running import RunningTrials
+from searcher.driver.study_side import TellQueue
+from searcher.driver.warm import IdleJob, IdleWarmJobs
 from storage import Experiment, Trial, TrialRun, TrialState, WarmJob, session_scope, utcnow
 from tests.conftest import add_experiment
-from tests.searcher.test_claim_fencing import _holders, _RecordingExecutor
-from tests.searcher.test_driver_parts import _ctx
+from tests.searcher.driver.test_claim_fencing import _holders, _RecordingExecutor
+from tests.searcher.driver.test_driver_parts import _ctx
 from trials.coordination.allocations import ClaimedPlacement
 from trials.scheduler import Agent, ResourcePool
 
@@ -93,7 +93,7 @@ def test_a_launch_that_failed_is_settled_and_the_next_placement_still_launches(
     failures = {a: RuntimeError("no such\nentrypoint"), b: waits, c: RuntimeError("later")}
     monkeypatch.setattr(running.starter, "start", _failing_start(failures))
     control = Control()
-    with caplog.at_level(logging.WARNING, logger="searcher.driver"):
+    with caplog.at_level(logging.WARNING, logger="searcher.driver.driver"):
         apply_decisions(running.launch(pending.place()), pending, control)
     # A failed (one line, its slots back), B waits (its slots back meanwhile), C was tried.
     assert "trial 1.0 failed: launch failed: no such entrypoint" in caplog.text
@@ -151,7 +151,7 @@ def test_a_trial_whose_reserved_warm_job_this_driver_does_not_run_waits_for_it_t
         job_id = job.id
     later = {b: EarlierAttemptRunning("b waits"), c: EarlierAttemptRunning("c waits")}
     monkeypatch.setattr(running.starter, "start", _failing_start(later))
-    with caplog.at_level(logging.WARNING, logger="searcher.driver"):
+    with caplog.at_level(logging.WARNING, logger="searcher.driver.driver"):
         decisions = running.launch(pending.place())
     assert f"trial {a} waits: the warm job reserved for it is ending" in caplog.text
     assert decisions[0] == Requeue(trial_id=a, slots=1) and len(running) == 0
@@ -165,7 +165,7 @@ def test_the_driver_waits_a_moment_at_most_for_the_ranks_of_a_handed_over_trial(
     db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Longer than the driver's 0.1 s, so a loaded machine's delays tell nothing apart.
-    monkeypatch.setattr("searcher.warm._HAND_OVER_WAIT_S", 0.5)
+    monkeypatch.setattr("searcher.driver.warm._HAND_OVER_WAIT_S", 0.5)
     experiment_id, (trial_id,) = add_experiment(
         db_url, [{"state": TrialState.RUNNING, "hparams": {"global_batch_size": 64}}]
     )

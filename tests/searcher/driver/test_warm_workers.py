@@ -32,7 +32,7 @@ from storage import (
     session_scope,
 )
 from tests.searcher.conftest import run_to_end, start_cli, wait_for
-from tests.searcher.test_fault_injection import _assert_no_process_left
+from tests.searcher.driver.test_fault_injection import _assert_no_process_left
 
 pytestmark = pytest.mark.slow
 

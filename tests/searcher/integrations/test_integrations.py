@@ -3,7 +3,7 @@ records, one that is down, one that answers 500), the driver's background thread
 TensorBoard files appended to, and the missing extras named in one line.
 
 A real search logged to a real MLflow server and served by a real TensorBoard is
-tests/searcher/test_integrations_e2e.py.
+tests/searcher/integrations/test_integrations_e2e.py.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 import searcher.integrations.driver_side as driver_side
-from searcher.experiments import UsageError, create_experiment
+from searcher.experiments import UsageError
 from searcher.integrations import (
     DriverIntegrations,
     Poster,
@@ -30,7 +30,8 @@ from searcher.integrations import (
     integration_problem,
     require,
 )
-from searcher.submission import validate_run
+from searcher.submit.creation import create_experiment
+from searcher.submit.submission import validate_run
 from storage import Experiment as ExperimentRow
 from storage import (
     ExperimentState,

@@ -28,7 +28,7 @@ from searcher.cli import main
 from storage import Metric, MetricKind, Trial, session_scope
 from tests.conftest import cli_environment, free_port
 from tests.searcher.conftest import run_cli, write_experiment
-from tests.searcher.test_integrations import _Recorder
+from tests.searcher.integrations.test_integrations import _Recorder
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("integrations-search")]
 

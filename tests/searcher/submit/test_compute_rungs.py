@@ -14,7 +14,7 @@ from typing import Any
 import optuna
 import pytest
 
-from searcher.samplers import build_pruner
+from searcher.submit.samplers import build_pruner
 from trials import RunSpan, slot_seconds_spent
 from trials.config import ExperimentConfig, parse_config, slot_seconds_step
 

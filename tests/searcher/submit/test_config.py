@@ -15,8 +15,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from searcher.samplers import build_pruner, build_sampler, study_directions
-from searcher.space import grid_size, suggest_hparams
+from searcher.submit.samplers import build_pruner, build_sampler, study_directions
+from searcher.submit.space import grid_size, suggest_hparams
 from tests.conftest import EXAMPLES_DIR
 from trials.config import ConfigError, ExperimentConfig, load_config, parse_config
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from searcher._entrypoint_probe import resolve
-from searcher.preflight import check_entrypoint
+from searcher.submit._entrypoint_probe import resolve
+from searcher.submit.preflight import check_entrypoint
 from trials.config import ExperimentConfig, load_config, parse_config
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 DIGITS = REPO_ROOT / "examples" / "digits"
 
 _MODEL = """\

@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import select
 
 from searcher.cli import main
-from searcher.relocation import Relocation
-from searcher.submission import validate_stored_run
+from searcher.submit.relocation import Relocation
+from searcher.submit.submission import validate_stored_run
 from storage import Checkpoint, CheckpointState, Experiment, Trial, session_scope
 from tests.searcher.conftest import run_cli, write_experiment
 

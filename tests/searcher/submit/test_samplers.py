@@ -11,8 +11,8 @@ from typing import Any
 import optuna
 import pytest
 
-from searcher.samplers import build_pruner, build_sampler, pruner_spec, study_directions
-from searcher.space import grid_size, suggest_hparams
+from searcher.submit.samplers import build_pruner, build_sampler, pruner_spec, study_directions
+from searcher.submit.space import grid_size, suggest_hparams
 from storage import optuna_storage, optuna_trial_id
 from trials.config import ExperimentConfig, parse_config
 

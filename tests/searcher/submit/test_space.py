@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from searcher.space import (
+from searcher.submit.space import (
     distributions,
     grid_search_space,
     grid_size,

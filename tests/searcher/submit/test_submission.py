@@ -2,7 +2,7 @@
 written; the driver runs what was validated, through the run's one executor.
 
 Refusals go through ``searcher.cli.main``, the function the ``slotsweep`` console script
-calls, in this process; ``test_cli_errors.py`` runs some of them through real processes.
+calls, in this process; ``tests/searcher/cli/test_errors.py`` runs some of them through real processes.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ import pytest
 import yaml
 from sqlalchemy import func, select
 
-import searcher.samplers as samplers
+import searcher.submit.samplers as samplers
 from searcher.cli import main
-from searcher.driver import SearchDriver
-from searcher.experiments import UsageError, create_experiment
-from searcher.submission import ValidatedRun, validate_run, validate_stored_run
+from searcher.driver.driver import SearchDriver
+from searcher.experiments import UsageError
+from searcher.submit.creation import create_experiment
+from searcher.submit.submission import ValidatedRun, validate_run, validate_stored_run
 from storage import Experiment, ExperimentState, Trial, TrialRun, session_scope
 from tests.conftest import REPO_ROOT
 from tests.searcher.conftest import write_experiment
@@ -248,7 +249,7 @@ def test_a_launch_failure_is_printed_by_the_driver_as_one_line(
     db = f"sqlite:///{tmp_path / 'search.db'}"
     experiment_id, run = _validated(tmp_path, db)
     unstartable = replace(run, executor=_UnstartableExecutor(use_gpus=False))
-    with caplog.at_level(logging.WARNING, logger="searcher.driver"):
+    with caplog.at_level(logging.WARNING, logger="searcher.driver.driver"):
         SearchDriver(experiment_id, unstartable, show_progress=False).run()
     failures = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
     why = "launch failed: cannot fork: resource temporarily unavailable"
@@ -287,6 +288,6 @@ def test_a_run_builds_its_executor_once() -> None:
     # validate_new_run goes through validate_run; resume and continue through
     # validate_stored_run: each builds the run's executor once, and nothing else does.
     assert sorted(_calls_of("executor_for")) == [
-        "searcher/submission.py:validate_run",
-        "searcher/submission.py:validate_stored_run",
+        "searcher/submit/submission.py:validate_run",
+        "searcher/submit/submission.py:validate_stored_run",
     ]
