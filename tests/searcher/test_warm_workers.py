@@ -157,7 +157,7 @@ def _example_experiment(
 ) -> Path:
     """An example's search with every hyperparameter at its first point (its trials
     differ by their seeds only), with dropout, 12 batches long, a validation and a
-    checkpoint every 6, on the example's own slots."""
+    checkpoint every 6, on one slot (two ranks of a warm job are the trials above)."""
     shutil.copytree(config_path.parent, folder, ignore=shutil.ignore_patterns("checkpoints"))
     config = yaml.safe_load(config_path.read_text())
     fixed: dict[str, Any] = {}
@@ -178,7 +178,7 @@ def _example_experiment(
         seed=seed,
         pruner={"name": "none"},
     )
-    config["resources"]["reuse_workers"] = reuse_workers
+    config["resources"].update(slots_per_trial=1, reuse_workers=reuse_workers)
     config.update(min_validation_period={"batches": 6}, min_checkpoint_period={"batches": 6})
     path = folder / "search.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
