@@ -416,7 +416,13 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 def _cmd_describe(args: argparse.Namespace) -> int:
     from searcher.experiments import find_experiment
-    from searcher.tables import describe_rows, failure_lines, trials_table, waiting_lines
+    from searcher.tables import (
+        describe_rows,
+        failure_lines,
+        skipped_checkpoint_lines,
+        trials_table,
+        waiting_lines,
+    )
     from storage import session_scope, upgrade_schema
 
     db_url = _db_url(args, need_schema=True)
@@ -429,6 +435,8 @@ def _cmd_describe(args: argparse.Namespace) -> int:
     console = _console()
     console.print(trials_table(described))
     for line in failure_lines(described):
+        console.print(line, highlight=False, markup=False)
+    for line in skipped_checkpoint_lines(described):
         console.print(line, highlight=False, markup=False)
     for line in waiting_lines(described):
         console.print(line, highlight=False, markup=False)

@@ -26,7 +26,7 @@ from searcher.experiments import best_trials, trial_counts
 from storage import Checkpoint, CheckpointState, Experiment, Trial, TrialState
 from trials.config import read_stored_config
 from trials.coordination.cluster_queue import queue_view, waiting_reason
-from trials.labels import trial_label
+from trials.labels import checkpoint_label, trial_label
 from trials.numbers import significant
 
 if TYPE_CHECKING:
@@ -122,6 +122,7 @@ def describe_rows(session: Session, experiment: Experiment) -> dict[str, Any]:
     ).all()
     metric = read_stored_config(experiment.config).searcher.metric
     queued = {view.trial_id: view for view in queue_view(session, experiment_id=experiment.id)}
+    skipped = _skipped_checkpoints(session, experiment.id)
     trials = [
         {
             "trial": trial_label(experiment.id, trial.optuna_trial_number),
@@ -139,6 +140,7 @@ def describe_rows(session: Session, experiment: Experiment) -> dict[str, Any]:
                 if trial.state == TrialState.QUEUED
                 else None
             ),
+            "skipped_checkpoints": skipped.get(trial.id, []),
         }
         for trial, step in found
     ]
@@ -152,6 +154,22 @@ def describe_rows(session: Session, experiment: Experiment) -> dict[str, Any]:
         "checkpoint_folder": experiment.checkpoint_folder,
         "trials": trials,
     }
+
+
+def _skipped_checkpoints(session: Session, experiment_id: int) -> dict[int, list[dict[str, Any]]]:
+    """Per trial id, its CORRUPTED checkpoints (newest first): uuid, step, path, problem."""
+    rows = session.scalars(
+        select(Checkpoint)
+        .join(Trial, Trial.id == Checkpoint.trial_id)
+        .where(Trial.experiment_id == experiment_id, Checkpoint.state == CheckpointState.CORRUPTED)
+        .order_by(Checkpoint.step.desc(), Checkpoint.id.desc())
+    )
+    found: dict[int, list[dict[str, Any]]] = {}
+    for row in rows:
+        found.setdefault(row.trial_id, []).append(
+            {"uuid": row.uuid, "step": row.step, "path": row.path, "problem": row.problem}
+        )
+    return found
 
 
 def trials_table(described: Mapping[str, Any]) -> Table:
@@ -184,6 +202,18 @@ def failure_lines(described: Mapping[str, Any]) -> list[str]:
         f"{trial_label(None, row['number'])}: {row['error']}"
         for row in described["trials"]
         if row["state"] == "ERROR" and row["error"]
+    ]
+
+
+def skipped_checkpoint_lines(described: Mapping[str, Any]) -> list[str]:
+    """``#N: the checkpoint of step S (uuid) was skipped: problem`` for each damaged
+    checkpoint a restore passed over, printed under the table of ``describe``."""
+    return [
+        f"{trial_label(None, row['number'])}: {checkpoint_label(skipped['uuid'], skipped['step'])} "
+        f"was skipped as damaged: {skipped['problem'] or 'no reason recorded'} "
+        f"(kept for inspection at {skipped['path']})"
+        for row in described["trials"]
+        for skipped in row["skipped_checkpoints"]
     ]
 
 

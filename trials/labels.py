@@ -10,6 +10,8 @@ Example:
     ('3.1', '#1')
     >>> trial_log_name(1)
     'trial-1.log'
+    >>> checkpoint_label("/ckpt/3-5f0c/7/635301b5-9c2e-4f1e", 9)
+    'the checkpoint of step 9 (635301b5)'
 """
 
 from __future__ import annotations
@@ -25,3 +27,11 @@ def trial_label(experiment_id: int | None, number: int) -> str:
 def trial_log_name(number: int) -> str:
     """The file name of a trial's log inside its experiment's log folder."""
     return f"trial-{number}.log"
+
+
+def checkpoint_label(location: str, step: int | None) -> str:
+    """How logs, reasons and pages name a checkpoint: its step and its uuid's first 8
+    characters (the last part of ``location``, a folder, a URL or the uuid itself);
+    ``checkpoint <uuid>`` where its step is not known."""
+    short = location.rstrip("/").rsplit("/", 1)[-1][:8]
+    return f"checkpoint {short}" if step is None else f"the checkpoint of step {step} ({short})"

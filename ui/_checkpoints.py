@@ -17,7 +17,10 @@ import io
 import zipfile
 from pathlib import Path
 
+import pandas as pd
+
 from trials import is_url, store_for
+from trials.labels import checkpoint_label
 
 
 def checkpoint_problem(path: str, state: str) -> str | None:
@@ -33,6 +36,29 @@ def checkpoint_problem(path: str, state: str) -> str | None:
     if not Path(path).exists():
         return f"The checkpoint file is missing on disk: {path}"
     return None
+
+
+def skipped_lines(checkpoints: pd.DataFrame) -> list[str]:
+    """One line per CORRUPTED checkpoint of ``checkpoints`` (a trial's, newest first, as
+    :func:`ui._queries.checkpoints` reads them): which a restore skipped, and why.
+
+    Example:
+        >>> frame = pd.DataFrame({"uuid": ["635301b5-9c2e"], "step": [9], "state": ["CORRUPTED"],
+        ...                       "problem": ["state.pt is missing"], "path": ["/c/635301b5-9c2e"]})
+        >>> skipped_lines(frame)
+        ['The checkpoint of step 9 (635301b5) was skipped as damaged: state.pt is missing. Its files are kept for inspection (/c/635301b5-9c2e); no restore uses it again.']
+    """
+    lines = []
+    for row in checkpoints.itertuples():
+        if row.state != "CORRUPTED":
+            continue
+        name = checkpoint_label(str(row.uuid), int(row.step))
+        lines.append(
+            f"{name[0].upper()}{name[1:]} was skipped as damaged: "
+            f"{row.problem or 'no reason recorded'}. Its files are kept for inspection "
+            f"({row.path}); no restore uses it again."
+        )
+    return lines
 
 
 def download_name(path: str, experiment: str, number: int, step: int) -> str:

@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import io
 import json
+import pickle
 import random
+import re
 import uuid as uuid_lib
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -42,14 +44,16 @@ from typing import IO, Any, Protocol
 
 import torch
 
-from trials.checkpoint_storage import FileWriter, store_for
+from trials.checkpoint_storage import CheckpointCorruptedError, FileWriter, store_for
 from trials.config import is_url
+from trials.entrypoints import InvalidTrialError
 from trials.runtime._background import Background
 from trials.runtime._recording import Recorder
 
 STATE_FILE = "state.pt"
 METADATA_FILE = "metadata.json"
 FORMAT_VERSION = 1
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def checkpoint_files(
@@ -223,28 +227,69 @@ class NoCheckpoints:
 NO_CHECKPOINTS = NoCheckpoints()
 
 
+class CheckpointMismatchError(InvalidTrialError):
+    """A whole checkpoint that this trial cannot take: not corruption, but code that
+    changed since it was written (a model whose shapes changed, a trial that wraps more
+    optimizers, state torch refuses to load as weights only).
+
+    Every older checkpoint of the trial would fail alike, so the attempt fails as any
+    trial that cannot run as configured does (not restarted), with the cause in one line.
+    """
+
+
+def one_line(error: BaseException) -> str:
+    """``error``'s message on one line (torch's errors span several), at most 500 characters.
+
+    Example:
+        >>> one_line(RuntimeError("Error(s) in loading state_dict for Linear:\\n\\tsize mismatch"))
+        'Error(s) in loading state_dict for Linear: size mismatch'
+    """
+    # torch colours parts of some messages: the escapes mean nothing in a log or a table.
+    text = " ".join(_ANSI_ESCAPE.sub("", str(error)).split()) or type(error).__name__
+    return text if len(text) <= 500 else text[:499] + "…"
+
+
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load a checkpoint (its folder or URL, or its ``state.pt``) onto the CPU, weights only.
 
-    A checkpoint on object storage loads only once its manifest says it is whole.
+    Every file is first checked against the checkpoint's manifest (sizes and SHA-256
+    digests): ``torch.load`` only sees bytes that are the ones written. Raises
+    :class:`~trials.checkpoint_storage.CheckpointCorruptedError` for a checkpoint that
+    is damaged (a file missing, truncated or altered; or, for one written before
+    manifests had digests, bytes torch cannot read), a
+    :class:`~trials.checkpoint_storage.CheckpointMissingError` (a ``FileNotFoundError``)
+    when nothing is there, and :class:`CheckpointMismatchError` for intact bytes that
+    are not a checkpoint this code can load.
     """
     text = str(path)
-    if is_url(text):
-        location = text[: -len(STATE_FILE) - 1] if text.endswith("/" + STATE_FILE) else text
+    suffix = "/" + STATE_FILE
+    location = text[: -len(suffix)] if text.endswith(suffix) else text
+    source, digested = store_for(location).open_verified(location, STATE_FILE)
+    with source:
         try:
-            source: IO[bytes] | Path = store_for(location).read(location, STATE_FILE)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"restore_checkpoint_path: no checkpoint at {path}") from None
-    else:
-        source = Path(path)
-        if source.is_dir():
-            source = source / STATE_FILE
-        if not source.is_file():
-            raise FileNotFoundError(f"restore_checkpoint_path: no checkpoint at {path}")
-    state = torch.load(source, map_location="cpu", weights_only=True)
+            state = torch.load(source, map_location="cpu", weights_only=True)
+        except Exception as error:
+            # Bytes that match their digest are the ones written: torch refusing them is
+            # about the code (weights only), never about the storage. Without a digest,
+            # only the weights-only refusal says so.
+            if digested or _refused_as_unsafe(error):
+                raise CheckpointMismatchError(
+                    f"checkpoint {location}: torch.load(weights_only=True) refuses "
+                    f"{STATE_FILE}: {one_line(error)}"
+                ) from error
+            raise CheckpointCorruptedError(
+                location, f"{STATE_FILE} cannot be read by torch.load: {one_line(error)}"
+            ) from error
     if not isinstance(state, dict):
-        raise ValueError(f"restore_checkpoint_path: {path} does not hold a slotsweep checkpoint")
+        raise CheckpointMismatchError(
+            f"checkpoint {location} does not hold a slotsweep checkpoint"
+        )
     return state
+
+
+def _refused_as_unsafe(error: BaseException) -> bool:
+    """Whether ``torch.load(weights_only=True)`` refused what it read (not a damaged file)."""
+    return isinstance(error, pickle.UnpicklingError) and "weights only" in str(error).lower()
 
 
 def capture_rng_state(device: torch.device) -> dict[str, Any]:

@@ -51,7 +51,7 @@ def test_a_failed_write_leaves_nothing(tmp_path: Path) -> None:
 
 
 def test_missing_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="restore_checkpoint_path: no checkpoint at"):
+    with pytest.raises(FileNotFoundError, match=r"^no checkpoint at .*nope$"):
         read_checkpoint(tmp_path / "nope")
 
 
