@@ -86,15 +86,19 @@ class CheckpointCorruptedError(Exception):
 
 
 class CheckpointMissingError(CheckpointCorruptedError, FileNotFoundError):
-    """Nothing at all is at a checkpoint's location (its folder or objects are gone).
+    """No checkpoint is at a location: nothing at all (its folder or objects are gone), or,
+    in a bucket, objects without a manifest (an upload never finished, or the manifest
+    was deleted since).
 
     Example:
         >>> str(CheckpointMissingError("/ckpt/7/3f2a"))
         'no checkpoint at /ckpt/7/3f2a'
     """
 
-    def __init__(self, location: str) -> None:
-        super().__init__(location, "its files are gone (nothing is at its location)")
+    def __init__(
+        self, location: str, problem: str = "its files are gone (nothing is at its location)"
+    ) -> None:
+        super().__init__(location, problem)
         self.args = (f"no checkpoint at {location}",)
 
     def __str__(self) -> str:
@@ -535,7 +539,8 @@ class ObjectStore:
                 anything = False
             if not anything:
                 raise CheckpointMissingError(location)
-            raise CheckpointCorruptedError(location, f"{MANIFEST_FILE} is missing or unreadable")
+            # Never written whole (a killed upload), or its manifest was deleted since.
+            raise CheckpointMissingError(location, f"{MANIFEST_FILE} is missing or unreadable")
         kept: bytes | None = None
         for file in sorted(manifest.sizes):
             try:
