@@ -17,7 +17,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from searcher.api import Experiment, TrialSummary, continue_search, resume, run, submit
+    from searcher.api import (
+        Experiment,
+        TrialRef,
+        TrialSummary,
+        continue_search,
+        resume,
+        run,
+        submit,
+    )
     from searcher.consistency import ConsistencyReport, check_consistency
     from searcher.driver import SearchDriver
     from searcher.experiments import UsageError, create_experiment, find_experiment
@@ -34,6 +42,7 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "Experiment": "searcher.api",
+    "TrialRef": "searcher.api",
     "TrialSummary": "searcher.api",
     "continue_search": "searcher.api",
     "resume": "searcher.api",
@@ -68,6 +77,7 @@ __all__ = [
     "Experiment",
     "ExperimentConfig",
     "SearchDriver",
+    "TrialRef",
     "TrialSummary",
     "UsageError",
     "ValidatedRun",
