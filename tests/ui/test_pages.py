@@ -317,12 +317,24 @@ def test_pause_requires_confirmation_then_records_the_request(
 def test_finished_experiment_offers_no_actions(
     render: PageRenderer, synthetic_search: DemoSearch
 ) -> None:
-    app = render(
-        "experiment",
-        synthetic_search.url,
-        experiment=synthetic_search.multi_objective_experiment_id,
-    )
+    # The same renderer offers the actions on an experiment that is not finished: the
+    # page is allowed to show them, so their absence below is the state's doing.
+    live = render("experiment", synthetic_search.url, experiment=synthetic_search.experiment_id)
+    assert_no_exception(live)
+    assert [b.label for b in live.button] == ["Send request"]
+    finished = synthetic_search.multi_objective_experiment_id
+    app = render("experiment", synthetic_search.url, experiment=finished)
+    # The page drew the whole finished experiment (a page that crashed would show no
+    # button either): its headline, its state and its trials.
+    assert_no_exception(app)
+    assert app.subheader[0].value.startswith("regression-cost (#")
+    metrics = {m.label: m.value for m in app.metric}
+    assert metrics["State"] == "COMPLETED"
+    assert app.dataframe and not app.dataframe[0].value.empty
+    # And no way to act on it: no choice of action, no confirmation, no button.
     assert not app.button
+    assert not app.get("radio")
+    assert not [c for c in app.checkbox if c.key == f"action_confirmed_{finished}"]
 
 
 # --- Trial ------------------------------------------------------------------------------
