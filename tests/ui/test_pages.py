@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sqlite3
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +15,7 @@ import sqlalchemy as sa
 
 from storage import get_engine
 from tests._demo_data import DemoSearch
+from tests.searcher.conftest import run_cli, wait_for, write_experiment
 from tests.ui._pages import PageRenderer, assert_no_exception, texts
 from trials._system_metrics import HOST_METRICS
 
@@ -312,6 +316,69 @@ def test_pause_requires_confirmation_then_records_the_request(
     # The confirmation was used up: another request needs another tick.
     assert not app.checkbox(key=f"action_confirmed_{experiment}").value
     assert app.button[0].disabled
+
+
+@pytest.mark.slow
+def test_resume_starts_a_driver_that_runs_the_search_to_its_end(
+    render: PageRenderer,
+    tmp_path: Path,
+    cli_env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Resume button for real: a search created with ``--detach`` is started from the
+    page, and the driver it starts (a process of its own) runs it to COMPLETED."""
+    path = write_experiment(
+        tmp_path / "exp",
+        searcher={"max_trials": 1, "max_length": {"batches": 4}, "pruner": {"name": "none"}},
+    )
+    db = f"sqlite:///{tmp_path / 'search.db'}"
+    created = run_cli(
+        ["run", str(path), "--db", db, "--detach", "--slots", "2"], cli_env, tmp_path
+    )
+    assert created.returncode == 0, created.stderr
+    # The driver's log goes to the temporary folder, this test's own.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    app = render("experiment", db, experiment=1)
+    # The driver runs on this machine (the renderer's cluster file is the synthetic one).
+    monkeypatch.delenv("SLOTSWEEP_CLUSTER")
+    assert_no_exception(app)
+    app.radio(key="action_1").set_value("resume").run()
+    app.checkbox(key="action_confirmed_1").check().run()
+    app.button[0].click().run()
+    assert_no_exception(app)
+    said = texts(app)
+    assert "Started `slotsweep resume 1` (pid " in said, said
+    pid = int(said.split("(pid ", 1)[1].split(")", 1)[0])
+    try:
+        # A session of its own (the driver takes seconds to start: it is still there):
+        # it outlives the page and the UI's server.
+        assert os.getsid(pid) == pid
+        wait_for(lambda: _experiment_state(db) == "COMPLETED", timeout=300, what="COMPLETED")
+        with get_engine(db).connect() as conn:
+            states = conn.execute(sa.text("SELECT state FROM slotsweep_trials")).scalars().all()
+        assert states == ["COMPLETED"]
+        log = (tmp_path / "slotsweep-resume-1.log").read_text()
+        assert "experiment 1 COMPLETED" in log, log[-2000:]
+    finally:
+        if _running(pid):
+            os.kill(pid, signal.SIGKILL)
+    finished = render("experiment", db, experiment=1)
+    assert_no_exception(finished)
+    assert {m.label: m.value for m in finished.metric}["State"] == "COMPLETED"
+    assert not finished.button
+
+
+def _experiment_state(db: str) -> str:
+    with get_engine(db).connect() as conn:
+        return str(conn.execute(sa.text("SELECT state FROM slotsweep_experiments")).scalar_one())
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_finished_experiment_offers_no_actions(
