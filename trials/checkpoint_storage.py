@@ -289,7 +289,8 @@ class CheckpointStore(Protocol):
         ...
 
     def names(self, location: str) -> list[str]:
-        """The files of the complete checkpoint at ``location``, sorted."""
+        """The files of the complete checkpoint at ``location``, sorted (its manifest,
+        which is the store's bookkeeping, not among them)."""
         ...
 
     def open_verified(self, location: str, name: str) -> tuple[IO[bytes], bool]:
@@ -379,7 +380,10 @@ class LocalStore:
 
     def names(self, location: str) -> list[str]:
         root = Path(location)
-        return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+        manifest = root / MANIFEST_FILE
+        return sorted(
+            str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p != manifest
+        )
 
     def open_verified(self, location: str, name: str) -> tuple[IO[bytes], bool]:
         manifest = self._verified_manifest(location)

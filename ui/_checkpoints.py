@@ -81,19 +81,14 @@ def download_name(path: str, experiment: str, number: int, step: int) -> str:
 
 
 def checkpoint_bytes(path: str) -> bytes:
-    """The checkpoint's file, or a zip of its directory (or of its objects)."""
+    """The checkpoint's file, or a zip of its files (a folder's or a bucket's, without the
+    manifest the store keeps beside them)."""
     if not is_url(path) and not Path(path).is_dir():
         return Path(path).read_bytes()
     buffer = io.BytesIO()
+    store = store_for(path)
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED) as archive:
-        if is_url(path):
-            store = store_for(path)
-            for name in store.names(path):
-                with store.read(path, name) as f:
-                    archive.writestr(name, f.read())
-        else:
-            target = Path(path)
-            for file in sorted(target.rglob("*")):
-                if file.is_file():
-                    archive.write(file, file.relative_to(target))
+        for name in store.names(path):
+            with store.read(path, name) as f:
+                archive.writestr(name, f.read())
     return buffer.getvalue()

@@ -517,6 +517,54 @@ def test_restarted_trial_lists_each_launch(
     assert runs["restored_from_step"].iloc[1] > 0
 
 
+def test_a_skipped_damaged_checkpoint_is_named_with_why(
+    render: PageRenderer, writable_synthetic: DemoSearch
+) -> None:
+    """A restart that skipped a damaged checkpoint: the page says which and why (a
+    warning above the table, its problem in the table), and the run's reason says
+    where it continued from."""
+    trial_id = writable_synthetic.restarted_trial_id
+    with get_engine(writable_synthetic.url).begin() as conn:
+        damaged = conn.execute(
+            sa.text(
+                "SELECT uuid, step FROM slotsweep_checkpoints WHERE trial_id = :t "
+                "ORDER BY step DESC LIMIT 1"
+            ),
+            {"t": trial_id},
+        ).one()
+        problem = "state.pt: 64 bytes, its manifest says 6221"
+        conn.execute(
+            sa.text(
+                "UPDATE slotsweep_checkpoints SET state = 'CORRUPTED', problem = :p "
+                "WHERE uuid = :u"
+            ),
+            {"p": problem, "u": damaged.uuid},
+        )
+        note = (
+            f"continued from the checkpoint of step 4; skipped the checkpoint of step "
+            f"{damaged.step} ({damaged.uuid[:8]}): {problem}"
+        )
+        conn.execute(
+            sa.text(
+                "UPDATE slotsweep_trial_runs SET reason = :r WHERE trial_id = :t AND attempt = 1"
+            ),
+            {"r": note, "t": trial_id},
+        )
+    app = render("trial", writable_synthetic.url, trial=trial_id)
+    assert_no_exception(app)
+    assert app.warning[0].value == (
+        f"The checkpoint of step {damaged.step} ({damaged.uuid[:8]}) was skipped as damaged: "
+        f"{problem}. Its files are kept for inspection ("
+        + app.dataframe[1].value["path"].iloc[0]
+        + "); no restore uses it again."
+    )
+    table = app.dataframe[1].value
+    assert (table["state"].iloc[0], table["problem"].iloc[0]) == ("CORRUPTED", problem)
+    assert table["problem"].iloc[1:].isna().all()
+    runs = app.dataframe[2].value
+    assert runs["reason"].iloc[1] == note
+
+
 def test_failed_trial_shows_its_error(render: PageRenderer, synthetic_search: DemoSearch) -> None:
     app = render("trial", synthetic_search.url, trial=synthetic_search.failed_trial_id)
     assert_no_exception(app)
