@@ -264,7 +264,15 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     text = str(path)
     suffix = "/" + STATE_FILE
     location = text[: -len(suffix)] if text.endswith(suffix) else text
-    source, digested = store_for(location).open_verified(location, STATE_FILE)
+    source: IO[bytes]
+    name = STATE_FILE
+    if not is_url(location) and Path(location).is_file():
+        # A checkpoint of one file (written by hand, or before checkpoints were folders):
+        # no manifest to compare with.
+        source, digested = open(location, "rb"), False  # noqa: SIM115 (closed below)
+        name = Path(location).name
+    else:
+        source, digested = store_for(location).open_verified(location, STATE_FILE)
     with source:
         try:
             state = torch.load(source, map_location="cpu", weights_only=True)
@@ -275,10 +283,10 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
             if digested or _refused_as_unsafe(error):
                 raise CheckpointMismatchError(
                     f"checkpoint {location}: torch.load(weights_only=True) refuses "
-                    f"{STATE_FILE}: {one_line(error)}"
+                    f"{name}: {_torch_reason(error)}"
                 ) from error
             raise CheckpointCorruptedError(
-                location, f"{STATE_FILE} cannot be read by torch.load: {one_line(error)}"
+                location, f"{name} cannot be read by torch.load: {_torch_reason(error)}"
             ) from error
     if not isinstance(state, dict):
         raise CheckpointMismatchError(
@@ -287,9 +295,31 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     return state
 
 
+def _torch_reason(error: BaseException) -> str:
+    """What ``torch.load``'s error says went wrong, on one line: its weights-only
+    unpickler's reason alone, without the paragraph of advice around it.
+
+    Example:
+        >>> _torch_reason(RuntimeError("Weights only load failed. Advice.\\n\\tWeightsUnpickler "
+        ...     "error: Unsupported operand 120\\n\\nCheck the documentation"))
+        'Weights only load failed: Unsupported operand 120'
+    """
+    full = " ".join(_ANSI_ESCAPE.sub("", str(error)).split())
+    _, marker, reason = full.partition("WeightsUnpickler error: ")
+    if not marker:
+        return one_line(error)
+    reason = reason.split(". ", 1)[0].split(" Check the documentation", 1)[0]
+    return one_line(RuntimeError(f"Weights only load failed: {reason.rstrip('.')}"))
+
+
 def _refused_as_unsafe(error: BaseException) -> bool:
-    """Whether ``torch.load(weights_only=True)`` refused what it read (not a damaged file)."""
-    return isinstance(error, pickle.UnpicklingError) and "weights only" in str(error).lower()
+    """Whether ``torch.load(weights_only=True)`` refused a type it read (not a damaged file).
+
+    Its unpickler reports garbage bytes as "Weights only load failed" too ("Unsupported
+    operand"); only an unsupported *global* is a type the code saved that it may not load.
+    """
+    text = str(error)
+    return isinstance(error, pickle.UnpicklingError) and "Unsupported global" in text
 
 
 def capture_rng_state(device: torch.device) -> dict[str, Any]:
