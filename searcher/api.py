@@ -376,7 +376,7 @@ class Experiment:
 
         Raises :class:`LookupError` when that trial has no completed checkpoint.
         """
-        number = self._trial_number(trial)
+        number = self._best_or(trial)
         with session_scope(self.db_url) as session:
             checkpoint = session.scalars(
                 select(Checkpoint)
@@ -463,18 +463,22 @@ class Experiment:
             for t in described["trials"]
         ]
 
-    def _trial_number(self, trial: TrialRef | None) -> int:
-        """The number of the trial ``trial`` names (None: the best trial's).
+    def _best_or(self, trial: TrialRef | None) -> int:
+        """The number of the trial ``trial`` names; None names the best trial."""
+        if trial is not None:
+            return self._trial_number(trial)
+        best = self.best_trial
+        if best is None:
+            raise LookupError(f"experiment {self.id} has no completed trial yet")
+        return best.number
+
+    def _trial_number(self, trial: TrialRef) -> int:
+        """The number of the trial ``trial`` names.
 
         Raises :class:`TypeError` for a value that cannot name a trial and
         :class:`LookupError` for a label or summary of another experiment's trial; one
         line each, saying what was given and what is taken.
         """
-        if trial is None:
-            best = self.best_trial
-            if best is None:
-                raise LookupError(f"experiment {self.id} has no completed trial yet")
-            return best.number
         taken = (
             f"give its number (3), its label ('#3' or '{self.id}.3') or a TrialSummary "
             "(experiment.trials() lists them)"
@@ -513,7 +517,13 @@ class Experiment:
             count = session.scalar(
                 select(func.count()).select_from(TrialRow).where(TrialRow.experiment_id == self.id)
             )
-            which = f"its trials are #0 to #{count - 1}" if count else "it has no trials yet"
+            which = (
+                f"its trials are #0 to #{count - 1}"
+                if count > 1
+                else "its only trial is #0"
+                if count
+                else "it has no trials yet"
+            )
             raise LookupError(f"experiment {self.id} has no trial #{number}; {which}")
         return int(trial_id)
 

@@ -225,6 +225,14 @@ def test_anything_else_is_refused_in_one_line_not_by_the_database(
         assert type(raised.value) is error and "\n" not in str(raised.value)
 
 
+def test_metrics_needs_a_trial_where_checkpoints_default_to_the_best(
+    seeded: api.Experiment,
+) -> None:
+    with pytest.raises(TypeError, match=r"^trial: got None \(NoneType\); give its number"):
+        seeded.metrics(None)  # type: ignore[arg-type]
+    assert seeded.checkpoint_path(None) == seeded.checkpoint_path(0)
+
+
 def test_a_summary_of_another_experiment_is_refused(
     seeded: api.Experiment, db_url: str, tmp_path: Path
 ) -> None:
