@@ -416,7 +416,12 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_describe(args: argparse.Namespace) -> int:
-    from searcher.cli.tables import failure_lines, trials_table, waiting_lines
+    from searcher.cli.tables import (
+        failure_lines,
+        skipped_checkpoint_lines,
+        trials_table,
+        waiting_lines,
+    )
     from searcher.experiments import describe_rows, find_experiment
     from storage import session_scope, upgrade_schema
 
@@ -430,6 +435,8 @@ def _cmd_describe(args: argparse.Namespace) -> int:
     console = _console()
     console.print(trials_table(described))
     for line in failure_lines(described):
+        console.print(line, highlight=False, markup=False)
+    for line in skipped_checkpoint_lines(described):
         console.print(line, highlight=False, markup=False)
     for line in waiting_lines(described):
         console.print(line, highlight=False, markup=False)

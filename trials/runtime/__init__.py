@@ -23,7 +23,7 @@ Example:
 """
 
 from trials.entrypoints import InvalidTrialError, load_entrypoint
-from trials.runtime._checkpoint import read_checkpoint
+from trials.runtime._checkpoint import CheckpointMismatchError, read_checkpoint
 from trials.runtime._context import (
     LoadedCheckpoint,
     PyTorchTrialContext,
@@ -41,6 +41,7 @@ from trials.runtime._trial import PyTorchTrial
 from trials.runtime._warm import WarmChannel
 
 __all__ = [
+    "CheckpointMismatchError",
     "DataLoader",
     "DistributedInfo",
     "InvalidTrialError",

@@ -32,9 +32,9 @@ from trials.entrypoints import InvalidTrialError
 from trials.runtime._checkpoint import (
     FORMAT_VERSION,
     NO_CHECKPOINTS,
+    CheckpointMismatchError,
     CheckpointWriter,
     TrialCheckpoints,
-    read_checkpoint,
 )
 from trials.runtime._data import batches_per_epoch
 from trials.runtime._distributed import (
@@ -47,6 +47,7 @@ from trials.runtime._precision import PrecisionPlan, resolve_mixed_precision
 from trials.runtime._preemption import NO_PREEMPTION, ChiefPreemption, Preemption
 from trials.runtime._prune_gate import PruneGate
 from trials.runtime._recording import NO_RECORDER, Recorder
+from trials.runtime._restore import Restored, restore_checkpoint
 
 # What user code passes to ``wrap_lr_scheduler``; the runtime keeps an LRStepMode.
 StepMode = Literal["optimizer_step", "epoch", "manual"]
@@ -148,6 +149,9 @@ class TrialContext:
         self._prune_gate = PruneGate(spec.pruner, spec.slots_per_trial)
         self.pruned = False
         self.steps_reported = 0
+        # What the attempt restored, read once (the first ask; see _restored_checkpoint).
+        self._restore_read = False
+        self._restored: Restored | None = None
 
     # -- who and what ----------------------------------------------------------------
 
@@ -399,22 +403,34 @@ class TrialContext:
     def load_latest_checkpoint(self) -> LoadedCheckpoint | None:
         """The checkpoint this attempt continues from (``None`` on a fresh start).
 
-        The driver names it when it restarts or resumes a trial; every rank loads it with
-        ``torch.load(weights_only=True)``.
+        The driver names the trial's newest when it restarts or resumes it; every rank
+        loads it with ``torch.load(weights_only=True)`` once its files match their
+        manifest. A damaged checkpoint is skipped for the newest older one that is
+        intact (``None`` when none is: the trial starts over), as the trial's log says.
+        Collective: call it on every rank.
         """
-        path = self.spec.restore_checkpoint_path
-        if path is None:
+        restored = self._restored_checkpoint()
+        if restored is None:
             return None
-        state = read_checkpoint(path)
+        state = restored.state
         if state.get("kind") != "core":
-            raise InvalidTrialError(
-                f"restore_checkpoint_path: {path} was written by the managed loop, not by "
+            raise CheckpointMismatchError(
+                f"checkpoint {restored.location} was written by the managed loop, not by "
                 "save_checkpoint"
             )
         steps = int(state["steps_completed"])
         self._recorder.rewind(steps)
         self.steps_reported = steps
-        return LoadedCheckpoint(state=state["user_state"], steps_completed=steps, path=str(path))
+        return LoadedCheckpoint(
+            state=state["user_state"], steps_completed=steps, path=restored.location
+        )
+
+    def _restored_checkpoint(self) -> Restored | None:
+        """The checkpoint the attempt continues from, read (and fallen back) on first ask."""
+        if not self._restore_read:
+            self._restored = restore_checkpoint(self.spec, self._recorder, self.is_chief)
+            self._restore_read = True
+        return self._restored
 
 
 class PyTorchTrialContext(TrialContext):

@@ -35,8 +35,9 @@ import torch
 from trials.entrypoints import InvalidTrialError
 from trials.runtime._checkpoint import (
     FORMAT_VERSION,
+    CheckpointMismatchError,
     capture_rng_state,
-    read_checkpoint,
+    one_line,
     restore_rng_state,
 )
 from trials.runtime._context import LRStepMode, PyTorchTrialContext
@@ -100,8 +101,9 @@ class ManagedLoop:
         self._restored_rng: Any = None
         self._train_metrics = MetricAccumulator()
         self.profiler = self._profiler()
-        if self.spec.restore_checkpoint_path:
-            self._restore(self.spec.restore_checkpoint_path)
+        restored = context._restored_checkpoint()
+        if restored is not None:
+            self._restore(restored.state, restored.location)
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -202,12 +204,17 @@ class ManagedLoop:
         )
         self.last_checkpoint_step = self.step
 
-    def _restore(self, path: str) -> None:
+    def _restore(self, state: dict[str, Any], location: str) -> None:
+        """Take ``state`` (the checkpoint at ``location``, intact) into the trial.
+
+        A checkpoint the trial's code no longer fits (other shapes, another number of
+        models or optimizers) raises :class:`CheckpointMismatchError` with the cause on
+        one line: the attempt fails, as every older checkpoint would.
+        """
         ctx = self.context
-        state = read_checkpoint(path)
         if state.get("kind") != "managed":
-            raise InvalidTrialError(
-                f"restore_checkpoint_path: {path} is not a checkpoint of the managed loop"
+            raise CheckpointMismatchError(
+                f"checkpoint {location} is not a checkpoint of the managed loop"
             )
         for what, saved, live in (
             ("models", state["models"], ctx.models),
@@ -215,21 +222,26 @@ class ManagedLoop:
             ("lr_schedulers", state["lr_schedulers"], ctx.lr_schedulers),
         ):
             if len(saved) != len(live):
-                raise InvalidTrialError(
-                    f"restore_checkpoint_path: the checkpoint holds {len(saved)} {what}, "
-                    f"the trial wraps {len(live)}"
+                raise CheckpointMismatchError(
+                    f"checkpoint {location} does not fit the trial: it holds {len(saved)} "
+                    f"{what}, the trial wraps {len(live)}"
                 )
-        for model, model_state in zip(ctx.models, state["models"], strict=True):
-            model.load_state_dict(model_state)
-        # Optimizers before schedulers: a scheduler's state refers to its optimizer's rates.
-        for optimizer, opt_state in zip(ctx.optimizers, state["optimizers"], strict=True):
-            optimizer.load_state_dict(opt_state)
-        for (scheduler, _), sched_state in zip(
-            ctx.lr_schedulers, state["lr_schedulers"], strict=True
-        ):
-            scheduler.load_state_dict(sched_state)
-        if ctx.grad_scaler is not None and state.get("grad_scaler"):
-            ctx.grad_scaler.load_state_dict(state["grad_scaler"])
+        try:
+            for model, model_state in zip(ctx.models, state["models"], strict=True):
+                model.load_state_dict(model_state)
+            # Optimizers before schedulers: a scheduler's state refers to its optimizer's rates.
+            for optimizer, opt_state in zip(ctx.optimizers, state["optimizers"], strict=True):
+                optimizer.load_state_dict(opt_state)
+            for (scheduler, _), sched_state in zip(
+                ctx.lr_schedulers, state["lr_schedulers"], strict=True
+            ):
+                scheduler.load_state_dict(sched_state)
+            if ctx.grad_scaler is not None and state.get("grad_scaler"):
+                ctx.grad_scaler.load_state_dict(state["grad_scaler"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as error:
+            raise CheckpointMismatchError(
+                f"checkpoint {location} does not fit the trial: {one_line(error)}"
+            ) from error
         self.step = int(state["step"])
         self.epoch_idx = int(state["epoch_idx"])
         self.batch_in_epoch = int(state["batch_in_epoch"])
