@@ -5,8 +5,11 @@ again, already there) -> ``train_batch`` (under DDP's ``no_sync`` on all but
 the last batch of an aggregation group, and under autocast) -> LR schedulers after an
 optimizer step. Reports, validations and checkpoints happen only after an optimizer
 step, so a checkpoint never holds half-aggregated gradients. Nothing per batch waits
-for the host or the database: metrics stay on the device until a report, and rank 0
-writes through its recorder's thread.
+for the device or the database: metrics stay on the device until a report, phase
+timings are marks on the device's timeline read once it has passed them
+(``_accelerator``, ``_timing``), and rank 0 writes through its recorder's thread. A
+report's copy of the metrics to the host is the one regular wait for the device;
+validations and checkpoints add theirs.
 
 Step counting: ``step`` is the number of batches trained (per rank, each of
 ``per_slot_batch_size`` samples, i.e. global batches), the key of every metric,
@@ -26,7 +29,6 @@ as if it had never stopped.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +90,7 @@ class ManagedLoop:
                 f"{trial_cls.__name__}: wrap at least one model with context.wrap_model in __init__"
             )
         self.device = context.device
+        self.accelerator = context._accelerator
         self._build_data()
         self.step = 0
         self.epoch_idx = 0
@@ -107,21 +110,13 @@ class ManagedLoop:
 
     def _profiler(self) -> Profiler:
         """Rank 0's phase timings when profiling is on; the stand-in elsewhere."""
-        if not (self.spec.profiling.enabled and self.context.is_chief):
+        profiling = self.spec.profiling
+        if not (profiling.enabled and self.context.is_chief):
             return NO_PROFILER
-        sync: Callable[[], None] | None = None
-        sample_every = 1
-        if self.device.type == "cuda":
-            device = self.device
-
-            def sync() -> None:
-                torch.cuda.synchronize(device)
-
-            sample_every = self.spec.profiling.sync_every
         return PhaseProfiler(
-            WindowedTimings(self.spec.profiling.window_batches),
-            sample_every=sample_every,
-            sync=sync,
+            WindowedTimings(profiling.window_batches),
+            sample_every=self.accelerator.timed_every(profiling.sync_every),
+            clock=self.accelerator.phase_clock(),
         )
 
     def _build_data(self) -> None:
@@ -264,7 +259,7 @@ class ManagedLoop:
             extras=(preempt,),
         )
         profiler.lap("reduce_metrics")
-        host = packed.tolist()
+        host = self.accelerator.to_host(packed)
         profiler.lap("from_device")
         means, _, extras = unpack_means(names, host)
         ctx._recorder.training_metrics(
@@ -285,15 +280,14 @@ class ManagedLoop:
         accumulator = MetricAccumulator()
         with torch.no_grad():
             for batch_idx, batch in enumerate(self.val_loader):
-                if self.device.type != "cpu":
-                    batch = ctx.to_device(batch)
+                batch = self.accelerator.to_device(batch)
                 with ctx.precision.autocast():
                     metrics = self.trial.evaluate_batch(batch, batch_idx)
                 accumulator.add(metrics, weight=float(self.val_batch_sizes[batch_idx]))
         for m, training in zip(models, was_training, strict=True):
             m.train(training)
         packed = reduce_means(accumulator.sums(self.device), accumulator.weight)
-        means, _, _ = unpack_means(accumulator.names(), packed.tolist())
+        means, _, _ = unpack_means(accumulator.names(), self.accelerator.to_host(packed))
         self.last_validation_step = self.step
         ctx._record_validation(self.step, self.step / self.schedule.batches_per_epoch, means)
         if final:
@@ -345,7 +339,7 @@ class ManagedLoop:
         trial = self.trial
         profiler = self.profiler
         accumulator = self._train_metrics
-        cpu = self.device.type == "cpu"
+        to_device = self.accelerator.to_device
         no_sync = ctx._no_sync if ctx.distributed.distributed else contextlib.nullcontext
         autocast = ctx.precision.autocast
         scaler = ctx.grad_scaler
@@ -374,8 +368,7 @@ class ManagedLoop:
                 assert iterator is not None  # made above whenever no batch is held
                 batch = next(iterator)
                 profiler.lap("dataloader_next")
-                if not cpu:
-                    batch = ctx.to_device(batch)
+                batch = to_device(batch)
                 profiler.lap("to_device")
                 if synthetic:
                     held_batch = batch
