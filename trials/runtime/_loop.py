@@ -7,7 +7,8 @@ optimizer step. Reports, validations and checkpoints happen only after an optimi
 step, so a checkpoint never holds half-aggregated gradients. Nothing per batch waits
 for the device or the database: metrics stay on the device until a report, phase
 timings are marks on the device's timeline read once it has passed them
-(``_accelerator``, ``_timing``), and rank 0 writes through its recorder's thread. A
+(``_accelerator``, ``_timing``), and rank 0 writes through its recorder's thread, the
+timing windows finished since the last report in that report's transaction. A
 report's copy of the metrics to the host is the one regular wait for the device;
 validations and checkpoints add theirs.
 
@@ -46,7 +47,13 @@ from trials.runtime._data import ResumableDistributedSampler, ShardSampler, batc
 from trials.runtime._distributed import gather_to_chief
 from trials.runtime._metrics import MetricAccumulator, reduce_means, unpack_means
 from trials.runtime._outcome import TrialOutcome
-from trials.runtime._timing import NO_PROFILER, PhaseProfiler, Profiler, WindowedTimings
+from trials.runtime._timing import (
+    NO_PROFILER,
+    PhaseProfiler,
+    Profiler,
+    TimingWindow,
+    WindowedTimings,
+)
 from trials.runtime._trial import PyTorchTrial
 
 
@@ -103,6 +110,9 @@ class ManagedLoop:
         self._restored_rng: Any = None
         self._train_metrics = MetricAccumulator()
         self.profiler = self._profiler()
+        # Finished timing windows, recorded with the next training report: one
+        # transaction of rank 0's recorder instead of one per window.
+        self._windows: list[TimingWindow] = []
         if self.spec.restore_checkpoint_path:
             self._restore(self.spec.restore_checkpoint_path)
 
@@ -262,6 +272,9 @@ class ManagedLoop:
         host = self.accelerator.to_host(packed)
         profiler.lap("from_device")
         means, _, extras = unpack_means(names, host)
+        if self._windows:
+            ctx._recorder.timings(self._windows)
+            self._windows = []
         ctx._recorder.training_metrics(
             self.step, self.step / self.schedule.batches_per_epoch, means
         )
@@ -404,10 +417,10 @@ class ManagedLoop:
                 outcome = self._after_optimizer_step(epoch_end)
             windows = profiler.end_batch(self.step)
             if windows:
-                ctx._recorder.timings(windows)
+                self._windows += windows
             if outcome is not None:
                 break
-        ctx._recorder.timings(profiler.flush(self.step))
+        ctx._recorder.timings(self._windows + profiler.flush(self.step))
         if outcome is None:
             outcome = TrialOutcome.FINISHED
         return outcome

@@ -2,18 +2,31 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from trials.runtime import CpuAccelerator, PyTorchTrialContext, load_entrypoint
+from trials.runtime._distributed import DistributedInfo
+from trials.runtime._loop import ManagedLoop
+from trials.runtime._outcome import TrialOutcome
 from trials.runtime._timing import (
     NO_PROFILER,
     PHASES,
     HostClock,
     PhaseProfiler,
+    TimingWindow,
     WindowedTimings,
     percentile,
     summarize,
 )
+
+from .conftest import FIXTURES
+from .test_context import spec
+from .test_standins import CallLog
+
+SINGLE = DistributedInfo()
 
 
 def test_percentile_matches_numpy_linear_interpolation() -> None:
@@ -176,3 +189,45 @@ def test_inactive_profiler_records_nothing() -> None:
     profiler.lap("train_batch")
     assert not profiler.active
     assert profiler.end_batch(1) == [] and profiler.flush(1) == []
+
+
+class WindowLog(CallLog):
+    """The recorder stand-in that also notes the timing windows it is given."""
+
+    def timings(self, windows: Sequence[TimingWindow]) -> None:
+        # One window per phase: the spans they cover.
+        spans = sorted({(w.start_step, w.end_step) for w in windows})
+        self.calls.append(("timings", tuple(spans)))
+
+
+def test_finished_windows_are_recorded_with_the_next_training_report(tmp_path: Path) -> None:
+    """One transaction of rank 0's recorder per report, not one more per window: the
+    windows finished since the last report are handed over right before its metrics."""
+    recorder = WindowLog()
+    fields: dict[str, Any] = {
+        "entrypoint": "timed_trials:ReportingTrial",
+        "model_dir": str(FIXTURES),
+        "hparams": {"global_batch_size": 8, "train_size": 800},  # 100 batches an epoch
+        "slots_per_trial": 1,
+        "max_length": {"batches": 250},
+        "min_validation_period": {"epochs": 1},
+        "checkpoint_storage": {"path": str(tmp_path / "checkpoints")},
+    }
+    context = PyTorchTrialContext(spec(tmp_path, **fields), SINGLE, CpuAccelerator(), recorder)
+    trial = load_entrypoint(fields["entrypoint"], fields["model_dir"])
+    assert ManagedLoop(trial, context).run() is TrialOutcome.FINISHED
+    sequence = [
+        (name, args[0] if name == "training_metrics" else args)
+        for name, args in recorder.calls
+        if name in ("timings", "training_metrics")
+    ]
+    # The window that ends at a report closes after it: it waits for the next one.
+    assert sequence == [
+        ("timings", ((0, 50),)),
+        ("training_metrics", 100),
+        ("timings", ((50, 100), (100, 150))),
+        ("training_metrics", 200),
+        ("timings", ((150, 200),)),
+        ("training_metrics", 250),
+        ("timings", ((200, 250),)),
+    ]
