@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -597,6 +598,107 @@ def time_parts(device_name: str) -> list[tuple[str, float, float]]:
     return parts
 
 
+class IndexBatches(Dataset[list[int]]):
+    """``length`` batches of nothing to compute: a batch is its indices (``__getitems__``)."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> list[int]:
+        return [index]
+
+    def __getitems__(self, indices: list[int]) -> list[int]:
+        return indices
+
+
+def _as_is(batch: list[int]) -> list[int]:
+    return batch
+
+
+NOTHING = torch.zeros(())
+
+
+class NoopTrial(PyTorchTrial):
+    """A trial whose batches cost nothing: what is left of a step is the loop's own work."""
+
+    def __init__(self, context: PyTorchTrialContext) -> None:
+        super().__init__(context)
+        self.model = context.wrap_model(nn.Linear(1, 1))
+        self.length = int(context.data["batches"])
+
+    def build_training_data_loader(self) -> ManagedDataLoader:
+        return ManagedDataLoader(IndexBatches(self.length), collate_fn=_as_is)
+
+    def build_validation_data_loader(self) -> ManagedDataLoader:
+        return ManagedDataLoader(IndexBatches(1), collate_fn=_as_is)
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
+        return {"loss": NOTHING}
+
+    def evaluate_batch(self, batch: Any, batch_idx: int) -> dict[str, Any]:
+        return {"val_loss": NOTHING}
+
+
+def loop_us_per_batch(device_name: str, batches: int = 20000) -> dict[str, float]:
+    """Host microseconds per batch of the whole managed loop around :class:`NoopTrial`
+    (profiling on and off; rank 0 without a database), and of the bare data loader:
+    the best of 5 runs each, in this process."""
+    from trials import RuntimeSpec
+    from trials.runtime import accelerator_for
+    from trials.runtime._distributed import DistributedInfo
+    from trials.runtime._loop import ManagedLoop
+
+    device = torch.device(device_name, 0) if device_name == "cuda" else torch.device("cpu")
+
+    def managed(profiling: bool, folder: Path) -> float:
+        spec = RuntimeSpec.model_validate(
+            {
+                "db_url": "sqlite://",
+                "experiment_id": 1,
+                "checkpoint_folder": "1-bench",
+                "trial_id": 1,
+                "study_name": "bench",
+                "optuna_trial_id": 1,
+                "optuna_trial_number": 0,
+                "entrypoint": "runtime_overhead:NoopTrial",
+                "model_dir": str(folder),
+                "hparams": {"global_batch_size": 1},
+                "data": {"batches": batches},
+                "slots_per_trial": 1,
+                "max_length": {"batches": batches},
+                "searcher_metric": "val_loss",
+                "pruning": False,
+                "min_validation_period": {"batches": batches},
+                "scratch_dir": str(folder / "scratch"),
+                "checkpoint_storage": {"path": str(folder / "checkpoints")},
+                "profiling": {"enabled": profiling},
+            }
+        )
+        context = PyTorchTrialContext(spec, DistributedInfo(), accelerator_for(device))
+        loop = ManagedLoop(NoopTrial, context)
+        start = time.perf_counter()
+        loop.run()
+        return (time.perf_counter() - start) / batches * 1e6
+
+    def bare() -> float:
+        loader = DataLoader(IndexBatches(batches), collate_fn=_as_is)
+        start = time.perf_counter()
+        for _ in loader:
+            pass
+        return (time.perf_counter() - start) / batches * 1e6
+
+    best = {"on": math.inf, "off": math.inf, "bare": math.inf}
+    with tempfile.TemporaryDirectory(prefix="slotsweep-bench-") as tmp:
+        for _ in range(5):  # alternating, so a busy moment of the machine hits all three
+            best["on"] = min(best["on"], managed(True, Path(tmp)))
+            best["off"] = min(best["off"], managed(False, Path(tmp)))
+            best["bare"] = min(best["bare"], bare())
+    return best
+
+
 def print_parts(device: str) -> None:
     print(
         f"managed loop's per-batch parts on {device} (host us per call; per batch at the defaults)"
@@ -604,6 +706,12 @@ def print_parts(device: str) -> None:
     for name, us, per_batch in time_parts(device):
         where = "per validation" if per_batch == 0 else f"{us * per_batch:8.3f} us/batch"
         print(f"  {name:34s} {us:8.3f} us/call  {where}")
+    loop = loop_us_per_batch(device)
+    print(
+        f"  the whole loop around a trial that computes nothing: {loop['on'] - loop['bare']:.2f}"
+        f" us/batch with profiling, {loop['off'] - loop['bare']:.2f} without, beyond the data"
+        f" loader's own {loop['bare']:.2f}"
+    )
 
 
 def main() -> None:

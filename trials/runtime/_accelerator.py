@@ -14,6 +14,7 @@ device-to-host wait. A test hands the runner a recording stand-in to count the w
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import Any, Protocol, cast
 
 import torch
@@ -112,11 +113,10 @@ class CudaEventClock:
     def wait(self, mark: torch.cuda.Event) -> None:
         mark.synchronize()
 
-    def seconds(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
-        return float(start.elapsed_time(end)) / 1000.0
-
-    def release(self, marks: Sequence[torch.cuda.Event]) -> None:
+    def read(self, marks: Sequence[torch.cuda.Event]) -> list[float]:
+        seconds = [float(start.elapsed_time(end)) / 1000.0 for start, end in pairwise(marks)]
         self._free.extend(marks)
+        return seconds
 
 
 class CudaAccelerator:

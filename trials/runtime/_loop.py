@@ -353,8 +353,10 @@ class ManagedLoop:
         profiler = self.profiler
         accumulator = self._train_metrics
         to_device = self.accelerator.to_device
-        no_sync = ctx._no_sync if ctx.distributed.distributed else contextlib.nullcontext
-        autocast = ctx.precision.autocast
+        # One null context, reused (it is reentrant): none is built per batch.
+        nothing = contextlib.nullcontext()
+        no_sync = ctx._no_sync if ctx.distributed.distributed else lambda: nothing
+        autocast = ctx.precision.autocast if ctx.precision.enabled else lambda: nothing
         scaler = ctx.grad_scaler
         step_schedulers = [
             sched for sched, mode in ctx.lr_schedulers if mode is LRStepMode.OPTIMIZER_STEP
@@ -394,7 +396,7 @@ class ManagedLoop:
             is_step = s.is_optimizer_step(batch_in_epoch, self.step)
             ctx._is_optimizer_step = is_step
             ctx._batches_accumulated = batch_in_epoch % s.aggregation_frequency + 1
-            with contextlib.nullcontext() if is_step else no_sync(), autocast():
+            with nothing if is_step else no_sync(), autocast():
                 metrics = trial.train_batch(batch, self.epoch_idx, self.step)
             profiler.lap("train_batch")
             accumulator.add(metrics)

@@ -19,6 +19,7 @@ nothing.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections import deque
@@ -115,6 +116,15 @@ class WindowedTimings:
         else:
             samples.append(seconds)
 
+    def add_laps(self, names: Sequence[str], seconds: Sequence[float]) -> None:
+        """One batch's phases: ``names[i]`` took ``seconds[i]``."""
+        for name, value in zip(names, seconds, strict=True):
+            samples = self._samples.get(name)
+            if samples is None:
+                self._samples[name] = [value]
+            else:
+                samples.append(value)
+
     def end_batch(self, step: int) -> list[TimingWindow]:
         """Close one batch; the window's aggregates once it is full, else nothing."""
         self._batches += 1
@@ -154,12 +164,9 @@ class PhaseClock(Protocol):
         """Block until ``mark`` has a time (only where the profiler must: its flush)."""
         ...
 
-    def seconds(self, start: Any, end: Any) -> float:
-        """Seconds from ``start`` to ``end``, two ready marks."""
-        ...
-
-    def release(self, marks: Sequence[Any]) -> None:
-        """The profiler is done with ``marks`` (events go back to a pool)."""
+    def read(self, marks: Sequence[Any]) -> list[float]:
+        """Seconds between consecutive ``marks`` (the last one ready); the marks are then
+        the clock's again (events go back to a pool)."""
         ...
 
 
@@ -167,17 +174,16 @@ class HostClock:
     """The host's clock: a mark is a reading, ready at once.
 
     Example:
-        >>> clock = HostClock()
-        >>> start = clock.mark()
-        >>> clock.ready(start), clock.seconds(start, clock.mark()) >= 0
-        (True, True)
+        >>> ticks = iter([1.0, 1.5, 3.0])
+        >>> clock = HostClock(lambda: next(ticks))
+        >>> marks = [clock.mark(), clock.mark(), clock.mark()]
+        >>> clock.ready(marks[-1]), clock.read(marks)
+        (True, [0.5, 1.5])
     """
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
-        self._clock = clock
-
-    def mark(self) -> float:
-        return self._clock()
+        # The clock itself: a mark costs one call, on every batch of a CPU rank.
+        self.mark = clock
 
     def ready(self, mark: float) -> bool:
         return True
@@ -185,11 +191,8 @@ class HostClock:
     def wait(self, mark: float) -> None:
         """Nothing to wait for: a reading is known when it is taken."""
 
-    def seconds(self, start: float, end: float) -> float:
-        return end - start
-
-    def release(self, marks: Sequence[float]) -> None:
-        """Nothing to give back."""
+    def read(self, marks: Sequence[float]) -> list[float]:
+        return [end - start for start, end in itertools.pairwise(marks)]
 
 
 HOST_CLOCK = HostClock()
@@ -224,8 +227,8 @@ class _ClosedBatch(NamedTuple):
     (one more mark than names: the batch's start). An untimed batch has neither."""
 
     step: int
-    names: tuple[str, ...] = ()
-    marks: tuple[Any, ...] = ()
+    names: Sequence[str] = ()
+    marks: Sequence[Any] = ()
 
 
 class PhaseProfiler:
@@ -259,6 +262,7 @@ class PhaseProfiler:
         self.timings = timings
         self.sample_every = max(1, sample_every)
         self.clock = clock
+        self._mark = clock.mark
         self._sampled = False
         self._names: list[str] = []
         self._marks: list[Any] = []
@@ -274,23 +278,30 @@ class PhaseProfiler:
         self._sampled = self._batch_index % self.sample_every == 0
         self._batch_index += 1
         if self._sampled:
+            # New lists: a closed batch keeps the old ones.
             self._names = []
-            self._marks = [self.clock.mark()]
+            self._marks = [self._mark()]
 
     def lap(self, name: str) -> None:
         """Mark the end of phase ``name``: it ran since the previous lap (or batch start)."""
         if self._sampled:
-            self._marks.append(self.clock.mark())
+            self._marks.append(self._mark())
             self._names.append(name)
 
     def end_batch(self, step: int) -> list[TimingWindow]:
+        waiting = self._waiting
         if self._sampled:
             self._sampled = False
-            self._waiting.append(_ClosedBatch(step, tuple(self._names), tuple(self._marks)))
-        elif not self._waiting:
+            marks = self._marks
+            if not waiting and self.clock.ready(marks[-1]):
+                # Known at once (the host's clock): no queue.
+                self.timings.add_laps(self._names, self.clock.read(marks))
+                return self.timings.end_batch(step)
+            waiting.append(_ClosedBatch(step, self._names, marks))
+        elif not waiting:
             return self.timings.end_batch(step)
         else:
-            self._waiting.append(_ClosedBatch(step))
+            waiting.append(_ClosedBatch(step))
         return self._take_known()
 
     def flush(self, step: int) -> list[TimingWindow]:
@@ -307,10 +318,8 @@ class PhaseProfiler:
         waiting = self._waiting
         while waiting and (not waiting[0].marks or clock.ready(waiting[0].marks[-1])):
             batch = waiting.popleft()
-            marks = batch.marks
-            for i, name in enumerate(batch.names):
-                self.timings.add(name, clock.seconds(marks[i], marks[i + 1]))
-            clock.release(marks)
+            if batch.marks:
+                self.timings.add_laps(batch.names, clock.read(batch.marks))
             windows += self.timings.end_batch(batch.step)
         return windows
 

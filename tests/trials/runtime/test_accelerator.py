@@ -12,6 +12,7 @@ times are compared with the step time measured around them.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -59,12 +60,10 @@ class DeviceTimeline:
         self.waits += 1
         self.passed = max(self.passed, mark[0])
 
-    def seconds(self, start: tuple[int, float], end: tuple[int, float]) -> float:
-        assert self.ready(end), "a mark was read before the device passed it"
-        return end[1] - start[1]
-
-    def release(self, marks: Sequence[tuple[int, float]]) -> None:
+    def read(self, marks: Sequence[tuple[int, float]]) -> list[float]:
+        assert self.ready(marks[-1]), "a mark was read before the device passed it"
         self.released += len(marks)
+        return [end[1] - start[1] for start, end in itertools.pairwise(marks)]
 
     def drain(self) -> None:
         """The host waited for everything queued: the device passed every mark."""

@@ -113,12 +113,10 @@ class StreamClock:
         self.waits.append(mark[0])
         self.passed = max(self.passed, mark[0])
 
-    def seconds(self, start: tuple[int, float], end: tuple[int, float]) -> float:
-        assert self.ready(end), "read before the device passed it"
-        return end[1] - start[1]
-
-    def release(self, marks: Sequence[tuple[int, float]]) -> None:
+    def read(self, marks: Sequence[tuple[int, float]]) -> list[float]:
+        assert self.ready(marks[-1]), "read before the device passed it"
         self.released += [mark[0] for mark in marks]
+        return [end[1] - start[1] for start, end in itertools.pairwise(marks)]
 
 
 def run_batches(profiler: PhaseProfiler, steps: range, laps: Sequence[str]) -> list[list[str]]:
