@@ -110,11 +110,7 @@ class WindowedTimings:
         self._batches = 0
 
     def add(self, name: str, seconds: float) -> None:
-        samples = self._samples.get(name)
-        if samples is None:
-            self._samples[name] = [seconds]
-        else:
-            samples.append(seconds)
+        self.add_laps((name,), (seconds,))
 
     def add_laps(self, names: Sequence[str], seconds: Sequence[float]) -> None:
         """One batch's phases: ``names[i]`` took ``seconds[i]``."""
