@@ -677,9 +677,10 @@ def _submit(
         directions=samplers.study_directions(validated.config),
         model_dir=model_dir,
     )
-    Console(stderr=True).print(
-        f"experiment {experiment_id} ({validated.config.name}) created", highlight=False
-    )
+    console = Console(stderr=True)
+    for note in validated.notes:
+        console.print(note, highlight=False)
+    console.print(f"experiment {experiment_id} ({validated.config.name}) created", highlight=False)
     return Experiment(experiment_id, validated.db_url), validated
 
 

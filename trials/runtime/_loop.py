@@ -5,8 +5,12 @@ again, already there) -> ``train_batch`` (under DDP's ``no_sync`` on all but
 the last batch of an aggregation group, and under autocast) -> LR schedulers after an
 optimizer step. Reports, validations and checkpoints happen only after an optimizer
 step, so a checkpoint never holds half-aggregated gradients. Nothing per batch waits
-for the host or the database: metrics stay on the device until a report, and rank 0
-writes through its recorder's thread.
+for the device or the database: metrics stay on the device until a report, phase
+timings are marks on the device's timeline read once it has passed them
+(``_accelerator``, ``_timing``), and rank 0 writes through its recorder's thread, the
+timing windows finished since the last report in that report's transaction. A
+report's copy of the metrics to the host is the one regular wait for the device;
+validations and checkpoints add theirs.
 
 Step counting: ``step`` is the number of batches trained (per rank, each of
 ``per_slot_batch_size`` samples, i.e. global batches), the key of every metric,
@@ -26,7 +30,6 @@ as if it had never stopped.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +48,13 @@ from trials.runtime._data import ResumableDistributedSampler, ShardSampler, batc
 from trials.runtime._distributed import gather_to_chief
 from trials.runtime._metrics import MetricAccumulator, reduce_means, unpack_means
 from trials.runtime._outcome import TrialOutcome
-from trials.runtime._timing import NO_PROFILER, PhaseProfiler, Profiler, WindowedTimings
+from trials.runtime._timing import (
+    NO_PROFILER,
+    PhaseProfiler,
+    Profiler,
+    TimingWindow,
+    WindowedTimings,
+)
 from trials.runtime._trial import PyTorchTrial
 
 
@@ -89,6 +98,7 @@ class ManagedLoop:
                 f"{trial_cls.__name__}: wrap at least one model with context.wrap_model in __init__"
             )
         self.device = context.device
+        self.accelerator = context._accelerator
         self._build_data()
         self.step = 0
         self.epoch_idx = 0
@@ -101,6 +111,9 @@ class ManagedLoop:
         self._restored_rng: Any = None
         self._train_metrics = MetricAccumulator()
         self.profiler = self._profiler()
+        # Finished timing windows, recorded with the next training report: one
+        # transaction of rank 0's recorder instead of one per window.
+        self._windows: list[TimingWindow] = []
         restored = context._restored_checkpoint()
         if restored is not None:
             self._restore(restored.state, restored.location)
@@ -109,21 +122,13 @@ class ManagedLoop:
 
     def _profiler(self) -> Profiler:
         """Rank 0's phase timings when profiling is on; the stand-in elsewhere."""
-        if not (self.spec.profiling.enabled and self.context.is_chief):
+        profiling = self.spec.profiling
+        if not (profiling.enabled and self.context.is_chief):
             return NO_PROFILER
-        sync: Callable[[], None] | None = None
-        sample_every = 1
-        if self.device.type == "cuda":
-            device = self.device
-
-            def sync() -> None:
-                torch.cuda.synchronize(device)
-
-            sample_every = self.spec.profiling.sync_every
         return PhaseProfiler(
-            WindowedTimings(self.spec.profiling.window_batches),
-            sample_every=sample_every,
-            sync=sync,
+            WindowedTimings(profiling.window_batches),
+            sample_every=self.accelerator.timed_every(profiling.sync_every),
+            clock=self.accelerator.phase_clock(),
         )
 
     def _build_data(self) -> None:
@@ -276,9 +281,12 @@ class ManagedLoop:
             extras=(preempt,),
         )
         profiler.lap("reduce_metrics")
-        host = packed.tolist()
+        host = self.accelerator.to_host(packed)
         profiler.lap("from_device")
         means, _, extras = unpack_means(names, host)
+        if self._windows:
+            ctx._recorder.timings(self._windows)
+            self._windows = []
         ctx._recorder.training_metrics(
             self.step, self.step / self.schedule.batches_per_epoch, means
         )
@@ -297,15 +305,14 @@ class ManagedLoop:
         accumulator = MetricAccumulator()
         with torch.no_grad():
             for batch_idx, batch in enumerate(self.val_loader):
-                if self.device.type != "cpu":
-                    batch = ctx.to_device(batch)
+                batch = self.accelerator.to_device(batch)
                 with ctx.precision.autocast():
                     metrics = self.trial.evaluate_batch(batch, batch_idx)
                 accumulator.add(metrics, weight=float(self.val_batch_sizes[batch_idx]))
         for m, training in zip(models, was_training, strict=True):
             m.train(training)
         packed = reduce_means(accumulator.sums(self.device), accumulator.weight)
-        means, _, _ = unpack_means(accumulator.names(), packed.tolist())
+        means, _, _ = unpack_means(accumulator.names(), self.accelerator.to_host(packed))
         self.last_validation_step = self.step
         ctx._record_validation(self.step, self.step / self.schedule.batches_per_epoch, means)
         if final:
@@ -357,9 +364,11 @@ class ManagedLoop:
         trial = self.trial
         profiler = self.profiler
         accumulator = self._train_metrics
-        cpu = self.device.type == "cpu"
-        no_sync = ctx._no_sync if ctx.distributed.distributed else contextlib.nullcontext
-        autocast = ctx.precision.autocast
+        to_device = self.accelerator.to_device
+        # One null context, reused (it is reentrant): none is built per batch.
+        nothing = contextlib.nullcontext()
+        no_sync = ctx._no_sync if ctx.distributed.distributed else lambda: nothing
+        autocast = ctx.precision.autocast if ctx.precision.enabled else lambda: nothing
         scaler = ctx.grad_scaler
         step_schedulers = [
             sched for sched, mode in ctx.lr_schedulers if mode is LRStepMode.OPTIMIZER_STEP
@@ -386,8 +395,7 @@ class ManagedLoop:
                 assert iterator is not None  # made above whenever no batch is held
                 batch = next(iterator)
                 profiler.lap("dataloader_next")
-                if not cpu:
-                    batch = ctx.to_device(batch)
+                batch = to_device(batch)
                 profiler.lap("to_device")
                 if synthetic:
                     held_batch = batch
@@ -400,7 +408,7 @@ class ManagedLoop:
             is_step = s.is_optimizer_step(batch_in_epoch, self.step)
             ctx._is_optimizer_step = is_step
             ctx._batches_accumulated = batch_in_epoch % s.aggregation_frequency + 1
-            with contextlib.nullcontext() if is_step else no_sync(), autocast():
+            with nothing if is_step else no_sync(), autocast():
                 metrics = trial.train_batch(batch, self.epoch_idx, self.step)
             profiler.lap("train_batch")
             accumulator.add(metrics)
@@ -423,10 +431,10 @@ class ManagedLoop:
                 outcome = self._after_optimizer_step(epoch_end)
             windows = profiler.end_batch(self.step)
             if windows:
-                ctx._recorder.timings(windows)
+                self._windows += windows
             if outcome is not None:
                 break
-        ctx._recorder.timings(profiler.flush(self.step))
+        ctx._recorder.timings(self._windows + profiler.flush(self.step))
         if outcome is None:
             outcome = TrialOutcome.FINISHED
         return outcome
