@@ -9,8 +9,7 @@ from streamlit.elements.lib.column_types import ColumnConfig
 from storage import TrialState
 from trials import queries
 from trials.labels import trial_label
-from ui import _charts, _cluster, _context
-from ui._units import duration_words
+from ui import _charts, _cluster, _context, _units
 
 st.title("Cluster")
 engine = _context.require_database()
@@ -184,7 +183,7 @@ def _queue_section() -> None:
         st.info("No trial is waiting for slots.")
     else:
         rows = queue.assign(
-            waiting=queue["waiting_s"].map(duration_words),
+            waiting=queue["waiting_s"].map(_units.duration_words),
             open=[_context.link("trial", trial=str(t)) for t in queue["trial"]],
         )
         st.dataframe(

@@ -18,8 +18,7 @@ from storage import (
 )
 from trials import queries
 from trials.config import ExperimentConfig
-from ui import _actions, _charts, _context, _curves, _format, _logs, _plots, _tables
-from ui._units import duration_words
+from ui import _actions, _charts, _context, _curves, _format, _logs, _plots, _tables, _units
 
 st.title("Experiment")
 engine = _context.require_database()
@@ -290,7 +289,7 @@ def _waiting_trials() -> None:
         return  # Started between the two reads.
     rows = page.rows.assign(
         # Unknown (None) until the trial enters the cluster's queue.
-        waiting=[None if pd.isna(s) else duration_words(s) for s in page.rows["waiting_s"]],
+        waiting=[None if pd.isna(s) else _units.duration_words(s) for s in page.rows["waiting_s"]],
         open=[_context.link("trial", trial=str(t)) for t in page.rows["trial"]],
     )
     st.dataframe(
