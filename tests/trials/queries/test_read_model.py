@@ -4,6 +4,8 @@ checkpoint, the same from an engine, a session or an open connection."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -18,7 +20,7 @@ from storage import (
     session_scope,
     utcnow,
 )
-from tests.conftest import EXAMPLES_DIR, add_experiment
+from tests.conftest import EXAMPLES_DIR, REPO_ROOT, add_experiment
 from trials import queries
 from trials.config import load_config
 
@@ -158,3 +160,18 @@ def test_a_trial_by_number_and_its_newest_checkpoint(db_url: str) -> None:
     assert queries.newest_checkpoint_steps(engine, experiment_id) == {first: 20}
     (row, _) = queries.experiment_trials(engine, experiment_id)
     assert (row.id, row.label, row.searcher_metric) == (first, f"{experiment_id}.0", 0.1)
+
+
+def test_reading_counts_and_rows_does_not_import_pandas() -> None:
+    # The driver and the CLI read counts and typed rows here; pandas (half a second to
+    # import) loads only with the first frame a query builds.
+    code = (
+        "import sys\n"
+        "from trials import queries\n"
+        "import searcher.cli.tables\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT
+    )
+    assert done.stdout.strip() == "False", done.stderr
