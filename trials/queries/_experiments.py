@@ -2,9 +2,10 @@
 progress, the UI's Experiments page and every page's header.
 
 One query counts an experiment's trials by state (:func:`_aggregates`), with the
-smallest and largest completed value beside the counts, so the best value never takes
-a second read; it serves one experiment (:func:`trial_counts`, :func:`experiment_summary`)
-or a page of them (:func:`experiment_overviews`, :func:`list_experiments`). A stored
+smallest and largest completed value beside the counts where a page shows the best
+value, so that never takes a second read; it serves one experiment
+(:func:`trial_counts`, :func:`experiment_summary`) or a page of them
+(:func:`experiment_overviews`, :func:`list_experiments`). A stored
 config this version cannot read leaves the config None (:func:`typed_config`): a list
 shows what it can of such an experiment rather than failing.
 
@@ -104,23 +105,36 @@ class _Aggregate:
 _NO_TRIALS = _Aggregate(TrialCounts(), None, None)
 
 
-def _aggregates(conn: Any, ids: Sequence[int]) -> dict[int, _Aggregate]:
-    """Per experiment of ``ids``: trial counts by state and the smallest and largest
-    completed value (one grouped read; an experiment without trials is absent)."""
+def _aggregates(conn: Any, ids: Sequence[int], *, values: bool = True) -> dict[int, _Aggregate]:
+    """Per experiment of ``ids``: trial counts by state and, with ``values``, the
+    smallest and largest completed value (one grouped read; an experiment without
+    trials is absent).
+
+    The driver counts every tick, so this is the cheapest statement SQLite has at
+    10,000 trials: one experiment's rows group by state alone (grouping by experiment
+    too takes 1.6x the time), and without ``values`` nothing past the state is read
+    (the values lie beyond each row's hyperparameters).
+    """
+    value = _T.c.searcher_metric_value
+    lowest, highest = (
+        (sa.func.min(value), sa.func.max(value)) if values else (sa.null(), sa.null())
+    )
+    one = len(ids) == 1
+    keys = [_T.c.state] if one else [_T.c.experiment_id, _T.c.state]
     rows = conn.execute(
         sa.select(
-            _T.c.experiment_id,
-            _T.c.state,
+            *keys,
             sa.func.count().label("trials"),
-            sa.func.min(_T.c.searcher_metric_value).label("lowest"),
-            sa.func.max(_T.c.searcher_metric_value).label("highest"),
+            lowest.label("lowest"),
+            highest.label("highest"),
         )
-        .where(_T.c.experiment_id.in_(list(ids)))
-        .group_by(_T.c.experiment_id, _T.c.state)
+        .where(_T.c.experiment_id == ids[0] if one else _T.c.experiment_id.in_(list(ids)))
+        .group_by(*keys)
     ).all()
     by_experiment: dict[int, dict[str, Any]] = {}
     for row in rows:
-        by_experiment.setdefault(row.experiment_id, {})[enum_value(row.state)] = row
+        experiment_id = ids[0] if one else row.experiment_id
+        by_experiment.setdefault(experiment_id, {})[enum_value(row.state)] = row
     completed = TrialState.COMPLETED.value
     return {
         experiment_id: _Aggregate(
@@ -135,7 +149,8 @@ def _aggregates(conn: Any, ids: Sequence[int]) -> dict[int, _Aggregate]:
 def trial_counts(db: Source, experiment_id: int) -> TrialCounts:
     """How many of the experiment's trials are in each state (all zero for none)."""
     with reading(db) as conn:
-        return _aggregates(conn, [experiment_id]).get(experiment_id, _NO_TRIALS).counts
+        found = _aggregates(conn, [experiment_id], values=False)
+    return found.get(experiment_id, _NO_TRIALS).counts
 
 
 def trial_total(db: Source, experiment_id: int) -> int:
@@ -399,10 +414,14 @@ class ExperimentSummary:
     driver_host: str | None
     driver_pid: int | None
     driver_heartbeat_at: _dt.datetime | None
-    #: Trials per state name (:meth:`TrialCounts.by_state`).
-    counts: dict[str, int]
+    trials: TrialCounts
     slots_in_use: int
     best_value: float | None
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Trials per state name (:meth:`TrialCounts.by_state`)."""
+        return self.trials.by_state()
 
     @property
     def metric(self) -> str:
@@ -442,7 +461,7 @@ def experiment_summary(db: Source, experiment_id: int) -> ExperimentSummary | No
         driver_host=exp.driver_host,
         driver_pid=exp.driver_pid,
         driver_heartbeat_at=exp.driver_heartbeat_at,
-        counts=aggregate.counts.by_state(),
+        trials=aggregate.counts,
         slots_in_use=int(slots),
         best_value=aggregate.best(smaller_is_better(config)),
     )

@@ -3,8 +3,9 @@ stopped it early, and a trial's recorded traceback (the Experiment and Trial pag
 
 Example:
     >>> from storage import get_engine
+    >>> from trials.queries import experiment_summary
     >>> engine = get_engine(url, read_only=True)
-    >>> failure_summary(engine, 1)
+    >>> failure_summary(engine, 1, experiment_summary(engine, 1).trials)
     FailureSummary(failed=0, completed=0, reason=None, reason_count=0)
     >>> trial_failure(engine, 1) is None
     True
@@ -18,7 +19,7 @@ import sqlalchemy as sa
 
 from storage import Experiment, ExperimentState, Trial, TrialFailure, TrialRun, TrialState
 from trials.config import ExperimentConfig
-from trials.queries._experiments import trial_counts
+from trials.queries._experiments import TrialCounts
 from trials.queries._reading import Source, enum_value, reading
 
 _E = Experiment.__table__
@@ -41,10 +42,11 @@ class FailureSummary:
         return self.failed > 0 and self.completed == 0
 
 
-def failure_summary(db: Source, experiment_id: int) -> FailureSummary:
-    """Failed trials of an experiment (of its counts) and their commonest error, grouped in SQL."""
+def failure_summary(db: Source, experiment_id: int, counts: TrialCounts) -> FailureSummary:
+    """How many of the experiment's trials failed, of ``counts`` (its trial counts, as
+    the caller read them: they are not counted twice), and their commonest error,
+    grouped in SQL."""
     with reading(db) as conn:
-        counts = trial_counts(conn, experiment_id)
         commonest = conn.execute(
             sa.select(_T.c.error, sa.func.count().label("n"))
             .where(

@@ -127,7 +127,7 @@ def _header() -> None:
     if summary is None:
         st.warning(f"Experiment {experiment_id} no longer exists.")
         return
-    failures = queries.failure_summary(engine, experiment_id)
+    failures = queries.failure_summary(engine, experiment_id, summary.trials)
     _headline(summary, failures)
     if summary.counts[TrialState.QUEUED.value]:
         _waiting_trials()
