@@ -54,17 +54,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from sqlalchemy import func, select
 
 import searcher.submit.samplers as samplers
 from searcher.driver.driver import SearchDriver
-from searcher.experiments import (
-    UsageError,
-    best_trials,
-    describe_rows,
-    find_experiment,
-    request_action,
-)
+from searcher.experiments import UsageError, find_experiment, request_action
 from searcher.logs import stored_experiment_log_dir
 from searcher.submit.creation import create_experiment, extend_experiment
 from searcher.submit.relocation import Relocation, relocate_experiment
@@ -76,17 +69,14 @@ from searcher.submit.submission import (
 )
 from storage import (
     DB_ENV_VAR,
-    Checkpoint,
-    CheckpointState,
     DatabaseUrlError,
     ExperimentState,
-    Metric,
     optuna_storage,
     session_scope,
 )
 from storage import Experiment as ExperimentRow
-from storage import Trial as TrialRow
-from trials.config import ConfigError, is_url
+from trials import queries
+from trials.config import ConfigError, is_url, read_stored_config
 from trials.coordination.control import Action, driver_alive
 from trials.labels import parse_trial_label, trial_label
 from trials.scheduler import ClusterConfigError, UnknownPool, Unschedulable
@@ -325,11 +315,9 @@ class Experiment:
         with session_scope(self.db_url) as session:
             row = session.get(ExperimentRow, self.id)
             assert row is not None
-            best = best_trials(session, row, limit=1)
-            number = best[0].optuna_trial_number if best else None
-        if number is None:
-            return None
-        return next(t for t in self._summaries() if t.number == number)
+            smaller = read_stored_config(row.config).searcher.smaller_is_better
+            best = queries.best_trials(session, self.id, smaller_is_better=smaller, limit=1)
+        return _summary(best[0]) if best else None
 
     def metrics(self, trial: TrialRef) -> pd.DataFrame:
         """Every metric ``trial`` recorded: one row per step and name.
@@ -340,29 +328,8 @@ class Experiment:
         where training diverged) and ``recorded_at``. Raises :class:`TypeError` for
         anything else, :class:`LookupError` for a trial the experiment does not have.
         """
-        import pandas as pd
-
-        number = self._trial_number(trial)
         with session_scope(self.db_url) as session:
-            trial_id = self._trial_id(session, number)
-            rows = session.execute(
-                select(
-                    Metric.step,
-                    Metric.epoch,
-                    Metric.kind,
-                    Metric.name,
-                    Metric.value,
-                    Metric.recorded_at,
-                )
-                .where(Metric.trial_id == trial_id)
-                .order_by(Metric.step, Metric.kind, Metric.name)
-            ).all()
-        frame = pd.DataFrame(
-            [(r.step, r.epoch, r.kind.value, r.name, r.value, r.recorded_at) for r in rows],
-            columns=["step", "epoch", "kind", "name", "value", "recorded_at"],
-        )
-        frame["value"] = frame["value"].astype(float)  # NULL (a NaN recorded) reads as NaN
-        return frame
+            return queries.metric_rows(session, self._trial_id(session, self._trial_number(trial)))
 
     def checkpoint_path(self, trial: TrialRef | None = None) -> Path | str:
         """The folder of ``trial``'s newest checkpoint (default: the best trial's).
@@ -377,19 +344,10 @@ class Experiment:
         """
         number = self._best_or(trial)
         with session_scope(self.db_url) as session:
-            checkpoint = session.scalars(
-                select(Checkpoint)
-                .where(
-                    Checkpoint.trial_id == self._trial_id(session, number),
-                    Checkpoint.state == CheckpointState.COMPLETED,
-                )
-                .order_by(Checkpoint.step.desc(), Checkpoint.id.desc())
-            ).first()
-            if checkpoint is None:
-                raise LookupError(
-                    f"trial {trial_label(self.id, number)} has no completed checkpoint"
-                )
-            return checkpoint.path if is_url(checkpoint.path) else Path(checkpoint.path)
+            path = queries.newest_checkpoint_path(session, self._trial_id(session, number))
+        if path is None:
+            raise LookupError(f"trial {trial_label(self.id, number)} has no completed checkpoint")
+        return path if is_url(path) else Path(path)
 
     def load_checkpoint(self, trial: TrialRef | None = None) -> dict[str, Any]:
         """The state dicts of :meth:`checkpoint_path`'s checkpoint, on the CPU.
@@ -444,23 +402,7 @@ class Experiment:
 
     def _summaries(self) -> list[TrialSummary]:
         with session_scope(self.db_url) as session:
-            row = session.get(ExperimentRow, self.id)
-            assert row is not None
-            described = describe_rows(session, row)
-        metric = described["metric"]
-        return [
-            TrialSummary(
-                number=t["number"],
-                state=t["state"],
-                searcher_metric=t[metric],
-                hyperparameters=t["hyperparameters"],
-                slot_seconds=t["slot_seconds"],
-                restarts=t["restarts"],
-                failure_reason=t["error"],
-                experiment_id=self.id,
-            )
-            for t in described["trials"]
-        ]
+            return [_summary(t) for t in queries.experiment_trials(session, self.id)]
 
     def _best_or(self, trial: TrialRef | None) -> int:
         """The number of the trial ``trial`` names; None names the best trial."""
@@ -505,17 +447,11 @@ class Experiment:
         raise TypeError(f"trial: got {trial!r} ({type(trial).__name__}); {taken}")
 
     def _trial_id(self, session: Any, number: int) -> int:
-        trial_id = None
-        if 0 <= number <= _MAX_NUMBER:
-            trial_id = session.scalar(
-                select(TrialRow.id).where(
-                    TrialRow.experiment_id == self.id, TrialRow.optuna_trial_number == number
-                )
-            )
+        trial_id = (
+            queries.trial_id(session, self.id, number) if 0 <= number <= _MAX_NUMBER else None
+        )
         if trial_id is None:
-            count = session.scalar(
-                select(func.count()).select_from(TrialRow).where(TrialRow.experiment_id == self.id)
-            )
+            count = queries.trial_total(session, self.id)
             which = (
                 f"its trials are #0 to #{count - 1}"
                 if count > 1
@@ -524,7 +460,21 @@ class Experiment:
                 else "it has no trials yet"
             )
             raise LookupError(f"experiment {self.id} has no trial #{number}; {which}")
-        return int(trial_id)
+        return trial_id
+
+
+def _summary(trial: queries.TrialRow) -> TrialSummary:
+    """The API's view of one of the read model's trials."""
+    return TrialSummary(
+        number=trial.number,
+        state=trial.state.value,
+        searcher_metric=trial.searcher_metric,
+        hyperparameters=trial.hyperparameters,
+        slot_seconds=trial.slot_seconds,
+        restarts=trial.restarts,
+        failure_reason=trial.error,
+        experiment_id=trial.experiment_id,
+    )
 
 
 def submit(

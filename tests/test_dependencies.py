@@ -206,6 +206,10 @@ TRIALS_LAYERS: dict[str, frozenset[str]] = {
     "trials.coordination": frozenset(
         {"trials", "trials.config", "trials.scheduler", "trials.launch", "trials.executors"}
     ),
+    # The read model: what the CLI, the API and the UI ask of the database.
+    "trials.queries": frozenset(
+        {"trials", "trials.config", "trials.scheduler", "trials.coordination"}
+    ),
 }
 
 # Layers of searcher: what each may import besides ``trials``, ``storage`` and itself.

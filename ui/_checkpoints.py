@@ -40,7 +40,7 @@ def checkpoint_problem(path: str, state: str) -> str | None:
 
 def skipped_lines(checkpoints: pd.DataFrame) -> list[str]:
     """One line per CORRUPTED checkpoint of ``checkpoints`` (a trial's, newest first, as
-    :func:`ui._queries.checkpoints` reads them): which a restore skipped, and why.
+    :func:`trials.queries.checkpoints` reads them): which a restore skipped, and why.
 
     Example:
         >>> frame = pd.DataFrame({"uuid": ["635301b5-9c2e"], "step": [9], "state": ["CORRUPTED"],

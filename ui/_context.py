@@ -73,7 +73,7 @@ def engine() -> Engine:
 
 def require_database() -> Engine:
     """The engine, or a plain message and a stopped page when there is nothing to read."""
-    from ui import _queries
+    from trials import queries
 
     url = db_url()
     missing = _missing_sqlite_file(url)
@@ -85,7 +85,7 @@ def require_database() -> Engine:
         st.stop()
     try:
         eng = engine()
-        ready = _queries.has_schema(eng)
+        ready = queries.has_schema(eng)
     except sqlalchemy.exc.SQLAlchemyError as exc:
         st.error(f"Cannot read the database `{redact_url(url)}`: {_safe_reason(exc, url)}")
         st.stop()

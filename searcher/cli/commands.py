@@ -372,16 +372,19 @@ def _summary(experiment: Experiment) -> int:
 def _print_summary(db_url: str, experiment_id: int, state: str) -> None:
     """The final line (state and counts), a warning when some trials failed, the best trials."""
     from searcher.cli.tables import best_trials_table
-    from searcher.experiments import best_trials, trial_counts
     from storage import Experiment, session_scope
     from trials.config import read_stored_config
+    from trials.queries import best_trials, trial_counts
 
     with session_scope(db_url) as session:
         experiment = session.get(Experiment, experiment_id)
         assert experiment is not None
+        searcher = read_stored_config(experiment.config).searcher
         counts = trial_counts(session, experiment_id)
-        best = best_trials(session, experiment)
-        metric = read_stored_config(experiment.config).searcher.metric
+        best = best_trials(
+            session, experiment_id, smaller_is_better=searcher.smaller_is_better, limit=5
+        )
+        metric = searcher.metric
         console = _console()
         console.print(
             f"experiment {experiment_id} {state}: {counts.completed} completed, "
@@ -400,8 +403,7 @@ def _print_summary(db_url: str, experiment_id: int, state: str) -> None:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from searcher.cli.tables import experiments_table
-    from searcher.experiments import experiment_rows
+    from searcher.cli.tables import experiment_rows, experiments_table
     from storage import session_scope, upgrade_schema
 
     db_url = _db_url(args, need_schema=True)
@@ -417,12 +419,13 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 def _cmd_describe(args: argparse.Namespace) -> int:
     from searcher.cli.tables import (
+        describe_rows,
         failure_lines,
         skipped_checkpoint_lines,
         trials_table,
         waiting_lines,
     )
-    from searcher.experiments import describe_rows, find_experiment
+    from searcher.experiments import find_experiment
     from storage import session_scope, upgrade_schema
 
     db_url = _db_url(args, need_schema=True)
@@ -495,14 +498,14 @@ def _cmd_task(args: argparse.Namespace) -> int:
     """Every slot and its holder, then the cluster's queue in order with each reason."""
     from searcher.cli.tables import queue_rows, queue_table, task_rows, tasks_table
     from storage import session_scope, upgrade_schema, utcnow
-    from trials.coordination import allocations, cluster_queue
+    from trials.queries import queue_views, slot_holders
 
     db_url = _db_url(args, need_schema=True)
     upgrade_schema(db_url)
     cluster = _cluster(args)
     with session_scope(db_url) as session:
-        rows = task_rows(allocations.holders(session, cluster))
-        queue = queue_rows(cluster_queue.queue_view(session), utcnow())
+        rows = task_rows(slot_holders(session, cluster))
+        queue = queue_rows(queue_views(session), utcnow())
     if args.json:
         _print_json({"slots": rows, "queue": queue})
         return 0
@@ -517,15 +520,13 @@ def _cmd_task(args: argparse.Namespace) -> int:
 
 def _cmd_agents(args: argparse.Namespace) -> int:
     """Agents by pool; with a database, how many slots of each are held right now."""
-    from collections import Counter
-
     from searcher.cli.tables import agents_table
     from searcher.experiments import UsageError
     from storage import DB_ENV_VAR, DatabaseUrlError, session_scope
-    from trials.coordination import allocations
+    from trials.queries import slots_in_use
 
     cluster = _cluster(args)
-    busy: Counter[tuple[str, str]] | None = None
+    busy: dict[tuple[str, str], int] | None = None
     try:
         db_url = _db_url(args, need_schema=True)
     except (UsageError, DatabaseUrlError):
@@ -535,9 +536,7 @@ def _cmd_agents(args: argparse.Namespace) -> int:
             raise
     else:
         with session_scope(db_url) as session:
-            busy = Counter(
-                (h.pool, h.agent) for h in allocations.holders(session) if h.held and not h.stale
-            )
+            busy = slots_in_use(session)
     _console().print(agents_table(cluster, busy))
     return 0
 

@@ -1,7 +1,8 @@
 """What ``list``, ``describe``, ``task list`` and ``agents`` show: rows, then tables.
 
 Each command gathers plain rows first (dicts of JSON types, full precision: what
-``--json`` prints) and renders the same rows as a rich table for a terminal, so the
+``--json`` prints) from the read model's answers (:mod:`trials.queries`, which the API
+and the UI read too) and renders the same rows as a rich table for a terminal, so the
 two outputs never disagree. Tables take the console's width: short columns never
 wrap, hyperparameter lists fold onto more lines, and floats show 4 significant
 digits (the JSON keeps every digit).
@@ -15,18 +16,29 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.table import Table
 
-from storage import Trial
+from storage import Experiment, TrialState
+from trials.config import read_stored_config
 from trials.labels import checkpoint_label, trial_label
 from trials.numbers import format_hparams, format_value
+from trials.queries import (
+    Source,
+    damaged_checkpoints,
+    experiment_overviews,
+    experiment_trials,
+    newest_checkpoint_steps,
+    queue_views,
+    waited_s,
+    waiting_reason,
+)
 
 if TYPE_CHECKING:
-    from trials.coordination.allocations import SlotHolder
-    from trials.coordination.cluster_queue import QueuedView
+    from trials.queries import QueuedView, SlotHolder, TrialRow
     from trials.scheduler import Cluster
 
 # Columns of ids, states and counts: never wrapped, never cut (the text column folds).
@@ -41,6 +53,30 @@ def _table(title: str) -> Table:
 
 
 # ----------------------------------------------------------------------- list
+
+
+def experiment_rows(db: Source) -> list[dict[str, Any]]:
+    """One row per experiment, by id: state, trial counts and the best searcher metric value.
+
+    A stored config this version cannot read leaves ``metric`` None (the row's other
+    columns are the database's own).
+    """
+    return [
+        {
+            "id": overview.id,
+            "name": overview.name,
+            "state": overview.state,
+            "trials": overview.counts.total,
+            "max_trials": overview.max_trials,
+            "running": overview.counts.running,
+            "completed": overview.counts.completed,
+            "pruned": overview.counts.pruned,
+            "failed": overview.counts.errored,
+            "metric": overview.metric,
+            "best": overview.best,
+        }
+        for overview in experiment_overviews(db)
+    ]
 
 
 def experiments_table(rows: Sequence[Mapping[str, Any]]) -> Table:
@@ -65,6 +101,46 @@ def experiments_table(rows: Sequence[Mapping[str, Any]]) -> Table:
 
 
 # ------------------------------------------------------------------- describe
+
+
+def describe_rows(db: Source, experiment: Experiment) -> dict[str, Any]:
+    """The experiment and each of its trials, numbered as Optuna numbers them, with its
+    newest checkpoint's step and, for a QUEUED trial, why it waits."""
+    metric = read_stored_config(experiment.config).searcher.metric
+    steps = newest_checkpoint_steps(db, experiment.id)
+    damaged = damaged_checkpoints(db, experiment.id)
+    queued = {view.trial_id: view for view in queue_views(db, experiment_id=experiment.id)}
+    trials = [
+        {
+            "trial": trial.label,
+            "number": trial.number,
+            "state": trial.state.value,
+            metric: trial.searcher_metric,
+            "batches": trial.batches,
+            "restarts": trial.restarts,
+            "slot_seconds": trial.slot_seconds,
+            "checkpoint_step": steps.get(trial.id),
+            "hyperparameters": trial.hyperparameters,
+            "error": trial.error,
+            "waiting_reason": (
+                waiting_reason(queued.get(trial.id), experiment.state)
+                if trial.state == TrialState.QUEUED
+                else None
+            ),
+            "skipped_checkpoints": [asdict(c) for c in damaged.get(trial.id, [])],
+        }
+        for trial in experiment_trials(db, experiment.id)
+    ]
+    return {
+        "id": experiment.id,
+        "name": experiment.name,
+        "state": experiment.state.value,
+        "metric": metric,
+        "max_trials": experiment.max_trials,
+        # Its folder under checkpoint_storage.path: ``<id>-<key>``, not to be guessed.
+        "checkpoint_folder": experiment.checkpoint_folder,
+        "trials": trials,
+    }
 
 
 def trials_table(described: Mapping[str, Any]) -> Table:
@@ -121,7 +197,9 @@ def waiting_lines(described: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def best_trials_table(trials: Sequence[Trial], metric: str, title: str = "Best trials") -> Table:
+def best_trials_table(
+    trials: Sequence[TrialRow], metric: str, title: str = "Best trials"
+) -> Table:
     """The best trials of one experiment with their hyperparameters and searcher metric."""
     table = _table(title)
     table.add_column("trial", **_SHORT)
@@ -130,10 +208,10 @@ def best_trials_table(trials: Sequence[Trial], metric: str, title: str = "Best t
     table.add_column("hyperparameters", **_FOLD)
     for trial in trials:
         table.add_row(
-            trial_label(None, trial.optuna_trial_number),
-            format_value(trial.searcher_metric_value),
-            str(trial.slots_per_trial),
-            format_hparams(trial.hparams),
+            trial_label(None, trial.number),
+            format_value(trial.searcher_metric),
+            str(trial.slots),
+            format_hparams(trial.hyperparameters),
         )
     return table
 
@@ -212,7 +290,7 @@ def queue_rows(queued: Sequence[QueuedView], now: _dt.datetime) -> list[dict[str
             "priority": view.priority,
             "weight": view.weight,
             "slots": view.slots,
-            "waiting_s": round(max(0.0, (now - view.queued_at).total_seconds()), 1),
+            "waiting_s": waited_s(view, now),
             "placed_on": list(view.placed_on),
             "reason": view.shown_reason,
         }

@@ -6,6 +6,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import streamlit as st
 
 from storage import (
@@ -15,21 +16,22 @@ from storage import (
     redact_url,
     study_signature,
 )
+from trials import queries
 from trials.config import ExperimentConfig
-from ui import _actions, _charts, _context, _curves, _format, _logs, _plots, _queries, _tables
+from ui import _actions, _charts, _context, _curves, _format, _logs, _plots, _tables, _units
 
 st.title("Experiment")
 engine = _context.require_database()
 url = _context.db_url()
 
-choices = _queries.experiment_choices(engine)
+choices = queries.experiment_choices(engine)
 if not choices:
     st.info("No experiments yet. Start one with `slotsweep run CONFIG`.")
     st.stop()
 requested = _context.query_int("experiment")
 ids = [exp_id for exp_id, _ in choices]
 if requested is not None and requested not in ids:
-    summary_for_choice = _queries.experiment_summary(engine, requested)
+    summary_for_choice = queries.experiment_summary(engine, requested)
     if summary_for_choice is None:
         st.warning(f"Experiment {requested} does not exist; showing the newest one.")
         requested = None
@@ -89,7 +91,7 @@ _EAGER_PLOT_TRIALS = 2000
 _STATE_BADGE = {"COMPLETED": "green", "ACTIVE": "blue", "PAUSED": "orange", "ERROR": "red"}
 
 
-def _failures(summary: _queries.ExperimentSummary, failures: _queries.FailureSummary) -> None:
+def _failures(summary: queries.ExperimentSummary, failures: queries.FailureSummary) -> None:
     if failures.failed == 0:
         return
     total = summary.finished
@@ -101,8 +103,8 @@ def _failures(summary: _queries.ExperimentSummary, failures: _queries.FailureSum
     if failures.reason is None:
         st.error(headline + " They recorded no reason.")
         return
-    traceback = _queries.failure_traceback(engine, experiment_id, failures.reason)
-    log_path = _queries.failed_trial_log(engine, experiment_id, failures.reason)
+    traceback = queries.failure_traceback(engine, experiment_id, failures.reason)
+    log_path = queries.failed_trial_log(engine, experiment_id, failures.reason)
     detail = (
         _logs.last_exception_line(_logs.tail_lines(log_path, 400))
         if traceback is None and log_path is not None and Path(log_path).is_file()
@@ -121,11 +123,11 @@ def _failures(summary: _queries.ExperimentSummary, failures: _queries.FailureSum
 
 
 def _header() -> None:
-    summary = _queries.experiment_summary(engine, experiment_id)
+    summary = queries.experiment_summary(engine, experiment_id)
     if summary is None:
         st.warning(f"Experiment {experiment_id} no longer exists.")
         return
-    failures = _queries.failure_summary(engine, experiment_id)
+    failures = queries.failure_summary(engine, experiment_id, summary.trials)
     _headline(summary, failures)
     if summary.counts[TrialState.QUEUED.value]:
         _waiting_trials()
@@ -151,15 +153,15 @@ def _header() -> None:
     _optuna_plot(summary, signature, study, eager=eager)
 
 
-def _headline(summary: _queries.ExperimentSummary, failures: _queries.FailureSummary) -> None:
+def _headline(summary: queries.ExperimentSummary, failures: queries.FailureSummary) -> None:
     """Name and state, why it stopped or failed, the counts, the description, the driver."""
-    state = _queries.shown_state(summary.state, summary.counts)
+    state = queries.shown_state(summary.state, summary.counts)
     st.subheader(
         f"{summary.name} (#{summary.id}) :{_STATE_BADGE.get(state, 'gray')}-badge[{state}]"
     )
     if summary.config is not None and summary.config.description.strip():
         st.markdown(summary.config.description)
-    stopped = _queries.fail_fast_stop(engine, experiment_id, summary.config)
+    stopped = queries.fail_fast_stop(engine, experiment_id, summary.config)
     if stopped is not None:
         st.error(f"The driver stopped the experiment early (fail-fast): {stopped}.")
     _failures(summary, failures)
@@ -182,7 +184,7 @@ def _headline(summary: _queries.ExperimentSummary, failures: _queries.FailureSum
     st.caption(_driver_caption(summary))
 
 
-def _driver_caption(summary: _queries.ExperimentSummary) -> str:
+def _driver_caption(summary: queries.ExperimentSummary) -> str:
     if summary.driver_pid is not None:
         driver = (
             f"driver {summary.driver_host}:{summary.driver_pid}, heartbeat "
@@ -206,18 +208,20 @@ def _driver_caption(summary: _queries.ExperimentSummary) -> str:
 
 
 def _best_trials(
-    summary: _queries.ExperimentSummary, failures: _queries.FailureSummary, pareto: Any
+    summary: queries.ExperimentSummary, failures: queries.FailureSummary, pareto: Any
 ) -> None:
     """The best trials table; with several objectives (``pareto`` is the study), Optuna's
     Pareto-optimal ones."""
     if pareto is not None:
         st.markdown("#### Best trials (Pareto front)")
         numbers = [t.number for t in pareto.best_trials]
-        best = _queries.trials_by_numbers(engine, experiment_id, numbers)
+        best = queries.trials_by_numbers(engine, experiment_id, numbers)
     else:
         st.markdown("#### Best trials")
-        best = _queries.best_trials(
-            engine, experiment_id, smaller_is_better=summary.smaller_is_better, limit=10
+        best = queries.trial_frame(
+            queries.best_trials(
+                engine, experiment_id, smaller_is_better=summary.smaller_is_better, limit=10
+            )
         )
     if best.empty:
         st.info(
@@ -230,7 +234,7 @@ def _best_trials(
 
 
 def _optuna_plot(
-    summary: _queries.ExperimentSummary, signature: StudySignature, study: Any, *, eager: bool
+    summary: queries.ExperimentSummary, signature: StudySignature, study: Any, *, eager: bool
 ) -> None:
     """One of Optuna's plots, picked above it; a large study waits until one is picked."""
     multi = signature.objectives > 1
@@ -280,11 +284,13 @@ def _optuna_plot(
 def _waiting_trials() -> None:
     """The experiment's QUEUED trials and, in the scheduler's words, why each waits."""
     st.markdown("#### Waiting trials")
-    page = _queries.waiting_trials(engine, experiment_id)
+    page = queries.waiting_trials(engine, experiment_id)
     if page.rows.empty:
         return  # Started between the two reads.
     rows = page.rows.assign(
-        open=[_context.link("trial", trial=str(t)) for t in page.rows["trial"]]
+        # Unknown (None) until the trial enters the cluster's queue.
+        waiting=[None if pd.isna(s) else _units.duration_words(s) for s in page.rows["waiting_s"]],
+        open=[_context.link("trial", trial=str(t)) for t in page.rows["trial"]],
     )
     st.dataframe(
         rows,
@@ -305,16 +311,10 @@ def _waiting_trials() -> None:
     )
 
 
-def _learning_curves(
-    summary: _queries.ExperimentSummary, failures: _queries.FailureSummary
-) -> None:
+def _learning_curves(summary: queries.ExperimentSummary, failures: queries.FailureSummary) -> None:
     st.markdown("#### Learning curves")
-    curves = _queries.learning_curves(
-        engine,
-        experiment_id,
-        summary.metric,
-        smaller_is_better=summary.smaller_is_better,
-        constant=_tables.constant_hparams(summary.config),
+    curves = queries.learning_curves(
+        engine, experiment_id, summary.metric, smaller_is_better=summary.smaller_is_better
     )
     if curves.points.empty:
         st.info(
@@ -341,7 +341,7 @@ def _learning_curves(
     )
     states = sorted(set(curves.points["state"]))
     event = st.vega_lite_chart(
-        curves.points,
+        _curves.with_hparams_text(curves, _tables.constant_hparams(summary.config)),
         _charts.learning_curve_spec(
             x=axis,
             x_title=x_title,
@@ -439,12 +439,12 @@ def _trials() -> None:
         "State", [s.value for s in TrialState], key=f"trial_states_{experiment_id}"
     )
     sort_by = controls[1].selectbox(
-        "Sort by", list(_queries.TRIAL_SORT_COLUMNS), key=f"trial_sort_{experiment_id}"
+        "Sort by", list(queries.TRIAL_SORT_COLUMNS), key=f"trial_sort_{experiment_id}"
     )
     descending = controls[2].toggle("Descending", key=f"trial_desc_{experiment_id}")
-    total = _queries.list_trials(engine, experiment_id, states=states, limit=1).total
+    total = queries.list_trials(engine, experiment_id, states=states, limit=1).total
     offset = _context.pager(total, key=f"trials_page_{experiment_id}")
-    page = _queries.list_trials(
+    page = queries.list_trials(
         engine,
         experiment_id,
         states=states,
@@ -456,7 +456,7 @@ def _trials() -> None:
     if page.rows.empty:
         st.info("No trials yet." if not states else "No trial is in the selected states.")
         return
-    summary = _queries.experiment_summary(engine, experiment_id)
+    summary = queries.experiment_summary(engine, experiment_id)
     _trials_table(
         page.rows,
         key=f"trials_table_{experiment_id}",
@@ -467,7 +467,7 @@ def _trials() -> None:
         + " Follow 'open' to see a trial; select 2 to 5 rows to compare them."
     )
 
-    bounds = _queries.trial_number_range(engine, experiment_id)
+    bounds = queries.trial_number_range(engine, experiment_id)
     if bounds is not None:
         number = st.number_input(
             "Open trial number",
@@ -477,8 +477,7 @@ def _trials() -> None:
             step=1,
             key=f"open_trial_{experiment_id}",
         )
-        picked = _queries.trials_by_numbers(engine, experiment_id, [int(number)])
-        if not picked.empty:
+        if queries.trial_id(engine, experiment_id, int(number)) is not None:
             st.page_link(
                 _context.TRIAL_PAGE,
                 label=f"Open trial #{int(number)}",
@@ -503,7 +502,7 @@ def _send_request(action_key: str, confirm_key: str, result_key: str) -> None:
 
 def _actions_panel() -> None:
     """Pause, kill, activate and resume, at the top of the page, behind a confirmation."""
-    summary = _queries.experiment_summary(engine, experiment_id)
+    summary = queries.experiment_summary(engine, experiment_id)
     if summary is None or summary.state in ("COMPLETED", "CANCELED", "ERROR"):
         return
     if not _context.controls_allowed():
@@ -536,7 +535,7 @@ def _actions_panel() -> None:
 
 
 def _config() -> None:
-    summary = _queries.experiment_summary(engine, experiment_id)
+    summary = queries.experiment_summary(engine, experiment_id)
     if summary is not None:
         with st.expander("Configuration"):
             st.caption(f"Database: `{redact_url(url)}`")
