@@ -28,10 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trials.compute_spent import RunSpan, slot_seconds_spent
+from trials import pruning
 from trials.config import RuntimeSpec, slot_seconds_step
 from trials.retention import collect_garbage
 from trials.runtime._recorder_queue import RecorderQueue
+from trials.runtime._spent import costs_spent, slot_seconds_so_far
 from trials.runtime._timing import TimingWindow
 
 if TYPE_CHECKING:
@@ -64,7 +65,6 @@ class ChiefRecorder(RecorderQueue):
         super().__init__(spec)
         self._optuna_trial: Any = None
         self._compute_spent = 0.0
-        self._pruning_supported = True
 
     # -- what the runtime records ----------------------------------------------------
 
@@ -317,18 +317,18 @@ class ChiefRecorder(RecorderQueue):
 
         return self.call(record)
 
-    def report_intermediate(self, value: float, step: int) -> None:
-        """Report the searcher metric at ``step`` to the Optuna trial (for its pruner and plots)."""
+    def report_intermediate(self, value: float, step: int, moment: float) -> None:
+        """Report the searcher metric at ``step`` to the Optuna trial (for its pruner and plots).
+
+        ``moment`` (a ``time.time()``) is the validation's: with cost objectives, what the
+        trial had spent of each by then goes with the metric (:meth:`_report`).
+        """
 
         def report() -> None:
-            from storage import retry_transient
-
-            # Optuna's write is its own transaction; the fence (and progress) just before
-            # it keeps a superseded attempt from reporting.
-            self._transaction(lambda session: None)
-            trial = retry_transient(self._load_optuna_trial)
-            if trial is not None:
-                retry_transient(lambda: trial.report(float(value), step))
+            # Optuna's write is its own transaction; the fence (and progress) of this one
+            # just before it keeps a superseded attempt from reporting.
+            costs = self._transaction(lambda session: costs_spent(session, self.spec, moment))
+            self._report(value, step, costs)
 
         self.submit(report)
 
@@ -364,31 +364,29 @@ class ChiefRecorder(RecorderQueue):
         (pruning off, a ``max_length`` in slot-seconds).
         """
 
-        def count(session: Session) -> float:
-            from sqlalchemy import select
-
-            from storage import TrialRun, utc_from_timestamp
-
-            rows = session.execute(
-                select(
-                    TrialRun.training_started_at, TrialRun.progress_at, TrialRun.ended_at
-                ).where(TrialRun.trial_id == self.spec.trial_id)
-            ).all()
-            spans = [RunSpan(start, progress, ended) for start, progress, ended in rows]
-            return slot_seconds_spent(spans, self.spec.slots_per_trial, utc_from_timestamp(moment))
+        def count(session: Session) -> tuple[float, list[float]]:
+            spent = slot_seconds_so_far(session, self.spec, moment)
+            return spent, ([] if value is None else costs_spent(session, self.spec, moment, spent))
 
         def report() -> None:
-            from storage import retry_transient
-
-            self._compute_spent = self._transaction(count)
-            if value is None:
-                return
-            trial = retry_transient(self._load_optuna_trial)
-            if trial is not None:
-                step = slot_seconds_step(self._compute_spent)
-                retry_transient(lambda: trial.report(float(value), step))
+            self._compute_spent, costs = self._transaction(count)
+            if value is not None:
+                self._report(value, slot_seconds_step(self._compute_spent), costs)
 
         self.submit(report)
+
+    def _report(self, value: float, step: int, costs: Sequence[float]) -> None:
+        """The validation to the study: the metric (one objective) or the metric and costs."""
+        from storage import retry_transient
+
+        trial = retry_transient(self._load_optuna_trial)
+        if trial is None:
+            return
+        if self.spec.objectives:
+            values = [float(value), *costs]
+            retry_transient(lambda: pruning.report_objectives(trial, values, step))
+        else:
+            retry_transient(lambda: trial.report(float(value), step))
 
     def compute_spent(self) -> float:
         """Slot-seconds counted by the latest :meth:`report_compute` (waits for it)."""
@@ -401,32 +399,22 @@ class ChiefRecorder(RecorderQueue):
             from storage import retry_transient
 
             trial = retry_transient(self._load_optuna_trial)
-            return trial is not None and bool(retry_transient(trial.should_prune))
+            return trial is not None and bool(retry_transient(lambda: pruning.should_prune(trial)))
 
         return self.call(ask)
 
     def _load_optuna_trial(self) -> Any:
-        if self._optuna_trial is not None or not self._pruning_supported:
+        if self._optuna_trial is not None:
             return self._optuna_trial
         import optuna
 
         from storage import optuna_storage
 
-        pruner = self.spec.pruner.build() if self.spec.pruner is not None else None
         study = optuna.load_study(
             study_name=self.spec.study_name,
             storage=optuna_storage(self.spec.db_url),
-            pruner=pruner,
+            pruner=pruning.build_pruner(self.spec.pruner),
         )
-        if len(study.directions) > 1:
-            print(
-                "slotsweep: pruning is single-objective; this study has several objectives, "
-                "so the trial is never pruned",
-                file=sys.stderr,
-                flush=True,
-            )
-            self._pruning_supported = False
-            return None
         self._optuna_trial = optuna.trial.Trial(study, self.spec.optuna_trial_id)
         return self._optuna_trial
 
