@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trials import pruning
 from trials.config import RuntimeSpec, slot_seconds_step
 from trials.retention import collect_garbage
 from trials.runtime._recorder_queue import RecorderQueue
-from trials.runtime._spent import costs_spent, slot_seconds_so_far
+from trials.runtime._spent import slot_seconds_so_far
+from trials.runtime._study_reports import StudyReports
 from trials.runtime._timing import TimingWindow
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class ChiefRecorder(RecorderQueue):
 
     def __init__(self, spec: RuntimeSpec) -> None:
         super().__init__(spec)
-        self._optuna_trial: Any = None
+        self._study = StudyReports(spec)
         self._compute_spent = 0.0
 
     # -- what the runtime records ----------------------------------------------------
@@ -320,15 +320,18 @@ class ChiefRecorder(RecorderQueue):
     def report_intermediate(self, value: float, step: int, moment: float) -> None:
         """Report the searcher metric at ``step`` to the Optuna trial (for its pruner and plots).
 
-        ``moment`` (a ``time.time()``) is the validation's: with cost objectives, what the
-        trial had spent of each by then goes with the metric (:meth:`_report`).
+        ``moment`` (a ``time.time()``) is the validation's. With cost objectives the
+        report waits for the pruner's next question (:class:`StudyReports`).
         """
+        if self.spec.objectives:
+            self.submit(lambda: self._study.report(value, step, moment))
+            return
 
         def report() -> None:
             # Optuna's write is its own transaction; the fence (and progress) of this one
             # just before it keeps a superseded attempt from reporting.
-            costs = self._transaction(lambda session: costs_spent(session, self.spec, moment))
-            self._report(value, step, costs)
+            self._transaction(lambda session: None)
+            self._study.report(value, step, moment)
 
         self.submit(report)
 
@@ -364,29 +367,15 @@ class ChiefRecorder(RecorderQueue):
         (pruning off, a ``max_length`` in slot-seconds).
         """
 
-        def count(session: Session) -> tuple[float, list[float]]:
-            spent = slot_seconds_so_far(session, self.spec, moment)
-            return spent, ([] if value is None else costs_spent(session, self.spec, moment, spent))
-
         def report() -> None:
-            self._compute_spent, costs = self._transaction(count)
+            spent = self._transaction(
+                lambda session: slot_seconds_so_far(session, self.spec, moment)
+            )
+            self._compute_spent = spent
             if value is not None:
-                self._report(value, slot_seconds_step(self._compute_spent), costs)
+                self._study.report(value, slot_seconds_step(spent), moment, spent)
 
         self.submit(report)
-
-    def _report(self, value: float, step: int, costs: Sequence[float]) -> None:
-        """The validation to the study: the metric (one objective) or the metric and costs."""
-        from storage import retry_transient
-
-        trial = retry_transient(self._load_optuna_trial)
-        if trial is None:
-            return
-        if self.spec.objectives:
-            values = [float(value), *costs]
-            retry_transient(lambda: pruning.report_objectives(trial, values, step))
-        else:
-            retry_transient(lambda: trial.report(float(value), step))
 
     def compute_spent(self) -> float:
         """Slot-seconds counted by the latest :meth:`report_compute` (waits for it)."""
@@ -394,29 +383,7 @@ class ChiefRecorder(RecorderQueue):
 
     def should_prune(self) -> bool:
         """Ask the study's pruner about the values reported so far."""
-
-        def ask() -> bool:
-            from storage import retry_transient
-
-            trial = retry_transient(self._load_optuna_trial)
-            return trial is not None and bool(retry_transient(lambda: pruning.should_prune(trial)))
-
-        return self.call(ask)
-
-    def _load_optuna_trial(self) -> Any:
-        if self._optuna_trial is not None:
-            return self._optuna_trial
-        import optuna
-
-        from storage import optuna_storage
-
-        study = optuna.load_study(
-            study_name=self.spec.study_name,
-            storage=optuna_storage(self.spec.db_url),
-            pruner=pruning.build_pruner(self.spec.pruner),
-        )
-        self._optuna_trial = optuna.trial.Trial(study, self.spec.optuna_trial_id)
-        return self._optuna_trial
+        return self.call(lambda: self._study.ask(self._transaction))
 
     def finished(self, total_batches: int) -> None:
         """The user's training ran to its end: the driver will mark the trial COMPLETED.
