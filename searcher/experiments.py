@@ -20,6 +20,7 @@ from storage import (
     TrialState,
     session_scope,
 )
+from trials import pruning
 from trials.config import read_stored_config
 from trials.coordination import control
 from trials.coordination.cluster_queue import queue_view, waiting_reason
@@ -30,6 +31,7 @@ __all__ = [
     "TrialCounts",
     "UsageError",
     "best_trials",
+    "describe_front",
     "describe_rows",
     "driver_alive",
     "experiment_rows",
@@ -219,4 +221,42 @@ def describe_rows(session: Session, experiment: Experiment) -> dict[str, Any]:
         # Its folder under checkpoint_storage.path: ``<id>-<key>``, not to be guessed.
         "checkpoint_folder": experiment.checkpoint_folder,
         "trials": trials,
+    }
+
+
+def describe_front(db_url: str, experiment: Experiment) -> dict[str, Any]:
+    """A multi-objective experiment's Pareto front so far and where its pruned trials stopped.
+
+    ``pareto_front``: the completed trials no other completed trial dominates, with the
+    values Optuna was told (the searcher metric, then each cost objective), best metric
+    first. ``pruned_at``: each trial the pruner stopped, at its rung: the rung, how far
+    the trial had come (``step`` of the pruner's ``unit``, as Optuna counts it) and its
+    values there. Both empty
+    for a single-objective experiment (:func:`trials.pruning.pareto_summary`).
+    """
+    searcher = read_stored_config(experiment.config).searcher
+    summary = pruning.pareto_summary(db_url, experiment.study_name, searcher)
+    names, unit = summary.objectives, searcher.resource_unit
+    return {
+        "objectives": names,
+        "pareto_front": [
+            {
+                "trial": trial_label(experiment.id, number),
+                "number": number,
+                **dict(zip(names, values, strict=True)),
+            }
+            for number, values in summary.front
+        ],
+        "pruned_at": [
+            {
+                "trial": trial_label(experiment.id, stop.trial_number),
+                "number": stop.trial_number,
+                "rung": stop.rung,
+                # In the pruner's unit: Optuna's hundredths of a slot-second, or epochs/batches.
+                "step": stop.step,
+                "unit": unit,
+                **dict(zip(names, stop.values, strict=True)),
+            }
+            for stop in summary.stops
+        ],
     }

@@ -23,6 +23,7 @@ from rich.table import Table
 from storage import Trial
 from trials.labels import trial_label
 from trials.numbers import format_hparams, format_value
+from trials.pruning import how_far
 
 if TYPE_CHECKING:
     from trials.coordination.allocations import SlotHolder
@@ -89,6 +90,39 @@ def trials_table(described: Mapping[str, Any]) -> Table:
             format_hparams(row["hyperparameters"]),
         )
     return table
+
+
+def pareto_table(described: Mapping[str, Any]) -> Table | None:
+    """A multi-objective experiment's Pareto front so far (None for one objective)."""
+    front = described.get("pareto_front") or []
+    if not front:
+        return None
+    names = described["objectives"]
+    table = _table(f"Pareto front ({len(front)} of the completed trials)")
+    table.add_column("trial", **_SHORT)
+    for name in names:
+        table.add_column(name, **_SHORT)
+    table.add_column("hyperparameters", **_FOLD)
+    hparams = {row["number"]: row["hyperparameters"] for row in described["trials"]}
+    for row in front:
+        table.add_row(
+            trial_label(None, row["number"]),
+            *(format_value(row[name]) for name in names),
+            format_hparams(hparams.get(row["number"], {})),
+        )
+    return table
+
+
+def pruned_lines(described: Mapping[str, Any]) -> list[str]:
+    """``#N pruned at rung R (epoch E): metric M, cost C`` for each trial pruned on a
+    Pareto rung, under ``describe``: where it stopped and what it had there."""
+    names = described.get("objectives", [])
+    return [
+        f"{trial_label(None, row['number'])} pruned at rung {row['rung']} "
+        f"({how_far(row['step'], row['unit'])}): "
+        + ", ".join(f"{name} {format_value(row[name])}" for name in names)
+        for row in described.get("pruned_at") or []
+    ]
 
 
 def failure_lines(described: Mapping[str, Any]) -> list[str]:

@@ -252,10 +252,7 @@ def study_directions(config: ExperimentConfig) -> list[Direction]:
         >>> study_directions(cfg)
         ['maximize', 'minimize']
     """
-    searcher = config.searcher
-    metric: Direction = "minimize" if searcher.smaller_is_better else "maximize"
-    costs: list[Direction] = ["minimize"] * len(searcher.objectives)
-    return [metric, *costs]
+    return config.searcher.directions
 
 
 def _session_seed(seed: int | None, trials_so_far: int) -> int | None:

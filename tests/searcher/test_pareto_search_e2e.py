@@ -3,6 +3,7 @@ warm workers, real torchrun jobs, a real SQLite file and study, through the CLI.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -116,3 +117,22 @@ def test_a_search_of_accuracy_against_compute_prunes_the_dominated_trials(
             assert [d.step for d in made] == [1, 3] and all(d.promoted for d in made)
             assert trial.values is not None and trial.values[1] > 0.0
     assert_search_consistent(db)
+
+    # describe lists the front (Optuna's own Pareto-optimal trials) and the stops.
+    described = run_cli(["describe", "1", "--db", db, "--json"], cli_env, tmp_path)
+    assert described.returncode == 0, described.stderr
+    front = json.loads(described.stdout)
+    assert [row["number"] for row in front["pareto_front"]] == sorted(
+        (t.number for t in study.best_trials),
+        key=lambda number: -study.trials[number].values[0],
+    )
+    pruned_at = {row["number"]: row for row in front["pruned_at"]}
+    assert set(pruned_at) == {n for n, state in states.items() if state == TrialState.PRUNED}
+    for number, row in pruned_at.items():
+        stop = stopped_at(decisions[number])
+        assert stop is not None
+        assert (row["rung"], row["step"], row["unit"]) == (stop.rung, stop.step, "epochs")
+        assert (row["val_accuracy"], row["slot_seconds"]) == stop.values
+    table = run_cli(["describe", "1", "--db", db], cli_env, tmp_path).stdout
+    assert "Pareto front" in table
+    assert all(f"#{number} pruned at rung 0 (epoch 1): val_accuracy" in table for number in DEAR)

@@ -310,6 +310,21 @@ class SearcherConfig(_Strict):
         return self
 
     @property
+    def directions(self) -> list[Literal["minimize", "maximize"]]:
+        """The study's directions: the searcher metric's first, then each cost objective's
+        (minimized)."""
+        metric: Literal["minimize", "maximize"] = (
+            "minimize" if self.smaller_is_better else "maximize"
+        )
+        costs: list[Literal["minimize", "maximize"]] = ["minimize"] * len(self.objectives)
+        return [metric, *costs]
+
+    @property
+    def objective_names(self) -> list[str]:
+        """The study's objectives by name: the searcher metric, then each cost objective."""
+        return [self.metric, *(objective.name for objective in self.objectives)]
+
+    @property
     def resource_unit(self) -> Literal["epochs", "batches", "slot_seconds"]:
         """The unit of the pruner's steps: ``pruner.resource``, else ``max_length``'s."""
         return self.pruner.resource or self.max_length.unit

@@ -7,10 +7,11 @@ single-objective ``Trial.report`` and ``Trial.should_prune``), the one builder o
 pruner from its :class:`trials.config.PrunerSpec` (:func:`build_pruner`: the driver's
 and every trial's rank 0), and the pure ranking they share with the UI and the
 benchmarks: Pareto fronts, crowding distance, a rung's promotion rule, a 2-D
-hypervolume, and the rung decisions stored in a study.
+hypervolume, the rung decisions stored in a study, and a search's front so far with
+where its pruned trials stopped (:func:`pareto_summary`: ``describe`` and the UI).
 
-May import ``trials.config`` and the modules at ``trials``' top level; :mod:`trials.runtime`
-imports it (rank 0 asks the pruner). Optuna is loaded on first use of a name that needs
+May import ``storage`` (its study gateway), ``trials.config`` and the modules at
+``trials``' top level; :mod:`trials.runtime` imports it (rank 0 asks the pruner). Optuna is loaded on first use of a name that needs
 it, so the UI's and ``describe``'s reads of fronts and decisions do not import it.
 
 Example:
@@ -35,11 +36,13 @@ from trials.pruning._fronts import (
     rank_keys,
     ranked_ahead,
 )
+from trials.pruning._reads import ParetoSummary, pareto_summary, pruned_stops
 from trials.pruning._records import (
     REPORT_KEY,
     RUNG_KEY_PREFIX,
     Report,
     RungDecision,
+    how_far,
     read_report,
     rung_decisions,
     rung_key,
@@ -61,6 +64,7 @@ _LAZY = dict.fromkeys(
     (
         "PARETO_PRUNERS",
         "ParetoHyperbandPruner",
+        "ParetoSummary",
         "ParetoSuccessiveHalvingPruner",
         "build_pruner",
         "report_objectives",
@@ -76,15 +80,19 @@ __all__ = [
     "Direction",
     "ParetoHyperbandPruner",
     "ParetoSuccessiveHalvingPruner",
+    "ParetoSummary",
     "Report",
     "RungDecision",
     "build_pruner",
     "crowding_distances",
     "dominates",
+    "how_far",
     "hypervolume_2d",
     "non_dominated_fronts",
     "pareto_front",
+    "pareto_summary",
     "promoted",
+    "pruned_stops",
     "rank_keys",
     "ranked_ahead",
     "read_report",

@@ -35,6 +35,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trials.config import STEPS_PER_SLOT_SECOND
+from trials.numbers import format_value
+
 #: The trial user attribute holding its latest report.
 REPORT_KEY = "intermediate_objectives"
 #: The study user attributes holding rung decisions: ``pareto_rung:<number>:<rung>``.
@@ -86,6 +89,23 @@ def rung_key(trial_number: int, rung: int) -> str:
         'pareto_rung:12:0'
     """
     return f"{RUNG_KEY_PREFIX}{trial_number}:{rung}"
+
+
+def how_far(step: int, unit: str) -> str:
+    """How far a trial had come at ``step`` of the pruner's resource ``unit``, in words.
+
+    Steps in slot-seconds are Optuna's integer hundredths of a slot-second.
+
+    Example:
+        >>> how_far(3, "epochs"), how_far(300, "batches"), how_far(250, "slot_seconds")
+        ('epoch 3', 'batch 300', '2.5 slot-seconds')
+    """
+    if unit == "slot_seconds":
+        return f"{format_value(step / STEPS_PER_SLOT_SECOND)} slot-seconds"
+    return f"{_SINGULAR[unit]} {step}"
+
+
+_SINGULAR = {"epochs": "epoch", "batches": "batch"}
 
 
 def read_report(user_attrs: Mapping[str, Any]) -> Report | None:
