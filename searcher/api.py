@@ -43,6 +43,7 @@ it rather than this docstring)::
 from __future__ import annotations
 
 import datetime as _dt
+import numbers
 import os
 import subprocess
 import sys
@@ -53,7 +54,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 import searcher.submit.samplers as samplers
 from searcher.driver.driver import SearchDriver
@@ -87,6 +88,7 @@ from storage import Experiment as ExperimentRow
 from storage import Trial as TrialRow
 from trials.config import ConfigError, is_url
 from trials.coordination.control import Action, driver_alive
+from trials.labels import parse_trial_label, trial_label
 from trials.scheduler import ClusterConfigError, UnknownPool, Unschedulable
 
 if TYPE_CHECKING:
@@ -96,6 +98,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ConfigError",
     "Experiment",
+    "TrialRef",
     "TrialSummary",
     "continue_search",
     "resume",
@@ -114,7 +117,14 @@ _PACKAGES_ROOT = Path(__file__).resolve().parent.parent
 
 @dataclass(frozen=True)
 class TrialSummary:
-    """One trial as :meth:`Experiment.trials` lists it (numbered as Optuna numbers it)."""
+    """One trial as :meth:`Experiment.trials` lists it (numbered as Optuna numbers it).
+
+    Every :class:`Experiment` method that takes a trial takes one of these too.
+
+    Example:
+        >>> TrialSummary(3, "COMPLETED", 0.25, {"lr": 0.1}, 12.5, 0, None, experiment_id=2).label
+        '2.3'
+    """
 
     number: int
     state: str
@@ -126,6 +136,21 @@ class TrialSummary:
     restarts: int
     #: Why the trial failed (None unless its state is ERROR).
     failure_reason: str | None
+    #: The experiment it belongs to.
+    experiment_id: int
+
+    @property
+    def label(self) -> str:
+        """How the CLI, the UI and the logs name it where experiments mix: ``2.3``."""
+        return trial_label(self.experiment_id, self.number)
+
+
+#: A trial, as :class:`Experiment`'s methods take one: its number (``3``), its label
+#: (``"#3"``, or ``"2.3"`` within experiment 2), or the :class:`TrialSummary` of it.
+TrialRef = int | str | TrialSummary
+
+# Trial numbers are stored in 32-bit columns: a larger int names no trial.
+_MAX_NUMBER = 2**31 - 1
 
 
 class Experiment:
@@ -278,12 +303,21 @@ class Experiment:
         """One row per trial, by number: what ``slotsweep describe`` shows.
 
         Columns: ``number``, ``state``, ``searcher_metric``, ``hyperparameters`` (a dict),
-        ``slot_seconds``, ``restarts`` and ``failure_reason``.
+        ``slot_seconds``, ``restarts`` and ``failure_reason``, then one column per
+        hyperparameter, ``params_<name>`` (as Optuna's ``trials_dataframe`` names them;
+        empty where a trial has no value for it).
         """
         import pandas as pd
 
-        columns = list(TrialSummary.__dataclass_fields__)
-        return pd.DataFrame([vars(t) for t in self._summaries()], columns=columns)
+        summaries = self._summaries()
+        columns = [c for c in TrialSummary.__dataclass_fields__ if c != "experiment_id"]
+        frame = pd.DataFrame(
+            [{c: getattr(t, c) for c in columns} for t in summaries], columns=columns
+        )
+        names = sorted({name for t in summaries for name in t.hyperparameters})
+        for name in names:
+            frame[f"params_{name}"] = [t.hyperparameters.get(name) for t in summaries]
+        return frame
 
     @property
     def best_trial(self) -> TrialSummary | None:
@@ -297,16 +331,20 @@ class Experiment:
             return None
         return next(t for t in self._summaries() if t.number == number)
 
-    def metrics(self, trial: int) -> pd.DataFrame:
-        """Every metric trial ``trial`` (its number) recorded: one row per step and name.
+    def metrics(self, trial: TrialRef) -> pd.DataFrame:
+        """Every metric ``trial`` recorded: one row per step and name.
 
-        Columns: ``step``, ``epoch``, ``kind`` (``training`` or ``validation``), ``name``,
-        ``value`` (NaN where training diverged) and ``recorded_at``.
+        ``trial`` is its number (``3``), its label (``"#3"``, or ``"2.3"`` in experiment
+        2) or its :class:`TrialSummary` (``experiment.best_trial``). Columns: ``step``,
+        ``epoch``, ``kind`` (``training`` or ``validation``), ``name``, ``value`` (NaN
+        where training diverged) and ``recorded_at``. Raises :class:`TypeError` for
+        anything else, :class:`LookupError` for a trial the experiment does not have.
         """
         import pandas as pd
 
+        number = self._trial_number(trial)
         with session_scope(self.db_url) as session:
-            trial_id = self._trial_id(session, trial)
+            trial_id = self._trial_id(session, number)
             rows = session.execute(
                 select(
                     Metric.step,
@@ -326,15 +364,18 @@ class Experiment:
         frame["value"] = frame["value"].astype(float)  # NULL (a NaN recorded) reads as NaN
         return frame
 
-    def checkpoint_path(self, trial: int | None = None) -> Path | str:
-        """The folder of trial ``trial``'s newest checkpoint (default: the best trial's).
+    def checkpoint_path(self, trial: TrialRef | None = None) -> Path | str:
+        """The folder of ``trial``'s newest checkpoint (default: the best trial's).
+
+        ``trial`` as :meth:`metrics` takes it. A checkpoint found damaged (CORRUPTED) is
+        never the newest: its files stay, and the one before it is given.
 
         A checkpoint in object storage (``checkpoint_storage.path`` an fsspec URL) is
         given as its URL, a string, since :class:`~pathlib.Path` would mangle ``s3://``.
 
         Raises :class:`LookupError` when that trial has no completed checkpoint.
         """
-        number = self._trial_number(trial)
+        number = self._best_or(trial)
         with session_scope(self.db_url) as session:
             checkpoint = session.scalars(
                 select(Checkpoint)
@@ -345,14 +386,17 @@ class Experiment:
                 .order_by(Checkpoint.step.desc(), Checkpoint.id.desc())
             ).first()
             if checkpoint is None:
-                raise LookupError(f"trial {self.id}.{number} has no completed checkpoint")
+                raise LookupError(
+                    f"trial {trial_label(self.id, number)} has no completed checkpoint"
+                )
             return checkpoint.path if is_url(checkpoint.path) else Path(checkpoint.path)
 
-    def load_checkpoint(self, trial: int | None = None) -> dict[str, Any]:
+    def load_checkpoint(self, trial: TrialRef | None = None) -> dict[str, Any]:
         """The state dicts of :meth:`checkpoint_path`'s checkpoint, on the CPU.
 
-        Read with ``torch.load(weights_only=True)``: tensors and plain data only, so a
-        checkpoint cannot run code as it loads. A managed trial's checkpoint holds its
+        Read with ``torch.load(weights_only=True)``, once its files match their
+        manifest's digests (:class:`~trials.CheckpointCorruptedError` otherwise):
+        tensors and plain data only, so a checkpoint cannot run code as it loads. A managed trial's checkpoint holds its
         models' state dicts under ``"models"`` (in the order it wrapped them), ready for
         ``load_state_dict``.
         """
@@ -413,26 +457,73 @@ class Experiment:
                 slot_seconds=t["slot_seconds"],
                 restarts=t["restarts"],
                 failure_reason=t["error"],
+                experiment_id=self.id,
             )
             for t in described["trials"]
         ]
 
-    def _trial_number(self, trial: int | None) -> int:
+    def _best_or(self, trial: TrialRef | None) -> int:
+        """The number of the trial ``trial`` names; None names the best trial."""
         if trial is not None:
-            return trial
+            return self._trial_number(trial)
         best = self.best_trial
         if best is None:
             raise LookupError(f"experiment {self.id} has no completed trial yet")
         return best.number
 
-    def _trial_id(self, session: Any, number: int) -> int:
-        trial_id = session.scalar(
-            select(TrialRow.id).where(
-                TrialRow.experiment_id == self.id, TrialRow.optuna_trial_number == number
-            )
+    def _trial_number(self, trial: TrialRef) -> int:
+        """The number of the trial ``trial`` names.
+
+        Raises :class:`TypeError` for a value that cannot name a trial and
+        :class:`LookupError` for a label or summary of another experiment's trial; one
+        line each, saying what was given and what is taken.
+        """
+        taken = (
+            f"give its number (3), its label ('#3' or '{self.id}.3') or a TrialSummary "
+            "(experiment.trials() lists them)"
         )
+        if isinstance(trial, TrialSummary):
+            if trial.experiment_id != self.id:
+                raise LookupError(
+                    f"trial: {trial.label} is a trial of experiment {trial.experiment_id}, "
+                    f"not of experiment {self.id}"
+                )
+            return trial.number
+        if isinstance(trial, numbers.Integral) and not isinstance(trial, bool):
+            return int(trial)
+        if isinstance(trial, str):
+            parsed = parse_trial_label(trial)
+            if parsed is None:
+                raise LookupError(f"trial: {trial!r} names no trial; {taken}")
+            experiment_id, number = parsed
+            if experiment_id is not None and experiment_id != self.id:
+                raise LookupError(
+                    f"trial: {trial!r} names a trial of experiment {experiment_id}, "
+                    f"not of experiment {self.id}"
+                )
+            return number
+        raise TypeError(f"trial: got {trial!r} ({type(trial).__name__}); {taken}")
+
+    def _trial_id(self, session: Any, number: int) -> int:
+        trial_id = None
+        if 0 <= number <= _MAX_NUMBER:
+            trial_id = session.scalar(
+                select(TrialRow.id).where(
+                    TrialRow.experiment_id == self.id, TrialRow.optuna_trial_number == number
+                )
+            )
         if trial_id is None:
-            raise LookupError(f"experiment {self.id} has no trial {number}")
+            count = session.scalar(
+                select(func.count()).select_from(TrialRow).where(TrialRow.experiment_id == self.id)
+            )
+            which = (
+                f"its trials are #0 to #{count - 1}"
+                if count > 1
+                else "its only trial is #0"
+                if count
+                else "it has no trials yet"
+            )
+            raise LookupError(f"experiment {self.id} has no trial #{number}; {which}")
         return int(trial_id)
 
 
@@ -586,9 +677,10 @@ def _submit(
         directions=samplers.study_directions(validated.config),
         model_dir=model_dir,
     )
-    Console(stderr=True).print(
-        f"experiment {experiment_id} ({validated.config.name}) created", highlight=False
-    )
+    console = Console(stderr=True)
+    for note in validated.notes:
+        console.print(note, highlight=False)
+    console.print(f"experiment {experiment_id} ({validated.config.name}) created", highlight=False)
     return Experiment(experiment_id, validated.db_url), validated
 
 

@@ -192,6 +192,7 @@ def describe_rows(session: Session, experiment: Experiment) -> dict[str, Any]:
     ).all()
     metric = read_stored_config(experiment.config).searcher.metric
     queued = {view.trial_id: view for view in queue_view(session, experiment_id=experiment.id)}
+    skipped = _skipped_checkpoints(session, experiment.id)
     trials = [
         {
             "trial": trial_label(experiment.id, trial.optuna_trial_number),
@@ -209,6 +210,7 @@ def describe_rows(session: Session, experiment: Experiment) -> dict[str, Any]:
                 if trial.state == TrialState.QUEUED
                 else None
             ),
+            "skipped_checkpoints": skipped.get(trial.id, []),
         }
         for trial, step in found
     ]
@@ -260,3 +262,19 @@ def describe_front(db_url: str, experiment: Experiment) -> dict[str, Any]:
             for stop in summary.stops
         ],
     }
+
+
+def _skipped_checkpoints(session: Session, experiment_id: int) -> dict[int, list[dict[str, Any]]]:
+    """Per trial id, its CORRUPTED checkpoints (newest first): uuid, step, path, problem."""
+    rows = session.scalars(
+        select(Checkpoint)
+        .join(Trial, Trial.id == Checkpoint.trial_id)
+        .where(Trial.experiment_id == experiment_id, Checkpoint.state == CheckpointState.CORRUPTED)
+        .order_by(Checkpoint.step.desc(), Checkpoint.id.desc())
+    )
+    found: dict[int, list[dict[str, Any]]] = {}
+    for row in rows:
+        found.setdefault(row.trial_id, []).append(
+            {"uuid": row.uuid, "step": row.step, "path": row.path, "problem": row.problem}
+        )
+    return found

@@ -462,9 +462,8 @@ class _RankZero:
     """
 
     def __init__(self, spec: RuntimeSpec, data: _Data, log_path: Path) -> None:
-        import torch
 
-        from trials.runtime import TrialContext
+        from trials.runtime import CpuAccelerator, TrialContext
         from trials.runtime._distributed import DistributedInfo
         from trials.runtime._recorder import ChiefRecorder
 
@@ -473,7 +472,7 @@ class _RankZero:
         self.log_path = log_path
         self.recorder: ChiefRecorder = ChiefRecorder(spec)
         self.context: TrialContext = TrialContext(
-            spec, DistributedInfo(), torch.device("cpu"), self.recorder
+            spec, DistributedInfo(), CpuAccelerator(), self.recorder
         )
 
     def __enter__(self) -> _RankZero:

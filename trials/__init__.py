@@ -15,6 +15,8 @@ each rank keeps heavy imports (Optuna, SQLAlchemy) lazy so a trial starts fast.
 """
 
 from trials.checkpoint_storage import (
+    CheckpointCorruptedError,
+    CheckpointMissingError,
     CheckpointStorageError,
     checkpoint_root,
     storage_environment,
@@ -35,6 +37,8 @@ from trials.config import (
 from trials.retention import CheckpointRecord, checkpoints_to_delete, collect_garbage
 
 __all__ = [
+    "CheckpointCorruptedError",
+    "CheckpointMissingError",
     "CheckpointRecord",
     "CheckpointStorageConfig",
     "CheckpointStorageError",

@@ -598,7 +598,7 @@ def metric_curves(
 
 
 def checkpoints(engine: Engine, trial_id: int, *, limit: int = 100) -> pd.DataFrame:
-    """A trial's checkpoints, newest step first."""
+    """A trial's checkpoints, newest step first; ``problem`` says why one is CORRUPTED."""
     with engine.connect() as conn:
         frame = _frame(
             conn.execute(
@@ -611,6 +611,7 @@ def checkpoints(engine: Engine, trial_id: int, *, limit: int = 100) -> pd.DataFr
                     _C.c.path,
                     _C.c.metrics,
                     _C.c.created_at,
+                    _C.c.problem,
                 )
                 .where(_C.c.trial_id == trial_id)
                 .order_by(_C.c.step.desc())

@@ -420,6 +420,7 @@ def _cmd_describe(args: argparse.Namespace) -> int:
         failure_lines,
         pareto_table,
         pruned_lines,
+        skipped_checkpoint_lines,
         trials_table,
         waiting_lines,
     )
@@ -440,7 +441,12 @@ def _cmd_describe(args: argparse.Namespace) -> int:
     front = pareto_table(described)
     if front is not None:
         console.print(front)
-    for line in [*pruned_lines(described), *failure_lines(described), *waiting_lines(described)]:
+    for line in [
+        *pruned_lines(described),
+        *failure_lines(described),
+        *skipped_checkpoint_lines(described),
+        *waiting_lines(described),
+    ]:
         console.print(line, highlight=False, markup=False)
     return 0
 

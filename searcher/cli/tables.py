@@ -21,7 +21,7 @@ from rich import box
 from rich.table import Table
 
 from storage import Trial
-from trials.labels import trial_label
+from trials.labels import checkpoint_label, trial_label
 from trials.numbers import format_hparams, format_value
 from trials.pruning import how_far
 
@@ -131,6 +131,18 @@ def failure_lines(described: Mapping[str, Any]) -> list[str]:
         f"{trial_label(None, row['number'])}: {row['error']}"
         for row in described["trials"]
         if row["state"] == "ERROR" and row["error"]
+    ]
+
+
+def skipped_checkpoint_lines(described: Mapping[str, Any]) -> list[str]:
+    """``#N: the checkpoint of step S (uuid) was skipped: problem`` for each damaged
+    checkpoint a restore passed over, printed under the table of ``describe``."""
+    return [
+        f"{trial_label(None, row['number'])}: {checkpoint_label(skipped['uuid'], skipped['step'])} "
+        f"was skipped as damaged: {skipped['problem'] or 'no reason recorded'} "
+        f"(kept for inspection at {skipped['path']})"
+        for row in described["trials"]
+        for skipped in row["skipped_checkpoints"]
     ]
 
 

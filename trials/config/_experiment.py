@@ -398,6 +398,10 @@ class ResourcesConfig(_Strict):
     # With reuse_workers: keep the entrypoint's module between trials instead of
     # re-importing it (its module globals then carry over: opt in knowingly).
     keep_entrypoint_module: bool = False
+    # A slots_per_trial the pool cannot place runs on the largest size it can (an
+    # example that shows DDP where two slots exist and still runs on one GPU); decided
+    # once, when the run is submitted, and stored with the experiment.
+    shrink_to_fit: bool = False
 
     @model_validator(mode="after")
     def _keep_needs_reuse(self) -> ResourcesConfig:
@@ -476,6 +480,11 @@ class ExperimentConfig(_Strict):
         hp = self.hyperparameters.get("slots_per_trial")
         if hp is None:
             return self
+        if self.resources.shrink_to_fit:
+            raise ValueError(
+                "hyperparameters.slots_per_trial: not with resources.shrink_to_fit, which "
+                "shrinks resources.slots_per_trial only; every searched size must fit the pool"
+            )
         if isinstance(hp, (DoubleHP, LogHP)):
             raise ValueError(
                 "hyperparameters.slots_per_trial: must be an integer, or int/categorical of integers"

@@ -24,7 +24,8 @@ Example:
 """
 
 from trials.entrypoints import InvalidTrialError, load_entrypoint
-from trials.runtime._checkpoint import read_checkpoint
+from trials.runtime._accelerator import Accelerator, CpuAccelerator, accelerator_for
+from trials.runtime._checkpoint import CheckpointMismatchError, read_checkpoint
 from trials.runtime._context import (
     LoadedCheckpoint,
     PyTorchTrialContext,
@@ -42,6 +43,9 @@ from trials.runtime._trial import PyTorchTrial
 from trials.runtime._warm import WarmChannel
 
 __all__ = [
+    "Accelerator",
+    "CheckpointMismatchError",
+    "CpuAccelerator",
     "DataLoader",
     "DistributedInfo",
     "InvalidTrialError",
@@ -51,6 +55,7 @@ __all__ = [
     "TorchGlobals",
     "TrialContext",
     "WarmChannel",
+    "accelerator_for",
     "barrier",
     "build_lr_scheduler",
     "build_optimizer",

@@ -307,12 +307,12 @@ class ChiefRecorder(RecorderQueue):
                 metric=self.spec.searcher_metric,
                 smaller_is_better=self.spec.smaller_is_better,
                 trial_id=self.spec.trial_id,
+                known_intact={uuid},  # written whole just now: not read back
             )
 
         def record() -> list[str]:
             self._transaction(write)
-            # A transaction of its own: the new checkpoint stays recorded even if
-            # collecting garbage fails.
+            # Its own transaction: the checkpoint stays recorded if collecting garbage fails.
             return self._transaction(garbage)
 
         return self.call(record)

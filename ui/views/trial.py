@@ -206,6 +206,8 @@ def _checkpoints_section() -> None:
     if frame.empty:
         st.info("This trial has no checkpoints recorded.")
         return
+    for line in _checkpoints.skipped_lines(frame):
+        st.warning(line)
     problems = [
         _checkpoints.checkpoint_problem(path, state)
         for path, state in zip(frame["path"], frame["state"], strict=True)
@@ -228,6 +230,7 @@ def _checkpoints_section() -> None:
             *[f"m.{n}" for n in metric_names],
             "size_mb",
             "on_disk",
+            "problem",
             "path",
             "created_at",
             "uuid",

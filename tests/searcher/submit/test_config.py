@@ -171,7 +171,8 @@ def test_every_slots_per_trial_of_an_int_range_is_checked(tmp_path: Path) -> Non
             {"resources.slots_per_trail": 2},
             [
                 "resources.slots_per_trail: unknown field; allowed: slots_per_trial, "
-                "resource_pool, priority, weight, reuse_workers, keep_entrypoint_module"
+                "resource_pool, priority, weight, reuse_workers, keep_entrypoint_module, "
+                "shrink_to_fit"
             ],
         ),
         (
@@ -382,6 +383,7 @@ _BOOLEAN_FIELDS: dict[str, dict[str, Any]] = {
     "searcher.smaller_is_better": {},
     "resources.reuse_workers": {},
     "resources.keep_entrypoint_module": {"resources.reuse_workers": True},
+    "resources.shrink_to_fit": {},
     "optimizations.average_aggregated_gradients": {},
     "optimizations.average_training_metrics": {},
     "optimizations.auto_tune_tensor_fusion": {},
