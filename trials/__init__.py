@@ -2,7 +2,8 @@
 
 Its sub-packages, each building only on those before it: :mod:`trials.scheduler`
 (the pure scheduler core), :mod:`trials.launch` (command lines, the environment the
-ranks read, process identity), :mod:`trials.runtime` (inside every rank),
+ranks read, process identity), :mod:`trials.pruning` (the multi-objective pruners and
+their Pareto ranking), :mod:`trials.runtime` (inside every rank),
 :mod:`trials.node` (the programs on each node), :mod:`trials.executors` (where attempts
 run), :mod:`trials.coordination` (what drivers share in the database) and
 :mod:`trials.queries` (the read model: what the CLI, the API and the UI ask of the

@@ -419,8 +419,11 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 def _cmd_describe(args: argparse.Namespace) -> int:
     from searcher.cli.tables import (
+        describe_front,
         describe_rows,
         failure_lines,
+        pareto_table,
+        pruned_lines,
         skipped_checkpoint_lines,
         trials_table,
         waiting_lines,
@@ -431,17 +434,23 @@ def _cmd_describe(args: argparse.Namespace) -> int:
     db_url = _db_url(args, need_schema=True)
     upgrade_schema(db_url)
     with session_scope(db_url) as session:
-        described = describe_rows(session, find_experiment(session, args.experiment))
+        experiment = find_experiment(session, args.experiment)
+        described = describe_rows(session, experiment)
+        described.update(describe_front(db_url, experiment))
     if args.json:
         _print_json(described)
         return 0
     console = _console()
     console.print(trials_table(described))
-    for line in failure_lines(described):
-        console.print(line, highlight=False, markup=False)
-    for line in skipped_checkpoint_lines(described):
-        console.print(line, highlight=False, markup=False)
-    for line in waiting_lines(described):
+    front = pareto_table(described)
+    if front is not None:
+        console.print(front)
+    for line in [
+        *pruned_lines(described),
+        *failure_lines(described),
+        *skipped_checkpoint_lines(described),
+        *waiting_lines(described),
+    ]:
         console.print(line, highlight=False, markup=False)
     return 0
 

@@ -23,9 +23,11 @@ from rich import box
 from rich.table import Table
 
 from storage import Experiment, TrialState
+from trials import pruning
 from trials.config import read_stored_config
 from trials.labels import checkpoint_label, trial_label
 from trials.numbers import format_hparams, format_value
+from trials.pruning import how_far
 from trials.queries import (
     Source,
     damaged_checkpoints,
@@ -143,6 +145,44 @@ def describe_rows(db: Source, experiment: Experiment) -> dict[str, Any]:
     }
 
 
+def describe_front(db_url: str, experiment: Experiment) -> dict[str, Any]:
+    """A multi-objective experiment's Pareto front so far and where its pruned trials stopped.
+
+    ``pareto_front``: the completed trials no other completed trial dominates, with the
+    values Optuna was told (the searcher metric, then each cost objective), best metric
+    first. ``pruned_at``: each trial the pruner stopped, at its rung: the rung, how far
+    the trial had come (``step`` of the pruner's ``unit``, as Optuna counts it) and its
+    values there. Both empty
+    for a single-objective experiment (:func:`trials.pruning.pareto_summary`).
+    """
+    searcher = read_stored_config(experiment.config).searcher
+    summary = pruning.pareto_summary(db_url, experiment.study_name, searcher)
+    names, unit = summary.objectives, searcher.resource_unit
+    return {
+        "objectives": names,
+        "pareto_front": [
+            {
+                "trial": trial_label(experiment.id, number),
+                "number": number,
+                **dict(zip(names, values, strict=True)),
+            }
+            for number, values in summary.front
+        ],
+        "pruned_at": [
+            {
+                "trial": trial_label(experiment.id, stop.trial_number),
+                "number": stop.trial_number,
+                "rung": stop.rung,
+                # In the pruner's unit: Optuna's hundredths of a slot-second, or epochs/batches.
+                "step": stop.step,
+                "unit": unit,
+                **dict(zip(names, stop.values, strict=True)),
+            }
+            for stop in summary.stops
+        ],
+    }
+
+
 def trials_table(described: Mapping[str, Any]) -> Table:
     metric = described["metric"]
     table = _table(f"Experiment {described['id']}: {described['name']} ({described['state']})")
@@ -165,6 +205,39 @@ def trials_table(described: Mapping[str, Any]) -> Table:
             format_hparams(row["hyperparameters"]),
         )
     return table
+
+
+def pareto_table(described: Mapping[str, Any]) -> Table | None:
+    """A multi-objective experiment's Pareto front so far (None for one objective)."""
+    front = described.get("pareto_front") or []
+    if not front:
+        return None
+    names = described["objectives"]
+    table = _table(f"Pareto front ({len(front)} of the completed trials)")
+    table.add_column("trial", **_SHORT)
+    for name in names:
+        table.add_column(name, **_SHORT)
+    table.add_column("hyperparameters", **_FOLD)
+    hparams = {row["number"]: row["hyperparameters"] for row in described["trials"]}
+    for row in front:
+        table.add_row(
+            trial_label(None, row["number"]),
+            *(format_value(row[name]) for name in names),
+            format_hparams(hparams.get(row["number"], {})),
+        )
+    return table
+
+
+def pruned_lines(described: Mapping[str, Any]) -> list[str]:
+    """``#N pruned at rung R (epoch E): metric M, cost C`` for each trial pruned on a
+    Pareto rung, under ``describe``: where it stopped and what it had there."""
+    names = described.get("objectives", [])
+    return [
+        f"{trial_label(None, row['number'])} pruned at rung {row['rung']} "
+        f"({how_far(row['step'], row['unit'])}): "
+        + ", ".join(f"{name} {format_value(row[name])}" for name in names)
+        for row in described.get("pruned_at") or []
+    ]
 
 
 def failure_lines(described: Mapping[str, Any]) -> list[str]:

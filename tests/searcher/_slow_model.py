@@ -10,6 +10,8 @@ train at full speed.
 ``os.fsync`` in the trial's processes, which holds a checkpoint mid-write long enough
 for a test to crash the machine at that moment (fault injection, test code only).
 ``DivergingDigitsTrial`` reports the infinite and NaN losses of a diverged run;
+``DearAndWorseDigitsTrial`` makes chosen trials learn nothing and sleep in every batch,
+so on a front of quality against compute they are dominated;
 ``HangingDigitsTrial`` hangs one rank of one attempt of a trial (a stuck data loader or
 a deadlock), which only the driver's ``hang_timeout_s`` can end.
 ``DamagingDigitsTrial`` damages its newest checkpoints and crashes (a restart meets them).
@@ -23,6 +25,7 @@ import signal
 import time
 from typing import Any
 
+import torch
 from model import DigitsTrial
 
 from trials import is_url, store_for
@@ -66,6 +69,26 @@ class DivergingDigitsTrial(DigitsTrial):
     def evaluate_batch(self, batch: Any, batch_idx: int) -> dict[str, Any]:
         metrics = super().evaluate_batch(batch, batch_idx)
         return {**metrics, "val_loss": metrics["val_loss"] * float("nan")}
+
+
+class DearAndWorseDigitsTrial(SlowDigitsTrial):
+    """The trials whose Optuna numbers ``data.dear_trials`` lists train on shuffled labels
+    (they learn nothing) and sleep ``data.dear_batch_delay_s`` in every training batch:
+    worse and more expensive than every other trial at every step, whatever the sampler
+    draws. The others train as :class:`SlowDigitsTrial` does."""
+
+    def __init__(self, context: PyTorchTrialContext) -> None:
+        super().__init__(context)
+        data = context.data
+        self._dear = context.spec.optuna_trial_number in data.get("dear_trials", [])
+        if self._dear:
+            self._batch_delay_s = float(data.get("dear_batch_delay_s", 0.01))
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
+        if self._dear:
+            x, y = batch
+            batch = (x, y[torch.randperm(len(y))])
+        return super().train_batch(batch, epoch_idx, batch_idx)
 
 
 class HangingDigitsTrial(SlowDigitsTrial):

@@ -18,6 +18,7 @@ from tests._demo_data import DemoSearch
 from tests.searcher.conftest import run_cli, wait_for, write_experiment
 from tests.ui._pages import PageRenderer, assert_no_exception, texts
 from trials._system_metrics import HOST_METRICS
+from trials.pruning import rung_decisions
 
 
 def _charts(app: object, kind: str) -> list[dict[str, object]]:
@@ -197,6 +198,17 @@ def test_multi_objective_experiment_shows_the_pareto_front(
     study = optuna.load_study(study_name=study_name, storage=optuna_storage(synthetic_search.url))
     assert "Best trials (Pareto front)" in texts(app)
     assert sorted(app.dataframe[0].value["number"]) == sorted(t.number for t in study.best_trials)
+    # Its pruner (MO-ASHA) stopped trial 1 at its first rung: where, and with what values.
+    assert "Pruned trials: where they stopped" in texts(app)
+    stops = app.dataframe[1].value
+    decisions = rung_decisions(study.user_attrs)
+    pruned = [t.number for t in study.trials if t.state == optuna.trial.TrialState.PRUNED]
+    assert 1 in pruned
+    assert list(stops["trial"]) == [f"{experiment}.{number}" for number in pruned]
+    first = stops.iloc[0]
+    assert (first["rung"], first["stopped at"]) == (0, "epoch 1")
+    assert (first["val_loss"], first["slot_seconds"]) == pytest.approx(decisions[1][0].values)
+    assert first["open"].startswith(f"trial?trial={experiment}.1")
     control.set_value("Optimization history").run()
     assert_no_exception(app)
     assert "Optimization History" in json.dumps(_charts(app, "plotly_chart")[0]["layout"])

@@ -13,8 +13,9 @@ those, lazily, so the other ranks start with torch's own cost.
 
 Besides the trial API it exports what the rank's program (:mod:`trials.node.worker`)
 and the ``torchrun`` wrapper run: a trial, a warm job's loop, the failure record.
-May import ``storage`` (rank 0, lazily), the base modules of ``trials`` and
-:mod:`trials.launch` (the environment the driver sets); only :mod:`trials.node`
+May import ``storage`` (rank 0, lazily), the base modules of ``trials``,
+:mod:`trials.launch` (the environment the driver sets) and :mod:`trials.pruning` (rank
+0's reports to the study's pruner); only :mod:`trials.node`
 imports it, so the driver's side never loads torch.
 
 Example:

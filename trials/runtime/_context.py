@@ -311,7 +311,7 @@ class TrialContext:
                 optuna_step = math.floor(epoch + 1e-9)
             else:
                 optuna_step = steps_completed
-            self._recorder.report_intermediate(means[metric], optuna_step)
+            self._recorder.report_intermediate(means[metric], optuna_step, moment)
             self._prune_gate.validated(moment=moment, step=optuna_step)
 
     def _compute_budget_spent(self) -> bool:

@@ -16,9 +16,20 @@ from storage import (
     redact_url,
     study_signature,
 )
-from trials import queries
+from trials import pruning, queries
 from trials.config import ExperimentConfig
-from ui import _actions, _charts, _context, _curves, _format, _logs, _plots, _tables, _units
+from ui import (
+    _actions,
+    _charts,
+    _context,
+    _curves,
+    _format,
+    _logs,
+    _pareto,
+    _plots,
+    _tables,
+    _units,
+)
 
 st.title("Experiment")
 engine = _context.require_database()
@@ -142,6 +153,8 @@ def _header() -> None:
     eager = signature.exists and (multi or signature.trials <= _EAGER_PLOT_TRIALS)
     study = _study(url, summary.study_name, signature) if eager else None
     _best_trials(summary, failures, study if multi else None)
+    if multi:
+        _pruned_trials(summary, signature)
     _learning_curves(summary, failures)
     st.markdown("#### Optuna plots")
     if unreadable is not None:
@@ -231,6 +244,41 @@ def _best_trials(
         )
     else:
         _trials_table(best, key="best_trials", config=summary.config)
+
+
+@st.cache_data(ttl=3600, max_entries=8, show_spinner=False)
+def _stops(db: str, study_name: str, changes: tuple[Any, ...]) -> list[pruning.RungDecision]:
+    # ``changes`` in the key only: a new rung decision comes with a change to the study.
+    return pruning.pruned_stops(db, study_name)
+
+
+def _pruned_trials(summary: queries.ExperimentSummary, signature: StudySignature) -> None:
+    """A multi-objective search's pruned trials: where each stopped, and what it had there."""
+    if summary.config is None or summary.config.searcher.pruner.name == "none":
+        return
+    searcher = summary.config.searcher
+    stops = _stops(url, summary.study_name, signature.everything)
+    st.markdown("#### Pruned trials: where they stopped")
+    if not stops:
+        st.info("No trial has been pruned yet.")
+        return
+    st.caption(
+        "Each rung ranks the trials that reached it over "
+        + ", ".join(f"`{name}`" for name in searcher.objective_names)
+        + " (the costs: what each had spent by then) by Pareto front, then crowding "
+        f"distance, and keeps the top 1/{searcher.pruner.reduction_factor}; these stopped "
+        "at the rung below, with the values they had there."
+    )
+    rows = _pareto.stops_frame(
+        stops, searcher.objective_names, searcher.resource_unit, experiment_id
+    )
+    rows.insert(0, "open", [_context.link("trial", trial=str(t)) for t in rows["trial"]])
+    st.dataframe(
+        rows,
+        hide_index=True,
+        width="stretch",
+        column_config={"open": st.column_config.LinkColumn("open", display_text="open")},
+    )
 
 
 def _optuna_plot(

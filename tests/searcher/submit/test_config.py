@@ -285,6 +285,26 @@ def test_every_slots_per_trial_of_an_int_range_is_checked(tmp_path: Path) -> Non
             ],
         ),
         (
+            {"searcher.objectives": ["slot_seconds"], "searcher.pruner": {"name": "median"}},
+            [
+                "searcher: pruner.name: median compares one metric with the median of the "
+                "other trials' at the same step, and several objectives have no median; "
+                "with 'objectives' use asha or hyperband (rungs ranked by Pareto fronts) or none"
+            ],
+        ),
+        (
+            {
+                "searcher.objectives": ["slot_seconds"],
+                "searcher.pruner": {"name": "asha", "resource": "slot_seconds"},
+            },
+            [
+                "searcher: pruner.resource: rungs in slot-seconds with the objective "
+                "slot_seconds: every trial meets a rung at the same compute, so compute "
+                "cannot rank them; put the rungs in epochs or batches (max_length's unit, "
+                "no pruner.resource)"
+            ],
+        ),
+        (
             {"searcher.name": "nsga2"},
             [
                 "searcher: nsga2 is multi-objective: add 'objectives' (slot_seconds or wall_seconds)"

@@ -52,7 +52,7 @@ class CallLog(NoRecorder):
     ) -> None:
         self.calls.append(("validation_metrics", (step, epoch, dict(values))))
 
-    def report_intermediate(self, value: float, step: int) -> None:
+    def report_intermediate(self, value: float, step: int, moment: float) -> None:
         self.calls.append(("report_intermediate", (value, step)))
 
     def should_prune(self) -> bool:
@@ -89,7 +89,7 @@ def test_the_recorder_stand_in_records_nothing_and_never_prunes_or_stops() -> No
         lambda: recorder.register([process]),
         lambda: recorder.training_metrics(1, None, {"loss": 1.0}),
         lambda: recorder.validation_metrics(1, 0.5, {"val_loss": 1.0}),
-        lambda: recorder.report_intermediate(1.0, 1),
+        lambda: recorder.report_intermediate(1.0, 1, 0.0),
         lambda: recorder.pruned(1),
         lambda: recorder.finished(1),
         lambda: recorder.rewind(0),
