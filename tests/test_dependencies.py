@@ -209,7 +209,7 @@ TRIALS_LAYERS: dict[str, frozenset[str]] = {
     ),
     # The read model: what the CLI, the API and the UI ask of the database.
     "trials.queries": frozenset(
-        {"trials", "trials.config", "trials.scheduler", "trials.coordination"}
+        {"trials", "trials.config", "trials.scheduler", "trials.coordination", "trials.pruning"}
     ),
 }
 

@@ -1,7 +1,7 @@
 """A multi-objective search's pruned trials, as the Experiment page shows them: where each
 stopped (its rung, how far it had come) and what it had there, in the study's objectives.
 
-Pure: the decisions come from :func:`trials.pruning.pruned_stops`.
+Pure: the decisions come from :func:`trials.queries.pruned_stops`.
 
 Example:
     >>> from trials.pruning import RungDecision

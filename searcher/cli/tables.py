@@ -23,7 +23,7 @@ from rich import box
 from rich.table import Table
 
 from storage import Experiment, TrialState
-from trials import pruning
+from trials import queries
 from trials.config import read_stored_config
 from trials.labels import checkpoint_label, trial_label
 from trials.numbers import format_hparams, format_value
@@ -153,10 +153,10 @@ def describe_front(db_url: str, experiment: Experiment) -> dict[str, Any]:
     first. ``pruned_at``: each trial the pruner stopped, at its rung: the rung, how far
     the trial had come (``step`` of the pruner's ``unit``, as Optuna counts it) and its
     values there. Both empty
-    for a single-objective experiment (:func:`trials.pruning.pareto_summary`).
+    for a single-objective experiment (:func:`trials.queries.pareto_summary`).
     """
     searcher = read_stored_config(experiment.config).searcher
-    summary = pruning.pareto_summary(db_url, experiment.study_name, searcher)
+    summary = queries.pareto_summary(db_url, experiment.study_name, searcher)
     names, unit = summary.objectives, searcher.resource_unit
     return {
         "objectives": names,

@@ -8,7 +8,8 @@ pruner from its :class:`trials.config.PrunerSpec` (:func:`build_pruner`: the dri
 and every trial's rank 0), and the pure ranking they share with the UI and the
 benchmarks: Pareto fronts, crowding distance, a rung's promotion rule, a 2-D
 hypervolume, the rung decisions stored in a study, and a search's front so far with
-where its pruned trials stopped (:func:`pareto_summary`: ``describe`` and the UI).
+where its pruned trials stopped (:func:`trials.queries.pareto_summary`: ``describe`` and the
+UI).
 
 May import ``storage`` (its study gateway), ``trials.config`` and the modules at
 ``trials``' top level; :mod:`trials.runtime` imports it (rank 0 asks the pruner). Optuna is loaded on first use of a name that needs
@@ -36,7 +37,6 @@ from trials.pruning._fronts import (
     rank_keys,
     ranked_ahead,
 )
-from trials.pruning._reads import ParetoSummary, pareto_summary, pruned_stops
 from trials.pruning._records import (
     REPORT_KEY,
     RUNG_KEY_PREFIX,
@@ -64,7 +64,6 @@ _LAZY = dict.fromkeys(
     (
         "PARETO_PRUNERS",
         "ParetoHyperbandPruner",
-        "ParetoSummary",
         "ParetoSuccessiveHalvingPruner",
         "build_pruner",
         "report_objectives",
@@ -80,7 +79,6 @@ __all__ = [
     "Direction",
     "ParetoHyperbandPruner",
     "ParetoSuccessiveHalvingPruner",
-    "ParetoSummary",
     "Report",
     "RungDecision",
     "build_pruner",
@@ -90,9 +88,7 @@ __all__ = [
     "hypervolume_2d",
     "non_dominated_fronts",
     "pareto_front",
-    "pareto_summary",
     "promoted",
-    "pruned_stops",
     "rank_keys",
     "ranked_ahead",
     "read_report",

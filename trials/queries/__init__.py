@@ -14,7 +14,9 @@ the API, a chart) stays with it. By subject:
 - failures: the commonest reason, fail-fast stops, a rank's traceback (``_failures``);
 - slot holdings and allocations (``_slots``) and the cluster's queue (``_queue``);
 - timings and system metrics (``_timings``); checkpoints and runs (``_checkpoints``);
-- stored diagnoses (``_diagnoses``).
+- stored diagnoses (``_diagnoses``);
+- a multi-objective search's Pareto front and where its pruned trials stopped
+  (``_pareto``).
 
 Every query takes ``db``, a :data:`Source`: an engine (the query opens a short
 connection of its own and closes it before returning, as the UI needs) or the
@@ -27,8 +29,8 @@ metric name), or read leniently (:func:`typed_config`) where a list must show wh
 can of every experiment.
 
 May import ``storage``, the base modules of ``trials``, :mod:`trials.config`,
-:mod:`trials.scheduler` (types) and :mod:`trials.coordination` (the slot ledger's
-holders, the queue's views); nothing in ``trials`` imports it, and ``searcher`` and
+:mod:`trials.scheduler` (types), :mod:`trials.coordination` (the slot ledger's
+holders, the queue's views) and :mod:`trials.pruning` (fronts, rung decisions); nothing in ``trials`` imports it, and ``searcher`` and
 ``ui`` read through it. No SQL on Optuna's tables here: those are ``storage``'s.
 
 Example:
@@ -82,6 +84,7 @@ from trials.queries._metrics import (
     metric_rows,
     trials_metric_curves,
 )
+from trials.queries._pareto import ParetoSummary, pareto_summary, pruned_stops
 from trials.queries._queue import (
     QueuedView,
     queue_views,
@@ -129,6 +132,7 @@ __all__ = [
     "FailureSummary",
     "LearningCurves",
     "Page",
+    "ParetoSummary",
     "QueuedView",
     "RankFailure",
     "SlotHolder",
@@ -163,6 +167,8 @@ __all__ = [
     "metric_rows",
     "newest_checkpoint_path",
     "newest_checkpoint_steps",
+    "pareto_summary",
+    "pruned_stops",
     "queue_views",
     "queued_outside_queue",
     "queued_trials",

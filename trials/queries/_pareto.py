@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from trials.pruning._fronts import pareto_front
-from trials.pruning._records import RungDecision, rung_decisions, stopped_at
+from trials.pruning import RungDecision, pareto_front, rung_decisions, stopped_at
 
 if TYPE_CHECKING:
     from trials.config import SearcherConfig

@@ -249,7 +249,7 @@ def _best_trials(
 @st.cache_data(ttl=3600, max_entries=8, show_spinner=False)
 def _stops(db: str, study_name: str, changes: tuple[Any, ...]) -> list[pruning.RungDecision]:
     # ``changes`` in the key only: a new rung decision comes with a change to the study.
-    return pruning.pruned_stops(db, study_name)
+    return queries.pruned_stops(db, study_name)
 
 
 def _pruned_trials(summary: queries.ExperimentSummary, signature: StudySignature) -> None:
