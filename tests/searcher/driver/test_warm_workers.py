@@ -31,13 +31,13 @@ from storage import (
     WarmJob,
     session_scope,
 )
+from tests.conftest import EXAMPLES_DIR
 from tests.searcher.conftest import run_to_end, start_cli, wait_for
 from tests.searcher.driver.test_fault_injection import _assert_no_process_left
 
 pytestmark = pytest.mark.slow
 
 MODEL = Path(__file__).parent / "_warm_model.py"
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _experiment(
@@ -189,7 +189,7 @@ def _example_experiment(
 def test_an_example_gives_bit_identical_metrics_cold_and_warm(
     config: str, tmp_path: Path, cli_env: dict[str, str]
 ) -> None:
-    example = EXAMPLES / config
+    example = EXAMPLES_DIR / config
     cold_db = f"sqlite:///{tmp_path / 'cold.db'}"
     cold = _example_experiment(tmp_path / "cold", example, seed=11, trials=1, reuse_workers=False)
     run_to_end(["run", str(cold), "--db", cold_db, "--slots", "2"], cli_env, tmp_path)
