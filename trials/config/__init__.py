@@ -44,6 +44,16 @@ from trials.config._sections import (
     WarmSpec,
     slot_seconds_step,
 )
+from trials.config._shares import (
+    ALLOWED_SLOTS_PER_TRIAL,
+    EIGHTHS_PER_SLOT,
+    SLOT_SHARES,
+    format_share,
+    is_slot_share,
+    share_problem,
+    slot_eighths,
+    slot_share_of,
+)
 from trials.config._storage_url import is_url
 from trials.config._validation import ConfigModel, validation_problems
 
@@ -110,10 +120,13 @@ _LAZY = {
 }
 
 __all__ = [
+    "ALLOWED_SLOTS_PER_TRIAL",
     "DEFAULT_PRIORITY",
     "DEFAULT_WEIGHT",
+    "EIGHTHS_PER_SLOT",
     "MAX_TRIALS",
     "NOTIFICATION_EVENTS",
+    "SLOT_SHARES",
     "STEPS_PER_SLOT_SECOND",
     "CategoricalHP",
     "CheckpointStorageConfig",
@@ -142,7 +155,9 @@ __all__ = [
     "StoredConfigError",
     "WarmSpec",
     "YamlError",
+    "format_share",
     "grid_count_problems",
+    "is_slot_share",
     "is_url",
     "load_config",
     "parse_config",
@@ -151,7 +166,10 @@ __all__ = [
     "read_stored_config",
     "read_stored_hyperparameters",
     "read_yaml",
+    "share_problem",
+    "slot_eighths",
     "slot_seconds_step",
+    "slot_share_of",
     "validation_problems",
 ]
 

@@ -375,7 +375,7 @@ class ChiefRecorder(RecorderQueue):
                 ).where(TrialRun.trial_id == self.spec.trial_id)
             ).all()
             spans = [RunSpan(start, progress, ended) for start, progress, ended in rows]
-            return slot_seconds_spent(spans, self.spec.slots_per_trial, utc_from_timestamp(moment))
+            return slot_seconds_spent(spans, self.spec.compute_slots, utc_from_timestamp(moment))
 
         def report() -> None:
             from storage import retry_transient
