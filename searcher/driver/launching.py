@@ -87,6 +87,8 @@ class Attempt:
     #: The idle warm job whose running ranks take the attempt, if one was reserved.
     idle: IdleJob | None
     restored_step: int | None
+    #: The share of its slot the trial runs on (1.0: whole slots); its compute counts at it.
+    share: float = 1.0
 
 
 class AttemptStarter:
@@ -221,6 +223,7 @@ class AttemptStarter:
                 warm_job_id=warm_job_id,
                 idle=idle,
                 restored_step=checkpoint.step if checkpoint else None,
+                share=ctx.config.resources.slot_share,
             )
 
     def adopt(self, trial_id: int, run_id: int, warm_job_id: int) -> tuple[Attempt, float]:
@@ -247,6 +250,7 @@ class AttemptStarter:
                 warm_job_id=warm_job_id,
                 idle=None,
                 restored_step=run.restored_from_step,
+                share=ctx.config.resources.slot_share,
             )
             where = _placed_on((node["agent"], node["slots"]) for node in run.agents or [])
             age_s = max(0.0, (utcnow() - run.started_at).total_seconds())

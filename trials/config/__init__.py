@@ -45,6 +45,7 @@ from trials.config._sections import (
     slot_seconds_step,
 )
 from trials.config._shares import (
+    ALLOWED_SHARES,
     ALLOWED_SLOTS_PER_TRIAL,
     EIGHTHS_PER_SLOT,
     SLOT_SHARES,
@@ -82,6 +83,7 @@ if TYPE_CHECKING:
         StoredConfigError,
         read_stored_config,
         read_stored_hyperparameters,
+        read_stored_resources,
     )
     from trials.config._yaml import YamlError, parse_yaml, read_yaml
 
@@ -114,12 +116,14 @@ _LAZY = {
     "StoredConfigError": "trials.config._stored",
     "read_stored_config": "trials.config._stored",
     "read_stored_hyperparameters": "trials.config._stored",
+    "read_stored_resources": "trials.config._stored",
     "YamlError": "trials.config._yaml",
     "parse_yaml": "trials.config._yaml",
     "read_yaml": "trials.config._yaml",
 }
 
 __all__ = [
+    "ALLOWED_SHARES",
     "ALLOWED_SLOTS_PER_TRIAL",
     "DEFAULT_PRIORITY",
     "DEFAULT_WEIGHT",
@@ -165,6 +169,7 @@ __all__ = [
     "per_slot_batch_size",
     "read_stored_config",
     "read_stored_hyperparameters",
+    "read_stored_resources",
     "read_yaml",
     "share_problem",
     "slot_eighths",

@@ -43,7 +43,12 @@ from trials.config._sections import (
     ProfilingConfig,
     slot_seconds_step,
 )
-from trials.config._shares import ALLOWED_SLOTS_PER_TRIAL, SLOT_SHARES, share_problem
+from trials.config._shares import (
+    ALLOWED_SHARES,
+    ALLOWED_SLOTS_PER_TRIAL,
+    SLOT_SHARES,
+    share_problem,
+)
 from trials.config._validation import (
     INT32_MAX,
     VALUE_ERROR_PREFIX,
@@ -502,8 +507,8 @@ class ExperimentConfig(_Strict):
                 raise ValueError(
                     f"hyperparameters.slots_per_trial: a search over trial sizes takes whole "
                     f"numbers of slots (1, 2, ...), got {value!r}; a share of one slot "
-                    f"({', '.join(f'{share:g}' for share in SLOT_SHARES)}) goes in "
-                    "resources.slots_per_trial, for every trial alike"
+                    f"({ALLOWED_SHARES}) goes in resources.slots_per_trial, for every trial "
+                    "alike"
                 )
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(

@@ -35,8 +35,13 @@ EIGHTHS_PER_SLOT = 8
 SLOT_SHARES: tuple[float, ...] = (0.5, 0.25, 0.125)
 """The shares of one slot a trial may ask for (``resources.slots_per_trial``)."""
 
-ALLOWED_SLOTS_PER_TRIAL = "a whole number of slots (1, 2, ...) or a share of one slot: " + (
-    ", ".join(f"{share:g}" for share in SLOT_SHARES[:-1]) + f" or {SLOT_SHARES[-1]:g}"
+ALLOWED_SHARES = ", ".join(f"{share:g}" for share in SLOT_SHARES[:-1]) + (
+    f" or {SLOT_SHARES[-1]:g}"
+)
+"""The shares of one slot, in the words every refusal uses: ``0.5, 0.25 or 0.125``."""
+
+ALLOWED_SLOTS_PER_TRIAL = (
+    f"a whole number of slots (1, 2, ...) or a share of one slot: {ALLOWED_SHARES}"
 )
 """What ``slots_per_trial`` takes, in the words every refusal uses."""
 

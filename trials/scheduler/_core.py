@@ -245,11 +245,8 @@ class SlotScheduler:
         free_slots: Mapping[str, Iterable[int]] | None,
         shared: Mapping[str, Mapping[int, int]] | None = None,
     ) -> None:
-        """Replace the free slots of every agent (``None``: all free; missing agent: none free).
-
-        ``shared`` gives, per agent, the eighths that shares use on each of its shared
-        slots (:meth:`shared_slots`' shape); those slots are neither free nor whole.
-        """
+        """Replace the free slots of every agent (``None``: all free; missing agent: none free)
+        and the eighths shares use on each shared slot (:meth:`shared_slots`' shape)."""
         self._free.set(free_slots, shared)
         self._why.clear()
 
@@ -263,12 +260,10 @@ class SlotScheduler:
 
     @property
     def free_total(self) -> int:
-        """Free slots (a shared slot is not free)."""
         return self._free.free_total
 
     @property
     def used_total(self) -> int:
-        """Slots not free: held whole, or shared."""
         return self._free.total - self._free.free_total
 
     def fits(self, slots: int, *, share: float = 1.0) -> bool:
@@ -485,7 +480,7 @@ class SlotScheduler:
             key = (size, group)
             whole = size >= EIGHTHS_PER_SLOT
             fit = fit_slots(size // EIGHTHS_PER_SLOT, reserved) if whole else None
-            spot = None if whole else free.fit_share(size, reserved)
+            spot = free.fit_share(size, reserved) if not whole else None
             if fit is None and spot is None:
                 failed.add(size)
                 if self._blocked:
@@ -505,12 +500,11 @@ class SlotScheduler:
             held[group] = held.get(group, 0) + request.size
             self._served_top += 1.0
             self._served[group] = self._served_top
-            if fit is not None:
-                parts = tuple(AgentSlots(agents[i], take(i, n)) for i, n in fit)
+            parts: tuple[AgentSlots, ...]
+            if spot is not None:
+                parts = (AgentSlots(agents[spot[0]], (free.take_share(*spot, size),)),)
             else:
-                assert spot is not None
-                i, slot = spot
-                parts = (AgentSlots(agents[i], (free.take_share(i, slot, size),)),)
+                parts = tuple(AgentSlots(agents[i], take(i, n)) for i, n in fit or ())
             placements.append(
                 Placement(request_id, self.pool.name, parts, group, share=request.share)
             )
