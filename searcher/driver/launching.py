@@ -56,6 +56,7 @@ from storage import (
     utcnow,
 )
 from trials import per_slot_batch_size
+from trials.config import format_share
 from trials.coordination import allocations as slot_ledger
 from trials.coordination import warm_jobs
 from trials.coordination.allocations import ClaimedPlacement, ClaimLostError
@@ -265,6 +266,8 @@ class AttemptStarter:
             if placement is not None
             else f"nodes the {self.ctx.executor.name} executor's cluster picks"
         )
+        if placement is not None and placement.share < 1.0:
+            where += f" ({format_share(placement.share)} of the slot, shared)"
         self._write_start_line(attempt, where, already_running=attempt.idle is not None)
 
     def _write_start_line(self, attempt: Attempt, where: str, *, already_running: bool) -> None:
