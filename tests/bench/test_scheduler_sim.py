@@ -96,6 +96,8 @@ def test_a_share_workload_has_every_size_and_whole_slots_hold_shares_whole() -> 
     # Packed, a slot's claims are its trials' work; whole, share trials claim whole slots.
     assert packed.claimed == pytest.approx(packed.work)
     assert whole.claimed > whole.work
-    assert sum(map(len, packed.waits_s.values())) == len(trials) == sum(
-        map(len, whole.waits_s.values())
+    assert (
+        sum(map(len, packed.waits_s.values()))
+        == len(trials)
+        == sum(map(len, whole.waits_s.values()))
     )
