@@ -44,7 +44,7 @@ pytestmark = pytest.mark.slow
 
 
 def _share_experiment(
-    folder: Path, share: float, trials: int, *, epochs: int = 2, **data: Any
+    folder: Path, share: float, trials: int, *, epochs: int = 2, warm: bool = False, **data: Any
 ) -> Path:
     """The slow digits trial on ``share`` of a slot: ``trials`` trials, all at once."""
     return write_experiment(
@@ -59,7 +59,7 @@ def _share_experiment(
             "max_length": {"epochs": epochs},
             "pruner": {"name": "none"},
         },
-        resources={"slots_per_trial": share},
+        resources={"slots_per_trial": share, "reuse_workers": warm},
     )
 
 
@@ -86,11 +86,13 @@ def _slots_of(run: TrialRun) -> set[tuple[str, int]]:
     return {(node["agent"], slot) for node in run.agents for slot in node["slots"]}
 
 
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
 def test_two_halves_run_at_once_on_one_slot_and_a_third_waits(
-    tmp_path: Path, cli_env: dict[str, str]
+    tmp_path: Path, cli_env: dict[str, str], warm: bool
 ) -> None:
+    """Warm: the third runs on the job of the half that ended (a job of a share's shape)."""
     gate = tmp_path / "gate"
-    path = _share_experiment(tmp_path / "halves", 0.5, 3, gate_file=str(gate))
+    path = _share_experiment(tmp_path / "halves", 0.5, 3, warm=warm, gate_file=str(gate))
     db = f"sqlite:///{tmp_path / 'sweep.db'}"
     driver = start_cli(["run", str(path), "--db", db, "--slots", "1"], cli_env, tmp_path)
 
@@ -118,6 +120,9 @@ def test_two_halves_run_at_once_on_one_slot_and_a_third_waits(
     assert _overlap(first, second)
     assert first.ended_at is not None and second.ended_at is not None
     assert third.started_at >= min(first.ended_at, second.ended_at)
+    tokens = [run.launch_token for _, run in runs]
+    # Warm, the third ran on the first job to be handed back; cold, on processes of its own.
+    assert (tokens[2] in tokens[:2]) is warm
     with session_scope(db) as session:
         trials = list(session.scalars(select(Trial).order_by(Trial.id)))
         assert session.scalars(select(Allocation)).all() == []
