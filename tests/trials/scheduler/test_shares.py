@@ -395,3 +395,86 @@ def test_a_kept_scheduler_with_shares_decides_like_a_fresh_one(
     # Every release undone: the kept state is the given one again.
     assert kept.free_slots() == {name: free.get(name, frozenset()) for name in free}
     assert kept.shared_slots() == {name: dict(slots) for name, slots in shared.items() if slots}
+
+
+# -- preemption over random mixes of shares and whole trials ---------------------------
+
+PreemptScenario = tuple[
+    ResourcePool,
+    dict[str, frozenset[int]],
+    dict[str, dict[int, int]],
+    list[RunningRequest],
+    SlotRequest,
+]
+
+
+@st.composite
+def preempt_scenarios(draw: st.DrawFn) -> PreemptScenario:
+    """Share and whole trials placed by the core itself, some held by others, some stopping."""
+    sizes = draw(st.lists(st.sampled_from([1, 2, 4]), min_size=1, max_size=3))
+    pool = make_pool(sizes)
+    scheduler = SlotScheduler(pool)
+    runs: list[RunningRequest] = []
+    for i in range(draw(st.integers(min_value=0, max_value=16))):
+        fraction = draw(st.sampled_from([1.0, *SLOT_SHARES]))
+        slots = 1 if fraction < 1 else draw(st.integers(min_value=1, max_value=max(sizes)))
+        scheduler.submit(SlotRequest(f"r{i}", slots, share=fraction))
+        placed = scheduler.schedule()
+        if not placed:
+            scheduler.cancel(f"r{i}")
+            continue
+        if draw(st.integers(min_value=0, max_value=9)) == 0:
+            continue  # held by another search: preemption cannot stop it
+        runs.append(
+            RunningRequest(
+                f"r{i}",
+                draw(st.sampled_from([1, 42, 99])),
+                placed[0],
+                checkpointed=True,
+                stopping=draw(st.integers(min_value=0, max_value=7)) == 0,
+            )
+        )
+    fraction = draw(st.sampled_from([1.0, *SLOT_SHARES]))
+    slots = 1 if fraction < 1 else draw(st.integers(min_value=1, max_value=max(sizes)))
+    head = SlotRequest("head", slots, priority=draw(st.sampled_from([1, 42])), share=fraction)
+    return pool, scheduler.free_slots(), scheduler.shared_slots(), runs, head
+
+
+def _starts(
+    pool: ResourcePool,
+    free: Mapping[str, frozenset[int]],
+    shared: Mapping[str, Mapping[int, int]],
+    stopped: Sequence[RunningRequest],
+    request: SlotRequest,
+) -> bool:
+    """Whether ``request`` fits once ``stopped`` have given their slots (or shares) back."""
+    scheduler = SlotScheduler(pool, free, shared)
+    for run in stopped:
+        scheduler.release(run.placement)
+    return scheduler.fits(request.slots, share=request.share)
+
+
+@settings(max_examples=300, deadline=None)
+@given(scenario=preempt_scenarios())
+def test_victims_among_shares_make_room_and_none_is_redundant(scenario: PreemptScenario) -> None:
+    pool, free, shared, runs, request = scenario
+    chosen = choose_preemptions(pool, free, runs, request, shared=shared)
+    stopping = [r for r in runs if r.stopping]
+    allowed = [r for r in runs if not r.stopping and r.priority > request.priority]
+    if chosen is None:
+        assert not _starts(pool, free, shared, stopping + allowed, request)
+        return
+    if chosen == ():
+        assert _starts(pool, free, shared, stopping, request)
+        return
+    by_id = {r.request_id: r for r in runs}
+    victims = [by_id[i] for i in chosen]
+    assert all(v in allowed for v in victims)
+    assert not _starts(pool, free, shared, stopping, request)
+    assert _starts(pool, free, shared, stopping + victims, request)
+    for spared in victims:
+        rest = [v for v in victims if v is not spared]
+        assert not _starts(pool, free, shared, stopping + rest, request), spared.request_id
+    if request.share < 1:
+        # A share needs room on one slot: every victim is on the slot it frees.
+        assert len({part.agent.name for v in victims for part in v.placement.agents}) == 1
