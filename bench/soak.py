@@ -555,7 +555,7 @@ def main(argv: list[str] | None = None) -> None:
     if not 1 <= experiments <= trials:
         parser.error("--experiments: must be between 1 and --trials")
     if args.slots < 2:
-        parser.error("--slots: must be at least 2 (experiments alternate 1 and 2 slots per trial)")
+        parser.error("--slots: must be at least 2 (one experiment in four runs trials of 2 slots)")
     if kill_every_s <= 0:
         parser.error("--kill-every: must be positive")
     if args.lease is not None and args.lease <= 0:
