@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import shutil
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import optuna
 import pytest
+import yaml
 from sqlalchemy import func, select
 
 from storage import (
@@ -20,10 +25,13 @@ from storage import (
     TrialState,
     session_scope,
 )
+from tests.conftest import EXAMPLES_DIR
 from tests.real_search import MAX_TRIALS, RealSearch
-from tests.searcher.conftest import run_cli, write_experiment
+from tests.searcher.conftest import run_cli, run_to_end, write_experiment
 
 pytestmark = pytest.mark.slow
+
+CHARLM = EXAMPLES_DIR / "charlm"
 
 
 def test_small_search_end_to_end(
@@ -128,3 +136,53 @@ def test_diverged_trial_is_recorded_and_ends_without_restarts(
         study_name = session.scalars(select(Experiment.study_name)).one()
     study = optuna.load_study(study_name=study_name, storage=db)
     assert [t.state.name for t in study.trials] == [optuna_state]
+
+
+def _charlm_module(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """``examples/charlm/model.py``, imported under a name of its own (every example's
+    module is ``model``), known to ``sys.modules`` while the test runs."""
+    spec = importlib.util.spec_from_file_location("charlm_model", CHARLM / "model.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "charlm_model", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_charlm_cpu_search_learns_below_the_unigram_loss(
+    tmp_path: Path, cli_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``examples/charlm/cpu.yaml`` as it is (TPE over the recipe and depth, ASHA on the
+    validation loss, two 1-slot trials at once on warm workers): every trial ends, ASHA
+    prunes some, and the best trial's loss is below the loss of predicting every
+    character by its frequency in the training text, on the same validation windows."""
+    shutil.copytree(CHARLM, tmp_path / "charlm", ignore=shutil.ignore_patterns("checkpoints"))
+    db = f"sqlite:///{tmp_path / 'sweep.db'}"
+    run_to_end(
+        ["run", str(tmp_path / "charlm" / "cpu.yaml"), "--db", db, "--slots", "2"],
+        cli_env,
+        tmp_path,
+    )
+    config = yaml.safe_load((CHARLM / "cpu.yaml").read_text())
+    with session_scope(db) as session:
+        experiment = session.scalars(select(Experiment)).one()
+        assert experiment.state == ExperimentState.COMPLETED
+        trials = list(session.scalars(select(Trial)))
+        states = [t.state for t in trials]
+        assert len(trials) == config["searcher"]["max_trials"]
+        assert set(states) <= {TrialState.COMPLETED, TrialState.PRUNED}, [t.error for t in trials]
+        assert TrialState.PRUNED in states and TrialState.COMPLETED in states
+        best = min(
+            t.searcher_metric_value
+            for t in trials
+            if t.state == TrialState.COMPLETED and t.searcher_metric_value is not None
+        )
+
+    charlm = _charlm_module(monkeypatch)
+    corpus = charlm.load_corpus()
+    windows = charlm.Windows(
+        corpus.val, config["hyperparameters"]["block_size"], config["data"]["val_windows"]
+    )
+    unigram = corpus.unigram_loss(windows.targets())
+    assert 2.5 < unigram < 4.5, unigram  # Python source: a few bits a character
+    assert best < unigram, (best, unigram)

@@ -12,7 +12,8 @@ from searcher.diagnose.smoke import first_point, run_trial_test
 from trials.config import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-DIGITS = REPO_ROOT / "examples" / "digits"
+EXAMPLES = REPO_ROOT / "examples"
+DIGITS = EXAMPLES / "digits"
 
 _BROKEN_MODEL = """\
 from trials.runtime import PyTorchTrial
@@ -63,9 +64,10 @@ def test_first_point_is_the_first_value_or_the_lower_bound() -> None:
 
 
 @pytest.mark.slow
-def test_the_digits_example_passes_and_leaves_nothing(user_places: Path) -> None:
-    model_dir = user_places / "digits"
-    shutil.copytree(DIGITS, model_dir)
+@pytest.mark.parametrize("example", ["digits", "charlm"])
+def test_an_example_passes_and_leaves_nothing(user_places: Path, example: str) -> None:
+    model_dir = user_places / example
+    shutil.copytree(EXAMPLES / example, model_dir)
     before = _left_behind(user_places)
     out = io.StringIO()
     code = run_trial_test(model_dir / "experiment.yaml", cluster=None, slots=2, out=out)

@@ -37,6 +37,7 @@ from tests.searcher.driver.test_fault_injection import _assert_no_process_left
 pytestmark = pytest.mark.slow
 
 MODEL = Path(__file__).parent / "_warm_model.py"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _experiment(
@@ -149,6 +150,58 @@ def test_a_seeded_trial_gives_bit_identical_metrics_cold_and_warm(
     )
     run_to_end(["run", str(kept), "--db", kept_db, "--slots", "2"], cli_env, tmp_path)
     assert _metrics(kept_db, 1) != expected
+
+
+def _example_experiment(
+    folder: Path, config_path: Path, *, seed: int, trials: int, reuse_workers: bool
+) -> Path:
+    """An example's search with every hyperparameter at its first point (its trials
+    differ by their seeds only), with dropout, 12 batches long, a validation and a
+    checkpoint every 6, on one slot (two ranks of a warm job are the trials above)."""
+    shutil.copytree(config_path.parent, folder, ignore=shutil.ignore_patterns("checkpoints"))
+    config = yaml.safe_load(config_path.read_text())
+    fixed: dict[str, Any] = {}
+    for name, value in config["hyperparameters"].items():
+        if not isinstance(value, dict):
+            fixed[name] = value
+        elif value["type"] == "const":
+            fixed[name] = value["val"]
+        else:
+            fixed[name] = value["vals"][0] if value["type"] == "categorical" else value["minval"]
+    # Dropout draws from the RNGs every batch: a warm trial must see them seeded as cold.
+    config["hyperparameters"] = {**fixed, "dropout": 0.1}
+    config["searcher"].update(
+        name="random",
+        max_trials=trials,
+        max_concurrent_trials=1,
+        max_length={"batches": 12},
+        seed=seed,
+        pruner={"name": "none"},
+    )
+    config["resources"].update(slots_per_trial=1, reuse_workers=reuse_workers)
+    config.update(min_validation_period={"batches": 6}, min_checkpoint_period={"batches": 6})
+    path = folder / "search.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize("config", ["digits/experiment.yaml", "charlm/cpu.yaml"])
+def test_an_example_gives_bit_identical_metrics_cold_and_warm(
+    config: str, tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    example = EXAMPLES / config
+    cold_db = f"sqlite:///{tmp_path / 'cold.db'}"
+    cold = _example_experiment(tmp_path / "cold", example, seed=11, trials=1, reuse_workers=False)
+    run_to_end(["run", str(cold), "--db", cold_db, "--slots", "2"], cli_env, tmp_path)
+    warm_db = f"sqlite:///{tmp_path / 'warm.db'}"
+    warm = _example_experiment(tmp_path / "warm", example, seed=10, trials=2, reuse_workers=True)
+    run_to_end(["run", str(warm), "--db", warm_db, "--slots", "2"], cli_env, tmp_path)
+
+    runs = _runs(warm_db)
+    assert len(runs) == 2 and runs[0].launch_token == runs[1].launch_token
+    expected = _metrics(cold_db, 0)
+    assert any(kind == "validation" for _, kind, _, _ in expected), expected
+    assert _metrics(warm_db, 1) == expected
 
 
 def test_a_failing_trial_ends_its_warm_job_and_the_next_starts_cold(
