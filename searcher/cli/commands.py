@@ -381,7 +381,8 @@ def _print_summary(db_url: str, experiment_id: int, state: str) -> None:
         assert experiment is not None
         counts = trial_counts(session, experiment_id)
         best = best_trials(session, experiment)
-        metric = read_stored_config(experiment.config).searcher.metric
+        config = read_stored_config(experiment.config)
+        metric = config.searcher.metric
         console = _console()
         console.print(
             f"experiment {experiment_id} {state}: {counts.completed} completed, "
@@ -396,7 +397,7 @@ def _print_summary(db_url: str, experiment_id: int, state: str) -> None:
                 highlight=False,
             )
         if best:
-            console.print(best_trials_table(best, metric))
+            console.print(best_trials_table(best, metric, share=config.resources.slot_share))
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
@@ -509,16 +510,14 @@ def _cmd_task(args: argparse.Namespace) -> int:
 
 
 def _cmd_agents(args: argparse.Namespace) -> int:
-    """Agents by pool; with a database, how many slots of each are held right now."""
-    from collections import Counter
-
-    from searcher.cli.tables import agents_table
+    """Agents by pool; with a database, how much of each is held right now (shares too)."""
+    from searcher.cli.tables import AgentUse, agent_use, agents_table, shared_lines
     from searcher.experiments import UsageError
     from storage import DB_ENV_VAR, DatabaseUrlError, session_scope
     from trials.coordination import allocations
 
     cluster = _cluster(args)
-    busy: Counter[tuple[str, str]] | None = None
+    use: dict[tuple[str, str], AgentUse] | None = None
     try:
         db_url = _db_url(args, need_schema=True)
     except (UsageError, DatabaseUrlError):
@@ -528,10 +527,11 @@ def _cmd_agents(args: argparse.Namespace) -> int:
             raise
     else:
         with session_scope(db_url) as session:
-            busy = Counter(
-                (h.pool, h.agent) for h in allocations.holders(session) if h.held and not h.stale
-            )
-    _console().print(agents_table(cluster, busy))
+            use = agent_use(allocations.holders(session))
+    console = _console()
+    console.print(agents_table(cluster, use))
+    for line in shared_lines(use or {}):
+        console.print(line, highlight=False)
     return 0
 
 

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.table import Table
 
 from storage import Trial
+from trials.config import EIGHTHS_PER_SLOT, format_share, slot_share_of
 from trials.labels import trial_label
 from trials.numbers import format_hparams, format_value
 
@@ -109,8 +111,13 @@ def waiting_lines(described: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def best_trials_table(trials: Sequence[Trial], metric: str, title: str = "Best trials") -> Table:
-    """The best trials of one experiment with their hyperparameters and searcher metric."""
+def best_trials_table(
+    trials: Sequence[Trial], metric: str, title: str = "Best trials", *, share: float = 1.0
+) -> Table:
+    """The best trials of one experiment with their hyperparameters and searcher metric.
+
+    ``share``: the experiment's share of one slot; its trials show it (``1/4``) as slots.
+    """
     table = _table(title)
     table.add_column("trial", **_SHORT)
     table.add_column(metric, **_SHORT)
@@ -120,7 +127,7 @@ def best_trials_table(trials: Sequence[Trial], metric: str, title: str = "Best t
         table.add_row(
             trial_label(None, trial.optuna_trial_number),
             format_value(trial.searcher_metric_value),
-            str(trial.slots_per_trial),
+            format_share(share) if share < 1.0 else str(trial.slots_per_trial),
             format_hparams(trial.hparams),
         )
     return table
@@ -132,7 +139,9 @@ def task_rows(holders: Sequence[SlotHolder]) -> list[dict[str, Any]]:
 
     A warm job's slot carries the job (``warm_job_id``) and what it does
     (``warm_state``: running, reserved, idle or ending); an idle or ending job holds
-    its slots without a trial.
+    its slots without a trial. ``share`` is how much of the slot the row's holder has
+    (1.0: all of it): a slot that trials share has one row per share, and one more,
+    without a trial, for what is free of it.
     """
     return [
         {
@@ -140,6 +149,7 @@ def task_rows(holders: Sequence[SlotHolder]) -> list[dict[str, Any]]:
             "agent": h.agent,
             "host": h.host,
             "slot": h.slot,
+            "share": slot_share_of(h.eighths),
             "experiment": h.experiment_id,
             "trial": (
                 None
@@ -151,6 +161,18 @@ def task_rows(holders: Sequence[SlotHolder]) -> list[dict[str, Any]]:
         }
         for h in holders
     ]
+
+
+def share_text(row: Mapping[str, Any]) -> str:
+    """A row's part of its slot in :func:`tasks_table`: ``1/4``, or ``1/4 free`` for what
+    no trial holds of a shared slot.
+
+    Example:
+        >>> share_text({"share": 0.25, "experiment": 3}), share_text({"share": 0.5, "experiment": None})
+        ('1/4', '1/2 free')
+    """
+    share = format_share(row["share"])
+    return share if row.get("experiment") is not None else f"{share} free"
 
 
 def warm_text(row: Mapping[str, Any]) -> str:
@@ -172,6 +194,9 @@ def tasks_table(rows: Sequence[Mapping[str, Any]]) -> Table:
         table.add_column(column, overflow="fold")
     for column in ("slot", "experiment", "trial"):
         table.add_column(column, **_SHORT)
+    shared = any(row.get("share", 1.0) < 1.0 for row in rows)
+    if shared:
+        table.add_column("share", **_SHORT)
     warm = any(row.get("warm_job_id") is not None for row in rows)
     if warm:
         table.add_column("warm job", **_SHORT)
@@ -184,6 +209,7 @@ def tasks_table(rows: Sequence[Mapping[str, Any]]) -> Table:
             format_value(row["experiment"]),
             format_value(row["trial"]),
         ]
+        cells += [share_text(row)] if shared else []
         table.add_row(*cells, *([warm_text(row)] if warm else []))
     return table
 
@@ -200,6 +226,7 @@ def queue_rows(queued: Sequence[QueuedView], now: _dt.datetime) -> list[dict[str
             "priority": view.priority,
             "weight": view.weight,
             "slots": view.slots,
+            "share": view.share,
             "waiting_s": round(max(0.0, (now - view.queued_at).total_seconds()), 1),
             "placed_on": list(view.placed_on),
             "reason": view.shown_reason,
@@ -220,7 +247,7 @@ def queue_table(rows: Sequence[Mapping[str, Any]]) -> Table:
             row["trial"],
             row["pool"],
             str(row["priority"]),
-            str(row["slots"]),
+            format_share(row["share"]) if row.get("share", 1.0) < 1.0 else str(row["slots"]),
             f"{row['waiting_s']:.0f} s",
             row["reason"],
         )
@@ -228,19 +255,78 @@ def queue_table(rows: Sequence[Mapping[str, Any]]) -> Table:
 
 
 # --------------------------------------------------------------------- agents
-def agents_table(cluster: Cluster, busy: Mapping[tuple[str, str], int] | None) -> Table:
-    """Agents by pool; ``busy`` (slots held per (pool, agent)) adds a column when known."""
+@dataclass(frozen=True)
+class AgentUse:
+    """What an agent's slots hold now: slots in use (a share at its fraction), how many
+    slots trials share, and what is free of those."""
+
+    held: float = 0.0
+    shared: int = 0
+    room: float = 0.0
+
+
+def agent_use(holders: Sequence[SlotHolder]) -> dict[tuple[str, str], AgentUse]:
+    """Each (pool, agent)'s use from the ledger's holders (stale claims left out).
+
+    Example:
+        >>> from trials.coordination.allocations import SlotHolder
+        >>> use = agent_use([SlotHolder("p", "a", "h", 0, 1, 1, eighths=2),
+        ...                  SlotHolder("p", "a", "h", 0, 1, 2, eighths=4),
+        ...                  SlotHolder("p", "a", "h", 1, 1, 3)])
+        >>> use[("p", "a")]
+        AgentUse(held=1.75, shared=1, room=0.25)
+    """
+    held: dict[tuple[str, str], float] = {}
+    shares: dict[tuple[str, str, int], float] = {}
+    for h in holders:
+        if not h.held or h.stale:
+            continue
+        key = (h.pool, h.agent)
+        held[key] = held.get(key, 0.0) + slot_share_of(h.eighths)
+        if h.eighths < EIGHTHS_PER_SLOT:
+            slot = (h.pool, h.agent, h.slot)
+            shares[slot] = shares.get(slot, 0.0) + slot_share_of(h.eighths)
+    use = {key: AgentUse(held=value) for key, value in held.items()}
+    for (pool, agent, _), used in shares.items():
+        was = use[(pool, agent)]
+        use[(pool, agent)] = AgentUse(was.held, was.shared + 1, was.room + 1.0 - used)
+    return use
+
+
+def shared_lines(use: Mapping[tuple[str, str], AgentUse]) -> list[str]:
+    """One line per agent whose slots trials share: how many, and what is free of them
+    (printed under :func:`agents_table`; ``task list`` says which trials share which slot).
+
+    Example:
+        >>> shared_lines({("p", "a"): AgentUse(1.75, 1, 0.25), ("p", "b"): AgentUse(2, 2, 0.0)})
+        ['p/a: 1 shared slot, 1/4 of a slot free on it', 'p/b: 2 shared slots, full']
+    """
+    lines = []
+    for (pool, agent), now in sorted(use.items()):
+        if not now.shared:
+            continue
+        slots = "1 shared slot" if now.shared == 1 else f"{now.shared} shared slots"
+        on = "it" if now.shared == 1 else "them"
+        free = f"{format_share(now.room)} of a slot free on {on}" if now.room > 0 else "full"
+        lines.append(f"{pool}/{agent}: {slots}, {free}")
+    return lines
+
+
+def agents_table(cluster: Cluster, use: Mapping[tuple[str, str], AgentUse] | None) -> Table:
+    """Agents by pool; ``use`` (what their slots hold, :func:`agent_use`) adds columns when
+    known: slots in use (a share at its fraction; :func:`shared_lines` says more)."""
     table = _table("Agents")
     for column in ("pool", "agent", "host", "slots"):
         table.add_column(column, overflow="fold")
-    if busy is not None:
+    if use is not None:
         table.add_column("in use", **_SHORT)
     table.add_column("heterogeneous fits", **_SHORT)
     table.add_column("fitting policy", **_SHORT)
     for pool, agent in cluster.agents:
         cells = [pool.name, agent.name, agent.host, ",".join(str(s) for s in agent.slots)]
-        if busy is not None:
-            cells.append(str(busy.get((pool.name, agent.name), 0)))
+        if use is not None:
+            now = use.get((pool.name, agent.name), AgentUse())
+            cells.append(format_value(now.held))
         cells += [str(pool.allowing_heterogeneous_fits).lower(), pool.fitting_policy]
         table.add_row(*cells)
     return table
