@@ -45,11 +45,14 @@ from storage import (
     utcnow,
 )
 from trials.config import (
+    EIGHTHS_PER_SLOT,
     ExperimentConfig,
     ResourcesConfig,
     SearcherConfig,
     StoredConfigError,
+    format_share,
     read_stored_config,
+    read_stored_resources,
 )
 from trials.coordination.allocations import (
     WARM_RESERVED,
@@ -118,7 +121,8 @@ class ExperimentSummary:
     driver_pid: int | None
     driver_heartbeat_at: _dt.datetime | None
     counts: dict[str, int]
-    slots_in_use: int
+    #: Slots its trials hold now, a share of a slot at its fraction.
+    slots_in_use: float
     best_value: float | None
 
     @property
@@ -237,15 +241,15 @@ def list_experiments(
         ).all()
         ids = [row.id for row in experiments]
         counts = _trial_aggregates(conn, ids)
-        slots: dict[int, int] = dict(
+        slots: dict[int, float] = dict(
             conn.execute(
-                sa.select(_A.c.experiment_id, sa.func.count())
+                sa.select(_A.c.experiment_id, _slots_held())
                 .where(_A.c.experiment_id.in_(ids))
                 .group_by(_A.c.experiment_id)
             ).all()
         )
     rows = [
-        _experiment_row(exp, counts.get(exp.id), int(slots.get(exp.id, 0))) for exp in experiments
+        _experiment_row(exp, counts.get(exp.id), _slots(slots.get(exp.id))) for exp in experiments
     ]
     return Page(pd.DataFrame(rows, columns=_EXPERIMENT_COLUMNS), int(total), offset, limit)
 
@@ -279,7 +283,38 @@ def _trial_aggregates(conn: sa.Connection, ids: Sequence[int]) -> dict[int, Any]
     }
 
 
-def _experiment_row(exp: Any, agg: Any, slots_in_use: int) -> dict[str, Any]:
+def _slots_held() -> sa.ColumnElement[Any]:
+    """SQL: the slots a group of ledger rows holds, a share at its fraction (exact)."""
+    return (sa.func.sum(_A.c.eighths) / sa.literal(float(EIGHTHS_PER_SLOT))).label("slots")
+
+
+def _slots(held: Any) -> int | float:
+    """Slots held as shown: a whole number as an int, shares as a fraction (0.75)."""
+    value = float(held or 0)
+    return int(value) if value.is_integer() else value
+
+
+def experiment_share(config: Any) -> float:
+    """The share of a slot an experiment's trials take (1.0: whole slots), from its stored
+    config; an unreadable one counts as whole slots.
+
+    Example:
+        >>> experiment_share({"resources": {"slots_per_trial": 0.25}}), experiment_share(None)
+        (0.25, 1.0)
+    """
+    try:
+        return read_stored_resources(config).slot_share
+    except StoredConfigError:
+        return 1.0
+
+
+def _share_of(conn: sa.Connection, experiment_id: int) -> float:
+    """The share of a slot the experiment's trials take (:func:`experiment_share`)."""
+    config = conn.execute(sa.select(_E.c.config).where(_E.c.id == experiment_id)).scalar()
+    return experiment_share(config)
+
+
+def _experiment_row(exp: Any, agg: Any, slots_in_use: float) -> dict[str, Any]:
     """One row of the experiments list, from its experiment row and trial aggregates."""
     count = _count_dict(agg) if agg is not None else {s.value: 0 for s in TrialState}
     config = typed_config(exp.config)
@@ -351,7 +386,7 @@ def experiment_summary(engine: Engine, experiment_id: int) -> ExperimentSummary 
             .one()
         )
         slots = conn.execute(
-            sa.select(sa.func.count()).select_from(_A).where(_A.c.experiment_id == experiment_id)
+            sa.select(_slots_held()).where(_A.c.experiment_id == experiment_id)
         ).scalar_one()
     config = typed_config(exp.config)
     return ExperimentSummary(
@@ -369,7 +404,7 @@ def experiment_summary(engine: Engine, experiment_id: int) -> ExperimentSummary 
         driver_pid=exp.driver_pid,
         driver_heartbeat_at=exp.driver_heartbeat_at,
         counts=_count_dict(agg),
-        slots_in_use=int(slots),
+        slots_in_use=_slots(slots),
         best_value=agg["min_value"] if smaller_is_better(config) else agg["max_value"],
     )
 
@@ -388,7 +423,9 @@ _TRIAL_ROW_COLUMNS = [
 ]
 
 
-def _trial_rows(rows: Sequence[Any]) -> pd.DataFrame:
+def _trial_rows(rows: Sequence[Any], share: float = 1.0) -> pd.DataFrame:
+    """Trial rows as the tables show them; ``share``: their experiment's share of a slot
+    (``slots`` then shows it: 0.25)."""
     out = []
     for row in rows:
         started, ended = row.started_at, row.ended_at
@@ -400,7 +437,7 @@ def _trial_rows(rows: Sequence[Any]) -> pd.DataFrame:
             "restarts": row.restarts,
             "batches": row.total_batches,
             "slot_seconds": row.slot_seconds,
-            "slots": row.slots_per_trial,
+            "slots": row.slots_per_trial if share == 1.0 else row.slots_per_trial * share,
             "started": started,
             "duration_s": (ended - started).total_seconds() if started and ended else None,
         }
@@ -447,7 +484,8 @@ def best_trials(
             .order_by(order, _T.c.optuna_trial_number)
             .limit(limit)
         ).all()
-    return _trial_rows(rows)
+        share = _share_of(conn, experiment_id)
+    return _trial_rows(rows, share)
 
 
 def list_trials(
@@ -479,7 +517,8 @@ def list_trials(
             .limit(limit)
             .offset(offset)
         ).all()
-    return Page(_trial_rows(rows), int(total), offset, limit)
+        share = _share_of(conn, experiment_id)
+    return Page(_trial_rows(rows, share), int(total), offset, limit)
 
 
 def trials_by_numbers(engine: Engine, experiment_id: int, numbers: Sequence[int]) -> pd.DataFrame:
@@ -495,7 +534,8 @@ def trials_by_numbers(engine: Engine, experiment_id: int, numbers: Sequence[int]
             )
             .order_by(_T.c.optuna_trial_number)
         ).all()
-    return _trial_rows(rows)
+        share = _share_of(conn, experiment_id)
+    return _trial_rows(rows, share)
 
 
 def trial_number_range(engine: Engine, experiment_id: int) -> tuple[int, int] | None:
@@ -536,6 +576,9 @@ def trial_detail(engine: Engine, trial_id: int) -> dict[str, Any] | None:
         return None
     detail = dict(row)
     detail["state"] = _enum_value(detail["state"])
+    share = experiment_share(row["experiment_config"])
+    # What the trial holds: its slots, or its share of one slot.
+    detail["slot_share"] = share
     detail["experiment_config"] = typed_config(row["experiment_config"])
     return detail
 
@@ -804,6 +847,7 @@ def allocations(engine: Engine, *, limit: int = 500, offset: int = 0) -> Page:
                     _A.c.agent,
                     _A.c.host,
                     _A.c.slot,
+                    (_A.c.eighths / sa.literal(float(EIGHTHS_PER_SLOT))).label("share"),
                     _A.c.experiment_id,
                     _E.c.name.label("experiment"),
                     _A.c.trial_id,
@@ -817,7 +861,7 @@ def allocations(engine: Engine, *, limit: int = 500, offset: int = 0) -> Page:
                 .join(_T, _T.c.id == _A.c.trial_id)
                 .outerjoin(_E, _E.c.id == _A.c.experiment_id)
                 .outerjoin(_W, _W.c.id == _A.c.warm_job_id)
-                .order_by(_A.c.resource_pool, _A.c.agent, _A.c.slot)
+                .order_by(_A.c.resource_pool, _A.c.agent, _A.c.slot, _A.c.eighths.desc())
                 .limit(limit)
                 .offset(offset)
             )
@@ -829,8 +873,9 @@ def allocations(engine: Engine, *, limit: int = 500, offset: int = 0) -> Page:
 
 
 def allocation_summary(engine: Engine) -> pd.DataFrame:
-    """Per pool and agent: slots held, trials and warm jobs holding them, the oldest
-    allocation. An idle warm job's slots count for the job, not for its last trial."""
+    """Per pool and agent: slots held (a share at its fraction), trials and warm jobs
+    holding them, the oldest allocation. An idle warm job's slots count for the job, not
+    for its last trial."""
     state = warm_state_column()
     with engine.connect() as conn:
         return _frame(
@@ -839,7 +884,7 @@ def allocation_summary(engine: Engine) -> pd.DataFrame:
                     _A.c.resource_pool.label("pool"),
                     _A.c.agent,
                     _A.c.host,
-                    sa.func.count().label("slots_held"),
+                    _slots_held().label("slots_held"),
                     sa.func.count(
                         sa.distinct(sa.case((_trial_holds(state), _A.c.trial_id)))
                     ).label("trials"),
@@ -855,12 +900,14 @@ def allocation_summary(engine: Engine) -> pd.DataFrame:
 
 def held_slots(
     engine: Engine, pool: str, agents: Sequence[str]
-) -> dict[tuple[str, int], dict[str, Any]]:
-    """(agent, slot) -> holder, for the agents of one pool (used with the cluster layout).
+) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    """(agent, slot) -> its holders, for the agents of one pool (used with the cluster layout).
 
-    A warm job's slot carries ``warm_job_id`` and ``warm_state`` (running, reserved,
-    idle, ending); an idle or ending job's slot names no trial (``trial_id``,
-    ``optuna_trial_number`` and ``trial_state`` are None).
+    A slot held whole has one holder (``share`` 1.0); one that trials share has one per
+    share (``share`` 0.5, 0.25, 0.125), the largest first. A warm job's slot carries
+    ``warm_job_id`` and ``warm_state`` (running, reserved, idle, ending); an idle or
+    ending job's slot names no trial (``trial_id``, ``optuna_trial_number`` and
+    ``trial_state`` are None).
     """
     if not agents:
         return {}
@@ -869,6 +916,7 @@ def held_slots(
             sa.select(
                 _A.c.agent,
                 _A.c.slot,
+                (_A.c.eighths / sa.literal(float(EIGHTHS_PER_SLOT))).label("share"),
                 _A.c.trial_id,
                 _A.c.experiment_id,
                 _T.c.optuna_trial_number,
@@ -881,13 +929,14 @@ def held_slots(
             .outerjoin(_E, _E.c.id == _A.c.experiment_id)
             .outerjoin(_W, _W.c.id == _A.c.warm_job_id)
             .where(_A.c.resource_pool == pool, _A.c.agent.in_(list(agents)))
+            .order_by(_A.c.agent, _A.c.slot, _A.c.eighths.desc(), _A.c.id)
         ).mappings()
-        held: dict[tuple[str, int], dict[str, Any]] = {}
+        held: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for row in rows:
             holder = {**row, "trial_state": _enum_value(row["trial_state"])}
             if not trial_holds(row["warm_state"]):
                 holder.update(trial_id=None, optuna_trial_number=None, trial_state=None)
-            held[(row["agent"], int(row["slot"]))] = holder
+            held.setdefault((row["agent"], int(row["slot"])), []).append(holder)
         return held
 
 
@@ -902,6 +951,7 @@ _QUEUE_COLUMNS = [
     "pool",
     "priority",
     "slots",
+    "share",
     "waiting_s",
     "waiting",
     "reason",
@@ -937,6 +987,8 @@ def queued_trials(engine: Engine, *, now: _dt.datetime | None = None) -> pd.Data
             "pool": view.pool,
             "priority": view.priority,
             "slots": view.slots,
+            # A share of one slot in words (1/4); nothing for whole slots.
+            "share": format_share(view.share) if view.share < 1.0 else "",
             "waiting_s": _waited_s(view, now),
             "waiting": duration_words(_waited_s(view, now)),
             "reason": view.shown_reason,
@@ -1288,7 +1340,10 @@ def trials_by_ids(engine: Engine, trial_ids: Sequence[int]) -> pd.DataFrame:
             .where(_T.c.id.in_(list(trial_ids)))
             .order_by(_T.c.experiment_id, _T.c.optuna_trial_number)
         ).all()
+        shares = {e: _share_of(conn, e) for e in {row.experiment_id for row in rows}}
     frame = _trial_rows(rows)
+    if any(share < 1.0 for share in shares.values()):
+        frame["slots"] = [row.slots_per_trial * shares[row.experiment_id] for row in rows]
     frame["experiment_id"] = [row.experiment_id for row in rows]
     frame["experiment"] = [row.experiment for row in rows]
     return frame
