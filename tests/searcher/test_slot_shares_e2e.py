@@ -116,13 +116,15 @@ def test_two_halves_run_at_once_on_one_slot_and_a_third_waits(
     assert [number for number, _ in runs] == [0, 1, 2]
     (_, first), (_, second), (_, third) = runs
     assert all(_slots_of(run) == {(run.agents[0]["agent"], 0)} for _, run in runs)
-    # Both halves trained at once; the third started only once one of them had ended.
+    # Both halves trained at once; the third started only once one of them had ended:
+    # cold, after the driver saw a run end; warm, on the job of a half that handed it
+    # back (its rank 0 may start it before the driver records that run's end).
     assert _overlap(first, second)
     assert first.ended_at is not None and second.ended_at is not None
-    assert third.started_at >= min(first.ended_at, second.ended_at)
     tokens = [run.launch_token for _, run in runs]
-    # Warm, the third ran on the first job to be handed back; cold, on processes of its own.
     assert (tokens[2] in tokens[:2]) is warm
+    if not warm:
+        assert third.started_at >= min(first.ended_at, second.ended_at)
     with session_scope(db) as session:
         trials = list(session.scalars(select(Trial).order_by(Trial.id)))
         assert session.scalars(select(Allocation)).all() == []
