@@ -208,15 +208,19 @@ class _Soak:
 
     # ----------------------------------------------------------------- drivers
     def start(self, driver: _Driver) -> None:
-        """``run`` until the experiment exists, ``resume`` afterwards; output to its log."""
+        """``run`` until the experiment exists, ``resume`` afterwards; output to its log.
+
+        An experiment that has ended (a driver killed right after it committed the end)
+        is done: a resume would be refused.
+        """
         if driver.log is None:
             driver.log = open(self.root / f"driver-{driver.name}.log", "ab")  # noqa: SIM115
+        state = self._experiment(driver.name)
+        if state is not None and state.is_terminal:
+            driver.done = True
+            return
         # A driver killed before it created its experiment leaves nothing to resume.
-        command = (
-            ["resume", driver.name]
-            if self._experiment(driver.name) is not None
-            else ["run", str(driver.config)]
-        )
+        command = ["resume", driver.name] if state is not None else ["run", str(driver.config)]
         argv = [*slotsweep_argv(), *command, "--db", self.db_url, "--slots", str(self.slots)]
         driver.log.write(f"\n=== {' '.join(command)}\n".encode())
         driver.log.flush()
@@ -244,11 +248,20 @@ class _Soak:
             # Exit 0 without an ended experiment is a pause; anything else a failure.
             self.self_exits += 1
             driver.self_exits += 1
-            print(f"driver {driver.name} exited {code} by itself; resuming", flush=True)
+            print(
+                f"driver {driver.name} exited {code} by itself ({self._last_line(driver)}); "
+                "resuming",
+                flush=True,
+            )
             if driver.self_exits > MAX_SELF_EXITS:
                 driver.done = True
                 continue
             self.start(driver)
+
+    def _last_line(self, driver: _Driver) -> str:
+        """The last line the driver printed (its reason, for a refusal)."""
+        lines = (self.root / f"driver-{driver.name}.log").read_bytes().splitlines()
+        return lines[-1].decode(errors="replace").strip() if lines else "no output"
 
     def _experiment(self, name: str) -> ExperimentState | None:
         """The state of the newest experiment called ``name``; None before it exists."""
