@@ -115,12 +115,11 @@ def _driver_context(url: str, config: Any, folder: Path) -> Any:
 
 def _example_database(template: Path, folder: Path, config: Any) -> dict[str, Any]:
     """``url``, ``ctx``, ``trial``, ``spec``, ``context``: a copy of the template database."""
-    import torch
     from sqlalchemy import select
 
     from searcher.driver.runtime_spec import build_runtime_spec
     from storage import Trial, session_scope
-    from trials.runtime import DistributedInfo, PyTorchTrialContext
+    from trials.runtime import CpuAccelerator, DistributedInfo, PyTorchTrialContext
 
     path = folder / "slotsweep.db"
     # SQLite's backup copies what the WAL file holds too, unlike copying the file.
@@ -131,7 +130,7 @@ def _example_database(template: Path, folder: Path, config: Any) -> dict[str, An
         (trial,) = session.scalars(select(Trial))
     ctx = _driver_context(url, config, folder)
     spec = build_runtime_spec(ctx, trial, attempt=0, checkpoint=None)
-    context = PyTorchTrialContext(spec, DistributedInfo.from_env({}), torch.device("cpu"))
+    context = PyTorchTrialContext(spec, DistributedInfo.from_env({}), CpuAccelerator())
     return {"url": url, "ctx": ctx, "trial": trial, "spec": spec, "context": context}
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -167,3 +168,108 @@ def median(values: Sequence[float]) -> float:
 
 def fmt(value: float, digits: int = 3) -> str:
     return f"{value:.{digits}f}"
+
+
+@dataclass(frozen=True)
+class SlotHolder:
+    """Something that held slots in a search: a warm job, or a trial that ran on none.
+
+    ``until``: a job's end (else its last run's), a trial's end; None where never seen
+    to end. ``first_trial``: the job's first trial (the trial itself on no job), whose
+    first metric ends the holder's start-up.
+    """
+
+    slots: int
+    started: dt.datetime | None
+    until: dt.datetime | None
+    first_trial: int
+
+    def held_s(self, moment: dt.datetime) -> float:
+        """Slot-seconds it held up to ``moment``."""
+        return self.slots * held_s(self.started, self.until, moment)
+
+
+def slot_holders(session: Any) -> list[SlotHolder]:
+    """Every warm job of the database, and every trial that ran on no warm job.
+
+    A job holds its slots from its start to its end, between its trials too (the
+    driver's turn-around, which a cold search spends with the slots free); a trial on no
+    job holds its own from its launch to its end.
+    """
+    from sqlalchemy import select
+
+    from storage import Trial, TrialRun, WarmJob
+
+    jobs = session.execute(
+        select(WarmJob.launch_token, WarmJob.started_at, WarmJob.ended_at, WarmJob.slots)
+    ).all()
+    runs = session.execute(
+        select(TrialRun.trial_id, TrialRun.launch_token, TrialRun.ended_at).order_by(TrialRun.id)
+    ).all()
+    trials = session.execute(
+        select(Trial.id, Trial.started_at, Trial.ended_at, Trial.slots_per_trial).where(
+            Trial.started_at.is_not(None)
+        )
+    ).all()
+    tokens = {token for token, *_ in jobs}
+    on_job: set[int] = set()
+    first_trial_on_job: dict[str, int] = {}
+    last_run_end: dict[str, dt.datetime] = {}
+    for trial_id, token, ended in runs:
+        if token not in tokens:
+            continue
+        on_job.add(trial_id)
+        first_trial_on_job.setdefault(token, trial_id)
+        if ended is not None:
+            last_run_end[token] = max(ended, last_run_end.get(token, ended))
+    holders = [
+        SlotHolder(
+            slots, started, ended or last_run_end.get(token), first_trial_on_job.get(token, -1)
+        )
+        for token, started, ended, slots in jobs
+    ]
+    holders += [
+        SlotHolder(slots, started, ended, trial_id)
+        for trial_id, started, ended, slots in trials
+        if trial_id not in on_job
+    ]
+    return holders
+
+
+def held_s(started: dt.datetime | None, ended: dt.datetime | None, moment: dt.datetime) -> float:
+    """Seconds from ``started`` to ``ended`` or ``moment``, whichever comes first."""
+    until = min(moment, ended) if ended is not None else moment
+    if started is None or until == dt.datetime.max:
+        return 0.0  # never reached and still running: nothing to count it to
+    return max(0.0, (until - started).total_seconds())
+
+
+def bootstrap_interval(
+    pairs: Sequence[tuple[float, float]],
+    *,
+    level: float = 0.9,
+    resamples: int = 10_000,
+    rng_seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile interval of ``median(b) / median(a)`` over seeds drawn with replacement.
+
+    ``pairs`` holds one ``(a, b)`` per seed (the baseline's and the other arm's
+    compute); a seed is resampled as a pair, since both arms share its first random
+    draws. The spread says how much the median ratio of this many seeds moves with the
+    seeds chosen, which is what decides whether a run says anything about a threshold.
+
+    Example:
+        >>> lo, hi = bootstrap_interval([(100.0, 30.0)] * 5)
+        >>> (lo, hi)
+        (0.3, 0.3)
+    """
+    rng = random.Random(rng_seed)
+    ratios = []
+    for _ in range(resamples):
+        sample = rng.choices(pairs, k=len(pairs))
+        ratios.append(median([b for _, b in sample]) / median([a for a, _ in sample]))
+    ratios.sort()
+    tail = (1.0 - level) / 2.0
+    low = ratios[round(tail * (resamples - 1))]
+    high = ratios[round((1.0 - tail) * (resamples - 1))]
+    return low, high

@@ -8,6 +8,12 @@ Without ``--s3-url`` the S3 server is a moto server on 127.0.0.1 started and sto
 ``.ci/s3.sh`` (in memory: it measures the client's and the protocol's cost, not a
 network's); with it, that bucket prefix with the credentials of the environment.
 
+What the manifest's digests cost, against a baseline measured in the same run on the
+same local folder: a save with slotsweep's writer (digests taken from the bytes as they
+are written, the manifest, fsync and rename) against a bare ``torch.save`` of the same
+state with an fsync, and a load with ``read_checkpoint`` (every file checked against its
+SHA-256 digest first) against a bare ``torch.load(weights_only=True)`` of the same file.
+
 Then the time a training step waits for a save, with rank 0's own writer
 (``TrialCheckpoints``) as the managed loop uses it: a loop of steps of ``--step-ms``
 of work, a checkpoint saved after every ``--every`` steps (by default enough steps for
@@ -27,7 +33,7 @@ Run:
 Last line (machine-readable):
     local_save_mb_s=<a> local_load_mb_s=<b> s3_save_mb_s=<c> s3_load_mb_s=<d> \
 step_wait_local_s=<e> step_wait_s3_s=<f> step_wait_local_async_s=<g> \
-step_wait_s3_async_s=<h> overlap=<yes|no>
+step_wait_s3_async_s=<h> save_vs_bare=<i> verified_load_vs_bare=<j> overlap=<yes|no>
 """
 
 from __future__ import annotations
@@ -114,6 +120,32 @@ def _throughput(folder: str, state: dict[str, torch.Tensor], repeats: int) -> tu
     return mb / min(save_s), mb / min(load_s)
 
 
+def _digest_cost(folder: str, state: dict[str, torch.Tensor], repeats: int) -> tuple[float, float]:
+    """Slotsweep's save and verified load of ``state`` in ``folder``, each as a ratio to a
+    bare ``torch.save`` + fsync and a bare ``torch.load`` of the same bytes (best times)."""
+    bare_save, save, bare_load, load = [], [], [], []
+    for _ in range(repeats):
+        bare = Path(folder) / "bare.pt"
+        start = time.perf_counter()
+        with open(bare, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        bare_save.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        location, _ = write_checkpoint(folder, str(uuid.uuid4()), state, {"bench": True})
+        save.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        torch.load(Path(location) / "state.pt", map_location="cpu", weights_only=True)
+        bare_load.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        read_checkpoint(location)
+        load.append(time.perf_counter() - start)
+        store_for(str(location)).delete(str(location))
+        bare.unlink()
+    return min(save) / min(bare_save), min(load) / min(bare_load)
+
+
 def _step_wait(
     folder: str, state: dict[str, torch.Tensor], step_ms: float, every: int, async_upload: bool
 ) -> tuple[float, float, float]:
@@ -176,6 +208,13 @@ def main() -> None:
     ):
         s3 = args.s3_url or stack.enter_context(_moto_bucket())
         results: dict[str, float] = {}
+        save_ratio, load_ratio = _digest_cost(local, state, args.repeats)
+        results["save_vs_bare"], results["verified_load_vs_bare"] = save_ratio, load_ratio
+        print(
+            f"local digests: a save takes {save_ratio:.2f}x a bare torch.save + fsync, "
+            f"a verified load {load_ratio:.2f}x a bare torch.load",
+            flush=True,
+        )
         for name, folder in (("local", local), ("s3", s3)):
             save, load = _throughput(folder, state, args.repeats)
             results[f"{name}_save_mb_s"], results[f"{name}_load_mb_s"] = save, load
@@ -217,6 +256,8 @@ def main() -> None:
                 "step_wait_s3_s",
                 "step_wait_local_async_s",
                 "step_wait_s3_async_s",
+                "save_vs_bare",
+                "verified_load_vs_bare",
             )
         )
         + f" overlap={overlap}"

@@ -136,7 +136,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import random
 import re
 import shutil
 import statistics
@@ -148,11 +147,22 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from _common import bench_env, fmt, median, run_search, scratch_folder, slotsweep_argv, write_yaml
+from _common import (
+    bench_env,
+    bootstrap_interval,
+    fmt,
+    held_s,
+    median,
+    run_search,
+    scratch_folder,
+    slot_holders,
+    slotsweep_argv,
+    write_yaml,
+)
 from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session
 
-from storage import Experiment, Metric, MetricKind, Trial, TrialRun, WarmJob, session_scope
+from storage import Experiment, Metric, MetricKind, Trial, TrialRun, session_scope
 from trials import RunSpan, slot_seconds_spent
 
 REPO = Path(__file__).resolve().parents[1]
@@ -281,22 +291,11 @@ def compute_to_target(db_url: str, target: float) -> Reach:
             .group_by(Metric.trial_id)
         ).all()
         trials = session.execute(
-            select(Trial.id, Trial.started_at, Trial.ended_at, Trial.slots_per_trial).where(
+            select(Trial.started_at, Trial.ended_at, Trial.slots_per_trial).where(
                 Trial.started_at.is_not(None), Trial.started_at <= moment
             )
         ).all()
-        jobs = session.execute(
-            select(
-                WarmJob.launch_token, WarmJob.started_at, WarmJob.ended_at, WarmJob.slots
-            ).where(WarmJob.started_at <= moment)
-        ).all()
-        # Each trial's runs' job tokens, and when each job's last run ended (for a job
-        # whose end was never recorded).
-        runs = session.execute(
-            select(TrialRun.trial_id, TrialRun.launch_token, TrialRun.ended_at).order_by(
-                TrialRun.id
-            )
-        ).all()
+        holders = slot_holders(session)
         spans = session.execute(
             select(
                 Trial.slots_per_trial,
@@ -312,29 +311,17 @@ def compute_to_target(db_url: str, target: float) -> Reach:
                 select(Metric.trial_id, func.min(Metric.recorded_at)).group_by(Metric.trial_id)
             ).all()
         )
-    tokens = {token for token, *_ in jobs}
-    on_job: set[int] = set()
-    first_trial_on_job: dict[str, int] = {}
-    last_run_end: dict[str, dt.datetime] = {}
-    for trial_id, token, ended in runs:
-        if token not in tokens:
-            continue
-        on_job.add(trial_id)
-        first_trial_on_job.setdefault(token, trial_id)
-        if ended is not None:
-            last_run_end[token] = max(ended, last_run_end.get(token, ended))
-    trial_slot_seconds = held = startup = 0.0
-    for trial_id, started, ended, slots in trials:
-        seconds = slots * _held_s(started, ended, moment)
-        trial_slot_seconds += seconds
-        if trial_id not in on_job:
-            held += seconds
-            startup += slots * _held_s(started, _first(ended, first_metric.get(trial_id)), moment)
-    for token, started, ended, slots in jobs:
-        until = ended or last_run_end.get(token)
-        held += slots * _held_s(started, until, moment)
-        first = first_metric.get(first_trial_on_job.get(token, -1))
-        startup += slots * _held_s(started, _first(until, first), moment)
+    trial_slot_seconds = sum(
+        slots * held_s(started, ended, moment) for started, ended, slots in trials
+    )
+    held = sum(holder.held_s(moment) for holder in holders)
+    startup = sum(
+        holder.slots
+        * held_s(
+            holder.started, _first(holder.until, first_metric.get(holder.first_trial)), moment
+        )
+        for holder in holders
+    )
     training = sum(
         slot_seconds_spent([RunSpan(start, progress, ended)], slots, moment)
         for slots, start, progress, ended in spans
@@ -357,14 +344,6 @@ def _first(*moments: dt.datetime | None) -> dt.datetime | None:
     """The earliest of the known ``moments`` (None when none is known)."""
     known = [moment for moment in moments if moment is not None]
     return min(known) if known else None
-
-
-def _held_s(started: dt.datetime | None, ended: dt.datetime | None, moment: dt.datetime) -> float:
-    """Seconds from ``started`` to ``ended`` or ``moment``, whichever comes first."""
-    until = min(moment, ended) if ended is not None else moment
-    if started is None or until == dt.datetime.max:
-        return 0.0  # never reached and still running: nothing to count it to
-    return max(0.0, (until - started).total_seconds())
 
 
 def search_is_warm(db_url: str) -> bool:
@@ -390,37 +369,6 @@ MODES = ("cold", "warm")
 
 def search_folder_name(arm: str, seed: int, *, warm: bool) -> str:
     return f"{arm}{'-warm' if warm else ''}-seed{seed}"
-
-
-def bootstrap_interval(
-    pairs: Sequence[tuple[float, float]],
-    *,
-    level: float = 0.9,
-    resamples: int = 10_000,
-    rng_seed: int = 0,
-) -> tuple[float, float]:
-    """Percentile interval of ``median(b) / median(a)`` over seeds drawn with replacement.
-
-    ``pairs`` holds one ``(a, b)`` per seed (random's and TPE+ASHA's compute); a seed is
-    resampled as a pair, since both arms share its first random draws. The spread says
-    how much the median ratio of this many seeds moves with the seeds chosen, which is
-    what decides whether a run says anything about a threshold such as 1/3.
-
-    Example:
-        >>> lo, hi = bootstrap_interval([(100.0, 30.0)] * 5)
-        >>> (lo, hi)
-        (0.3, 0.3)
-    """
-    rng = random.Random(rng_seed)
-    ratios = []
-    for _ in range(resamples):
-        sample = rng.choices(pairs, k=len(pairs))
-        ratios.append(median([b for _, b in sample]) / median([a for a, _ in sample]))
-    ratios.sort()
-    tail = (1.0 - level) / 2.0
-    low = ratios[round(tail * (resamples - 1))]
-    high = ratios[round((1.0 - tail) * (resamples - 1))]
-    return low, high
 
 
 def load_results(

@@ -25,7 +25,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from searcher.api import Experiment, TrialSummary, continue_search, resume, run, submit
+    from searcher.api import (
+        Experiment,
+        TrialRef,
+        TrialSummary,
+        continue_search,
+        resume,
+        run,
+        submit,
+    )
     from searcher.diagnose.consistency import ConsistencyReport, check_consistency
     from searcher.driver.driver import SearchDriver
     from searcher.experiments import UsageError, find_experiment
@@ -43,6 +51,7 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "Experiment": "searcher.api",
+    "TrialRef": "searcher.api",
     "TrialSummary": "searcher.api",
     "continue_search": "searcher.api",
     "resume": "searcher.api",
@@ -77,6 +86,7 @@ __all__ = [
     "Experiment",
     "ExperimentConfig",
     "SearchDriver",
+    "TrialRef",
     "TrialSummary",
     "UsageError",
     "ValidatedRun",

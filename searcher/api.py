@@ -43,6 +43,7 @@ it rather than this docstring)::
 from __future__ import annotations
 
 import datetime as _dt
+import numbers
 import os
 import subprocess
 import sys
@@ -53,17 +54,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from sqlalchemy import select
 
 import searcher.submit.samplers as samplers
 from searcher.driver.driver import SearchDriver
-from searcher.experiments import (
-    UsageError,
-    best_trials,
-    describe_rows,
-    find_experiment,
-    request_action,
-)
+from searcher.experiments import UsageError, find_experiment, request_action
 from searcher.logs import stored_experiment_log_dir
 from searcher.submit.creation import create_experiment, extend_experiment
 from searcher.submit.relocation import Relocation, relocate_experiment
@@ -75,18 +69,16 @@ from searcher.submit.submission import (
 )
 from storage import (
     DB_ENV_VAR,
-    Checkpoint,
-    CheckpointState,
     DatabaseUrlError,
     ExperimentState,
-    Metric,
     optuna_storage,
     session_scope,
 )
 from storage import Experiment as ExperimentRow
-from storage import Trial as TrialRow
-from trials.config import ConfigError, is_url
+from trials import queries
+from trials.config import ConfigError, is_url, read_stored_config
 from trials.coordination.control import Action, driver_alive
+from trials.labels import parse_trial_label, trial_label
 from trials.scheduler import ClusterConfigError, UnknownPool, Unschedulable
 
 if TYPE_CHECKING:
@@ -96,6 +88,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ConfigError",
     "Experiment",
+    "TrialRef",
     "TrialSummary",
     "continue_search",
     "resume",
@@ -114,7 +107,14 @@ _PACKAGES_ROOT = Path(__file__).resolve().parent.parent
 
 @dataclass(frozen=True)
 class TrialSummary:
-    """One trial as :meth:`Experiment.trials` lists it (numbered as Optuna numbers it)."""
+    """One trial as :meth:`Experiment.trials` lists it (numbered as Optuna numbers it).
+
+    Every :class:`Experiment` method that takes a trial takes one of these too.
+
+    Example:
+        >>> TrialSummary(3, "COMPLETED", 0.25, {"lr": 0.1}, 12.5, 0, None, experiment_id=2).label
+        '2.3'
+    """
 
     number: int
     state: str
@@ -126,6 +126,21 @@ class TrialSummary:
     restarts: int
     #: Why the trial failed (None unless its state is ERROR).
     failure_reason: str | None
+    #: The experiment it belongs to.
+    experiment_id: int
+
+    @property
+    def label(self) -> str:
+        """How the CLI, the UI and the logs name it where experiments mix: ``2.3``."""
+        return trial_label(self.experiment_id, self.number)
+
+
+#: A trial, as :class:`Experiment`'s methods take one: its number (``3``), its label
+#: (``"#3"``, or ``"2.3"`` within experiment 2), or the :class:`TrialSummary` of it.
+TrialRef = int | str | TrialSummary
+
+# Trial numbers are stored in 32-bit columns: a larger int names no trial.
+_MAX_NUMBER = 2**31 - 1
 
 
 class Experiment:
@@ -278,12 +293,21 @@ class Experiment:
         """One row per trial, by number: what ``slotsweep describe`` shows.
 
         Columns: ``number``, ``state``, ``searcher_metric``, ``hyperparameters`` (a dict),
-        ``slot_seconds``, ``restarts`` and ``failure_reason``.
+        ``slot_seconds``, ``restarts`` and ``failure_reason``, then one column per
+        hyperparameter, ``params_<name>`` (as Optuna's ``trials_dataframe`` names them;
+        empty where a trial has no value for it).
         """
         import pandas as pd
 
-        columns = list(TrialSummary.__dataclass_fields__)
-        return pd.DataFrame([vars(t) for t in self._summaries()], columns=columns)
+        summaries = self._summaries()
+        columns = [c for c in TrialSummary.__dataclass_fields__ if c != "experiment_id"]
+        frame = pd.DataFrame(
+            [{c: getattr(t, c) for c in columns} for t in summaries], columns=columns
+        )
+        names = sorted({name for t in summaries for name in t.hyperparameters})
+        for name in names:
+            frame[f"params_{name}"] = [t.hyperparameters.get(name) for t in summaries]
+        return frame
 
     @property
     def best_trial(self) -> TrialSummary | None:
@@ -291,68 +315,46 @@ class Experiment:
         with session_scope(self.db_url) as session:
             row = session.get(ExperimentRow, self.id)
             assert row is not None
-            best = best_trials(session, row, limit=1)
-            number = best[0].optuna_trial_number if best else None
-        if number is None:
-            return None
-        return next(t for t in self._summaries() if t.number == number)
+            smaller = read_stored_config(row.config).searcher.smaller_is_better
+            best = queries.best_trials(session, self.id, smaller_is_better=smaller, limit=1)
+        return _summary(best[0]) if best else None
 
-    def metrics(self, trial: int) -> pd.DataFrame:
-        """Every metric trial ``trial`` (its number) recorded: one row per step and name.
+    def metrics(self, trial: TrialRef) -> pd.DataFrame:
+        """Every metric ``trial`` recorded: one row per step and name.
 
-        Columns: ``step``, ``epoch``, ``kind`` (``training`` or ``validation``), ``name``,
-        ``value`` (NaN where training diverged) and ``recorded_at``.
+        ``trial`` is its number (``3``), its label (``"#3"``, or ``"2.3"`` in experiment
+        2) or its :class:`TrialSummary` (``experiment.best_trial``). Columns: ``step``,
+        ``epoch``, ``kind`` (``training`` or ``validation``), ``name``, ``value`` (NaN
+        where training diverged) and ``recorded_at``. Raises :class:`TypeError` for
+        anything else, :class:`LookupError` for a trial the experiment does not have.
         """
-        import pandas as pd
-
         with session_scope(self.db_url) as session:
-            trial_id = self._trial_id(session, trial)
-            rows = session.execute(
-                select(
-                    Metric.step,
-                    Metric.epoch,
-                    Metric.kind,
-                    Metric.name,
-                    Metric.value,
-                    Metric.recorded_at,
-                )
-                .where(Metric.trial_id == trial_id)
-                .order_by(Metric.step, Metric.kind, Metric.name)
-            ).all()
-        frame = pd.DataFrame(
-            [(r.step, r.epoch, r.kind.value, r.name, r.value, r.recorded_at) for r in rows],
-            columns=["step", "epoch", "kind", "name", "value", "recorded_at"],
-        )
-        frame["value"] = frame["value"].astype(float)  # NULL (a NaN recorded) reads as NaN
-        return frame
+            return queries.metric_rows(session, self._trial_id(session, self._trial_number(trial)))
 
-    def checkpoint_path(self, trial: int | None = None) -> Path | str:
-        """The folder of trial ``trial``'s newest checkpoint (default: the best trial's).
+    def checkpoint_path(self, trial: TrialRef | None = None) -> Path | str:
+        """The folder of ``trial``'s newest checkpoint (default: the best trial's).
+
+        ``trial`` as :meth:`metrics` takes it. A checkpoint found damaged (CORRUPTED) is
+        never the newest: its files stay, and the one before it is given.
 
         A checkpoint in object storage (``checkpoint_storage.path`` an fsspec URL) is
         given as its URL, a string, since :class:`~pathlib.Path` would mangle ``s3://``.
 
         Raises :class:`LookupError` when that trial has no completed checkpoint.
         """
-        number = self._trial_number(trial)
+        number = self._best_or(trial)
         with session_scope(self.db_url) as session:
-            checkpoint = session.scalars(
-                select(Checkpoint)
-                .where(
-                    Checkpoint.trial_id == self._trial_id(session, number),
-                    Checkpoint.state == CheckpointState.COMPLETED,
-                )
-                .order_by(Checkpoint.step.desc(), Checkpoint.id.desc())
-            ).first()
-            if checkpoint is None:
-                raise LookupError(f"trial {self.id}.{number} has no completed checkpoint")
-            return checkpoint.path if is_url(checkpoint.path) else Path(checkpoint.path)
+            path = queries.newest_checkpoint_path(session, self._trial_id(session, number))
+        if path is None:
+            raise LookupError(f"trial {trial_label(self.id, number)} has no completed checkpoint")
+        return path if is_url(path) else Path(path)
 
-    def load_checkpoint(self, trial: int | None = None) -> dict[str, Any]:
+    def load_checkpoint(self, trial: TrialRef | None = None) -> dict[str, Any]:
         """The state dicts of :meth:`checkpoint_path`'s checkpoint, on the CPU.
 
-        Read with ``torch.load(weights_only=True)``: tensors and plain data only, so a
-        checkpoint cannot run code as it loads. A managed trial's checkpoint holds its
+        Read with ``torch.load(weights_only=True)``, once its files match their
+        manifest's digests (:class:`~trials.CheckpointCorruptedError` otherwise):
+        tensors and plain data only, so a checkpoint cannot run code as it loads. A managed trial's checkpoint holds its
         models' state dicts under ``"models"`` (in the order it wrapped them), ready for
         ``load_state_dict``.
         """
@@ -400,40 +402,79 @@ class Experiment:
 
     def _summaries(self) -> list[TrialSummary]:
         with session_scope(self.db_url) as session:
-            row = session.get(ExperimentRow, self.id)
-            assert row is not None
-            described = describe_rows(session, row)
-        metric = described["metric"]
-        return [
-            TrialSummary(
-                number=t["number"],
-                state=t["state"],
-                searcher_metric=t[metric],
-                hyperparameters=t["hyperparameters"],
-                slot_seconds=t["slot_seconds"],
-                restarts=t["restarts"],
-                failure_reason=t["error"],
-            )
-            for t in described["trials"]
-        ]
+            return [_summary(t) for t in queries.experiment_trials(session, self.id)]
 
-    def _trial_number(self, trial: int | None) -> int:
+    def _best_or(self, trial: TrialRef | None) -> int:
+        """The number of the trial ``trial`` names; None names the best trial."""
         if trial is not None:
-            return trial
+            return self._trial_number(trial)
         best = self.best_trial
         if best is None:
             raise LookupError(f"experiment {self.id} has no completed trial yet")
         return best.number
 
+    def _trial_number(self, trial: TrialRef) -> int:
+        """The number of the trial ``trial`` names.
+
+        Raises :class:`TypeError` for a value that cannot name a trial and
+        :class:`LookupError` for a label or summary of another experiment's trial; one
+        line each, saying what was given and what is taken.
+        """
+        taken = (
+            f"give its number (3), its label ('#3' or '{self.id}.3') or a TrialSummary "
+            "(experiment.trials() lists them)"
+        )
+        if isinstance(trial, TrialSummary):
+            if trial.experiment_id != self.id:
+                raise LookupError(
+                    f"trial: {trial.label} is a trial of experiment {trial.experiment_id}, "
+                    f"not of experiment {self.id}"
+                )
+            return trial.number
+        if isinstance(trial, numbers.Integral) and not isinstance(trial, bool):
+            return int(trial)
+        if isinstance(trial, str):
+            parsed = parse_trial_label(trial)
+            if parsed is None:
+                raise LookupError(f"trial: {trial!r} names no trial; {taken}")
+            experiment_id, number = parsed
+            if experiment_id is not None and experiment_id != self.id:
+                raise LookupError(
+                    f"trial: {trial!r} names a trial of experiment {experiment_id}, "
+                    f"not of experiment {self.id}"
+                )
+            return number
+        raise TypeError(f"trial: got {trial!r} ({type(trial).__name__}); {taken}")
+
     def _trial_id(self, session: Any, number: int) -> int:
-        trial_id = session.scalar(
-            select(TrialRow.id).where(
-                TrialRow.experiment_id == self.id, TrialRow.optuna_trial_number == number
-            )
+        trial_id = (
+            queries.trial_id(session, self.id, number) if 0 <= number <= _MAX_NUMBER else None
         )
         if trial_id is None:
-            raise LookupError(f"experiment {self.id} has no trial {number}")
-        return int(trial_id)
+            count = queries.trial_total(session, self.id)
+            which = (
+                f"its trials are #0 to #{count - 1}"
+                if count > 1
+                else "its only trial is #0"
+                if count
+                else "it has no trials yet"
+            )
+            raise LookupError(f"experiment {self.id} has no trial #{number}; {which}")
+        return trial_id
+
+
+def _summary(trial: queries.TrialRow) -> TrialSummary:
+    """The API's view of one of the read model's trials."""
+    return TrialSummary(
+        number=trial.number,
+        state=trial.state.value,
+        searcher_metric=trial.searcher_metric,
+        hyperparameters=trial.hyperparameters,
+        slot_seconds=trial.slot_seconds,
+        restarts=trial.restarts,
+        failure_reason=trial.error,
+        experiment_id=trial.experiment_id,
+    )
 
 
 def submit(
@@ -586,9 +627,10 @@ def _submit(
         directions=samplers.study_directions(validated.config),
         model_dir=model_dir,
     )
-    Console(stderr=True).print(
-        f"experiment {experiment_id} ({validated.config.name}) created", highlight=False
-    )
+    console = Console(stderr=True)
+    for note in validated.notes:
+        console.print(note, highlight=False)
+    console.print(f"experiment {experiment_id} ({validated.config.name}) created", highlight=False)
     return Experiment(experiment_id, validated.db_url), validated
 
 

@@ -81,6 +81,7 @@ from storage.studies import (
     read_study,
     study_signature,
     study_trials,
+    study_user_attrs,
 )
 
 __all__ = [
@@ -144,6 +145,7 @@ __all__ = [
     "stop_requested",
     "study_signature",
     "study_trials",
+    "study_user_attrs",
     "upgrade_schema",
     "url_secrets",
     "utc_from_timestamp",

@@ -102,8 +102,17 @@ class MetricKind(str, enum.Enum):
 
 
 class CheckpointState(str, enum.Enum):
+    """A checkpoint's life: written whole (COMPLETED), collected by retention (DELETED),
+    or found damaged when a restore or retention verified it (CORRUPTED).
+
+    A CORRUPTED checkpoint's files stay where they are, for inspection (its row's
+    ``problem`` says what was wrong): retention never deletes it, and no restore,
+    resume or download of a trial's newest checkpoint picks it again.
+    """
+
     COMPLETED = "COMPLETED"
     DELETED = "DELETED"
+    CORRUPTED = "CORRUPTED"
 
 
 def _new_checkpoint_key() -> str:
@@ -366,6 +375,9 @@ class Checkpoint(Base):
     metrics: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)
     state: Mapped[CheckpointState] = mapped_column(_enum(CheckpointState))
     created_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+    # Why the checkpoint is CORRUPTED, in one line naming the file and what is wrong with
+    # it ("state.pt: 64 bytes, its manifest says 6221"); None for any other state.
+    problem: Mapped[str | None] = mapped_column(Text)
 
 
 # A whole slot in the ledger's unit: a claim holds a whole number of eighths of its slot

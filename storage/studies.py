@@ -1,7 +1,8 @@
 """The one gateway to Optuna's data: every read of a study, its trials, params and values.
 
-Optuna's public API comes first: :func:`study_trials` and :func:`optuna_trial_id` read
-through :class:`optuna.storages.RDBStorage` and hand out :class:`optuna.trial.FrozenTrial`.
+Optuna's public API comes first: :func:`study_trials`, :func:`study_user_attrs` and
+:func:`optuna_trial_id` read through :class:`optuna.storages.RDBStorage` and hand out
+:class:`optuna.trial.FrozenTrial` (and the study's user attributes).
 Two reads of the UI cannot meet its target of a page under 2 s at 10,000 trials that
 way, so they read Optuna's tables with plain SQL: :func:`read_study` (every trial, for
 Optuna's plots; ``RDBStorage.get_all_trials`` builds an ORM object per row and took
@@ -204,6 +205,22 @@ def study_trials(
     except KeyError:
         return None
     return list(storage.get_all_trials(study_id, deepcopy=False, states=states))
+
+
+def study_user_attrs(url: str, study_name: str) -> dict[str, Any]:
+    """The study's user attributes through Optuna's public storage ({} without the study).
+
+    Multi-objective pruning records each trial's rung decisions there (``trials.pruning``).
+    """
+    with get_engine(url, read_only=True).connect() as conn:
+        if optuna_schema_revision(conn) is None:
+            return {}
+    storage = optuna_storage(url, read_only=True)
+    try:
+        study_id = storage.get_study_id_from_name(study_name)
+    except KeyError:
+        return {}
+    return dict(storage.get_study_user_attrs(study_id))
 
 
 def optuna_trial_id(url: str, study_name: str, number: int) -> int:

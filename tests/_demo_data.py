@@ -141,8 +141,11 @@ def experiment_config(
     objectives: tuple[str, ...] = (),
     epochs: int = 3,
     seed: int = 0,
+    pruner: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """An experiment config as a user writes it (validated by ``trials.config``).
+
+    The pruner is ``pruner``, else the median rule (none with ``objectives``).
 
     Retention keeps each trial's 2 newest checkpoints and no "best" one, so a trial
     that checkpointed 3 times always has its oldest deleted.
@@ -165,9 +168,8 @@ def experiment_config(
             "max_concurrent_trials": 2,
             "seed": seed,
             "n_startup_trials": 4,
-            "pruner": {"name": "none"}
-            if objectives
-            else {"name": "median", "n_startup_trials": 2},
+            "pruner": pruner
+            or ({"name": "none"} if objectives else {"name": "median", "n_startup_trials": 2}),
             "objectives": list(objectives),
         },
         "resources": {"slots_per_trial": SLOTS_PER_TRIAL, "resource_pool": POOL},
@@ -460,9 +462,8 @@ class _RankZero:
     """
 
     def __init__(self, spec: RuntimeSpec, data: _Data, log_path: Path) -> None:
-        import torch
 
-        from trials.runtime import TrialContext
+        from trials.runtime import CpuAccelerator, TrialContext
         from trials.runtime._distributed import DistributedInfo
         from trials.runtime._recorder import ChiefRecorder
 
@@ -471,7 +472,7 @@ class _RankZero:
         self.log_path = log_path
         self.recorder: ChiefRecorder = ChiefRecorder(spec)
         self.context: TrialContext = TrialContext(
-            spec, DistributedInfo(), torch.device("cpu"), self.recorder
+            spec, DistributedInfo(), CpuAccelerator(), self.recorder
         )
 
     def __enter__(self) -> _RankZero:
@@ -872,7 +873,10 @@ def _single_objective_search(url: str, root: Path, data: _Data, seed: int) -> De
 
 
 def _multi_objective_search(url: str, root: Path, data: _Data, seed: int) -> int:
-    """``regression-cost``: NSGA-II on val_loss and slot_seconds, 4 trials, COMPLETED."""
+    """``regression-cost``: NSGA-II on val_loss and slot_seconds with MO-ASHA (a rung at
+    epoch 1), 4 trials, COMPLETED. The second is pruned there for sure: trial 0 (the small
+    search's "completed" settings) has a lower loss at the rung and as little compute (the
+    stand-in's runs record no training start, so every trial's compute counts 0)."""
     raw = experiment_config(
         "regression-cost",
         max_trials=4,
@@ -880,11 +884,18 @@ def _multi_objective_search(url: str, root: Path, data: _Data, seed: int) -> int
         objectives=("slot_seconds",),
         epochs=2,
         seed=seed,
+        pruner={"name": "asha", "min_resource": 1, "reduction_factor": 3},
     )
     experiment = _create_experiment(url, raw, root)
     search = _SearchRun(experiment, data, root / "logs-cost")
-    for _ in range(4):
-        _run_normal(search, "sampled", _Outcomes())
+    enqueued = dict(_ENQUEUED)
+    for role in ("completed", "pruned"):
+        search.study.enqueue_trial(enqueued[role])
+    outcomes = _Outcomes()
+    for role in ("completed", "pruned", "sampled", "sampled"):
+        _run_normal(search, role, outcomes)
+    if "pruned" not in outcomes.ids:
+        raise RuntimeError("the multi-objective demo search pruned nothing")
     _complete_experiment(url, experiment.experiment_id)
     return experiment.experiment_id
 

@@ -31,6 +31,7 @@ import pytest
 from tests.conftest import (
     REPO_ROOT,
     PostgresServer,
+    cannot_run_here,
     cli_environment,
     fresh_database,
     released_after_group,
@@ -301,9 +302,9 @@ class OtherRayJob:
 def ray_cluster() -> Iterator[RayCluster]:
     """A three-node Ray cluster for the whole session; every node stopped by session id."""
     if os.geteuid() != 0:
-        pytest.skip("a Ray cluster on network namespaces needs root")
+        cannot_run_here("a Ray cluster on network namespaces needs root")
     if shutil.which("ray", path=str(Path(sys.executable).parent)) is None:
-        pytest.skip("ray is not installed (pip install 'slotsweep[ray]')")
+        cannot_run_here("ray is not installed (pip install 'slotsweep[ray]')")
     cluster = RayCluster()
     try:
         cluster.start()

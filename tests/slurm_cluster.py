@@ -35,7 +35,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, PostgresServer, fresh_database, released_after_group
+from tests.conftest import (
+    REPO_ROOT,
+    PostgresServer,
+    cannot_run_here,
+    fresh_database,
+    released_after_group,
+)
 
 SLURM_SCRIPT = REPO_ROOT / ".ci" / "slurm.sh"
 
@@ -253,7 +259,7 @@ def node_addresses(value: str) -> list[tuple[str, str]]:
 def slurm_cluster() -> Iterator[SlurmCluster]:
     """A two-node Slurm cluster for the whole session; every daemon stopped by PID at the end."""
     if os.geteuid() != 0:
-        pytest.skip("a Slurm cluster on network namespaces needs root")
+        cannot_run_here("a Slurm cluster on network namespaces needs root")
     cluster = SlurmCluster()
     try:
         cluster.start()

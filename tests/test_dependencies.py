@@ -198,13 +198,18 @@ TRIALS_LAYERS: dict[str, frozenset[str]] = {
     "trials": frozenset({"trials.config"}),
     "trials.scheduler": frozenset({"trials", "trials.config"}),
     "trials.launch": frozenset({"trials", "trials.config", "trials.scheduler"}),
-    "trials.runtime": frozenset({"trials", "trials.config", "trials.launch"}),
+    "trials.pruning": frozenset({"trials", "trials.config"}),
+    "trials.runtime": frozenset({"trials", "trials.config", "trials.launch", "trials.pruning"}),
     "trials.node": frozenset({"trials", "trials.config", "trials.launch", "trials.runtime"}),
     "trials.executors": frozenset(
         {"trials", "trials.config", "trials.scheduler", "trials.launch", "trials.node"}
     ),
     "trials.coordination": frozenset(
         {"trials", "trials.config", "trials.scheduler", "trials.launch", "trials.executors"}
+    ),
+    # The read model: what the CLI, the API and the UI ask of the database.
+    "trials.queries": frozenset(
+        {"trials", "trials.config", "trials.scheduler", "trials.coordination", "trials.pruning"}
     ),
 }
 

@@ -2,9 +2,12 @@
 
 Its sub-packages, each building only on those before it: :mod:`trials.scheduler`
 (the pure scheduler core), :mod:`trials.launch` (command lines, the environment the
-ranks read, process identity), :mod:`trials.runtime` (inside every rank),
+ranks read, process identity), :mod:`trials.pruning` (the multi-objective pruners and
+their Pareto ranking), :mod:`trials.runtime` (inside every rank),
 :mod:`trials.node` (the programs on each node), :mod:`trials.executors` (where attempts
-run) and :mod:`trials.coordination` (what drivers share in the database). The modules
+run), :mod:`trials.coordination` (what drivers share in the database) and
+:mod:`trials.queries` (the read model: what the CLI, the API and the UI ask of the
+database; nothing else in ``trials`` imports it). The modules
 at this level (the experiment config, YAML and validation helpers, timings, labels,
 checkpoint storage and retention, a trial's compute spent, its entrypoint's resolution,
 GPU detection) import none of them; every sub-package may.
@@ -14,6 +17,8 @@ each rank keeps heavy imports (Optuna, SQLAlchemy) lazy so a trial starts fast.
 """
 
 from trials.checkpoint_storage import (
+    CheckpointCorruptedError,
+    CheckpointMissingError,
     CheckpointStorageError,
     checkpoint_root,
     storage_environment,
@@ -34,6 +39,8 @@ from trials.config import (
 from trials.retention import CheckpointRecord, checkpoints_to_delete, collect_garbage
 
 __all__ = [
+    "CheckpointCorruptedError",
+    "CheckpointMissingError",
     "CheckpointRecord",
     "CheckpointStorageConfig",
     "CheckpointStorageError",

@@ -12,9 +12,20 @@ What is atomic:
   its final place, fsyncs it and renames it into place: the folder appears whole or not
   at all.
 - :class:`ObjectStore` cannot rename (object stores copy), so a checkpoint's prefix
-  ``<uuid>/`` is temporary until its manifest ``MANIFEST.json`` (every file with its
-  size) is written last. A reader ignores a prefix without a manifest, or whose files
-  do not match it; retention's garbage collection deletes such half-written prefixes.
+  ``<uuid>/`` is temporary until its manifest ``MANIFEST.json`` is written last. A
+  reader ignores a prefix without a manifest, or whose files do not match it;
+  retention's garbage collection deletes such half-written prefixes.
+
+What is verified: both stores write a manifest, ``MANIFEST.json``, naming every file of
+the checkpoint with its size and its SHA-256 digest (computed from the bytes as they are
+written, so it costs no second read), before the checkpoint counts as complete (before
+the rename, or as the last object). :meth:`CheckpointStore.open_verified` checks every
+file against it before a file is handed to ``torch.load``: a file that is missing,
+truncated or altered since (a full disk, a torn write on a network filesystem, an
+object half-uploaded or deleted) raises :class:`CheckpointCorruptedError`, which a
+restore answers by falling back to an older checkpoint. A checkpoint written before
+manifests had digests (a folder without ``MANIFEST.json``, a bucket manifest of sizes
+only) is checked as far as what it records goes.
 
 Credentials come only from where the provider's library looks itself (for S3:
 ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``, ``AWS_PROFILE``,
@@ -30,11 +41,13 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
 import shutil
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -52,6 +65,139 @@ FileWriter = Callable[[IO[bytes]], None]
 
 class CheckpointStorageError(Exception):
     """A checkpoint could not be written to ``checkpoint_storage.path``."""
+
+
+class CheckpointCorruptedError(Exception):
+    """A recorded checkpoint that is not as it was written: a file missing, truncated or
+    altered (it fails its manifest), or bytes ``torch.load`` cannot read.
+
+    ``problem`` says what, in one line that names the file ("state.pt: 64 bytes, its
+    manifest says 6221"); the message adds the checkpoint's location.
+
+    Example:
+        >>> str(CheckpointCorruptedError("/ckpt/7/3f2a", "state.pt is missing"))
+        'checkpoint /ckpt/7/3f2a: state.pt is missing'
+    """
+
+    def __init__(self, location: str, problem: str) -> None:
+        super().__init__(f"checkpoint {location}: {problem}")
+        self.location = location
+        self.problem = problem
+
+
+class CheckpointMissingError(CheckpointCorruptedError, FileNotFoundError):
+    """No checkpoint is at a location: nothing at all (its folder or objects are gone), or,
+    in a bucket, objects without a manifest (an upload never finished, or the manifest
+    was deleted since).
+
+    Example:
+        >>> str(CheckpointMissingError("/ckpt/7/3f2a"))
+        'no checkpoint at /ckpt/7/3f2a'
+    """
+
+    def __init__(
+        self, location: str, problem: str = "its files are gone (nothing is at its location)"
+    ) -> None:
+        super().__init__(location, problem)
+        self.args = (f"no checkpoint at {location}",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What ``MANIFEST.json`` records of a checkpoint: each file's size and SHA-256 digest.
+
+    ``digests`` is empty for a manifest written before digests were recorded.
+
+    Example:
+        >>> m = Manifest.parse(Manifest({"a": 3}, {"a": "ab"}).to_bytes())
+        >>> m.sizes, m.digests
+        ({'a': 3}, {'a': 'ab'})
+    """
+
+    sizes: dict[str, int]
+    digests: dict[str, str]
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"files": self.sizes, "sha256": self.digests}, sort_keys=True).encode()
+
+    @classmethod
+    def parse(cls, raw: bytes) -> Manifest | None:
+        """The manifest in ``raw``; None when it is not one (not JSON, not the shape)."""
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return None
+        files = data.get("files") if isinstance(data, dict) else None
+        digests = data.get("sha256", {}) if isinstance(data, dict) else None
+        if not isinstance(files, dict) or not isinstance(digests, dict):
+            return None
+        return cls(
+            {str(k): v for k, v in files.items()}, {str(k): str(v) for k, v in digests.items()}
+        )
+
+    def check(self, name: str, size: int, digest: str | None) -> str | None:
+        """What is wrong with file ``name`` of ``size`` bytes (and ``digest``, if computed)
+        by this manifest; None when it matches."""
+        if name not in self.sizes:
+            return f"{name} is not in its manifest"
+        if size != self.sizes[name]:
+            return f"{name}: {size} bytes, its manifest says {self.sizes[name]}"
+        expected = self.digests.get(name)
+        if digest is not None and expected is not None and digest != expected:
+            return f"{name}: its SHA-256 digest differs from its manifest's"
+        return None
+
+
+class _DigestingFile:
+    """A binary file being written that counts its bytes and digests them as they pass.
+
+    What a checkpoint's manifest records is computed from the bytes written, without
+    reading the file back.
+    """
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self._f = f
+        self._hash = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self._hash.update(view)
+        self.size += view.nbytes
+        self._f.write(view)
+        return view.nbytes
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def tell(self) -> int:
+        return self.size
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
+def _write_digested(f: IO[bytes], write: FileWriter) -> tuple[int, str]:
+    """Run ``write`` on ``f``; the size and SHA-256 digest of what it wrote."""
+    digesting = _DigestingFile(f)
+    write(digesting)  # type: ignore[arg-type]
+    return digesting.size, digesting.hexdigest()
+
+
+_CHUNK = 1 << 20
+
+
+def _digest_stream(f: IO[bytes]) -> tuple[int, str]:
+    """The size and SHA-256 digest of what is left to read in ``f``."""
+    digest = hashlib.sha256()
+    size = 0
+    while chunk := f.read(_CHUNK):
+        digest.update(chunk)
+        size += len(chunk)
+    return size, digest.hexdigest()
 
 
 #: What the object stores' libraries read their credentials and endpoints from in the
@@ -143,7 +289,25 @@ class CheckpointStore(Protocol):
         ...
 
     def names(self, location: str) -> list[str]:
-        """The files of the complete checkpoint at ``location``, sorted."""
+        """The files of the complete checkpoint at ``location``, sorted (its manifest,
+        which is the store's bookkeeping, not among them)."""
+        ...
+
+    def open_verified(self, location: str, name: str) -> tuple[IO[bytes], bool]:
+        """File ``name`` of the checkpoint at ``location``, opened for reading, once every
+        file its manifest names matched its size and digest; and whether digests were
+        compared (a checkpoint written before manifests had digests has none).
+
+        Raises :class:`CheckpointCorruptedError` naming the first file that does not
+        match (:class:`CheckpointMissingError` when nothing is at ``location``).
+        """
+        ...
+
+    def verify(self, location: str) -> None:
+        """Check every file of the checkpoint at ``location`` against its manifest.
+
+        Raises :class:`CheckpointCorruptedError` as :meth:`open_verified` does.
+        """
         ...
 
     def delete(self, location: str) -> None:
@@ -187,11 +351,18 @@ class LocalStore:
             shutil.rmtree(tmp)
         tmp.mkdir()
         try:
+            sizes: dict[str, int] = {}
+            digests: dict[str, str] = {}
             for name, write in files.items():
                 with open(tmp / name, "wb") as f:
-                    write(f)
+                    sizes[name], digests[name] = _write_digested(f, write)
                     f.flush()
                     os.fsync(f.fileno())
+            # Inside the temporary folder: the rename makes it part of the whole.
+            with open(tmp / MANIFEST_FILE, "wb") as f:
+                f.write(Manifest(sizes, digests).to_bytes())
+                f.flush()
+                os.fsync(f.fileno())
             _fsync_dir(tmp)
             os.rename(tmp, final)
             _fsync_dir(directory)
@@ -209,7 +380,57 @@ class LocalStore:
 
     def names(self, location: str) -> list[str]:
         root = Path(location)
-        return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+        manifest = root / MANIFEST_FILE
+        return sorted(
+            str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p != manifest
+        )
+
+    def open_verified(self, location: str, name: str) -> tuple[IO[bytes], bool]:
+        manifest = self._verified_manifest(location)
+        root = Path(location)
+        if manifest is None:
+            # Written before folders had manifests: nothing to compare with.
+            if not (root / name).is_file():
+                raise CheckpointCorruptedError(location, f"{name} is missing")
+            return open(root / name, "rb"), False
+        if name not in manifest.sizes:
+            raise CheckpointCorruptedError(location, f"{name} is not in its manifest")
+        return open(root / name, "rb"), bool(manifest.digests)
+
+    def verify(self, location: str) -> None:
+        self._verified_manifest(location)
+
+    @staticmethod
+    def _verified_manifest(location: str) -> Manifest | None:
+        """The manifest of the checkpoint at ``location`` once every file matched it;
+        None for a folder written before manifests existed."""
+        root = Path(location)
+        if not root.is_dir():
+            raise CheckpointMissingError(location)
+        manifest_path = root / MANIFEST_FILE
+        if not manifest_path.exists():
+            return None
+        manifest = Manifest.parse(manifest_path.read_bytes())
+        if manifest is None:
+            raise CheckpointCorruptedError(location, f"{MANIFEST_FILE} cannot be read")
+        # Sizes first (one stat each), then the digests (a read of every byte).
+        for file in sorted(manifest.sizes):
+            try:
+                size = (root / file).stat().st_size
+            except FileNotFoundError:
+                raise CheckpointCorruptedError(
+                    location, f"{file} is missing (its manifest names it)"
+                ) from None
+            problem = manifest.check(file, size, None)
+            if problem is not None:
+                raise CheckpointCorruptedError(location, problem)
+        for file in sorted(manifest.digests):
+            with open(root / file, "rb") as f:
+                size, digest = _digest_stream(f)
+            problem = manifest.check(file, size, digest)
+            if problem is not None:
+                raise CheckpointCorruptedError(location, problem)
+        return manifest
 
     def delete(self, location: str) -> None:
         shutil.rmtree(location, ignore_errors=True)
@@ -252,11 +473,11 @@ class ObjectStore:
             if self.protocol not in _PREFIX_ONLY:
                 self.fs.makedirs(self._key(location), exist_ok=True)
             sizes: dict[str, int] = {}
+            digests: dict[str, str] = {}
             for name, write in files.items():
                 with self.fs.open(self._key(join(location, name)), "wb") as f:
-                    write(f)
-                    sizes[name] = f.tell()
-            manifest = json.dumps({"files": sizes}, sort_keys=True).encode()
+                    sizes[name], digests[name] = _write_digested(f, write)
+            manifest = Manifest(sizes, digests).to_bytes()
             # Written last: until it exists, the prefix is a temporary nobody reads.
             self.fs.pipe_file(self._key(join(location, MANIFEST_FILE)), manifest)
         except Exception as error:
@@ -268,12 +489,15 @@ class ObjectStore:
         return location, sum(sizes.values())
 
     def _manifest(self, location: str) -> dict[str, int] | None:
+        manifest = self._read_manifest(location)
+        return None if manifest is None else manifest.sizes
+
+    def _read_manifest(self, location: str) -> Manifest | None:
         try:
             raw = self.fs.cat_file(self._key(join(location, MANIFEST_FILE)))
         except FileNotFoundError:
             return None
-        files = json.loads(raw).get("files")
-        return files if isinstance(files, dict) else None
+        return Manifest.parse(raw)
 
     def is_complete(self, location: str) -> bool:
         files = self._manifest(location)
@@ -296,6 +520,46 @@ class ObjectStore:
 
     def names(self, location: str) -> list[str]:
         return sorted(self._manifest(location) or {})
+
+    def open_verified(self, location: str, name: str) -> tuple[IO[bytes], bool]:
+        manifest, kept = self._verified(location, keep=name)
+        if kept is None:
+            raise CheckpointCorruptedError(location, f"{name} is not in its manifest")
+        return io.BytesIO(kept), bool(manifest.digests)
+
+    def verify(self, location: str) -> None:
+        self._verified(location, keep=None)
+
+    def _verified(self, location: str, *, keep: str | None) -> tuple[Manifest, bytes | None]:
+        """The checkpoint's manifest once every file matched it, and file ``keep``'s bytes.
+
+        One download per file: the file asked for is checked and kept, not read twice.
+        """
+        manifest = self._read_manifest(location)
+        if manifest is None:
+            try:
+                anything = bool(self.fs.ls(self._key(location), detail=False, refresh=True))
+            except FileNotFoundError:
+                anything = False
+            if not anything:
+                raise CheckpointMissingError(location)
+            # Never written whole (a killed upload), or its manifest was deleted since.
+            raise CheckpointMissingError(location, f"{MANIFEST_FILE} is missing or unreadable")
+        kept: bytes | None = None
+        for file in sorted(manifest.sizes):
+            try:
+                data = self.fs.cat_file(self._key(join(location, file)))
+            except FileNotFoundError:
+                raise CheckpointCorruptedError(
+                    location, f"{file} is missing (its manifest names it)"
+                ) from None
+            digest = hashlib.sha256(data).hexdigest() if file in manifest.digests else None
+            problem = manifest.check(file, len(data), digest)
+            if problem is not None:
+                raise CheckpointCorruptedError(location, problem)
+            if file == keep:
+                kept = data
+        return manifest, kept
 
     def delete(self, location: str) -> None:
         with contextlib.suppress(FileNotFoundError):

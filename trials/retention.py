@@ -4,10 +4,17 @@ A checkpoint is kept when it is among its trial's ``save_trial_latest`` newest, 
 trial's ``save_trial_best`` best, or the experiment's ``save_experiment_best`` best
 (by the searcher metric recorded with it); everything else of the trial is deleted.
 
-Whatever the policy says, two kinds of checkpoint are never deleted: the trial's
+Whatever the policy says, three kinds of checkpoint are never deleted: the trial's
 newest (a restart or a resume continues from it, and it is the trial's final state),
-and any checkpoint that a run of the trial which has not ended is restoring from
-(deleting it under a starting attempt fails that attempt). Retention run by an
+any checkpoint that a run of the trial which has not ended is restoring from
+(deleting it under a starting attempt fails that attempt), and the newest one that is
+intact. Before it deletes any of a trial's checkpoints, retention checks the kept ones
+against their manifests, newest first, until one is intact
+(:func:`newest_intact`): the damaged ones it passes are marked CORRUPTED (kept for
+inspection, as every CORRUPTED checkpoint is: retention never deletes one), and when
+none of the kept ones is intact the newest intact one among those the policy would
+delete is kept as well. A checkpoint the caller has just written whole counts as intact
+without being read back (``known_intact``). Retention run by an
 attempt that has been superseded never gets this far: the runtime's fenced
 transaction refuses it first. The rules are pure functions the runtime and the
 driver share; :func:`collect_garbage` applies them to the database and the storage
@@ -27,11 +34,11 @@ crash left in the trials' folders:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trials.checkpoint_storage import store_for, trial_checkpoint_dir
+from trials.checkpoint_storage import CheckpointCorruptedError, store_for, trial_checkpoint_dir
 from trials.config import CheckpointStorageConfig
 
 if TYPE_CHECKING:
@@ -118,6 +125,30 @@ def checkpoints_to_delete(
     return sorted((r for r in trial_checkpoints if r.uuid not in keep), key=lambda r: r.step)
 
 
+def newest_intact(
+    trial_checkpoints: Sequence[CheckpointRecord],
+    problem_of: Callable[[CheckpointRecord], str | None],
+) -> tuple[str | None, dict[str, str]]:
+    """The trial's newest checkpoint that is intact, and the damaged ones newer than it.
+
+    ``problem_of`` checks one checkpoint (None: intact); they are checked newest first
+    (highest step, the later record on a tie), and none older than the first intact one.
+    Returns its uuid (None when none is intact) and ``{uuid: problem}`` of those before it.
+
+    Example:
+        >>> ckpts = [CheckpointRecord(f"c{i}", 1, i) for i in (1, 2, 3)]
+        >>> newest_intact(ckpts, lambda r: "state.pt is missing" if r.uuid == "c3" else None)
+        ('c2', {'c3': 'state.pt is missing'})
+    """
+    damaged: dict[str, str] = {}
+    for record in sorted(trial_checkpoints, key=lambda r: r.step)[::-1]:
+        problem = problem_of(record)
+        if problem is None:
+            return record.uuid, damaged
+        damaged[record.uuid] = problem
+    return None, damaged
+
+
 def collect_garbage(
     session: Session,
     *,
@@ -126,12 +157,14 @@ def collect_garbage(
     metric: str,
     smaller_is_better: bool,
     trial_id: int | None = None,
+    known_intact: Collection[str] = (),
 ) -> list[str]:
     """Apply retention in the database and the storage; the uuids deleted.
 
     ``trial_id`` limits it to one trial (rank 0 after each checkpoint); ``None`` sweeps
     every trial of the experiment (the driver, once no trial runs), since a checkpoint
     kept as one of the experiment's best may have been overtaken by a later trial.
+    ``known_intact`` are uuids the caller has just written whole: not read back.
     """
     from sqlalchemy import select
 
@@ -164,19 +197,39 @@ def collect_garbage(
     for record in records:
         if trial_id is None or record.trial_id == trial_id:
             by_trial.setdefault(record.trial_id, []).append(record)
-    doomed = {
-        record.uuid
-        for trial_records in by_trial.values()
-        for record in checkpoints_to_delete(
-            trial_records,
-            records,
-            save_trial_latest=policy.save_trial_latest,
-            save_trial_best=policy.save_trial_best,
-            save_experiment_best=policy.save_experiment_best,
-            smaller_is_better=smaller_is_better,
-            pinned=pinned,
-        )
-    }
+    by_uuid = {row.uuid: row for row in rows}
+
+    def problem_of(record: CheckpointRecord) -> str | None:
+        if record.uuid in known_intact:
+            return None
+        location = by_uuid[record.uuid].path
+        try:
+            store_for(location).verify(location)
+        except CheckpointCorruptedError as damaged:
+            return damaged.problem
+        return None
+
+    doomed: set[str] = set()
+    for trial_records in by_trial.values():
+        deleting = {
+            record.uuid
+            for record in checkpoints_to_delete(
+                trial_records,
+                records,
+                save_trial_latest=policy.save_trial_latest,
+                save_trial_best=policy.save_trial_best,
+                save_experiment_best=policy.save_experiment_best,
+                smaller_is_better=smaller_is_better,
+                pinned=pinned,
+            )
+        }
+        if not deleting:
+            continue  # nothing goes: nothing needs reading
+        intact, damaged = newest_intact(trial_records, problem_of)
+        for uuid, problem in damaged.items():
+            by_uuid[uuid].state = CheckpointState.CORRUPTED
+            by_uuid[uuid].problem = problem
+        doomed |= deleting - set(damaged) - {intact}
     for row in rows:
         if row.uuid in doomed:
             store_for(row.path).delete(row.path)

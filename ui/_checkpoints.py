@@ -17,7 +17,10 @@ import io
 import zipfile
 from pathlib import Path
 
+import pandas as pd
+
 from trials import is_url, store_for
+from trials.labels import checkpoint_label
 
 
 def checkpoint_problem(path: str, state: str) -> str | None:
@@ -33,6 +36,29 @@ def checkpoint_problem(path: str, state: str) -> str | None:
     if not Path(path).exists():
         return f"The checkpoint file is missing on disk: {path}"
     return None
+
+
+def skipped_lines(checkpoints: pd.DataFrame) -> list[str]:
+    """One line per CORRUPTED checkpoint of ``checkpoints`` (a trial's, newest first, as
+    :func:`trials.queries.checkpoints` reads them): which a restore skipped, and why.
+
+    Example:
+        >>> frame = pd.DataFrame({"uuid": ["635301b5-9c2e"], "step": [9], "state": ["CORRUPTED"],
+        ...                       "problem": ["state.pt is missing"], "path": ["/c/635301b5-9c2e"]})
+        >>> skipped_lines(frame)
+        ['The checkpoint of step 9 (635301b5) was skipped as damaged: state.pt is missing. Its files are kept for inspection (/c/635301b5-9c2e); no restore uses it again.']
+    """
+    lines = []
+    for row in checkpoints.itertuples():
+        if row.state != "CORRUPTED":
+            continue
+        name = checkpoint_label(str(row.uuid), int(row.step))
+        lines.append(
+            f"{name[0].upper()}{name[1:]} was skipped as damaged: "
+            f"{row.problem or 'no reason recorded'}. Its files are kept for inspection "
+            f"({row.path}); no restore uses it again."
+        )
+    return lines
 
 
 def download_name(path: str, experiment: str, number: int, step: int) -> str:
@@ -55,19 +81,14 @@ def download_name(path: str, experiment: str, number: int, step: int) -> str:
 
 
 def checkpoint_bytes(path: str) -> bytes:
-    """The checkpoint's file, or a zip of its directory (or of its objects)."""
+    """The checkpoint's file, or a zip of its files (a folder's or a bucket's, without the
+    manifest the store keeps beside them)."""
     if not is_url(path) and not Path(path).is_dir():
         return Path(path).read_bytes()
     buffer = io.BytesIO()
+    store = store_for(path)
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED) as archive:
-        if is_url(path):
-            store = store_for(path)
-            for name in store.names(path):
-                with store.read(path, name) as f:
-                    archive.writestr(name, f.read())
-        else:
-            target = Path(path)
-            for file in sorted(target.rglob("*")):
-                if file.is_file():
-                    archive.write(file, file.relative_to(target))
+        for name in store.names(path):
+            with store.read(path, name) as f:
+                archive.writestr(name, f.read())
     return buffer.getvalue()

@@ -24,7 +24,7 @@ def hparam_diff(trials: pd.DataFrame) -> pd.DataFrame:
     """One row per hyperparameter, one column per trial; differing values first.
 
     ``trials`` has a ``number`` column and ``hp.<name>`` columns (as
-    :func:`ui._queries.trials_by_ids` returns them). A parameter one trial lacks
+    :func:`trials.queries.trials_by_ids` returns them). A parameter one trial lacks
     counts as differing.
     """
     names = sorted(c.removeprefix("hp.") for c in trials.columns if c.startswith("hp."))

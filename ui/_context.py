@@ -20,7 +20,7 @@ import streamlit as st
 from sqlalchemy.engine import Engine, make_url
 
 from storage import get_engine, redact_secrets, redact_url, resolve_db_url
-from trials.labels import trial_label
+from trials.labels import parse_trial_label, trial_label
 from ui._actions import TOKEN_ENV_VAR, TOKEN_QUERY_PARAM, token_accepted
 from ui._units import duration_words
 
@@ -73,7 +73,7 @@ def engine() -> Engine:
 
 def require_database() -> Engine:
     """The engine, or a plain message and a stopped page when there is nothing to read."""
-    from ui import _queries
+    from trials import queries
 
     url = db_url()
     missing = _missing_sqlite_file(url)
@@ -85,7 +85,7 @@ def require_database() -> Engine:
         st.stop()
     try:
         eng = engine()
-        ready = _queries.has_schema(eng)
+        ready = queries.has_schema(eng)
     except sqlalchemy.exc.SQLAlchemyError as exc:
         st.error(f"Cannot read the database `{redact_url(url)}`: {_safe_reason(exc, url)}")
         st.stop()
@@ -237,7 +237,8 @@ def parse_trial_ref(text: str | None) -> tuple[int, int] | int | None:
         ((3, 13), 14, None, None)
     """
     raw = (text or "").strip()
-    experiment, dot, number = raw.partition(".")
-    if dot and experiment.isdigit() and number.isdigit():
-        return int(experiment), int(number)
-    return int(raw) if raw.isdigit() else None
+    parsed = parse_trial_label(raw)
+    if parsed is not None and parsed[0] is not None:
+        return parsed[0], parsed[1]
+    # Not a label: what an old link held, a database id (``#3`` needs its experiment).
+    return int(raw) if raw.isdecimal() else None

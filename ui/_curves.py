@@ -1,4 +1,5 @@
-"""How the learning-curve chart reads an experiment's config: its step axis and ASHA's rungs.
+"""How the learning-curve chart reads an experiment's config: its step axis and ASHA's
+rungs; and each curve's hyperparameters, in one line for its tooltip.
 
 The runtime reports the searcher metric to Optuna at steps in ``searcher.max_length``'s
 unit (epochs or batches; see ``searcher.submit.samplers.pruner_spec``), so the chart uses that
@@ -16,7 +17,16 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING, Any
+
 from trials.config import SearcherConfig
+from ui import _format
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from trials.queries import LearningCurves
 
 
 def curve_axis(searcher: SearcherConfig | None) -> str:
@@ -58,3 +68,27 @@ def asha_rungs(searcher: SearcherConfig | None) -> list[float]:
         rungs.append(rung)
         rung *= factor
     return rungs
+
+
+def hparams_text(hparams: Mapping[str, Any] | None, constant: Collection[str] = ()) -> str:
+    """A trial's hyperparameters in one line for a tooltip, 4 significant digits each.
+
+    Example:
+        >>> hparams_text({"lr": 0.000133333, "opt": "sgd", "hidden": 64}, {"hidden"})
+        'lr=0.0001333, opt=sgd'
+    """
+    return ", ".join(
+        f"{name}={_format.number(value)}"
+        for name, value in sorted((hparams or {}).items())
+        if name not in constant
+    )
+
+
+def with_hparams_text(curves: LearningCurves, constant: Collection[str] = ()) -> pd.DataFrame:
+    """The curves' points with each trial's hyperparameters as text (``hparams``, without
+    the ``constant`` ones): what the chart's tooltip shows."""
+    texts = {
+        number: hparams_text(hparams, constant)
+        for number, hparams in curves.hyperparameters.items()
+    }
+    return curves.points.assign(hparams=curves.points["number"].map(texts))

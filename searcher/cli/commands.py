@@ -372,17 +372,19 @@ def _summary(experiment: Experiment) -> int:
 def _print_summary(db_url: str, experiment_id: int, state: str) -> None:
     """The final line (state and counts), a warning when some trials failed, the best trials."""
     from searcher.cli.tables import best_trials_table
-    from searcher.experiments import best_trials, trial_counts
     from storage import Experiment, session_scope
     from trials.config import read_stored_config
+    from trials.queries import best_trials, trial_counts
 
     with session_scope(db_url) as session:
         experiment = session.get(Experiment, experiment_id)
         assert experiment is not None
+        searcher = read_stored_config(experiment.config).searcher
         counts = trial_counts(session, experiment_id)
-        best = best_trials(session, experiment)
-        config = read_stored_config(experiment.config)
-        metric = config.searcher.metric
+        best = best_trials(
+            session, experiment_id, smaller_is_better=searcher.smaller_is_better, limit=5
+        )
+        metric = searcher.metric
         console = _console()
         console.print(
             f"experiment {experiment_id} {state}: {counts.completed} completed, "
@@ -397,12 +399,11 @@ def _print_summary(db_url: str, experiment_id: int, state: str) -> None:
                 highlight=False,
             )
         if best:
-            console.print(best_trials_table(best, metric, share=config.resources.slot_share))
+            console.print(best_trials_table(best, metric))
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from searcher.cli.tables import experiments_table
-    from searcher.experiments import experiment_rows
+    from searcher.cli.tables import experiment_rows, experiments_table
     from storage import session_scope, upgrade_schema
 
     db_url = _db_url(args, need_schema=True)
@@ -417,22 +418,39 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_describe(args: argparse.Namespace) -> int:
-    from searcher.cli.tables import failure_lines, trials_table, waiting_lines
-    from searcher.experiments import describe_rows, find_experiment
+    from searcher.cli.tables import (
+        describe_front,
+        describe_rows,
+        failure_lines,
+        pareto_table,
+        pruned_lines,
+        skipped_checkpoint_lines,
+        trials_table,
+        waiting_lines,
+    )
+    from searcher.experiments import find_experiment
     from storage import session_scope, upgrade_schema
 
     db_url = _db_url(args, need_schema=True)
     upgrade_schema(db_url)
     with session_scope(db_url) as session:
-        described = describe_rows(session, find_experiment(session, args.experiment))
+        experiment = find_experiment(session, args.experiment)
+        described = describe_rows(session, experiment)
+        described.update(describe_front(db_url, experiment))
     if args.json:
         _print_json(described)
         return 0
     console = _console()
     console.print(trials_table(described))
-    for line in failure_lines(described):
-        console.print(line, highlight=False, markup=False)
-    for line in waiting_lines(described):
+    front = pareto_table(described)
+    if front is not None:
+        console.print(front)
+    for line in [
+        *pruned_lines(described),
+        *failure_lines(described),
+        *skipped_checkpoint_lines(described),
+        *waiting_lines(described),
+    ]:
         console.print(line, highlight=False, markup=False)
     return 0
 
@@ -489,14 +507,14 @@ def _cmd_task(args: argparse.Namespace) -> int:
     """Every slot and its holder, then the cluster's queue in order with each reason."""
     from searcher.cli.tables import queue_rows, queue_table, task_rows, tasks_table
     from storage import session_scope, upgrade_schema, utcnow
-    from trials.coordination import allocations, cluster_queue
+    from trials.queries import queue_views, slot_holders
 
     db_url = _db_url(args, need_schema=True)
     upgrade_schema(db_url)
     cluster = _cluster(args)
     with session_scope(db_url) as session:
-        rows = task_rows(allocations.holders(session, cluster))
-        queue = queue_rows(cluster_queue.queue_view(session), utcnow())
+        rows = task_rows(slot_holders(session, cluster))
+        queue = queue_rows(queue_views(session), utcnow())
     if args.json:
         _print_json({"slots": rows, "queue": queue})
         return 0
@@ -511,13 +529,13 @@ def _cmd_task(args: argparse.Namespace) -> int:
 
 def _cmd_agents(args: argparse.Namespace) -> int:
     """Agents by pool; with a database, how much of each is held right now (shares too)."""
-    from searcher.cli.tables import AgentUse, agent_use, agents_table, shared_lines
+    from searcher.cli.tables import agents_table, shared_lines
     from searcher.experiments import UsageError
     from storage import DB_ENV_VAR, DatabaseUrlError, session_scope
-    from trials.coordination import allocations
+    from trials.queries import SlotsInUse, slots_in_use
 
     cluster = _cluster(args)
-    use: dict[tuple[str, str], AgentUse] | None = None
+    use: dict[tuple[str, str], SlotsInUse] | None = None
     try:
         db_url = _db_url(args, need_schema=True)
     except (UsageError, DatabaseUrlError):
@@ -527,7 +545,7 @@ def _cmd_agents(args: argparse.Namespace) -> int:
             raise
     else:
         with session_scope(db_url) as session:
-            use = agent_use(allocations.holders(session))
+            use = slots_in_use(session)
     console = _console()
     console.print(agents_table(cluster, use))
     for line in shared_lines(use or {}):

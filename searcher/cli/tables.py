@@ -1,7 +1,8 @@
 """What ``list``, ``describe``, ``task list`` and ``agents`` show: rows, then tables.
 
 Each command gathers plain rows first (dicts of JSON types, full precision: what
-``--json`` prints) and renders the same rows as a rich table for a terminal, so the
+``--json`` prints) from the read model's answers (:mod:`trials.queries`, which the API
+and the UI read too) and renders the same rows as a rich table for a terminal, so the
 two outputs never disagree. Tables take the console's width: short columns never
 wrap, hyperparameter lists fold onto more lines, and floats show 4 significant
 digits (the JSON keeps every digit).
@@ -15,20 +16,32 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.table import Table
 
-from storage import Trial
-from trials.config import EIGHTHS_PER_SLOT, format_share, slot_share_of
-from trials.labels import trial_label
+from storage import Experiment, TrialState
+from trials import queries
+from trials.config import format_share, read_stored_config, slot_share_of
+from trials.labels import checkpoint_label, trial_label
 from trials.numbers import format_hparams, format_value
+from trials.pruning import how_far
+from trials.queries import (
+    SlotsInUse,
+    Source,
+    damaged_checkpoints,
+    experiment_overviews,
+    experiment_trials,
+    newest_checkpoint_steps,
+    queue_views,
+    waited_s,
+    waiting_reason,
+)
 
 if TYPE_CHECKING:
-    from trials.coordination.allocations import SlotHolder
-    from trials.coordination.cluster_queue import QueuedView
+    from trials.queries import QueuedView, SlotHolder, TrialRow
     from trials.scheduler import Cluster
 
 # Columns of ids, states and counts: never wrapped, never cut (the text column folds).
@@ -43,6 +56,30 @@ def _table(title: str) -> Table:
 
 
 # ----------------------------------------------------------------------- list
+
+
+def experiment_rows(db: Source) -> list[dict[str, Any]]:
+    """One row per experiment, by id: state, trial counts and the best searcher metric value.
+
+    A stored config this version cannot read leaves ``metric`` None (the row's other
+    columns are the database's own).
+    """
+    return [
+        {
+            "id": overview.id,
+            "name": overview.name,
+            "state": overview.state,
+            "trials": overview.counts.total,
+            "max_trials": overview.max_trials,
+            "running": overview.counts.running,
+            "completed": overview.counts.completed,
+            "pruned": overview.counts.pruned,
+            "failed": overview.counts.errored,
+            "metric": overview.metric,
+            "best": overview.best,
+        }
+        for overview in experiment_overviews(db)
+    ]
 
 
 def experiments_table(rows: Sequence[Mapping[str, Any]]) -> Table:
@@ -69,6 +106,84 @@ def experiments_table(rows: Sequence[Mapping[str, Any]]) -> Table:
 # ------------------------------------------------------------------- describe
 
 
+def describe_rows(db: Source, experiment: Experiment) -> dict[str, Any]:
+    """The experiment and each of its trials, numbered as Optuna numbers them, with its
+    newest checkpoint's step and, for a QUEUED trial, why it waits."""
+    metric = read_stored_config(experiment.config).searcher.metric
+    steps = newest_checkpoint_steps(db, experiment.id)
+    damaged = damaged_checkpoints(db, experiment.id)
+    queued = {view.trial_id: view for view in queue_views(db, experiment_id=experiment.id)}
+    trials = [
+        {
+            "trial": trial.label,
+            "number": trial.number,
+            "state": trial.state.value,
+            metric: trial.searcher_metric,
+            "batches": trial.batches,
+            "restarts": trial.restarts,
+            "slot_seconds": trial.slot_seconds,
+            "checkpoint_step": steps.get(trial.id),
+            "hyperparameters": trial.hyperparameters,
+            "error": trial.error,
+            "waiting_reason": (
+                waiting_reason(queued.get(trial.id), experiment.state)
+                if trial.state == TrialState.QUEUED
+                else None
+            ),
+            "skipped_checkpoints": [asdict(c) for c in damaged.get(trial.id, [])],
+        }
+        for trial in experiment_trials(db, experiment.id)
+    ]
+    return {
+        "id": experiment.id,
+        "name": experiment.name,
+        "state": experiment.state.value,
+        "metric": metric,
+        "max_trials": experiment.max_trials,
+        # Its folder under checkpoint_storage.path: ``<id>-<key>``, not to be guessed.
+        "checkpoint_folder": experiment.checkpoint_folder,
+        "trials": trials,
+    }
+
+
+def describe_front(db_url: str, experiment: Experiment) -> dict[str, Any]:
+    """A multi-objective experiment's Pareto front so far and where its pruned trials stopped.
+
+    ``pareto_front``: the completed trials no other completed trial dominates, with the
+    values Optuna was told (the searcher metric, then each cost objective), best metric
+    first. ``pruned_at``: each trial the pruner stopped, at its rung: the rung, how far
+    the trial had come (``step`` of the pruner's ``unit``, as Optuna counts it) and its
+    values there. Both empty
+    for a single-objective experiment (:func:`trials.queries.pareto_summary`).
+    """
+    searcher = read_stored_config(experiment.config).searcher
+    summary = queries.pareto_summary(db_url, experiment.study_name, searcher)
+    names, unit = summary.objectives, searcher.resource_unit
+    return {
+        "objectives": names,
+        "pareto_front": [
+            {
+                "trial": trial_label(experiment.id, number),
+                "number": number,
+                **dict(zip(names, values, strict=True)),
+            }
+            for number, values in summary.front
+        ],
+        "pruned_at": [
+            {
+                "trial": trial_label(experiment.id, stop.trial_number),
+                "number": stop.trial_number,
+                "rung": stop.rung,
+                # In the pruner's unit: Optuna's hundredths of a slot-second, or epochs/batches.
+                "step": stop.step,
+                "unit": unit,
+                **dict(zip(names, stop.values, strict=True)),
+            }
+            for stop in summary.stops
+        ],
+    }
+
+
 def trials_table(described: Mapping[str, Any]) -> Table:
     metric = described["metric"]
     table = _table(f"Experiment {described['id']}: {described['name']} ({described['state']})")
@@ -93,12 +208,57 @@ def trials_table(described: Mapping[str, Any]) -> Table:
     return table
 
 
+def pareto_table(described: Mapping[str, Any]) -> Table | None:
+    """A multi-objective experiment's Pareto front so far (None for one objective)."""
+    front = described.get("pareto_front") or []
+    if not front:
+        return None
+    names = described["objectives"]
+    table = _table(f"Pareto front ({len(front)} of the completed trials)")
+    table.add_column("trial", **_SHORT)
+    for name in names:
+        table.add_column(name, **_SHORT)
+    table.add_column("hyperparameters", **_FOLD)
+    hparams = {row["number"]: row["hyperparameters"] for row in described["trials"]}
+    for row in front:
+        table.add_row(
+            trial_label(None, row["number"]),
+            *(format_value(row[name]) for name in names),
+            format_hparams(hparams.get(row["number"], {})),
+        )
+    return table
+
+
+def pruned_lines(described: Mapping[str, Any]) -> list[str]:
+    """``#N pruned at rung R (epoch E): metric M, cost C`` for each trial pruned on a
+    Pareto rung, under ``describe``: where it stopped and what it had there."""
+    names = described.get("objectives", [])
+    return [
+        f"{trial_label(None, row['number'])} pruned at rung {row['rung']} "
+        f"({how_far(row['step'], row['unit'])}): "
+        + ", ".join(f"{name} {format_value(row[name])}" for name in names)
+        for row in described.get("pruned_at") or []
+    ]
+
+
 def failure_lines(described: Mapping[str, Any]) -> list[str]:
     """``#N: reason`` for each failed trial, printed under the table of ``describe``."""
     return [
         f"{trial_label(None, row['number'])}: {row['error']}"
         for row in described["trials"]
         if row["state"] == "ERROR" and row["error"]
+    ]
+
+
+def skipped_checkpoint_lines(described: Mapping[str, Any]) -> list[str]:
+    """``#N: the checkpoint of step S (uuid) was skipped: problem`` for each damaged
+    checkpoint a restore passed over, printed under the table of ``describe``."""
+    return [
+        f"{trial_label(None, row['number'])}: {checkpoint_label(skipped['uuid'], skipped['step'])} "
+        f"was skipped as damaged: {skipped['problem'] or 'no reason recorded'} "
+        f"(kept for inspection at {skipped['path']})"
+        for row in described["trials"]
+        for skipped in row["skipped_checkpoints"]
     ]
 
 
@@ -112,12 +272,10 @@ def waiting_lines(described: Mapping[str, Any]) -> list[str]:
 
 
 def best_trials_table(
-    trials: Sequence[Trial], metric: str, title: str = "Best trials", *, share: float = 1.0
+    trials: Sequence[TrialRow], metric: str, title: str = "Best trials"
 ) -> Table:
-    """The best trials of one experiment with their hyperparameters and searcher metric.
-
-    ``share``: the experiment's share of one slot; its trials show it (``1/4``) as slots.
-    """
+    """The best trials of one experiment with their hyperparameters and searcher metric;
+    a share search's trials show their share (``1/4``) as their slots."""
     table = _table(title)
     table.add_column("trial", **_SHORT)
     table.add_column(metric, **_SHORT)
@@ -125,10 +283,10 @@ def best_trials_table(
     table.add_column("hyperparameters", **_FOLD)
     for trial in trials:
         table.add_row(
-            trial_label(None, trial.optuna_trial_number),
-            format_value(trial.searcher_metric_value),
-            format_share(share) if share < 1.0 else str(trial.slots_per_trial),
-            format_hparams(trial.hparams),
+            trial_label(None, trial.number),
+            format_value(trial.searcher_metric),
+            format_share(trial.share) if trial.share < 1.0 else str(trial.slots),
+            format_hparams(trial.hyperparameters),
         )
     return table
 
@@ -227,7 +385,7 @@ def queue_rows(queued: Sequence[QueuedView], now: _dt.datetime) -> list[dict[str
             "weight": view.weight,
             "slots": view.slots,
             "share": view.share,
-            "waiting_s": round(max(0.0, (now - view.queued_at).total_seconds()), 1),
+            "waiting_s": waited_s(view, now),
             "placed_on": list(view.placed_on),
             "reason": view.shown_reason,
         }
@@ -255,50 +413,13 @@ def queue_table(rows: Sequence[Mapping[str, Any]]) -> Table:
 
 
 # --------------------------------------------------------------------- agents
-@dataclass(frozen=True)
-class AgentUse:
-    """What an agent's slots hold now: slots in use (a share at its fraction), how many
-    slots trials share, and what is free of those."""
-
-    held: float = 0.0
-    shared: int = 0
-    room: float = 0.0
-
-
-def agent_use(holders: Sequence[SlotHolder]) -> dict[tuple[str, str], AgentUse]:
-    """Each (pool, agent)'s use from the ledger's holders (stale claims left out).
-
-    Example:
-        >>> from trials.coordination.allocations import SlotHolder
-        >>> use = agent_use([SlotHolder("p", "a", "h", 0, 1, 1, eighths=2),
-        ...                  SlotHolder("p", "a", "h", 0, 1, 2, eighths=4),
-        ...                  SlotHolder("p", "a", "h", 1, 1, 3)])
-        >>> use[("p", "a")]
-        AgentUse(held=1.75, shared=1, room=0.25)
-    """
-    held: dict[tuple[str, str], float] = {}
-    shares: dict[tuple[str, str, int], float] = {}
-    for h in holders:
-        if not h.held or h.stale:
-            continue
-        key = (h.pool, h.agent)
-        held[key] = held.get(key, 0.0) + slot_share_of(h.eighths)
-        if h.eighths < EIGHTHS_PER_SLOT:
-            slot = (h.pool, h.agent, h.slot)
-            shares[slot] = shares.get(slot, 0.0) + slot_share_of(h.eighths)
-    use = {key: AgentUse(held=value) for key, value in held.items()}
-    for (pool, agent, _), used in shares.items():
-        was = use[(pool, agent)]
-        use[(pool, agent)] = AgentUse(was.held, was.shared + 1, was.room + 1.0 - used)
-    return use
-
-
-def shared_lines(use: Mapping[tuple[str, str], AgentUse]) -> list[str]:
+def shared_lines(use: Mapping[tuple[str, str], SlotsInUse]) -> list[str]:
     """One line per agent whose slots trials share: how many, and what is free of them
     (printed under :func:`agents_table`; ``task list`` says which trials share which slot).
 
     Example:
-        >>> shared_lines({("p", "a"): AgentUse(1.75, 1, 0.25), ("p", "b"): AgentUse(2, 2, 0.0)})
+        >>> from trials.queries import SlotsInUse
+        >>> shared_lines({("p", "a"): SlotsInUse(1.75, 1, 0.25), ("p", "b"): SlotsInUse(2, 2, 0.0)})
         ['p/a: 1 shared slot, 1/4 of a slot free on it', 'p/b: 2 shared slots, full']
     """
     lines = []
@@ -312,9 +433,10 @@ def shared_lines(use: Mapping[tuple[str, str], AgentUse]) -> list[str]:
     return lines
 
 
-def agents_table(cluster: Cluster, use: Mapping[tuple[str, str], AgentUse] | None) -> Table:
-    """Agents by pool; ``use`` (what their slots hold, :func:`agent_use`) adds columns when
-    known: slots in use (a share at its fraction; :func:`shared_lines` says more)."""
+def agents_table(cluster: Cluster, use: Mapping[tuple[str, str], SlotsInUse] | None) -> Table:
+    """Agents by pool; ``use`` (what their slots hold, :func:`trials.queries.slots_in_use`)
+    adds a column when known: slots in use (a share at its fraction; :func:`shared_lines`
+    says more)."""
     table = _table("Agents")
     for column in ("pool", "agent", "host", "slots"):
         table.add_column(column, overflow="fold")
@@ -325,7 +447,7 @@ def agents_table(cluster: Cluster, use: Mapping[tuple[str, str], AgentUse] | Non
     for pool, agent in cluster.agents:
         cells = [pool.name, agent.name, agent.host, ",".join(str(s) for s in agent.slots)]
         if use is not None:
-            now = use.get((pool.name, agent.name), AgentUse())
+            now = use.get((pool.name, agent.name), SlotsInUse())
             cells.append(format_value(now.held))
         cells += [str(pool.allowing_heterogeneous_fits).lower(), pool.fitting_policy]
         table.add_row(*cells)

@@ -10,8 +10,10 @@ and lists every way they break that promise:
   missing one of the search space's hyperparameters (it ran with part of its settings);
 - a metric key (trial, step, kind, name) recorded twice, a profiling window (trial, name,
   start and end step) recorded twice, or two checkpoints of one trial at one step (two
-  attempts trained the same steps);
-- a restart from step 0 although the trial had a checkpoint before the restart began;
+  attempts trained the same steps; a damaged checkpoint, or one an attempt fell back
+  past, does not count);
+- a restart from an earlier step (step 0 included) although the trial had a usable
+  checkpoint of a later step before the restart began;
 - two attempts of one trial overlapping in time (runs, or their processes; the
   ``torchrun`` of a run whose ranks were fenced at their start used nothing, and is no
   overlap);
@@ -47,6 +49,7 @@ from sqlalchemy.sql.selectable import ScalarSelect
 
 from storage import (
     Checkpoint,
+    CheckpointState,
     Experiment,
     ExperimentState,
     Metric,
@@ -187,7 +190,7 @@ def check_consistency(
         report.problems += _completion_problems(trials)
         report.problems += _duplicate_metric_problems(session, trial_ids)
         report.problems += _duplicate_timing_problems(session, trial_ids)
-        report.problems += _duplicate_checkpoint_problems(checkpoints)
+        report.problems += _duplicate_checkpoint_problems(checkpoints, runs)
         report.problems += _restart_problems(runs, checkpoints)
         attempt_overlaps = _attempt_overlaps(runs, processes)
         slot_overlaps = _slot_overlaps(session, {t.id for t in trials})
@@ -331,9 +334,19 @@ def _duplicate_timing_problems(session: Session, trial_ids: ScalarSelect[int]) -
     ]
 
 
-def _duplicate_checkpoint_problems(checkpoints: Iterable[Checkpoint]) -> list[str]:
+def _duplicate_checkpoint_problems(
+    checkpoints: Iterable[Checkpoint], runs: Sequence[TrialRun]
+) -> list[str]:
+    """Two live checkpoints of one trial at one step.
+
+    A damaged (CORRUPTED) checkpoint, and one a later attempt abandoned (it restored an
+    earlier step, or started over, because the newer ones were damaged), belong to a
+    timeline the trial trained again: a new checkpoint at their step is no duplicate.
+    """
     counts: dict[tuple[int, int], int] = defaultdict(int)
     for checkpoint in checkpoints:
+        if checkpoint.state == CheckpointState.CORRUPTED or _abandoned(checkpoint, runs):
+            continue
         counts[checkpoint.trial_id, checkpoint.step] += 1
     return [
         f"trial {trial_id}: {count} checkpoints at step {step}"
@@ -342,20 +355,62 @@ def _duplicate_checkpoint_problems(checkpoints: Iterable[Checkpoint]) -> list[st
     ]
 
 
+def _restored_step(run: TrialRun) -> int:
+    """The step a restart continued from (0 when it restored nothing)."""
+    if run.restored_from_checkpoint is None:
+        return 0
+    return run.restored_from_step or 0
+
+
+def _abandoned(checkpoint: Checkpoint, runs: Sequence[TrialRun]) -> bool:
+    """Whether a later attempt of its trial continued from an earlier step than it."""
+    return any(
+        run.trial_id == checkpoint.trial_id
+        and run.attempt > 0
+        and run.started_at > checkpoint.created_at
+        and _restored_step(run) < checkpoint.step
+        for run in runs
+    )
+
+
 def _restart_problems(runs: Iterable[TrialRun], checkpoints: Sequence[Checkpoint]) -> list[str]:
-    """Relaunches that started from step 0 although a checkpoint existed before them."""
-    created: dict[int, list[dt.datetime]] = defaultdict(list)
+    """Relaunches that continued from an earlier step than a usable checkpoint before them.
+
+    Usable: not damaged (CORRUPTED), and not one that retention deleted because a newer
+    checkpoint, found damaged later, had been written (the restore then rightly fell
+    back past it, or started over).
+    """
+    by_trial: dict[int, list[Checkpoint]] = defaultdict(list)
     for checkpoint in checkpoints:
-        created[checkpoint.trial_id].append(checkpoint.created_at)
+        by_trial[checkpoint.trial_id].append(checkpoint)
     problems = []
     for run in runs:
-        if run.attempt == 0 or run.restored_from_checkpoint is not None:
+        if run.attempt == 0:
             continue
-        earlier = [moment for moment in created[run.trial_id] if moment < run.started_at]
-        if earlier:
+        before = [c for c in by_trial[run.trial_id] if c.created_at < run.started_at]
+        damaged = [c.created_at for c in before if c.state == CheckpointState.CORRUPTED]
+        restored = _restored_step(run)
+        usable = [
+            c
+            for c in before
+            if c.step > restored
+            and c.state != CheckpointState.CORRUPTED
+            and not (
+                c.state == CheckpointState.DELETED
+                and any(moment > c.created_at for moment in damaged)
+            )
+        ]
+        if not usable:
+            continue
+        if restored == 0:
             problems.append(
                 f"trial {run.trial_id}: attempt {run.attempt} started from step 0 although "
-                f"{len(earlier)} checkpoint(s) existed before it"
+                f"{len(usable)} checkpoint(s) existed before it"
+            )
+        else:
+            problems.append(
+                f"trial {run.trial_id}: attempt {run.attempt} continued from step {restored} "
+                f"although {len(usable)} checkpoint(s) of later steps existed before it"
             )
     return problems
 

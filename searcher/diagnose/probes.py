@@ -310,6 +310,10 @@ def diagnose(
     db_url = open_database(db)
     # The configured size and the database are checked first, as `run` checks them.
     checked = validate_run(config, loaded, db_url)
+    # resources.shrink_to_fit: the probes measure the size the run would have.
+    config = checked.config
+    for note in checked.notes:
+        print(f"slotsweep diagnose: {note}", file=out, flush=True)
     with (
         tempfile.TemporaryDirectory(prefix="slotsweep-diagnose-") as tmp,
         probe_database(db_url, Path(tmp), checked.executor) as probe_db,

@@ -36,11 +36,11 @@ from typing import Any
 from sqlalchemy import select
 
 from searcher.driver.context import DriverContext, driver_log
-from searcher.experiments import UsageError, driver_alive
+from searcher.experiments import UsageError
 from storage import Experiment, ExperimentState, Trial, TrialState, session_scope, utcnow
 from trials.coordination import allocations as slot_ledger
 from trials.coordination import cluster_queue
-from trials.coordination.control import Action
+from trials.coordination.control import Action, driver_alive
 from trials.retention import collect_garbage
 
 _log = driver_log

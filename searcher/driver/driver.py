@@ -48,7 +48,7 @@ from searcher.driver.placement import PendingQueue
 from searcher.driver.progress import SearchProgress
 from searcher.driver.running import RunningTrials, end_leftover_warm_jobs, end_leftovers
 from searcher.driver.study_side import StudySide, TellQueue, max_trials
-from searcher.experiments import UsageError, trial_counts, trial_total
+from searcher.experiments import UsageError
 from searcher.integrations import DriverIntegrations
 from searcher.logs import experiment_log_dir
 from searcher.submit.submission import ValidatedRun
@@ -62,6 +62,7 @@ from storage import (
     is_transient_error,
     session_scope,
 )
+from trials.queries import trial_counts, trial_total
 from trials.timings import timings_from_env
 
 _log = driver_log

@@ -17,7 +17,7 @@ from rich.table import Column
 from trials.numbers import format_value
 
 if TYPE_CHECKING:
-    from searcher.experiments import TrialCounts
+    from trials.queries import TrialCounts
 
 # Short enough that the bar, the count and the time leave room for the states at 80 columns.
 _BAR_WIDTH = 20

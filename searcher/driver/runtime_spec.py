@@ -115,6 +115,7 @@ def runtime_spec_of(
         pruning=pruner is not None,
         pruner=pruner,
         pruner_resource=config.searcher.pruner.resource,
+        objectives=[objective.name for objective in config.searcher.objectives],
         min_validation_period=config.min_validation_period,
         min_checkpoint_period=config.min_checkpoint_period,
         optimizations=config.optimizations,

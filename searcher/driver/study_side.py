@@ -28,7 +28,6 @@ from sqlalchemy import select
 import searcher.submit.samplers as samplers
 import searcher.submit.space as space
 from searcher.driver.context import DriverContext, driver_log
-from searcher.experiments import trial_counts, trial_total
 from storage import (
     ExperimentState,
     Trial,
@@ -42,6 +41,7 @@ from storage import (
     utcnow,
 )
 from trials.config import ExperimentConfig
+from trials.queries import trial_counts, trial_total
 
 if TYPE_CHECKING:
     import optuna

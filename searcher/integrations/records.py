@@ -24,10 +24,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from searcher.experiments import UsageError, best_trials, trial_counts
-from storage import Experiment, Metric, SystemMetric, Timing, Trial, TrialState
+from searcher.experiments import UsageError
+from storage import Experiment, Metric, SystemMetric, Timing, TrialState
+from trials import queries
 from trials.config import read_stored_config
-from trials.labels import trial_label
 
 # Rows read per trial per pass: a long trial's history is caught up over several passes,
 # each short, rather than in one read that holds everything in memory.
@@ -99,12 +99,10 @@ def read_experiment(session: Session, experiment_id: int) -> ExperimentRecord:
         raise UsageError(f"experiment: no experiment with id {experiment_id}")
     config = read_stored_config(row.config)
     searcher = config.searcher
-    trials = session.scalars(
-        select(Trial)
-        .where(Trial.experiment_id == experiment_id)
-        .order_by(Trial.optuna_trial_number)
+    trials = queries.experiment_trials(session, experiment_id)
+    best = queries.best_trials(
+        session, experiment_id, smaller_is_better=searcher.smaller_is_better, limit=1
     )
-    best = best_trials(session, row, limit=1)
     return ExperimentRecord(
         id=row.id,
         name=row.name,
@@ -116,11 +114,11 @@ def read_experiment(session: Session, experiment_id: int) -> ExperimentRecord:
         trials=tuple(
             TrialRecord(
                 id=t.id,
-                number=t.optuna_trial_number,
-                label=trial_label(experiment_id, t.optuna_trial_number),
+                number=t.number,
+                label=t.label,
                 state=t.state,
-                hyperparameters=dict(t.hparams or {}),
-                searcher_metric=t.searcher_metric_value,
+                hyperparameters=t.hyperparameters,
+                searcher_metric=t.searcher_metric,
                 failure_reason=t.error,
                 restarts=t.restarts,
                 slot_seconds=t.slot_seconds,
@@ -129,8 +127,8 @@ def read_experiment(session: Session, experiment_id: int) -> ExperimentRecord:
             )
             for t in trials
         ),
-        counts=vars(trial_counts(session, experiment_id)),
-        best_value=best[0].searcher_metric_value if best else None,
+        counts=vars(queries.trial_counts(session, experiment_id)),
+        best_value=best[0].searcher_metric if best else None,
     )
 
 

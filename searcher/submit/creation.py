@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from searcher.experiments import UsageError, find_experiment, trial_counts
+from searcher.experiments import UsageError, find_experiment
 from storage import (
     Experiment,
     ExperimentState,
@@ -22,6 +22,7 @@ from storage import (
     utcnow,
 )
 from trials.config import ExperimentConfig, SearcherConfig, read_stored_config
+from trials.queries import trial_counts
 
 __all__ = ["create_experiment", "extend_experiment"]
 

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from searcher.submit.space import grid_search_space
-from trials import PrunerSpec
+from trials import PrunerSpec, pruning
 from trials.config import ExperimentConfig, slot_seconds_step
 
 if TYPE_CHECKING:
@@ -146,6 +146,11 @@ def pruner_spec(config: ExperimentConfig) -> PrunerSpec | None:
       first step is 1 (one epoch or batch completed), Optuna's warm-up counts from
       step 0, so ``n_warmup_steps: 2`` keeps two completed epochs from being pruned.
 
+    With ``searcher.objectives`` asha and hyperband are :mod:`trials.pruning`'s
+    ``ParetoSuccessiveHalvingPruner`` and ``ParetoHyperbandPruner`` with the same
+    arguments: each rung ranks its trials over the metric and the cost objectives (what
+    each trial had spent at the rung) by Pareto fronts (median is refused by the config).
+
     Example:
         >>> from trials.config import parse_config
         >>> cfg = parse_config({
@@ -163,12 +168,18 @@ def pruner_spec(config: ExperimentConfig) -> PrunerSpec | None:
         ...     "max_length": MaxLength(slot_seconds=60)})
         >>> pruner_spec(cfg.model_copy(update={"searcher": searcher})).kwargs
         {'min_resource': 50, 'max_resource': 6000, 'reduction_factor': 3}
+        >>> from trials.config import ObjectiveConfig
+        >>> costly = cfg.searcher.model_copy(
+        ...     update={"objectives": [ObjectiveConfig(name="wall_seconds")]})
+        >>> pruner_spec(cfg.model_copy(update={"searcher": costly})).name
+        'ParetoHyperbandPruner'
     """
     pruner = config.searcher.pruner
     steps = _resource_steps(config)
+    pareto = "Pareto" if config.searcher.objectives else ""
     if pruner.name == "asha":
         return PrunerSpec(
-            name="SuccessiveHalvingPruner",
+            name=f"{pareto}SuccessiveHalvingPruner",
             kwargs={
                 "min_resource": steps(pruner.min_resource),
                 "reduction_factor": pruner.reduction_factor,
@@ -177,7 +188,7 @@ def pruner_spec(config: ExperimentConfig) -> PrunerSpec | None:
         )
     if pruner.name == "hyperband":
         return PrunerSpec(
-            name="HyperbandPruner",
+            name=f"{pareto}HyperbandPruner",
             kwargs={
                 "min_resource": steps(pruner.min_resource),
                 "max_resource": config.searcher.max_length.value,
@@ -209,7 +220,8 @@ def _resource_steps(config: ExperimentConfig) -> Callable[[float], int]:
 
 
 def build_pruner(config: ExperimentConfig) -> optuna.pruners.BasePruner:
-    """The driver's pruner: :func:`pruner_spec` built, or ``NopPruner`` for none.
+    """The driver's pruner: :func:`pruner_spec` built (:func:`trials.pruning.build_pruner`),
+    or ``NopPruner`` for none.
 
     Example:
         >>> from trials.config import parse_config
@@ -222,13 +234,7 @@ def build_pruner(config: ExperimentConfig) -> optuna.pruners.BasePruner:
         >>> type(build_pruner(cfg)).__name__
         'NopPruner'
     """
-    import optuna
-
-    spec = pruner_spec(config)
-    if spec is None:
-        return optuna.pruners.NopPruner()
-    pruner: optuna.pruners.BasePruner = spec.build()
-    return pruner
+    return pruning.build_pruner(pruner_spec(config))
 
 
 def study_directions(config: ExperimentConfig) -> list[Direction]:
@@ -246,10 +252,7 @@ def study_directions(config: ExperimentConfig) -> list[Direction]:
         >>> study_directions(cfg)
         ['maximize', 'minimize']
     """
-    searcher = config.searcher
-    metric: Direction = "minimize" if searcher.smaller_is_better else "maximize"
-    costs: list[Direction] = ["minimize"] * len(searcher.objectives)
-    return [metric, *costs]
+    return config.searcher.directions
 
 
 def _session_seed(seed: int | None, trials_so_far: int) -> int | None:

@@ -11,7 +11,9 @@ and the schedulability verdict. Every check lives here, once:
 - the database: its URL, whether it opens, and whether the executor's nodes can share it
   (:func:`trials.executors.database_problem`);
 - schedulability: every ``slots_per_trial`` a trial may ask for fits the pool
-  (:func:`trials.scheduler.check_schedulable`);
+  (:func:`trials.scheduler.check_schedulable`), or with ``resources.shrink_to_fit`` the
+  largest size that does replaces it (:func:`trials.scheduler.largest_fit`; the run's
+  :attr:`ValidatedRun.notes` say so);
 - the executor's objections to the config (:func:`executor_problem`) and to the pool's
   agents (:func:`trials.executors.reach_problem`: an agent on another host with the
   local executor).
@@ -76,7 +78,13 @@ from trials.executors import (
     load_cluster,
     reach_problem,
 )
-from trials.scheduler import Cluster, ResourcePool, UnknownPool, check_schedulable
+from trials.scheduler import (
+    Cluster,
+    ResourcePool,
+    UnknownPool,
+    check_schedulable,
+    largest_fit,
+)
 
 __all__ = [
     "ValidatedRun",
@@ -106,6 +114,8 @@ class ValidatedRun:
     #: The schedulability verdict: every ``slots_per_trial`` a trial may ask for, each
     #: of which the pool can run.
     slots_per_trial: tuple[int, ...]
+    #: Lines to print when the run starts: what the checks changed (a size shrunk to fit).
+    notes: tuple[str, ...] = ()
 
     def with_config(self, config: ExperimentConfig) -> ValidatedRun:
         """This run with ``config`` (``continue`` raised its trial budget); same resources only.
@@ -271,6 +281,7 @@ def _checked(
         pool = cluster.pool(config.resources.resource_pool)
     except UnknownPool as exc:
         raise UsageError(f"resources.resource_pool: {exc}") from None
+    config, notes = _shrunk_to_fit(config, pool)
     sizes = tuple(config.possible_slots_per_trial())
     for slots in sizes:
         check_schedulable(pool, slots)
@@ -284,7 +295,28 @@ def _checked(
         executor=executor,
         db_url=db_url,
         slots_per_trial=sizes,
+        notes=notes,
     )
+
+
+def _shrunk_to_fit(
+    config: ExperimentConfig, pool: ResourcePool
+) -> tuple[ExperimentConfig, tuple[str, ...]]:
+    """``config`` with ``resources.slots_per_trial`` lowered to the largest size the pool
+    can run, where ``resources.shrink_to_fit`` asks for it; the line that says so."""
+    resources = config.resources
+    # A share of one slot fits wherever one slot does: nothing to shrink.
+    if not resources.shrink_to_fit or resources.slot_share < 1.0:
+        return config, ()
+    size = largest_fit(pool, resources.slots)
+    if size == resources.slots_per_trial:
+        return config, ()
+    fitted = resources.model_copy(update={"slots_per_trial": size})
+    note = (
+        f"resources.slots_per_trial: {resources.slots_per_trial} cannot be placed in resource "
+        f"pool {pool.name!r}; shrink_to_fit: each trial runs on {size} slot(s), the most it can"
+    )
+    return config.model_copy(update={"resources": fitted}), (note,)
 
 
 def _refuse(problem: str | None) -> None:

@@ -64,8 +64,10 @@ def write_experiment(folder: Path, **overrides: Any) -> Path:
     config["searcher"].update(max_trials=2, max_length={"epochs": 2}, max_concurrent_trials=1)
     config["hyperparameters"]["optimizer"] = {"type": "categorical", "vals": ["sgd", "adamw"]}
     config["min_checkpoint_period"] = {"epochs": 1}
-    # Cold unless a test asks for warm workers (the example turns them on).
+    # Cold unless a test asks for warm workers (the example turns them on), and sizes as
+    # given: a size the cluster cannot place is refused (the example shrinks it to fit).
     config["resources"]["reuse_workers"] = False
+    config["resources"]["shrink_to_fit"] = False
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(config.get(key), dict):
             config[key].update(value)

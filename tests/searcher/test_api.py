@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -96,6 +97,7 @@ def seeded(db_url: str, tmp_path: Path) -> api.Experiment:
         done, failed = session.query(Trial).order_by(Trial.optuna_trial_number)
         done.searcher_metric_value, done.slot_seconds, done.restarts = 0.25, 12.5, 1
         failed.state, failed.error = ExperimentState.ERROR.value, "ValueError: bad shape"
+        failed.hparams = {"lr": 0.01, "optimizer": "sgd"}
         rows = metric_rows(done.id, 10, MetricKind.TRAINING, {"loss": 0.9}, 1.0)
         rows += metric_rows(done.id, 20, MetricKind.VALIDATION, {"validation_loss": 0.25}, 2.0)
         rows += metric_rows(done.id, 20, MetricKind.TRAINING, {"loss": float("nan")}, 2.0)
@@ -122,6 +124,8 @@ def test_trials_best_trial_and_metrics_of_a_seeded_database(seeded: api.Experime
         "slot_seconds",
         "restarts",
         "failure_reason",
+        "params_lr",
+        "params_optimizer",
     ]
     assert trials["number"].tolist() == [0, 1]
     assert trials["state"].tolist() == ["COMPLETED", "ERROR"]
@@ -130,6 +134,10 @@ def test_trials_best_trial_and_metrics_of_a_seeded_database(seeded: api.Experime
     assert trials["failure_reason"].isna().tolist() == [True, False]
     assert trials["failure_reason"].tolist()[1] == "ValueError: bad shape"
     assert trials["hyperparameters"].tolist()[0] == {"lr": 0.1}
+    # One column per hyperparameter, as Optuna's trials_dataframe has them.
+    assert trials["params_lr"].tolist() == [0.1, 0.01]
+    assert trials["params_optimizer"].isna().tolist() == [True, False]  # trial 0 has none
+    assert trials["params_optimizer"].tolist()[1] == "sgd"
 
     best = seeded.best_trial
     assert best is not None and (best.number, best.searcher_metric) == (0, 0.25)
@@ -143,8 +151,98 @@ def test_trials_best_trial_and_metrics_of_a_seeded_database(seeded: api.Experime
     ]
     assert metrics["value"].isna().tolist() == [False, True, False]  # the NaN recorded
     assert seeded.metrics(1).empty
-    with pytest.raises(LookupError, match="no trial 7"):
+    with pytest.raises(
+        LookupError, match=r"^experiment \d+ has no trial #7; its trials are #0 to #1$"
+    ):
         seeded.metrics(7)
+
+
+def test_every_method_takes_a_trial_as_the_cli_and_the_ui_name_it(
+    seeded: api.Experiment, db_url: str, tmp_path: Path
+) -> None:
+    """Its number, its label (``#0``, ``E.0``) or the TrialSummary the API returns."""
+    other = api.Experiment.open(make_experiment(db_url, tmp_path / "other", "COMPLETED"), db_url)
+    with session_scope(db_url) as session:
+        trial = session.query(Trial).filter_by(experiment_id=other.id, optuna_trial_number=0).one()
+        session.execute(insert(Metric), metric_rows(trial.id, 5, MetricKind.TRAINING, {"x": 1.0}))
+    best = seeded.best_trial
+    assert best is not None and best.label == f"{seeded.id}.0"
+    summaries = {t.number: t for t in seeded._summaries()}
+    expected = seeded.metrics(0)
+    assert len(expected) == 3 and seeded.metrics(1).empty
+    for form in (0, np.int64(0), "#0", " #0 ", f"{seeded.id}.0", best, summaries[0]):
+        assert seeded.metrics(form).equals(expected), form
+        assert seeded.checkpoint_path(form) == seeded.checkpoint_path()
+    torch.testing.assert_close(seeded.load_checkpoint("#0"), seeded.load_checkpoint(best))
+    # Experiment 2's trial 0 is its own, by each of its names.
+    assert other.id != seeded.id
+    for form in (0, "#0", f"{other.id}.0"):
+        assert other.metrics(form)["name"].tolist() == ["x"]
+    assert seeded.metrics(f"{seeded.id}.1").empty  # "1.1" is trial 1, never trial 0's "1"
+
+
+@pytest.mark.parametrize(
+    ("given", "error", "message"),
+    [
+        (1.0, TypeError, r"^trial: got 1\.0 \(float\); give its number \(3\), its label"),
+        (True, TypeError, r"^trial: got True \(bool\); give its number"),
+        ([0], TypeError, r"^trial: got \[0\] \(list\); give its number"),
+        (
+            "0",
+            LookupError,
+            r"^trial: '0' names no trial; give its number \(3\), its label \('#3' or '\d+\.3'\)",
+        ),
+        ("trial 0", LookupError, r"^trial: 'trial 0' names no trial; give"),
+        ("#x", LookupError, r"^trial: '#x' names no trial; give"),
+        (
+            "99.0",
+            LookupError,
+            r"^trial: '99\.0' names a trial of experiment 99, not of experiment \d+$",
+        ),
+        ("#5", LookupError, r"^experiment \d+ has no trial #5; its trials are #0 to #1$"),
+        (-1, LookupError, r"^experiment \d+ has no trial #-1; its trials are #0 to #1$"),
+        (2**70, LookupError, r"^experiment \d+ has no trial #1180591620717411303424; its trials"),
+    ],
+    ids=[
+        "float",
+        "bool",
+        "list",
+        "bare-string",
+        "words",
+        "hash-words",
+        "other-experiment",
+        "missing",
+        "negative",
+        "huge",
+    ],
+)
+def test_anything_else_is_refused_in_one_line_not_by_the_database(
+    seeded: api.Experiment, given: Any, error: type[Exception], message: str
+) -> None:
+    for method in (seeded.metrics, seeded.checkpoint_path, seeded.load_checkpoint):
+        with pytest.raises(error, match=message) as raised:
+            method(given)
+        assert type(raised.value) is error and "\n" not in str(raised.value)
+
+
+def test_metrics_needs_a_trial_where_checkpoints_default_to_the_best(
+    seeded: api.Experiment,
+) -> None:
+    with pytest.raises(TypeError, match=r"^trial: got None \(NoneType\); give its number"):
+        seeded.metrics(None)  # type: ignore[arg-type]
+    assert seeded.checkpoint_path(None) == seeded.checkpoint_path(0)
+
+
+def test_a_summary_of_another_experiment_is_refused(
+    seeded: api.Experiment, db_url: str, tmp_path: Path
+) -> None:
+    other = api.Experiment.open(make_experiment(db_url, tmp_path / "other", "COMPLETED"), db_url)
+    theirs = other._summaries()[0]
+    with pytest.raises(LookupError) as raised:
+        seeded.metrics(theirs)
+    assert str(raised.value) == (
+        f"trial: {other.id}.0 is a trial of experiment {other.id}, not of experiment {seeded.id}"
+    )
 
 
 def test_checkpoints_study_and_handles_of_a_seeded_database(seeded: api.Experiment) -> None:

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import exc, select, text
 
 from storage import (
     AttemptSupersededError,
@@ -69,11 +69,18 @@ def test_locked_and_lost_connections_are_transient_and_statement_errors_are_not(
     holder.join()
     assert is_transient_error(locked.value)
 
-    with pytest.raises(Exception) as missing, session_scope(db_url) as session:
+    # The same class as a lock's (OperationalError): only what it says tells them apart.
+    with (
+        pytest.raises(exc.OperationalError, match="no such table: no_such_table") as missing,
+        session_scope(db_url) as session,
+    ):
         session.execute(text("select * from no_such_table"))
     assert not is_transient_error(missing.value)
 
-    with pytest.raises(Exception) as duplicate, session_scope(db_url) as session:
+    with (
+        pytest.raises(exc.IntegrityError, match="UNIQUE constraint failed") as duplicate,
+        session_scope(db_url) as session,
+    ):
         study = session.scalar(select(Experiment.study_name))
         session.add(
             Experiment(
@@ -115,7 +122,7 @@ def test_retry_transient_does_not_repeat_a_statement_error(db_url: str) -> None:
         with session_scope(db_url) as session:
             session.execute(text("select * from no_such_table"))
 
-    with pytest.raises(Exception, match="no_such_table"):
+    with pytest.raises(exc.OperationalError, match="no such table: no_such_table"):
         retry_transient(broken, deadline_s=30)
     assert len(calls) == 1
 
@@ -156,9 +163,10 @@ def test_a_file_that_is_not_sqlite_is_not_transient(tmp_path: Path) -> None:
     # Retrying could never help: the error must surface at once.
     bogus = tmp_path / "not.db"
     bogus.write_bytes(b"plain text, not a database" * 100)
-    with pytest.raises(Exception) as error:
+    with pytest.raises(sqlite3.DatabaseError, match=r"^file is not a database$") as error:
         connection = sqlite3.connect(bogus)
         connection.execute("select 1 from sqlite_master")
+    assert type(error.value) is sqlite3.DatabaseError  # not its OperationalError subclass
     assert not is_transient_error(error.value)
 
 

@@ -18,6 +18,8 @@ from sqlalchemy import func, inspect, select, text
 from sqlalchemy.engine import make_url
 
 from storage import (
+    Checkpoint,
+    CheckpointState,
     Experiment,
     Metric,
     MetricKind,
@@ -124,6 +126,43 @@ def test_an_experiment_from_before_revision_0013_keeps_its_id_as_checkpoint_fold
 
 
 @pytest.mark.slow
+def test_a_database_from_before_revision_0014_can_mark_a_checkpoint_corrupted(
+    tmp_path: Path,
+) -> None:
+    """Its checkpoints stay as they were; the new state and its reason can be written, and
+    a downgrade leaves a CORRUPTED checkpoint as one the older code never restores from."""
+    from alembic import command
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    command.upgrade(alembic_config(url), "0013")
+    _, (trial_id,) = add_experiment(url)
+    with get_engine(url).begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO slotsweep_checkpoints (uuid, trial_id, step, path, size_bytes, "
+                "metrics, state, created_at) VALUES ('c1', :t, 4, '/c/c1', 1, '{}', "
+                "'COMPLETED', '2026-11-01 00:00:00')"
+            ),
+            {"t": trial_id},
+        )
+    upgrade_schema(url)
+    assert current_revision(url) == head_revision() == "0014"
+    with session_scope(url) as session:
+        row = session.scalars(select(Checkpoint)).one()
+        assert (row.state, row.problem) == (CheckpointState.COMPLETED, None)
+        row.state, row.problem = CheckpointState.CORRUPTED, "state.pt is missing"
+    with session_scope(url) as session:
+        row = session.scalars(select(Checkpoint)).one()
+        assert (row.state, row.problem) == (CheckpointState.CORRUPTED, "state.pt is missing")
+    command.downgrade(alembic_config(url), "0013")
+    with get_engine(url).connect() as connection:
+        assert connection.execute(text("SELECT state FROM slotsweep_checkpoints")).all() == [
+            ("DELETED",)
+        ]
+        columns = {c["name"] for c in inspect(connection).get_columns("slotsweep_checkpoints")}
+        assert "problem" not in columns
+
+
 def test_postgresql_schema_and_metrics(postgres_url: str) -> None:
     _check_database(postgres_url)
 

@@ -12,6 +12,7 @@ from trials.retention import (
     checkpoints_to_delete,
     checkpoints_to_keep,
     collect_garbage,
+    newest_intact,
 )
 
 
@@ -287,3 +288,94 @@ def test_an_experiment_from_before_the_checkpoint_key_keeps_and_collects_its_id_
     _run(db_url, trial_id, ended=True)
     assert _collect(db_url, experiment_id, policy, None) == ["c1"]
     assert _names(folder) == ["another-databases", "c2"]
+
+
+# ----------------------------------------- the newest intact checkpoint is never collected
+
+
+def test_newest_intact_checks_newest_first_and_stops_at_the_first_intact() -> None:
+    ckpts = [CheckpointRecord(f"c{step}", 1, step) for step in (10, 20, 30, 40)]
+    asked: list[str] = []
+
+    def problem_of(record: CheckpointRecord) -> str | None:
+        asked.append(record.uuid)
+        return None if record.uuid in {"c10", "c20"} else f"{record.uuid} is damaged"
+
+    assert newest_intact(ckpts, problem_of) == (
+        "c20",
+        {"c40": "c40 is damaged", "c30": "c30 is damaged"},
+    )
+    assert asked == ["c40", "c30", "c20"]  # c10 is never read
+    assert newest_intact(ckpts, lambda r: "damaged") == (
+        None,
+        {f"c{step}": "damaged" for step in (40, 30, 20, 10)},
+    )
+
+
+def _damaged_trial(db_url: str, tmp_path: Path) -> tuple[int, Path]:
+    """A trial with checkpoints at steps 10-40 written as rank 0 writes them (manifests
+    with digests); the two newest damaged since."""
+    experiment_id, (trial_id,) = add_experiment(db_url)
+    folder = tmp_path / "ckpt"
+    written = {}
+    for step in (10, 20, 30, 40):
+        written[step] = _write(folder, f"c{step}")
+        _record(db_url, trial_id, written[step], step)
+    with open(written[40] / "state.pt", "wb"):
+        pass  # truncated to nothing
+    (written[30] / "state.pt").unlink()
+    _run(db_url, trial_id, ended=True)
+    return experiment_id, folder
+
+
+def _states(db_url: str) -> dict[str, tuple[CheckpointState, str | None]]:
+    from sqlalchemy import select
+
+    with session_scope(db_url) as session:
+        return {
+            uuid: (state, problem)
+            for uuid, state, problem in session.execute(
+                select(Checkpoint.uuid, Checkpoint.state, Checkpoint.problem)
+            )
+        }
+
+
+def test_retention_never_deletes_the_newest_intact_checkpoint_for_damaged_newer_ones(
+    db_url: str, tmp_path: Path
+) -> None:
+    experiment_id, folder = _damaged_trial(db_url, tmp_path)
+    policy = CheckpointStorageConfig(
+        path=str(tmp_path / "ckpt"), save_trial_latest=1, save_trial_best=0
+    )
+    # The policy alone would keep c40 (the newest) and delete c10-c30.
+    assert _collect(db_url, experiment_id, policy, None) == ["c10"]
+    assert _states(db_url) == {
+        "c10": (CheckpointState.DELETED, None),
+        "c20": (CheckpointState.COMPLETED, None),
+        "c30": (CheckpointState.CORRUPTED, "state.pt is missing (its manifest names it)"),
+        "c40": (CheckpointState.CORRUPTED, "state.pt: 0 bytes, its manifest says 1"),
+    }
+    # The damaged ones stay for inspection, and no later collection takes them.
+    assert _names(folder) == ["c20", "c30", "c40"]
+    assert _collect(db_url, experiment_id, policy, None) == []
+    assert _names(folder) == ["c20", "c30", "c40"]
+
+
+def test_a_checkpoint_just_written_whole_is_not_read_back(db_url: str, tmp_path: Path) -> None:
+    """Rank 0's collection after its own write: the new checkpoint's digests were taken
+    from the bytes written, so it counts as intact without a second read."""
+    experiment_id, folder = _damaged_trial(db_url, tmp_path)
+    policy = CheckpointStorageConfig(
+        path=str(tmp_path / "ckpt"), save_trial_latest=1, save_trial_best=0
+    )
+    with session_scope(db_url) as session:
+        deleted = collect_garbage(
+            session,
+            experiment_id=experiment_id,
+            policy=policy,
+            metric="val_loss",
+            smaller_is_better=True,
+            known_intact={"c40"},
+        )
+    assert deleted == ["c10", "c20", "c30"]
+    assert _names(folder) == ["c40"]

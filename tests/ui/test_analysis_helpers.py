@@ -7,8 +7,9 @@ import pytest
 
 from storage import get_engine
 from tests._demo_data import DemoSearch
+from trials import queries as _queries
 from trials.config import SearcherConfig
-from ui import _charts, _compare, _curves, _queries, _units
+from ui import _charts, _compare, _curves, _units
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,8 @@ from tests.real_search import (
     RealSearch,
 )
 from tests.ui._pages import PageRenderer, assert_no_exception, texts, vega_charts
-from ui import _format, _queries
+from trials import queries as _queries
+from ui import _format
 
 pytestmark = pytest.mark.slow
 

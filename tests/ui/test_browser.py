@@ -28,7 +28,7 @@ import sqlalchemy as sa
 
 from storage import get_engine
 from tests._demo_data import DemoSearch, seed_small_search
-from tests.conftest import free_port
+from tests.conftest import cannot_run_here, free_port
 from tests.real_search import RealSearch
 from tests.ui.conftest import copy_database
 
@@ -60,7 +60,9 @@ def _ensure_chromium() -> None:
     if CHROMIUM.exists() and CHROMEDRIVER.exists():
         return
     if shutil.which("apt-get") is None:
-        pytest.skip("Debian's chromium is not installed and apt-get is unavailable to install it")
+        cannot_run_here(
+            "Debian's chromium is not installed and apt-get is unavailable to install it"
+        )
     result = subprocess.run(
         ["sh", str(REPO_ROOT / ".ci" / "install_chromium.sh")],
         capture_output=True,

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sqlite3
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +15,10 @@ import sqlalchemy as sa
 
 from storage import get_engine
 from tests._demo_data import DemoSearch
+from tests.searcher.conftest import run_cli, wait_for, write_experiment
 from tests.ui._pages import PageRenderer, assert_no_exception, texts
 from trials._system_metrics import HOST_METRICS
+from trials.pruning import rung_decisions
 
 
 def _charts(app: object, kind: str) -> list[dict[str, object]]:
@@ -193,6 +198,17 @@ def test_multi_objective_experiment_shows_the_pareto_front(
     study = optuna.load_study(study_name=study_name, storage=optuna_storage(synthetic_search.url))
     assert "Best trials (Pareto front)" in texts(app)
     assert sorted(app.dataframe[0].value["number"]) == sorted(t.number for t in study.best_trials)
+    # Its pruner (MO-ASHA) stopped trial 1 at its first rung: where, and with what values.
+    assert "Pruned trials: where they stopped" in texts(app)
+    stops = app.dataframe[1].value
+    decisions = rung_decisions(study.user_attrs)
+    pruned = [t.number for t in study.trials if t.state == optuna.trial.TrialState.PRUNED]
+    assert 1 in pruned
+    assert list(stops["trial"]) == [f"{experiment}.{number}" for number in pruned]
+    first = stops.iloc[0]
+    assert (first["rung"], first["stopped at"]) == (0, "epoch 1")
+    assert (first["val_loss"], first["slot_seconds"]) == pytest.approx(decisions[1][0].values)
+    assert first["open"].startswith(f"trial?trial={experiment}.1")
     control.set_value("Optimization history").run()
     assert_no_exception(app)
     assert "Optimization History" in json.dumps(_charts(app, "plotly_chart")[0]["layout"])
@@ -314,15 +330,90 @@ def test_pause_requires_confirmation_then_records_the_request(
     assert app.button[0].disabled
 
 
+@pytest.mark.slow
+def test_resume_starts_a_driver_that_runs_the_search_to_its_end(
+    render: PageRenderer,
+    tmp_path: Path,
+    cli_env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Resume button for real: a search created with ``--detach`` is started from the
+    page, and the driver it starts (a process of its own) runs it to COMPLETED."""
+    path = write_experiment(
+        tmp_path / "exp",
+        searcher={"max_trials": 1, "max_length": {"batches": 4}, "pruner": {"name": "none"}},
+    )
+    db = f"sqlite:///{tmp_path / 'search.db'}"
+    created = run_cli(
+        ["run", str(path), "--db", db, "--detach", "--slots", "2"], cli_env, tmp_path
+    )
+    assert created.returncode == 0, created.stderr
+    # The driver's log goes to the temporary folder, this test's own.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    app = render("experiment", db, experiment=1)
+    # The driver runs on this machine (the renderer's cluster file is the synthetic one).
+    monkeypatch.delenv("SLOTSWEEP_CLUSTER")
+    assert_no_exception(app)
+    app.radio(key="action_1").set_value("resume").run()
+    app.checkbox(key="action_confirmed_1").check().run()
+    app.button[0].click().run()
+    assert_no_exception(app)
+    said = texts(app)
+    assert "Started `slotsweep resume 1` (pid " in said, said
+    pid = int(said.split("(pid ", 1)[1].split(")", 1)[0])
+    try:
+        # A session of its own (the driver takes seconds to start: it is still there):
+        # it outlives the page and the UI's server.
+        assert os.getsid(pid) == pid
+        wait_for(lambda: _experiment_state(db) == "COMPLETED", timeout=300, what="COMPLETED")
+        with get_engine(db).connect() as conn:
+            states = conn.execute(sa.text("SELECT state FROM slotsweep_trials")).scalars().all()
+        assert states == ["COMPLETED"]
+        log = (tmp_path / "slotsweep-resume-1.log").read_text()
+        assert "experiment 1 COMPLETED" in log, log[-2000:]
+    finally:
+        if _running(pid):
+            os.kill(pid, signal.SIGKILL)
+    finished = render("experiment", db, experiment=1)
+    assert_no_exception(finished)
+    assert {m.label: m.value for m in finished.metric}["State"] == "COMPLETED"
+    assert not finished.button
+
+
+def _experiment_state(db: str) -> str:
+    with get_engine(db).connect() as conn:
+        return str(conn.execute(sa.text("SELECT state FROM slotsweep_experiments")).scalar_one())
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def test_finished_experiment_offers_no_actions(
     render: PageRenderer, synthetic_search: DemoSearch
 ) -> None:
-    app = render(
-        "experiment",
-        synthetic_search.url,
-        experiment=synthetic_search.multi_objective_experiment_id,
-    )
+    # The same renderer offers the actions on an experiment that is not finished: the
+    # page is allowed to show them, so their absence below is the state's doing.
+    live = render("experiment", synthetic_search.url, experiment=synthetic_search.experiment_id)
+    assert_no_exception(live)
+    assert [b.label for b in live.button] == ["Send request"]
+    finished = synthetic_search.multi_objective_experiment_id
+    app = render("experiment", synthetic_search.url, experiment=finished)
+    # The page drew the whole finished experiment (a page that crashed would show no
+    # button either): its headline, its state and its trials.
+    assert_no_exception(app)
+    assert app.subheader[0].value.startswith("regression-cost (#")
+    metrics = {m.label: m.value for m in app.metric}
+    assert metrics["State"] == "COMPLETED"
+    assert app.dataframe and not app.dataframe[0].value.empty
+    # And no way to act on it: no choice of action, no confirmation, no button.
     assert not app.button
+    assert not app.get("radio")
+    assert not [c for c in app.checkbox if c.key == f"action_confirmed_{finished}"]
 
 
 # --- Trial ------------------------------------------------------------------------------
@@ -436,6 +527,54 @@ def test_restarted_trial_lists_each_launch(
     assert list(runs["attempt"]) == [0, 1]
     assert runs["exit_code"].tolist() == [-9, 0]
     assert runs["restored_from_step"].iloc[1] > 0
+
+
+def test_a_skipped_damaged_checkpoint_is_named_with_why(
+    render: PageRenderer, writable_synthetic: DemoSearch
+) -> None:
+    """A restart that skipped a damaged checkpoint: the page says which and why (a
+    warning above the table, its problem in the table), and the run's reason says
+    where it continued from."""
+    trial_id = writable_synthetic.restarted_trial_id
+    with get_engine(writable_synthetic.url).begin() as conn:
+        damaged = conn.execute(
+            sa.text(
+                "SELECT uuid, step FROM slotsweep_checkpoints WHERE trial_id = :t "
+                "ORDER BY step DESC LIMIT 1"
+            ),
+            {"t": trial_id},
+        ).one()
+        problem = "state.pt: 64 bytes, its manifest says 6221"
+        conn.execute(
+            sa.text(
+                "UPDATE slotsweep_checkpoints SET state = 'CORRUPTED', problem = :p "
+                "WHERE uuid = :u"
+            ),
+            {"p": problem, "u": damaged.uuid},
+        )
+        note = (
+            f"continued from the checkpoint of step 4; skipped the checkpoint of step "
+            f"{damaged.step} ({damaged.uuid[:8]}): {problem}"
+        )
+        conn.execute(
+            sa.text(
+                "UPDATE slotsweep_trial_runs SET reason = :r WHERE trial_id = :t AND attempt = 1"
+            ),
+            {"r": note, "t": trial_id},
+        )
+    app = render("trial", writable_synthetic.url, trial=trial_id)
+    assert_no_exception(app)
+    assert app.warning[0].value == (
+        f"The checkpoint of step {damaged.step} ({damaged.uuid[:8]}) was skipped as damaged: "
+        f"{problem}. Its files are kept for inspection ("
+        + app.dataframe[1].value["path"].iloc[0]
+        + "); no restore uses it again."
+    )
+    table = app.dataframe[1].value
+    assert (table["state"].iloc[0], table["problem"].iloc[0]) == ("CORRUPTED", problem)
+    assert table["problem"].iloc[1:].isna().all()
+    runs = app.dataframe[2].value
+    assert runs["reason"].iloc[1] == note
 
 
 def test_failed_trial_shows_its_error(render: PageRenderer, synthetic_search: DemoSearch) -> None:

@@ -11,7 +11,7 @@ from storage import MetricKind, get_engine, record_metrics, session_scope
 from tests._demo_data import DemoSearch
 from tests.conftest import add_experiment
 from tests.real_search import RealSearch
-from ui import _queries
+from trials import queries as _queries
 
 
 @pytest.fixture

@@ -311,17 +311,49 @@ class SearcherConfig(_Strict):
             raise ValueError(
                 f"{self.name} is single-objective; with 'objectives' use random, tpe, gp or nsga2"
             )
-        if self.objectives and self.pruner.name != "none":
-            raise ValueError(
-                "pruning is single-objective: set pruner.name to none with 'objectives'"
-            )
         self._check_resource()
+        self._check_pareto_pruning()
         return self
+
+    @property
+    def directions(self) -> list[Literal["minimize", "maximize"]]:
+        """The study's directions: the searcher metric's first, then each cost objective's
+        (minimized)."""
+        metric: Literal["minimize", "maximize"] = (
+            "minimize" if self.smaller_is_better else "maximize"
+        )
+        costs: list[Literal["minimize", "maximize"]] = ["minimize"] * len(self.objectives)
+        return [metric, *costs]
+
+    @property
+    def objective_names(self) -> list[str]:
+        """The study's objectives by name: the searcher metric, then each cost objective."""
+        return [self.metric, *(objective.name for objective in self.objectives)]
 
     @property
     def resource_unit(self) -> Literal["epochs", "batches", "slot_seconds"]:
         """The unit of the pruner's steps: ``pruner.resource``, else ``max_length``'s."""
         return self.pruner.resource or self.max_length.unit
+
+    def _check_pareto_pruning(self) -> None:
+        """A pruner that fits 'objectives': rungs ranked by Pareto fronts (MO-ASHA)."""
+        if not self.objectives or self.pruner.name == "none":
+            return
+        if self.pruner.name == "median":
+            raise ValueError(
+                "pruner.name: median compares one metric with the median of the other "
+                "trials' at the same step, and several objectives have no median; with "
+                "'objectives' use asha or hyperband (rungs ranked by Pareto fronts) or none"
+            )
+        if self.resource_unit == "slot_seconds" and any(
+            objective.name == "slot_seconds" for objective in self.objectives
+        ):
+            where = "pruner.resource" if self.pruner.resource else "max_length"
+            raise ValueError(
+                f"{where}: rungs in slot-seconds with the objective slot_seconds: every "
+                "trial meets a rung at the same compute, so compute cannot rank them; "
+                "put the rungs in epochs or batches (max_length's unit, no pruner.resource)"
+            )
 
     def _check_resource(self) -> None:
         """The pruner's resource, ``min_resource`` and ``max_length`` fit together."""
@@ -374,6 +406,10 @@ class ResourcesConfig(_Strict):
     # With reuse_workers: keep the entrypoint's module between trials instead of
     # re-importing it (its module globals then carry over: opt in knowingly).
     keep_entrypoint_module: bool = False
+    # A slots_per_trial the pool cannot place runs on the largest size it can (an
+    # example that shows DDP where two slots exist and still runs on one GPU); decided
+    # once, when the run is submitted, and stored with the experiment.
+    shrink_to_fit: bool = False
 
     @field_validator("slots_per_trial", mode="before")
     @classmethod
@@ -492,6 +528,11 @@ class ExperimentConfig(_Strict):
                 f"({self.resources.slots_per_trial:g}) is one size for every trial and cannot "
                 "be combined with a search over hyperparameters.slots_per_trial; remove the "
                 f"hyperparameter, or search whole numbers of slots (1, 2, ...)"
+            )
+        if self.resources.shrink_to_fit:
+            raise ValueError(
+                "hyperparameters.slots_per_trial: not with resources.shrink_to_fit, which "
+                "shrinks resources.slots_per_trial only; every searched size must fit the pool"
             )
         if isinstance(hp, (DoubleHP, LogHP)):
             raise ValueError(

@@ -176,7 +176,8 @@ class ProfilingConfig(ConfigModel):
 
     enabled: bool = True
     window_batches: int = Field(default=50, ge=1, le=INT32_MAX)
-    # Only every n-th batch synchronises CUDA, so timing does not slow training.
+    # On a GPU only every n-th batch is timed (CUDA events: a few microseconds of the
+    # host each); nothing waits for the GPU to time it. On a CPU every batch is timed.
     sync_every: int = Field(default=10, ge=1, le=INT32_MAX)
     system_metrics_interval_s: float = Field(
         default=5.0, gt=0, le=_MAX_SAMPLE_INTERVAL_S, allow_inf_nan=False
@@ -187,11 +188,23 @@ class ProfilingConfig(ConfigModel):
     synthetic_data: bool = False
 
 
+# Successive halving and Hyperband, single- and multi-objective (the same rungs): each
+# pruner's own defaults of min_resource and reduction_factor, where a spec leaves one out.
+_RUNG_DEFAULTS: dict[str, tuple[int | str, int]] = {
+    "SuccessiveHalvingPruner": ("auto", 4),
+    "HyperbandPruner": (1, 3),
+    "ParetoSuccessiveHalvingPruner": (1, 3),
+    "ParetoHyperbandPruner": (1, 3),
+}
+
+
 class PrunerSpec(ConfigModel):
-    """An Optuna pruner by class name and arguments.
+    """A pruner by class name and arguments: one of ``optuna.pruners``, or of
+    :mod:`trials.pruning` for a multi-objective study (``ParetoSuccessiveHalvingPruner``,
+    ``ParetoHyperbandPruner``).
 
     Optuna does not store a study's pruner, so every rank 0 that asks ``should_prune``
-    rebuilds the driver's pruner from this.
+    rebuilds the driver's pruner from this (:func:`trials.pruning.build_pruner`).
 
     Example:
         >>> PrunerSpec(name="SuccessiveHalvingPruner", kwargs={"min_resource": 1}).name
@@ -200,12 +213,6 @@ class PrunerSpec(ConfigModel):
 
     name: str
     kwargs: dict[str, Any] = Field(default_factory=dict)
-
-    def build(self) -> Any:
-        """The ``optuna.pruners`` instance (imports Optuna)."""
-        import optuna
-
-        return getattr(optuna.pruners, self.name)(**self.kwargs)
 
     def may_prune(self, asked_at: int | None, step: int) -> bool:
         """Whether the pruner can answer yes at ``step``, last asked at ``asked_at``.
@@ -232,12 +239,12 @@ class PrunerSpec(ConfigModel):
         kwargs = self.kwargs
         if self.name in ("MedianPruner", "PercentilePruner"):
             return step >= int(kwargs.get("n_warmup_steps", 0))
-        if self.name not in ("SuccessiveHalvingPruner", "HyperbandPruner"):
+        if self.name not in _RUNG_DEFAULTS:
             return True
-        halving = self.name == "SuccessiveHalvingPruner"
-        # Optuna's defaults where the arguments leave one out.
-        min_resource = kwargs.get("min_resource", "auto" if halving else 1)
-        factor = kwargs.get("reduction_factor", 4 if halving else 3)
+        halving = "Hyperband" not in self.name
+        default_min, default_factor = _RUNG_DEFAULTS[self.name]
+        min_resource = kwargs.get("min_resource", default_min)
+        factor = kwargs.get("reduction_factor", default_factor)
         if not isinstance(min_resource, int | float) or min_resource <= 0 or factor <= 1:
             return True
         rung = min_resource * factor ** (
@@ -299,6 +306,9 @@ class RuntimeSpec(ConfigModel):
     #: ``searcher.pruner.resource``: ``slot_seconds`` reports validations to Optuna at
     #: the compute spent, else (None) at ``max_length``'s unit.
     pruner_resource: Literal["slot_seconds"] | None = None
+    #: ``searcher.objectives``' names: a multi-objective study, whose pruner ranks each
+    #: validation's metric with what the trial had spent of each cost by then.
+    objectives: list[Literal["slot_seconds", "wall_seconds"]] = Field(default_factory=list)
     min_validation_period: Length
     min_checkpoint_period: Length | None = None
     optimizations: OptimizationsConfig = Field(default_factory=OptimizationsConfig)

@@ -8,6 +8,7 @@ executor that started them (:mod:`~trials.coordination.attempts`), and pause, ac
 and kill as the CLI and the UI ask for them (:mod:`~trials.coordination.control`).
 
 May import ``storage``, the base modules of ``trials``, :mod:`trials.scheduler`,
-:mod:`trials.launch` and :mod:`trials.executors`; nothing in ``trials`` imports it.
+:mod:`trials.launch` and :mod:`trials.executors`; in ``trials`` only the read model,
+:mod:`trials.queries`, imports it.
 Its modules import each other by their full path, never through this package.
 """

@@ -13,8 +13,9 @@ those, lazily, so the other ranks start with torch's own cost.
 
 Besides the trial API it exports what the rank's program (:mod:`trials.node.worker`)
 and the ``torchrun`` wrapper run: a trial, a warm job's loop, the failure record.
-May import ``storage`` (rank 0, lazily), the base modules of ``trials`` and
-:mod:`trials.launch` (the environment the driver sets); only :mod:`trials.node`
+May import ``storage`` (rank 0, lazily), the base modules of ``trials``,
+:mod:`trials.launch` (the environment the driver sets) and :mod:`trials.pruning` (rank
+0's reports to the study's pruner); only :mod:`trials.node`
 imports it, so the driver's side never loads torch.
 
 Example:
@@ -23,7 +24,8 @@ Example:
 """
 
 from trials.entrypoints import InvalidTrialError, load_entrypoint
-from trials.runtime._checkpoint import read_checkpoint
+from trials.runtime._accelerator import Accelerator, CpuAccelerator, accelerator_for
+from trials.runtime._checkpoint import CheckpointMismatchError, read_checkpoint
 from trials.runtime._context import (
     LoadedCheckpoint,
     PyTorchTrialContext,
@@ -41,6 +43,9 @@ from trials.runtime._trial import PyTorchTrial
 from trials.runtime._warm import WarmChannel
 
 __all__ = [
+    "Accelerator",
+    "CheckpointMismatchError",
+    "CpuAccelerator",
     "DataLoader",
     "DistributedInfo",
     "InvalidTrialError",
@@ -50,6 +55,7 @@ __all__ = [
     "TorchGlobals",
     "TrialContext",
     "WarmChannel",
+    "accelerator_for",
     "barrier",
     "build_lr_scheduler",
     "build_optimizer",

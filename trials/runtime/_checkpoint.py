@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import io
 import json
+import pickle
 import random
+import re
 import uuid as uuid_lib
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -42,14 +44,16 @@ from typing import IO, Any, Protocol
 
 import torch
 
-from trials.checkpoint_storage import FileWriter, store_for
+from trials.checkpoint_storage import CheckpointCorruptedError, FileWriter, store_for
 from trials.config import is_url
+from trials.entrypoints import InvalidTrialError
 from trials.runtime._background import Background
 from trials.runtime._recording import Recorder
 
 STATE_FILE = "state.pt"
 METADATA_FILE = "metadata.json"
 FORMAT_VERSION = 1
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def checkpoint_files(
@@ -223,28 +227,99 @@ class NoCheckpoints:
 NO_CHECKPOINTS = NoCheckpoints()
 
 
+class CheckpointMismatchError(InvalidTrialError):
+    """A whole checkpoint that this trial cannot take: not corruption, but code that
+    changed since it was written (a model whose shapes changed, a trial that wraps more
+    optimizers, state torch refuses to load as weights only).
+
+    Every older checkpoint of the trial would fail alike, so the attempt fails as any
+    trial that cannot run as configured does (not restarted), with the cause in one line.
+    """
+
+
+def one_line(error: BaseException) -> str:
+    """``error``'s message on one line (torch's errors span several), at most 500 characters.
+
+    Example:
+        >>> one_line(RuntimeError("Error(s) in loading state_dict for Linear:\\n\\tsize mismatch"))
+        'Error(s) in loading state_dict for Linear: size mismatch'
+    """
+    # torch colours parts of some messages: the escapes mean nothing in a log or a table.
+    text = " ".join(_ANSI_ESCAPE.sub("", str(error)).split()) or type(error).__name__
+    return text if len(text) <= 500 else text[:499] + "…"
+
+
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load a checkpoint (its folder or URL, or its ``state.pt``) onto the CPU, weights only.
 
-    A checkpoint on object storage loads only once its manifest says it is whole.
+    Every file is first checked against the checkpoint's manifest (sizes and SHA-256
+    digests): ``torch.load`` only sees bytes that are the ones written. Raises
+    :class:`~trials.checkpoint_storage.CheckpointCorruptedError` for a checkpoint that
+    is damaged (a file missing, truncated or altered; or, for one written before
+    manifests had digests, bytes torch cannot read), a
+    :class:`~trials.checkpoint_storage.CheckpointMissingError` (a ``FileNotFoundError``)
+    when nothing is there, and :class:`CheckpointMismatchError` for intact bytes that
+    are not a checkpoint this code can load.
     """
     text = str(path)
-    if is_url(text):
-        location = text[: -len(STATE_FILE) - 1] if text.endswith("/" + STATE_FILE) else text
-        try:
-            source: IO[bytes] | Path = store_for(location).read(location, STATE_FILE)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"restore_checkpoint_path: no checkpoint at {path}") from None
+    suffix = "/" + STATE_FILE
+    location = text[: -len(suffix)] if text.endswith(suffix) else text
+    source: IO[bytes]
+    name = STATE_FILE
+    if not is_url(location) and Path(location).is_file():
+        # A checkpoint of one file (written by hand, or before checkpoints were folders):
+        # no manifest to compare with.
+        source, digested = open(location, "rb"), False  # noqa: SIM115 (closed below)
+        name = Path(location).name
     else:
-        source = Path(path)
-        if source.is_dir():
-            source = source / STATE_FILE
-        if not source.is_file():
-            raise FileNotFoundError(f"restore_checkpoint_path: no checkpoint at {path}")
-    state = torch.load(source, map_location="cpu", weights_only=True)
+        source, digested = store_for(location).open_verified(location, STATE_FILE)
+    with source:
+        try:
+            state = torch.load(source, map_location="cpu", weights_only=True)
+        except Exception as error:
+            # Bytes that match their digest are the ones written: torch refusing them is
+            # about the code (weights only), never about the storage. Without a digest,
+            # only the weights-only refusal says so.
+            if digested or _refused_as_unsafe(error):
+                raise CheckpointMismatchError(
+                    f"checkpoint {location}: torch.load(weights_only=True) refuses "
+                    f"{name}: {_torch_reason(error)}"
+                ) from error
+            raise CheckpointCorruptedError(
+                location, f"{name} cannot be read by torch.load: {_torch_reason(error)}"
+            ) from error
     if not isinstance(state, dict):
-        raise ValueError(f"restore_checkpoint_path: {path} does not hold a slotsweep checkpoint")
+        raise CheckpointMismatchError(
+            f"checkpoint {location} does not hold a slotsweep checkpoint"
+        )
     return state
+
+
+def _torch_reason(error: BaseException) -> str:
+    """What ``torch.load``'s error says went wrong, on one line: its weights-only
+    unpickler's reason alone, without the paragraph of advice around it.
+
+    Example:
+        >>> _torch_reason(RuntimeError("Weights only load failed. Advice.\\n\\tWeightsUnpickler "
+        ...     "error: Unsupported operand 120\\n\\nCheck the documentation"))
+        'Weights only load failed: Unsupported operand 120'
+    """
+    full = " ".join(_ANSI_ESCAPE.sub("", str(error)).split())
+    _, marker, reason = full.partition("WeightsUnpickler error: ")
+    if not marker:
+        return one_line(error)
+    reason = reason.split(". ", 1)[0].split(" Check the documentation", 1)[0]
+    return one_line(RuntimeError(f"Weights only load failed: {reason.rstrip('.')}"))
+
+
+def _refused_as_unsafe(error: BaseException) -> bool:
+    """Whether ``torch.load(weights_only=True)`` refused a type it read (not a damaged file).
+
+    Its unpickler reports garbage bytes as "Weights only load failed" too ("Unsupported
+    operand"); only an unsupported *global* is a type the code saved that it may not load.
+    """
+    text = str(error)
+    return isinstance(error, pickle.UnpicklingError) and "Unsupported global" in text
 
 
 def capture_rng_state(device: torch.device) -> dict[str, Any]:

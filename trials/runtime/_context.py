@@ -29,12 +29,13 @@ import torch
 from trials.checkpoint_storage import trial_checkpoint_dir
 from trials.config import Length, RuntimeSpec, per_slot_batch_size
 from trials.entrypoints import InvalidTrialError
+from trials.runtime._accelerator import Accelerator
 from trials.runtime._checkpoint import (
     FORMAT_VERSION,
     NO_CHECKPOINTS,
+    CheckpointMismatchError,
     CheckpointWriter,
     TrialCheckpoints,
-    read_checkpoint,
 )
 from trials.runtime._data import batches_per_epoch
 from trials.runtime._distributed import (
@@ -47,6 +48,7 @@ from trials.runtime._precision import PrecisionPlan, resolve_mixed_precision
 from trials.runtime._preemption import NO_PREEMPTION, ChiefPreemption, Preemption
 from trials.runtime._prune_gate import PruneGate
 from trials.runtime._recording import NO_RECORDER, Recorder
+from trials.runtime._restore import Restored, restore_checkpoint
 
 # What user code passes to ``wrap_lr_scheduler``; the runtime keeps an LRStepMode.
 StepMode = Literal["optimizer_step", "epoch", "manual"]
@@ -103,12 +105,13 @@ class TrialContext:
         self,
         spec: RuntimeSpec,
         info: DistributedInfo,
-        device: torch.device,
+        accelerator: Accelerator,
         recorder: Recorder = NO_RECORDER,
     ) -> None:
         self.spec = spec
         self.distributed = info
-        self.device = device
+        self._accelerator = accelerator
+        self.device = accelerator.device
         # The optional parts, chosen here once: rank 0 writes checkpoints and decides on
         # preemption, the other ranks hold stand-ins and follow rank 0's collectives.
         self._recorder = recorder
@@ -148,6 +151,9 @@ class TrialContext:
         self._prune_gate = PruneGate(spec.pruner, spec.compute_slots)
         self.pruned = False
         self.steps_reported = 0
+        # What the attempt restored, read once (the first ask; see _restored_checkpoint).
+        self._restore_read = False
+        self._restored: Restored | None = None
 
     # -- who and what ----------------------------------------------------------------
 
@@ -251,7 +257,7 @@ class TrialContext:
         packed = reduce_means(
             accumulator.sums(self.device), accumulator.weight, contribute=contribute
         )
-        means, _, _ = unpack_means(accumulator.names(), packed.tolist())
+        means, _, _ = unpack_means(accumulator.names(), self._accelerator.to_host(packed))
         return means
 
     def report_training_metrics(self, steps_completed: int, metrics: Mapping[str, Any]) -> None:
@@ -305,7 +311,7 @@ class TrialContext:
                 optuna_step = math.floor(epoch + 1e-9)
             else:
                 optuna_step = steps_completed
-            self._recorder.report_intermediate(means[metric], optuna_step)
+            self._recorder.report_intermediate(means[metric], optuna_step, moment)
             self._prune_gate.validated(moment=moment, step=optuna_step)
 
     def _compute_budget_spent(self) -> bool:
@@ -316,7 +322,7 @@ class TrialContext:
         limit = self.spec.max_length.slot_seconds
         if limit is None:
             return False
-        return broadcast_flag(self._recorder.compute_spent() >= limit, self.device)
+        return broadcast_flag(self._recorder.compute_spent() >= limit, self._accelerator)
 
     def should_prune(self) -> bool:
         """Whether the study's pruner stops this trial (collective: rank 0 asks, all learn).
@@ -327,7 +333,7 @@ class TrialContext:
         if not self.spec.pruning:
             return False
         ask = self.is_chief and self._prune_gate.must_ask()
-        decision = broadcast_flag(ask and self._recorder.should_prune(), self.device)
+        decision = broadcast_flag(ask and self._recorder.should_prune(), self._accelerator)
         if ask:
             slot_seconds = self.spec.step_unit == "slot_seconds"
             self._prune_gate.asked(spent=self._recorder.compute_spent() if slot_seconds else None)
@@ -399,22 +405,34 @@ class TrialContext:
     def load_latest_checkpoint(self) -> LoadedCheckpoint | None:
         """The checkpoint this attempt continues from (``None`` on a fresh start).
 
-        The driver names it when it restarts or resumes a trial; every rank loads it with
-        ``torch.load(weights_only=True)``.
+        The driver names the trial's newest when it restarts or resumes it; every rank
+        loads it with ``torch.load(weights_only=True)`` once its files match their
+        manifest. A damaged checkpoint is skipped for the newest older one that is
+        intact (``None`` when none is: the trial starts over), as the trial's log says.
+        Collective: call it on every rank.
         """
-        path = self.spec.restore_checkpoint_path
-        if path is None:
+        restored = self._restored_checkpoint()
+        if restored is None:
             return None
-        state = read_checkpoint(path)
+        state = restored.state
         if state.get("kind") != "core":
-            raise InvalidTrialError(
-                f"restore_checkpoint_path: {path} was written by the managed loop, not by "
+            raise CheckpointMismatchError(
+                f"checkpoint {restored.location} was written by the managed loop, not by "
                 "save_checkpoint"
             )
         steps = int(state["steps_completed"])
         self._recorder.rewind(steps)
         self.steps_reported = steps
-        return LoadedCheckpoint(state=state["user_state"], steps_completed=steps, path=str(path))
+        return LoadedCheckpoint(
+            state=state["user_state"], steps_completed=steps, path=restored.location
+        )
+
+    def _restored_checkpoint(self) -> Restored | None:
+        """The checkpoint the attempt continues from, read (and fallen back) on first ask."""
+        if not self._restore_read:
+            self._restored = restore_checkpoint(self.spec, self._recorder, self.is_chief)
+            self._restore_read = True
+        return self._restored
 
 
 class PyTorchTrialContext(TrialContext):
@@ -440,16 +458,16 @@ class PyTorchTrialContext(TrialContext):
         self,
         spec: RuntimeSpec,
         info: DistributedInfo,
-        device: torch.device,
+        accelerator: Accelerator,
         recorder: Recorder = NO_RECORDER,
     ) -> None:
-        super().__init__(spec, info, device, recorder)
+        super().__init__(spec, info, accelerator, recorder)
         self.models: list[torch.nn.Module] = []
         self.wrapped_models: list[torch.nn.Module] = []
         self.optimizers: list[torch.optim.Optimizer] = []
         self.lr_schedulers: list[tuple[torch.optim.lr_scheduler.LRScheduler, LRStepMode]] = []
         self.precision: PrecisionPlan = resolve_mixed_precision(
-            spec.optimizations.mixed_precision, device
+            spec.optimizations.mixed_precision, self.device
         )
         if self.precision.warning and info.is_chief:
             warnings.warn(self.precision.warning, stacklevel=2)
@@ -575,16 +593,9 @@ class PyTorchTrialContext(TrialContext):
         optimizer.zero_grad(set_to_none=True)
 
     def to_device(self, data: Any) -> Any:
-        """``data`` (tensors in lists, tuples and dicts) on this rank's device."""
-        if isinstance(data, torch.Tensor):
-            return data.to(self.device, non_blocking=True)
-        if isinstance(data, dict):
-            return {k: self.to_device(v) for k, v in data.items()}
-        if isinstance(data, tuple) and hasattr(data, "_fields"):
-            return type(data)(*(self.to_device(v) for v in data))
-        if isinstance(data, (list, tuple)):
-            return type(data)(self.to_device(v) for v in data)
-        return data
+        """``data`` (tensors in lists, tuples and dicts) on this rank's device, copied
+        without waiting for the copy (on a CPU rank: unchanged)."""
+        return self._accelerator.to_device(data)
 
     @contextlib.contextmanager
     def _no_sync(self) -> Iterator[None]:

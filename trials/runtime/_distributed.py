@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trials.runtime._accelerator import Accelerator
 from trials.runtime._memory_cap import apply_memory_cap
 
 
@@ -129,13 +130,30 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def broadcast_flag(flag: bool, device: torch.device) -> bool:
-    """Rank 0's ``flag`` on every rank (the prune decision, for instance)."""
+def broadcast_flag(flag: bool, accelerator: Accelerator) -> bool:
+    """Rank 0's ``flag`` on every rank (the prune decision, for instance).
+
+    The flag reaches the device without a blocking copy; reading the answer back is the
+    one wait for the device.
+    """
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
         return flag
-    tensor = torch.tensor([1.0 if flag else 0.0], device=device)
+    tensor = on_device([1.0 if flag else 0.0], accelerator.device)
     dist.broadcast(tensor, src=0)
-    return bool(tensor.item() > 0.5)
+    return accelerator.to_host(tensor)[0] > 0.5
+
+
+def on_device(values: list[float], device: torch.device) -> torch.Tensor:
+    """A float64 tensor of ``values`` on ``device``, copied without blocking.
+
+    ``torch.tensor(values, device=cuda)`` waits for every kernel queued on the stream
+    before it copies; built on the host and moved with ``non_blocking`` it does not.
+
+    Example:
+        >>> on_device([1.0, 2.0], torch.device("cpu"))
+        tensor([1., 2.], dtype=torch.float64)
+    """
+    return torch.tensor(values, dtype=torch.float64).to(device, non_blocking=True)
 
 
 def broadcast_object(obj: Any) -> Any:

@@ -5,8 +5,12 @@ again, already there) -> ``train_batch`` (under DDP's ``no_sync`` on all but
 the last batch of an aggregation group, and under autocast) -> LR schedulers after an
 optimizer step. Reports, validations and checkpoints happen only after an optimizer
 step, so a checkpoint never holds half-aggregated gradients. Nothing per batch waits
-for the host or the database: metrics stay on the device until a report, and rank 0
-writes through its recorder's thread.
+for the device or the database: metrics stay on the device until a report, phase
+timings are marks on the device's timeline read once it has passed them
+(``_accelerator``, ``_timing``), and rank 0 writes through its recorder's thread, the
+timing windows finished since the last report in that report's transaction. A
+report's copy of the metrics to the host is the one regular wait for the device;
+validations and checkpoints add theirs.
 
 Step counting: ``step`` is the number of batches trained (per rank, each of
 ``per_slot_batch_size`` samples, i.e. global batches), the key of every metric,
@@ -26,7 +30,6 @@ as if it had never stopped.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,8 +38,9 @@ import torch
 from trials.entrypoints import InvalidTrialError
 from trials.runtime._checkpoint import (
     FORMAT_VERSION,
+    CheckpointMismatchError,
     capture_rng_state,
-    read_checkpoint,
+    one_line,
     restore_rng_state,
 )
 from trials.runtime._context import LRStepMode, PyTorchTrialContext
@@ -44,7 +48,13 @@ from trials.runtime._data import ResumableDistributedSampler, ShardSampler, batc
 from trials.runtime._distributed import gather_to_chief
 from trials.runtime._metrics import MetricAccumulator, reduce_means, unpack_means
 from trials.runtime._outcome import TrialOutcome
-from trials.runtime._timing import NO_PROFILER, PhaseProfiler, Profiler, WindowedTimings
+from trials.runtime._timing import (
+    NO_PROFILER,
+    PhaseProfiler,
+    Profiler,
+    TimingWindow,
+    WindowedTimings,
+)
 from trials.runtime._trial import PyTorchTrial
 
 
@@ -88,6 +98,7 @@ class ManagedLoop:
                 f"{trial_cls.__name__}: wrap at least one model with context.wrap_model in __init__"
             )
         self.device = context.device
+        self.accelerator = context._accelerator
         self._build_data()
         self.step = 0
         self.epoch_idx = 0
@@ -100,28 +111,24 @@ class ManagedLoop:
         self._restored_rng: Any = None
         self._train_metrics = MetricAccumulator()
         self.profiler = self._profiler()
-        if self.spec.restore_checkpoint_path:
-            self._restore(self.spec.restore_checkpoint_path)
+        # Finished timing windows, recorded with the next training report: one
+        # transaction of rank 0's recorder instead of one per window.
+        self._windows: list[TimingWindow] = []
+        restored = context._restored_checkpoint()
+        if restored is not None:
+            self._restore(restored.state, restored.location)
 
     # -- set-up --------------------------------------------------------------------------
 
     def _profiler(self) -> Profiler:
         """Rank 0's phase timings when profiling is on; the stand-in elsewhere."""
-        if not (self.spec.profiling.enabled and self.context.is_chief):
+        profiling = self.spec.profiling
+        if not (profiling.enabled and self.context.is_chief):
             return NO_PROFILER
-        sync: Callable[[], None] | None = None
-        sample_every = 1
-        if self.device.type == "cuda":
-            device = self.device
-
-            def sync() -> None:
-                torch.cuda.synchronize(device)
-
-            sample_every = self.spec.profiling.sync_every
         return PhaseProfiler(
-            WindowedTimings(self.spec.profiling.window_batches),
-            sample_every=sample_every,
-            sync=sync,
+            WindowedTimings(profiling.window_batches),
+            sample_every=self.accelerator.timed_every(profiling.sync_every),
+            clock=self.accelerator.phase_clock(),
         )
 
     def _build_data(self) -> None:
@@ -202,12 +209,17 @@ class ManagedLoop:
         )
         self.last_checkpoint_step = self.step
 
-    def _restore(self, path: str) -> None:
+    def _restore(self, state: dict[str, Any], location: str) -> None:
+        """Take ``state`` (the checkpoint at ``location``, intact) into the trial.
+
+        A checkpoint the trial's code no longer fits (other shapes, another number of
+        models or optimizers) raises :class:`CheckpointMismatchError` with the cause on
+        one line: the attempt fails, as every older checkpoint would.
+        """
         ctx = self.context
-        state = read_checkpoint(path)
         if state.get("kind") != "managed":
-            raise InvalidTrialError(
-                f"restore_checkpoint_path: {path} is not a checkpoint of the managed loop"
+            raise CheckpointMismatchError(
+                f"checkpoint {location} is not a checkpoint of the managed loop"
             )
         for what, saved, live in (
             ("models", state["models"], ctx.models),
@@ -215,21 +227,26 @@ class ManagedLoop:
             ("lr_schedulers", state["lr_schedulers"], ctx.lr_schedulers),
         ):
             if len(saved) != len(live):
-                raise InvalidTrialError(
-                    f"restore_checkpoint_path: the checkpoint holds {len(saved)} {what}, "
-                    f"the trial wraps {len(live)}"
+                raise CheckpointMismatchError(
+                    f"checkpoint {location} does not fit the trial: it holds {len(saved)} "
+                    f"{what}, the trial wraps {len(live)}"
                 )
-        for model, model_state in zip(ctx.models, state["models"], strict=True):
-            model.load_state_dict(model_state)
-        # Optimizers before schedulers: a scheduler's state refers to its optimizer's rates.
-        for optimizer, opt_state in zip(ctx.optimizers, state["optimizers"], strict=True):
-            optimizer.load_state_dict(opt_state)
-        for (scheduler, _), sched_state in zip(
-            ctx.lr_schedulers, state["lr_schedulers"], strict=True
-        ):
-            scheduler.load_state_dict(sched_state)
-        if ctx.grad_scaler is not None and state.get("grad_scaler"):
-            ctx.grad_scaler.load_state_dict(state["grad_scaler"])
+        try:
+            for model, model_state in zip(ctx.models, state["models"], strict=True):
+                model.load_state_dict(model_state)
+            # Optimizers before schedulers: a scheduler's state refers to its optimizer's rates.
+            for optimizer, opt_state in zip(ctx.optimizers, state["optimizers"], strict=True):
+                optimizer.load_state_dict(opt_state)
+            for (scheduler, _), sched_state in zip(
+                ctx.lr_schedulers, state["lr_schedulers"], strict=True
+            ):
+                scheduler.load_state_dict(sched_state)
+            if ctx.grad_scaler is not None and state.get("grad_scaler"):
+                ctx.grad_scaler.load_state_dict(state["grad_scaler"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as error:
+            raise CheckpointMismatchError(
+                f"checkpoint {location} does not fit the trial: {one_line(error)}"
+            ) from error
         self.step = int(state["step"])
         self.epoch_idx = int(state["epoch_idx"])
         self.batch_in_epoch = int(state["batch_in_epoch"])
@@ -264,9 +281,12 @@ class ManagedLoop:
             extras=(preempt,),
         )
         profiler.lap("reduce_metrics")
-        host = packed.tolist()
+        host = self.accelerator.to_host(packed)
         profiler.lap("from_device")
         means, _, extras = unpack_means(names, host)
+        if self._windows:
+            ctx._recorder.timings(self._windows)
+            self._windows = []
         ctx._recorder.training_metrics(
             self.step, self.step / self.schedule.batches_per_epoch, means
         )
@@ -285,15 +305,14 @@ class ManagedLoop:
         accumulator = MetricAccumulator()
         with torch.no_grad():
             for batch_idx, batch in enumerate(self.val_loader):
-                if self.device.type != "cpu":
-                    batch = ctx.to_device(batch)
+                batch = self.accelerator.to_device(batch)
                 with ctx.precision.autocast():
                     metrics = self.trial.evaluate_batch(batch, batch_idx)
                 accumulator.add(metrics, weight=float(self.val_batch_sizes[batch_idx]))
         for m, training in zip(models, was_training, strict=True):
             m.train(training)
         packed = reduce_means(accumulator.sums(self.device), accumulator.weight)
-        means, _, _ = unpack_means(accumulator.names(), packed.tolist())
+        means, _, _ = unpack_means(accumulator.names(), self.accelerator.to_host(packed))
         self.last_validation_step = self.step
         ctx._record_validation(self.step, self.step / self.schedule.batches_per_epoch, means)
         if final:
@@ -345,9 +364,11 @@ class ManagedLoop:
         trial = self.trial
         profiler = self.profiler
         accumulator = self._train_metrics
-        cpu = self.device.type == "cpu"
-        no_sync = ctx._no_sync if ctx.distributed.distributed else contextlib.nullcontext
-        autocast = ctx.precision.autocast
+        to_device = self.accelerator.to_device
+        # One null context, reused (it is reentrant): none is built per batch.
+        nothing = contextlib.nullcontext()
+        no_sync = ctx._no_sync if ctx.distributed.distributed else lambda: nothing
+        autocast = ctx.precision.autocast if ctx.precision.enabled else lambda: nothing
         scaler = ctx.grad_scaler
         step_schedulers = [
             sched for sched, mode in ctx.lr_schedulers if mode is LRStepMode.OPTIMIZER_STEP
@@ -374,8 +395,7 @@ class ManagedLoop:
                 assert iterator is not None  # made above whenever no batch is held
                 batch = next(iterator)
                 profiler.lap("dataloader_next")
-                if not cpu:
-                    batch = ctx.to_device(batch)
+                batch = to_device(batch)
                 profiler.lap("to_device")
                 if synthetic:
                     held_batch = batch
@@ -388,7 +408,7 @@ class ManagedLoop:
             is_step = s.is_optimizer_step(batch_in_epoch, self.step)
             ctx._is_optimizer_step = is_step
             ctx._batches_accumulated = batch_in_epoch % s.aggregation_frequency + 1
-            with contextlib.nullcontext() if is_step else no_sync(), autocast():
+            with nothing if is_step else no_sync(), autocast():
                 metrics = trial.train_batch(batch, self.epoch_idx, self.step)
             profiler.lap("train_batch")
             accumulator.add(metrics)
@@ -411,10 +431,10 @@ class ManagedLoop:
                 outcome = self._after_optimizer_step(epoch_end)
             windows = profiler.end_batch(self.step)
             if windows:
-                ctx._recorder.timings(windows)
+                self._windows += windows
             if outcome is not None:
                 break
-        ctx._recorder.timings(profiler.flush(self.step))
+        ctx._recorder.timings(self._windows + profiler.flush(self.step))
         if outcome is None:
             outcome = TrialOutcome.FINISHED
         return outcome

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from trials.runtime._distributed import all_reduce_sum
+from trials.runtime._distributed import all_reduce_sum, on_device
 
 
 def check_scalar(name: str, value: Any) -> torch.Tensor | float:
@@ -29,7 +29,9 @@ def check_scalar(name: str, value: Any) -> torch.Tensor | float:
                 f"metric {name!r}: must be a scalar (a number or a one-element tensor), "
                 f"got a tensor of shape {tuple(value.shape)}"
             )
-        return value.detach().reshape(())
+        value = value.detach()
+        # A view op costs host time on every batch: only when the shape is not () yet.
+        return value if value.dim() == 0 else value.reshape(())
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(
             f"metric {name!r}: must be a scalar (a number or a one-element tensor), "
@@ -116,7 +118,7 @@ def reduce_means(
     if not contribute:
         sums = torch.zeros_like(sums)
         weight = 0.0
-    tail = torch.tensor([weight, *extras], dtype=torch.float64, device=sums.device)
+    tail = on_device([weight, *extras], sums.device)
     packed = torch.cat([sums.to(torch.float64), tail])
     return all_reduce_sum(packed)
 

@@ -28,10 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trials.compute_spent import RunSpan, slot_seconds_spent
 from trials.config import RuntimeSpec, slot_seconds_step
 from trials.retention import collect_garbage
 from trials.runtime._recorder_queue import RecorderQueue
+from trials.runtime._spent import slot_seconds_so_far
+from trials.runtime._study_reports import StudyReports
 from trials.runtime._timing import TimingWindow
 
 if TYPE_CHECKING:
@@ -62,9 +63,8 @@ class ChiefRecorder(RecorderQueue):
 
     def __init__(self, spec: RuntimeSpec) -> None:
         super().__init__(spec)
-        self._optuna_trial: Any = None
+        self._study = StudyReports(spec)
         self._compute_spent = 0.0
-        self._pruning_supported = True
 
     # -- what the runtime records ----------------------------------------------------
 
@@ -307,28 +307,31 @@ class ChiefRecorder(RecorderQueue):
                 metric=self.spec.searcher_metric,
                 smaller_is_better=self.spec.smaller_is_better,
                 trial_id=self.spec.trial_id,
+                known_intact={uuid},  # written whole just now: not read back
             )
 
         def record() -> list[str]:
             self._transaction(write)
-            # A transaction of its own: the new checkpoint stays recorded even if
-            # collecting garbage fails.
+            # Its own transaction: the checkpoint stays recorded if collecting garbage fails.
             return self._transaction(garbage)
 
         return self.call(record)
 
-    def report_intermediate(self, value: float, step: int) -> None:
-        """Report the searcher metric at ``step`` to the Optuna trial (for its pruner and plots)."""
+    def report_intermediate(self, value: float, step: int, moment: float) -> None:
+        """Report the searcher metric at ``step`` to the Optuna trial (for its pruner and plots).
+
+        ``moment`` (a ``time.time()``) is the validation's. With cost objectives the
+        report waits for the pruner's next question (:class:`StudyReports`).
+        """
+        if self.spec.objectives:
+            self.submit(lambda: self._study.report(value, step, moment))
+            return
 
         def report() -> None:
-            from storage import retry_transient
-
-            # Optuna's write is its own transaction; the fence (and progress) just before
-            # it keeps a superseded attempt from reporting.
+            # Optuna's write is its own transaction; the fence (and progress) of this one
+            # just before it keeps a superseded attempt from reporting.
             self._transaction(lambda session: None)
-            trial = retry_transient(self._load_optuna_trial)
-            if trial is not None:
-                retry_transient(lambda: trial.report(float(value), step))
+            self._study.report(value, step, moment)
 
         self.submit(report)
 
@@ -364,29 +367,13 @@ class ChiefRecorder(RecorderQueue):
         (pruning off, a ``max_length`` in slot-seconds).
         """
 
-        def count(session: Session) -> float:
-            from sqlalchemy import select
-
-            from storage import TrialRun, utc_from_timestamp
-
-            rows = session.execute(
-                select(
-                    TrialRun.training_started_at, TrialRun.progress_at, TrialRun.ended_at
-                ).where(TrialRun.trial_id == self.spec.trial_id)
-            ).all()
-            spans = [RunSpan(start, progress, ended) for start, progress, ended in rows]
-            return slot_seconds_spent(spans, self.spec.compute_slots, utc_from_timestamp(moment))
-
         def report() -> None:
-            from storage import retry_transient
-
-            self._compute_spent = self._transaction(count)
-            if value is None:
-                return
-            trial = retry_transient(self._load_optuna_trial)
-            if trial is not None:
-                step = slot_seconds_step(self._compute_spent)
-                retry_transient(lambda: trial.report(float(value), step))
+            spent = self._transaction(
+                lambda session: slot_seconds_so_far(session, self.spec, moment)
+            )
+            self._compute_spent = spent
+            if value is not None:
+                self._study.report(value, slot_seconds_step(spent), moment, spent)
 
         self.submit(report)
 
@@ -396,39 +383,7 @@ class ChiefRecorder(RecorderQueue):
 
     def should_prune(self) -> bool:
         """Ask the study's pruner about the values reported so far."""
-
-        def ask() -> bool:
-            from storage import retry_transient
-
-            trial = retry_transient(self._load_optuna_trial)
-            return trial is not None and bool(retry_transient(trial.should_prune))
-
-        return self.call(ask)
-
-    def _load_optuna_trial(self) -> Any:
-        if self._optuna_trial is not None or not self._pruning_supported:
-            return self._optuna_trial
-        import optuna
-
-        from storage import optuna_storage
-
-        pruner = self.spec.pruner.build() if self.spec.pruner is not None else None
-        study = optuna.load_study(
-            study_name=self.spec.study_name,
-            storage=optuna_storage(self.spec.db_url),
-            pruner=pruner,
-        )
-        if len(study.directions) > 1:
-            print(
-                "slotsweep: pruning is single-objective; this study has several objectives, "
-                "so the trial is never pruned",
-                file=sys.stderr,
-                flush=True,
-            )
-            self._pruning_supported = False
-            return None
-        self._optuna_trial = optuna.trial.Trial(study, self.spec.optuna_trial_id)
-        return self._optuna_trial
+        return self.call(lambda: self._study.ask(self._transaction))
 
     def finished(self, total_batches: int) -> None:
         """The user's training ran to its end: the driver will mark the trial COMPLETED.

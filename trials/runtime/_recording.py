@@ -56,8 +56,8 @@ class Recorder(Protocol):
         """Averaged validation metrics at ``step``."""
         ...
 
-    def report_intermediate(self, value: float, step: int) -> None:
-        """The searcher metric at ``step``, for the study's pruner."""
+    def report_intermediate(self, value: float, step: int, moment: float) -> None:
+        """The searcher metric at ``step`` (validated at ``moment``), for the study's pruner."""
         ...
 
     def training_started(self) -> None:
@@ -167,7 +167,7 @@ class NoRecorder:
     ) -> None:
         """Nothing: rank 0 records the averaged metrics."""
 
-    def report_intermediate(self, value: float, step: int) -> None:
+    def report_intermediate(self, value: float, step: int, moment: float) -> None:
         """Nothing: rank 0 reports to the study."""
 
     def training_started(self) -> None:

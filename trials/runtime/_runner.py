@@ -37,6 +37,7 @@ from trials.config import RuntimeSpec
 from trials.entrypoints import load_entrypoint
 from trials.launch.launcher import AGENT_ENV_VAR, SLOTS_ENV_VAR
 from trials.launch.processes import ProcessRef
+from trials.runtime._accelerator import Accelerator, accelerator_for
 from trials.runtime._context import PyTorchTrialContext, TrialContext
 from trials.runtime._distributed import (
     DistributedInfo,
@@ -150,12 +151,15 @@ def run_trial(
     info: DistributedInfo | None = None,
     *,
     hand_back: Callable[[Session], object] | None = None,
+    make_accelerator: Callable[[torch.device], Accelerator] = accelerator_for,
 ) -> TrialOutcome:
     """Run this rank's part of the trial; the outcome (finished, pruned or preempted).
 
     ``hand_back`` (a warm job's rank 0: :meth:`~trials.runtime.WarmChannel.hand_back_write`)
     is written in the trial's last transaction, with its end, when the trial finished
     or was pruned: one commit from the last record to the next trial's start.
+    ``make_accelerator`` gives the rank's device its :class:`Accelerator` (a test passes
+    a stand-in that counts the waits for the device).
 
     Raises :class:`InvalidTrialError` for a trial that cannot run as configured, and
     ``SystemExit`` (after one line on stderr) for a rank that must stop: see the module.
@@ -179,7 +183,7 @@ def run_trial(
         recorder.register(gather_to_chief(this_rank_process(spec, info)) or [])
         system_metrics = _start_system_metrics(spec, info)
         target = load_entrypoint(spec.entrypoint, spec.model_dir)
-        context = PyTorchTrialContext(spec, info, device, recorder)
+        context = PyTorchTrialContext(spec, info, make_accelerator(device), recorder)
         _seed_everything(context.seed + info.rank)
         if isinstance(target, type) and issubclass(target, PyTorchTrial):
             loop = ManagedLoop(target, context)

@@ -49,6 +49,7 @@ from trials.scheduler._fitting import (
     check_schedulable,
     format_values,
     job_shape,
+    largest_fit,
     valid_slots_per_trial,
 )
 from trials.scheduler._preemption import RunningRequest, choose_preemptions
@@ -81,6 +82,7 @@ __all__ = [
     "choose_preemptions",
     "format_values",
     "job_shape",
+    "largest_fit",
     "local_cluster",
     "read_cluster",
     "schedule",

@@ -69,6 +69,26 @@ def valid_slots_per_trial(pool: ResourcePool) -> list[int]:
     return sorted(valid)
 
 
+def largest_fit(pool: ResourcePool, slots_per_trial: int) -> int:
+    """``slots_per_trial``, or the largest smaller size the pool can run when it cannot run
+    that one (``resources.shrink_to_fit``); raises :class:`Unschedulable` when the pool
+    can run no trial at all.
+
+    Example:
+        >>> from trials.scheduler import Agent, ResourcePool
+        >>> one_gpu = ResourcePool("default", (Agent("a1", "h", (0,)),))
+        >>> largest_fit(one_gpu, 2), largest_fit(one_gpu, 1)
+        (1, 1)
+    """
+    if fits_ever(pool, slots_per_trial):
+        return slots_per_trial
+    smaller = [size for size in valid_slots_per_trial(pool) if size < slots_per_trial]
+    if not smaller:
+        # No agent with slots: the pool's refusal says so.
+        check_schedulable(pool, slots_per_trial)
+    return smaller[-1]
+
+
 def check_schedulable(pool: ResourcePool, slots_per_trial: int) -> None:
     """Raise :class:`Unschedulable` unless the pool can ever run ``slots_per_trial`` slots.
 

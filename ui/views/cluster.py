@@ -7,9 +7,10 @@ import streamlit as st
 from streamlit.elements.lib.column_types import ColumnConfig
 
 from storage import TrialState
+from trials import queries
 from trials.config import format_share
 from trials.labels import trial_label
-from ui import _charts, _cluster, _context, _queries
+from ui import _charts, _cluster, _context, _units
 
 st.title("Cluster")
 engine = _context.require_database()
@@ -18,7 +19,7 @@ engine = _context.require_database()
 def _layout_section(layout: list[_cluster.AgentLayout]) -> None:
     for pool in sorted({agent.pool for agent in layout}):
         agents = [agent for agent in layout if agent.pool == pool]
-        held = _queries.held_slots(engine, pool, [agent.name for agent in agents])
+        held = queries.held_slots(engine, pool, [agent.name for agent in agents])
         total = sum(len(agent.slots) for agent in agents)
         jobless = sum(all(not _trial_holds(h) for h in on_slot) for on_slot in held.values())
         shared = {key: on_slot for key, on_slot in held.items() if _shared(on_slot)}
@@ -236,12 +237,15 @@ def _layout() -> tuple[list[_cluster.AgentLayout] | None, str | None]:
 def _queue_section() -> None:
     """The cluster's queue in the order trials start, each with the scheduler's reason."""
     st.markdown("#### Queue")
-    queue = _queries.queued_trials(engine)
-    outside = _queries.queued_outside_queue(engine)
+    queue = queries.queued_trials(engine)
+    outside = queries.queued_outside_queue(engine)
     if queue.empty:
         st.info("No trial is waiting for slots.")
     else:
-        rows = queue.assign(open=[_context.link("trial", trial=str(t)) for t in queue["trial"]])
+        rows = queue.assign(
+            waiting=queue["waiting_s"].map(_units.duration_words),
+            open=[_context.link("trial", trial=str(t)) for t in queue["trial"]],
+        )
         st.dataframe(
             rows,
             hide_index=True,
@@ -287,7 +291,7 @@ def _page() -> None:
     _queue_section()
 
     st.markdown("#### Slots held, by agent")
-    summary = _queries.allocation_summary(engine)
+    summary = queries.allocation_summary(engine)
     if summary.empty:
         st.info("No slot is held: no trial is running.")
         return
@@ -312,9 +316,9 @@ def _page() -> None:
         column_config={"since": st.column_config.DatetimeColumn("oldest allocation (UTC)")},
     )
     st.markdown("#### Allocations")
-    total = _queries.allocations(engine, limit=1).total
+    total = queries.allocations(engine, limit=1).total
     offset = _context.pager(total, key="allocations_page", page_size=200)
-    page = _queries.allocations(engine, limit=200, offset=offset)
+    page = queries.allocations(engine, limit=200, offset=offset)
     rows = page.rows.assign(
         warm_job_id=[_warm_job_text(j) for j in page.rows["warm_job_id"]],
         warm_state=page.rows["warm_state"].fillna(""),

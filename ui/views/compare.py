@@ -12,12 +12,13 @@ import pandas as pd
 import streamlit as st
 
 from storage import MetricKind
-from ui import _charts, _compare, _context, _format, _queries
+from trials import queries
+from ui import _charts, _compare, _context, _format
 
 st.title("Compare")
 engine = _context.require_database()
 
-choices = _queries.experiment_choices(engine)
+choices = queries.experiment_choices(engine)
 if not choices:
     st.info("No experiments yet. Start one with `slotsweep run CONFIG`.")
     st.stop()
@@ -37,7 +38,7 @@ def _requested_trials() -> tuple[int | None, list[int]]:
     refs = [p for p in parts if isinstance(p, tuple)]
     legacy = [p for p in parts if isinstance(p, int)]
     if legacy:
-        found = _queries.trials_by_ids(engine, legacy)
+        found = queries.trials_by_ids(engine, legacy)
         refs += [
             (int(e), int(n)) for e, n in zip(found["experiment_id"], found["number"], strict=True)
         ]
@@ -65,14 +66,14 @@ X_AXES = {"batches": "step", "epochs": "epoch", "samples": "samples", "slot-seco
 def _trials_mode() -> None:
     default_exp = requested_experiment if requested_experiment is not None else ids[0]
     if default_exp not in labels:
-        summary = _queries.experiment_summary(engine, default_exp)
+        summary = queries.experiment_summary(engine, default_exp)
         labels[default_exp] = f"{summary.name if summary else '?'} (#{default_exp})"
         ids.insert(0, default_exp)
     pick = st.columns([2, 3])
     experiment_id = pick[0].selectbox(
         "Experiment", ids, index=ids.index(default_exp), format_func=labels.__getitem__
     )
-    bounds = _queries.trial_number_range(engine, experiment_id)
+    bounds = queries.trial_number_range(engine, experiment_id)
     if bounds is None:
         st.info("This experiment has no trials yet.")
         return
@@ -91,7 +92,7 @@ def _trials_mode() -> None:
             "(select rows of the trials table, or click curves of the learning-curve chart)."
         )
         return
-    trials = _queries.trials_by_numbers(engine, experiment_id, sorted(numbers))
+    trials = queries.trials_by_numbers(engine, experiment_id, sorted(numbers))
     st.query_params["trials"] = ",".join(
         _context.trial_ref(experiment_id, int(n)) for n in trials["number"]
     )
@@ -154,7 +155,7 @@ def _overlaid_curves(trials: pd.DataFrame) -> None:
     x = X_AXES[axis_name]
     for kind in (MetricKind.TRAINING, MetricKind.VALIDATION):
         st.markdown(f"#### {kind.value.capitalize()} curves")
-        curves = _queries.trials_metric_curves(engine, list(by_id), kind)
+        curves = queries.trials_metric_curves(engine, list(by_id), kind)
         if curves.empty:
             st.caption(f"None of these trials recorded {kind.value} metrics.")
             continue
@@ -198,11 +199,11 @@ def _experiments_mode() -> None:
     st.query_params["experiments"] = ",".join(map(str, chosen))
     frames, rows, metrics = [], [], set()
     for experiment_id in chosen:
-        summary = _queries.experiment_summary(engine, experiment_id)
+        summary = queries.experiment_summary(engine, experiment_id)
         if summary is None:
             continue
         metrics.add(summary.metric)
-        every = _queries.best_so_far(
+        every = queries.best_so_far(
             engine, experiment_id, smaller_is_better=summary.smaller_is_better
         )
         frames.append(every.assign(experiment=labels[experiment_id]))
@@ -241,11 +242,11 @@ def _experiments_mode() -> None:
     _best_so_far_charts(curves, f"best {' / '.join(sorted(metrics))} so far")
 
 
-def _summary_row(summary: _queries.ExperimentSummary, every: pd.DataFrame) -> dict[str, object]:
+def _summary_row(summary: queries.ExperimentSummary, every: pd.DataFrame) -> dict[str, object]:
     searcher = summary.config.searcher if summary.config is not None else None
     return {
         "experiment": labels[summary.id],
-        "state": _queries.shown_state(summary.state, summary.counts),
+        "state": queries.shown_state(summary.state, summary.counts),
         "searcher": (f"{searcher.name} + {searcher.pruner.name}" if searcher is not None else "?"),
         "trials": len(every),
         "best": summary.best_value,

@@ -11,12 +11,13 @@ from typing import Any
 
 import streamlit as st
 
-from ui import _context, _diagnosis, _format, _queries
+from trials import queries
+from ui import _context, _diagnosis, _format
 
 st.title("Diagnosis")
 engine = _context.require_database()
 
-choices = _queries.diagnosis_choices(engine)
+choices = queries.diagnosis_choices(engine)
 if choices.empty:
     st.info(
         "No diagnosis yet. Run `slotsweep diagnose CONFIG` (the Trial page shows the "
@@ -31,7 +32,7 @@ labels = {
 }
 requested = _context.query_int("diagnosis")
 if requested is not None and requested not in labels:
-    found = _queries.diagnosis_report(engine, requested)
+    found = queries.diagnosis_report(engine, requested)
     if found is None:
         st.warning(f"Diagnosis {requested} does not exist; showing the newest.")
         requested = None
@@ -46,7 +47,7 @@ picked = st.selectbox(
 )
 if picked != requested:
     st.query_params["diagnosis"] = str(picked)
-row = _queries.diagnosis_report(engine, int(picked))
+row = queries.diagnosis_report(engine, int(picked))
 if row is None:  # Deleted between the two reads.
     st.stop()
 report: dict[str, Any] = row["report"]

@@ -6,6 +6,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import streamlit as st
 
 from storage import (
@@ -15,21 +16,33 @@ from storage import (
     redact_url,
     study_signature,
 )
+from trials import pruning, queries
 from trials.config import ExperimentConfig
-from ui import _actions, _charts, _context, _curves, _format, _logs, _plots, _queries, _tables
+from ui import (
+    _actions,
+    _charts,
+    _context,
+    _curves,
+    _format,
+    _logs,
+    _pareto,
+    _plots,
+    _tables,
+    _units,
+)
 
 st.title("Experiment")
 engine = _context.require_database()
 url = _context.db_url()
 
-choices = _queries.experiment_choices(engine)
+choices = queries.experiment_choices(engine)
 if not choices:
     st.info("No experiments yet. Start one with `slotsweep run CONFIG`.")
     st.stop()
 requested = _context.query_int("experiment")
 ids = [exp_id for exp_id, _ in choices]
 if requested is not None and requested not in ids:
-    summary_for_choice = _queries.experiment_summary(engine, requested)
+    summary_for_choice = queries.experiment_summary(engine, requested)
     if summary_for_choice is None:
         st.warning(f"Experiment {requested} does not exist; showing the newest one.")
         requested = None
@@ -89,7 +102,7 @@ _EAGER_PLOT_TRIALS = 2000
 _STATE_BADGE = {"COMPLETED": "green", "ACTIVE": "blue", "PAUSED": "orange", "ERROR": "red"}
 
 
-def _failures(summary: _queries.ExperimentSummary, failures: _queries.FailureSummary) -> None:
+def _failures(summary: queries.ExperimentSummary, failures: queries.FailureSummary) -> None:
     if failures.failed == 0:
         return
     total = summary.finished
@@ -101,8 +114,8 @@ def _failures(summary: _queries.ExperimentSummary, failures: _queries.FailureSum
     if failures.reason is None:
         st.error(headline + " They recorded no reason.")
         return
-    traceback = _queries.failure_traceback(engine, experiment_id, failures.reason)
-    log_path = _queries.failed_trial_log(engine, experiment_id, failures.reason)
+    traceback = queries.failure_traceback(engine, experiment_id, failures.reason)
+    log_path = queries.failed_trial_log(engine, experiment_id, failures.reason)
     detail = (
         _logs.last_exception_line(_logs.tail_lines(log_path, 400))
         if traceback is None and log_path is not None and Path(log_path).is_file()
@@ -121,11 +134,11 @@ def _failures(summary: _queries.ExperimentSummary, failures: _queries.FailureSum
 
 
 def _header() -> None:
-    summary = _queries.experiment_summary(engine, experiment_id)
+    summary = queries.experiment_summary(engine, experiment_id)
     if summary is None:
         st.warning(f"Experiment {experiment_id} no longer exists.")
         return
-    failures = _queries.failure_summary(engine, experiment_id)
+    failures = queries.failure_summary(engine, experiment_id, summary.trials)
     _headline(summary, failures)
     if summary.counts[TrialState.QUEUED.value]:
         _waiting_trials()
@@ -140,6 +153,8 @@ def _header() -> None:
     eager = signature.exists and (multi or signature.trials <= _EAGER_PLOT_TRIALS)
     study = _study(url, summary.study_name, signature) if eager else None
     _best_trials(summary, failures, study if multi else None)
+    if multi:
+        _pruned_trials(summary, signature)
     _learning_curves(summary, failures)
     st.markdown("#### Optuna plots")
     if unreadable is not None:
@@ -151,15 +166,15 @@ def _header() -> None:
     _optuna_plot(summary, signature, study, eager=eager)
 
 
-def _headline(summary: _queries.ExperimentSummary, failures: _queries.FailureSummary) -> None:
+def _headline(summary: queries.ExperimentSummary, failures: queries.FailureSummary) -> None:
     """Name and state, why it stopped or failed, the counts, the description, the driver."""
-    state = _queries.shown_state(summary.state, summary.counts)
+    state = queries.shown_state(summary.state, summary.counts)
     st.subheader(
         f"{summary.name} (#{summary.id}) :{_STATE_BADGE.get(state, 'gray')}-badge[{state}]"
     )
     if summary.config is not None and summary.config.description.strip():
         st.markdown(summary.config.description)
-    stopped = _queries.fail_fast_stop(engine, experiment_id, summary.config)
+    stopped = queries.fail_fast_stop(engine, experiment_id, summary.config)
     if stopped is not None:
         st.error(f"The driver stopped the experiment early (fail-fast): {stopped}.")
     _failures(summary, failures)
@@ -182,7 +197,7 @@ def _headline(summary: _queries.ExperimentSummary, failures: _queries.FailureSum
     st.caption(_driver_caption(summary))
 
 
-def _driver_caption(summary: _queries.ExperimentSummary) -> str:
+def _driver_caption(summary: queries.ExperimentSummary) -> str:
     if summary.driver_pid is not None:
         driver = (
             f"driver {summary.driver_host}:{summary.driver_pid}, heartbeat "
@@ -206,18 +221,20 @@ def _driver_caption(summary: _queries.ExperimentSummary) -> str:
 
 
 def _best_trials(
-    summary: _queries.ExperimentSummary, failures: _queries.FailureSummary, pareto: Any
+    summary: queries.ExperimentSummary, failures: queries.FailureSummary, pareto: Any
 ) -> None:
     """The best trials table; with several objectives (``pareto`` is the study), Optuna's
     Pareto-optimal ones."""
     if pareto is not None:
         st.markdown("#### Best trials (Pareto front)")
         numbers = [t.number for t in pareto.best_trials]
-        best = _queries.trials_by_numbers(engine, experiment_id, numbers)
+        best = queries.trials_by_numbers(engine, experiment_id, numbers)
     else:
         st.markdown("#### Best trials")
-        best = _queries.best_trials(
-            engine, experiment_id, smaller_is_better=summary.smaller_is_better, limit=10
+        best = queries.trial_frame(
+            queries.best_trials(
+                engine, experiment_id, smaller_is_better=summary.smaller_is_better, limit=10
+            )
         )
     if best.empty:
         st.info(
@@ -229,8 +246,43 @@ def _best_trials(
         _trials_table(best, key="best_trials", config=summary.config)
 
 
+@st.cache_data(ttl=3600, max_entries=8, show_spinner=False)
+def _stops(db: str, study_name: str, changes: tuple[Any, ...]) -> list[pruning.RungDecision]:
+    # ``changes`` in the key only: a new rung decision comes with a change to the study.
+    return queries.pruned_stops(db, study_name)
+
+
+def _pruned_trials(summary: queries.ExperimentSummary, signature: StudySignature) -> None:
+    """A multi-objective search's pruned trials: where each stopped, and what it had there."""
+    if summary.config is None or summary.config.searcher.pruner.name == "none":
+        return
+    searcher = summary.config.searcher
+    stops = _stops(url, summary.study_name, signature.everything)
+    st.markdown("#### Pruned trials: where they stopped")
+    if not stops:
+        st.info("No trial has been pruned yet.")
+        return
+    st.caption(
+        "Each rung ranks the trials that reached it over "
+        + ", ".join(f"`{name}`" for name in searcher.objective_names)
+        + " (the costs: what each had spent by then) by Pareto front, then crowding "
+        f"distance, and keeps the top 1/{searcher.pruner.reduction_factor}; these stopped "
+        "at the rung below, with the values they had there."
+    )
+    rows = _pareto.stops_frame(
+        stops, searcher.objective_names, searcher.resource_unit, experiment_id
+    )
+    rows.insert(0, "open", [_context.link("trial", trial=str(t)) for t in rows["trial"]])
+    st.dataframe(
+        rows,
+        hide_index=True,
+        width="stretch",
+        column_config={"open": st.column_config.LinkColumn("open", display_text="open")},
+    )
+
+
 def _optuna_plot(
-    summary: _queries.ExperimentSummary, signature: StudySignature, study: Any, *, eager: bool
+    summary: queries.ExperimentSummary, signature: StudySignature, study: Any, *, eager: bool
 ) -> None:
     """One of Optuna's plots, picked above it; a large study waits until one is picked."""
     multi = signature.objectives > 1
@@ -280,11 +332,13 @@ def _optuna_plot(
 def _waiting_trials() -> None:
     """The experiment's QUEUED trials and, in the scheduler's words, why each waits."""
     st.markdown("#### Waiting trials")
-    page = _queries.waiting_trials(engine, experiment_id)
+    page = queries.waiting_trials(engine, experiment_id)
     if page.rows.empty:
         return  # Started between the two reads.
     rows = page.rows.assign(
-        open=[_context.link("trial", trial=str(t)) for t in page.rows["trial"]]
+        # Unknown (None) until the trial enters the cluster's queue.
+        waiting=[None if pd.isna(s) else _units.duration_words(s) for s in page.rows["waiting_s"]],
+        open=[_context.link("trial", trial=str(t)) for t in page.rows["trial"]],
     )
     st.dataframe(
         rows,
@@ -305,16 +359,10 @@ def _waiting_trials() -> None:
     )
 
 
-def _learning_curves(
-    summary: _queries.ExperimentSummary, failures: _queries.FailureSummary
-) -> None:
+def _learning_curves(summary: queries.ExperimentSummary, failures: queries.FailureSummary) -> None:
     st.markdown("#### Learning curves")
-    curves = _queries.learning_curves(
-        engine,
-        experiment_id,
-        summary.metric,
-        smaller_is_better=summary.smaller_is_better,
-        constant=_tables.constant_hparams(summary.config),
+    curves = queries.learning_curves(
+        engine, experiment_id, summary.metric, smaller_is_better=summary.smaller_is_better
     )
     if curves.points.empty:
         st.info(
@@ -341,7 +389,7 @@ def _learning_curves(
     )
     states = sorted(set(curves.points["state"]))
     event = st.vega_lite_chart(
-        curves.points,
+        _curves.with_hparams_text(curves, _tables.constant_hparams(summary.config)),
         _charts.learning_curve_spec(
             x=axis,
             x_title=x_title,
@@ -439,12 +487,12 @@ def _trials() -> None:
         "State", [s.value for s in TrialState], key=f"trial_states_{experiment_id}"
     )
     sort_by = controls[1].selectbox(
-        "Sort by", list(_queries.TRIAL_SORT_COLUMNS), key=f"trial_sort_{experiment_id}"
+        "Sort by", list(queries.TRIAL_SORT_COLUMNS), key=f"trial_sort_{experiment_id}"
     )
     descending = controls[2].toggle("Descending", key=f"trial_desc_{experiment_id}")
-    total = _queries.list_trials(engine, experiment_id, states=states, limit=1).total
+    total = queries.list_trials(engine, experiment_id, states=states, limit=1).total
     offset = _context.pager(total, key=f"trials_page_{experiment_id}")
-    page = _queries.list_trials(
+    page = queries.list_trials(
         engine,
         experiment_id,
         states=states,
@@ -456,7 +504,7 @@ def _trials() -> None:
     if page.rows.empty:
         st.info("No trials yet." if not states else "No trial is in the selected states.")
         return
-    summary = _queries.experiment_summary(engine, experiment_id)
+    summary = queries.experiment_summary(engine, experiment_id)
     _trials_table(
         page.rows,
         key=f"trials_table_{experiment_id}",
@@ -467,7 +515,7 @@ def _trials() -> None:
         + " Follow 'open' to see a trial; select 2 to 5 rows to compare them."
     )
 
-    bounds = _queries.trial_number_range(engine, experiment_id)
+    bounds = queries.trial_number_range(engine, experiment_id)
     if bounds is not None:
         number = st.number_input(
             "Open trial number",
@@ -477,8 +525,7 @@ def _trials() -> None:
             step=1,
             key=f"open_trial_{experiment_id}",
         )
-        picked = _queries.trials_by_numbers(engine, experiment_id, [int(number)])
-        if not picked.empty:
+        if queries.trial_id(engine, experiment_id, int(number)) is not None:
             st.page_link(
                 _context.TRIAL_PAGE,
                 label=f"Open trial #{int(number)}",
@@ -503,7 +550,7 @@ def _send_request(action_key: str, confirm_key: str, result_key: str) -> None:
 
 def _actions_panel() -> None:
     """Pause, kill, activate and resume, at the top of the page, behind a confirmation."""
-    summary = _queries.experiment_summary(engine, experiment_id)
+    summary = queries.experiment_summary(engine, experiment_id)
     if summary is None or summary.state in ("COMPLETED", "CANCELED", "ERROR"):
         return
     if not _context.controls_allowed():
@@ -536,7 +583,7 @@ def _actions_panel() -> None:
 
 
 def _config() -> None:
-    summary = _queries.experiment_summary(engine, experiment_id)
+    summary = queries.experiment_summary(engine, experiment_id)
     if summary is not None:
         with st.expander("Configuration"):
             st.caption(f"Database: `{redact_url(url)}`")

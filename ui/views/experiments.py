@@ -6,7 +6,8 @@ import pandas as pd
 import streamlit as st
 
 from storage import ExperimentState
-from ui import _context, _format, _queries
+from trials import queries
+from ui import _context, _format
 
 st.title("Experiments")
 engine = _context.require_database()
@@ -19,7 +20,7 @@ name = filters[1].text_input("Name contains", key="experiments_name")
 
 
 def _table() -> None:
-    total = _queries.list_experiments(engine, states=states, name_contains=name, limit=1).total
+    total = queries.list_experiments(engine, states=states, name_contains=name, limit=1).total
     if total == 0:
         if states or name:
             st.info("No experiment matches these filters.")
@@ -30,7 +31,7 @@ def _table() -> None:
             )
         return
     offset = _context.pager(total, key="experiments_page")
-    page = _queries.list_experiments(
+    page = queries.list_experiments(
         engine, states=states, name_contains=name, limit=_context.PAGE_SIZE, offset=offset
     )
     rows = page.rows.assign(

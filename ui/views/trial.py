@@ -9,13 +9,14 @@ import pandas as pd
 import streamlit as st
 
 from storage import MetricKind
+from trials import queries
 from trials.config import ConstHP, format_share
-from ui import _charts, _checkpoints, _context, _diagnosis, _format, _logs, _queries, _units
+from ui import _charts, _checkpoints, _context, _diagnosis, _format, _logs, _units
 
 st.title("Trial")
 engine = _context.require_database()
 
-newest = _queries.latest_trial_id(engine)
+newest = queries.latest_trial_id(engine)
 if newest is None:
     st.info("No trials yet. They appear here as soon as a search starts them.")
     st.stop()
@@ -26,17 +27,17 @@ def _requested_trial_id() -> tuple[int | None, str | None]:
     raw = st.query_params.get("trial")
     ref = _context.parse_trial_ref(raw)
     if isinstance(ref, tuple):
-        found = _queries.trials_by_numbers(engine, ref[0], [ref[1]])
-        if found.empty:
+        found = queries.trial_id(engine, ref[0], ref[1])
+        if found is None:
             return None, f"Trial {raw} does not exist; showing the newest trial."
-        return int(found["id"].iloc[0]), None
+        return found, None
     if ref is None:
         return None, None if raw is None else f"Trial {raw!r} is not a trial; showing the newest."
     return ref, None  # An old link's database id: redirected below.
 
 
 requested, missing = _requested_trial_id()
-detail = _queries.trial_detail(engine, requested if requested is not None else newest)
+detail = queries.trial_detail(engine, requested if requested is not None else newest)
 if detail is None:
     # A bare number is an old link's database id, which a user typing the trial number
     # of the logs (``?trial=0``) did not mean: the message says how trials are named.
@@ -44,7 +45,7 @@ if detail is None:
         f"Trial {st.query_params.get('trial')} does not exist (a trial is named "
         "EXPERIMENT.NUMBER as in the logs, e.g. ?trial=1.0); showing the newest trial."
     )
-    detail = _queries.trial_detail(engine, newest)
+    detail = queries.trial_detail(engine, newest)
     if detail is None:  # Deleted between the two reads.
         st.stop()
 if missing:
@@ -57,7 +58,7 @@ trial_id: int = detail["id"]
 shown: dict[str, Any] = detail
 
 # Picking another trial: experiment, then its trial number.
-choices = _queries.experiment_choices(engine)
+choices = queries.experiment_choices(engine)
 ids = [exp_id for exp_id, _ in choices]
 if detail["experiment_id"] not in ids:
     choices.insert(0, (detail["experiment_id"], detail["experiment_name"]))
@@ -70,7 +71,7 @@ experiment_id = pick[0].selectbox(
     index=ids.index(detail["experiment_id"]),
     format_func=lambda i: f"{labels[i]} (#{i})",
 )
-bounds = _queries.trial_number_range(engine, experiment_id) or (0, 0)
+bounds = queries.trial_number_range(engine, experiment_id) or (0, 0)
 default_number = (
     detail["optuna_trial_number"] if experiment_id == detail["experiment_id"] else bounds[0]
 )
@@ -80,8 +81,7 @@ number = int(
     )
 )
 if (experiment_id, number) != (detail["experiment_id"], detail["optuna_trial_number"]):
-    picked = _queries.trials_by_numbers(engine, experiment_id, [number])
-    if not picked.empty:
+    if queries.trial_id(engine, experiment_id, number) is not None:
         st.query_params["trial"] = _context.trial_ref(experiment_id, number)
         st.rerun()
     st.warning(f"Experiment #{experiment_id} has no trial number {number}.")
@@ -94,11 +94,11 @@ st.page_link(
 
 
 def _summary() -> None:
-    info = _queries.trial_detail(engine, trial_id)
+    info = queries.trial_detail(engine, trial_id)
     if info is None:
         st.warning(f"Trial {trial_id} no longer exists.")
         return
-    metric = _queries.metric_name(info["experiment_config"])
+    metric = queries.metric_name(info["experiment_config"])
     ref = _context.trial_ref(info["experiment_id"], info["optuna_trial_number"])
     st.subheader(f"Trial #{info['optuna_trial_number']} of {info['experiment_name']}")
     # The state and the metric in a row of two, the counts in a row of four: at 1000 px
@@ -124,7 +124,7 @@ def _summary() -> None:
         st.caption(f"Ended {ended:%Y-%m-%d %H:%M:%S} UTC, exit code {info['exit_code']}")
     if info["error"]:
         st.error(f"Error: {info['error']}")
-    failure = _queries.trial_failure(engine, int(info["id"]))
+    failure = queries.trial_failure(engine, int(info["id"]))
     if failure is not None:
         with st.expander(
             f"Traceback of {failure.who}, attempt {failure.attempt}: {failure.exception}",
@@ -151,7 +151,7 @@ def _summary() -> None:
 
 def _metrics() -> None:
     st.markdown("#### Metrics")
-    names = _queries.metric_names(engine, trial_id)
+    names = queries.metric_names(engine, trial_id)
     if names.empty:
         st.info(
             "No metrics recorded for this trial yet. Training metrics appear after the "
@@ -172,7 +172,7 @@ def _metrics() -> None:
             default=list(of_kind["name"])[:4],
             key=f"metric_names_{trial_id}_{kind.value}",
         )
-        curves = _queries.metric_curves(engine, trial_id, kind, chosen)
+        curves = queries.metric_curves(engine, trial_id, kind, chosen)
         if curves.empty:
             continue
         use_epochs = axis == "epochs" and bool(curves["epoch"].notna().all())
@@ -204,10 +204,12 @@ def _metrics() -> None:
 
 def _checkpoints_section() -> None:
     st.markdown("#### Checkpoints")
-    frame = _queries.checkpoints(engine, trial_id)
+    frame = queries.checkpoints(engine, trial_id)
     if frame.empty:
         st.info("This trial has no checkpoints recorded.")
         return
+    for line in _checkpoints.skipped_lines(frame):
+        st.warning(line)
     problems = [
         _checkpoints.checkpoint_problem(path, state)
         for path, state in zip(frame["path"], frame["state"], strict=True)
@@ -230,6 +232,7 @@ def _checkpoints_section() -> None:
             *[f"m.{n}" for n in metric_names],
             "size_mb",
             "on_disk",
+            "problem",
             "path",
             "created_at",
             "uuid",
@@ -269,7 +272,7 @@ def _checkpoints_section() -> None:
 
 def _restarts() -> None:
     st.markdown("#### Runs and restarts")
-    runs = _queries.trial_runs(engine, trial_id)
+    runs = queries.trial_runs(engine, trial_id)
     if runs.empty:
         st.info("This trial has not been launched yet.")
         return
@@ -300,7 +303,7 @@ def _restarts() -> None:
 
 def _log() -> None:
     st.markdown("#### Log")
-    info = _queries.trial_detail(engine, trial_id)
+    info = queries.trial_detail(engine, trial_id)
     log_path = info["log_path"] if info else None
     if not log_path:
         st.info("This trial has no log file recorded yet.")
@@ -329,7 +332,7 @@ def _log() -> None:
 
 def _profile() -> None:
     st.markdown("#### Profiling timings")
-    breakdown = _queries.timing_breakdown(engine, trial_id)
+    breakdown = queries.timing_breakdown(engine, trial_id)
     if breakdown.empty:
         st.info(
             "Profiling timings not recorded for this trial (profiling disabled, or no "
@@ -353,7 +356,7 @@ def _profile() -> None:
             ),
         },
     )
-    series = _queries.timing_series(engine, trial_id)
+    series = queries.timing_series(engine, trial_id)
     if not series.empty:
         series = series.assign(mean_ms=series["mean_s"] * 1e3)
         st.vega_lite_chart(
@@ -373,7 +376,7 @@ def _profile() -> None:
 
 def _system() -> None:
     st.markdown("#### System metrics")
-    summary = _queries.system_metric_summary(engine, trial_id)
+    summary = queries.system_metric_summary(engine, trial_id)
     if summary.empty:
         st.info(
             "System metrics not recorded for this trial (no sampler ran on its agents, "
@@ -402,7 +405,7 @@ def _system() -> None:
     metric = st.selectbox(
         "Plot system metric", sorted(set(summary["name"])), key=f"sysmetric_{trial_id}"
     )
-    series = _queries.system_metric_series(engine, trial_id, str(metric))
+    series = queries.system_metric_series(engine, trial_id, str(metric))
     unit = _units.system_unit(str(metric))
     if not series.empty:
         series["value"] = series["value"] * unit.scale

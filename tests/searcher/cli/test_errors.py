@@ -43,6 +43,21 @@ def test_invalid_config_lists_each_problem_and_writes_nothing(
     assert not db.exists()
 
 
+def test_objectives_with_the_median_pruner_are_refused_and_nothing_written(
+    tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    path = write_experiment(
+        tmp_path / "exp",
+        searcher={"objectives": ["slot_seconds"], "pruner": {"name": "median"}},
+    )
+    db = tmp_path / "out.db"
+    result = run_cli(["run", str(path), "--db", f"sqlite:///{db}"], cli_env, tmp_path)
+    lines = _assert_usage_error(result, "searcher: pruner.name: median")
+    assert len(lines) == 1, lines
+    assert "use asha or hyperband" in lines[0]
+    assert not db.exists()
+
+
 def test_unschedulable_request_is_rejected_at_submission(
     tmp_path: Path, cli_env: dict[str, str]
 ) -> None:

@@ -12,6 +12,8 @@ import pytest
 from rich.console import Console
 
 from searcher.cli.tables import (
+    describe_rows,
+    experiment_rows,
     experiments_table,
     queue_rows,
     queue_table,
@@ -20,18 +22,13 @@ from searcher.cli.tables import (
     trials_table,
 )
 from searcher.driver.progress import SearchProgress
-from searcher.experiments import (
-    TrialCounts,
-    UsageError,
-    describe_rows,
-    experiment_rows,
-    find_experiment,
-)
+from searcher.experiments import UsageError, find_experiment
 from storage import Experiment, Trial, TrialState, session_scope
 from tests.searcher.conftest import run_cli
 from tests.trials.test_control import make_experiment
 from trials.coordination.allocations import SlotHolder
 from trials.coordination.cluster_queue import QueuedView
+from trials.queries import TrialCounts
 
 LR = 0.03833332156156663
 

@@ -37,7 +37,6 @@ from searcher.driver.placement import PendingQueue, Placed
 from searcher.driver.running import RunningTrials, _Running
 from searcher.driver.runtime_spec import build_runtime_spec
 from searcher.driver.study_side import StudySide, TellQueue
-from searcher.experiments import trial_counts, trial_total
 from searcher.submit.creation import create_experiment
 from storage import (
     Allocation,
@@ -61,6 +60,7 @@ from trials.coordination import cluster_queue, warm_jobs
 from trials.coordination.attempts import request_stop
 from trials.executors import LocalExecutor
 from trials.launch.processes import ProcessRef
+from trials.queries import trial_counts, trial_total
 from trials.runtime import DistributedInfo, WarmChannel
 from trials.scheduler import Agent, ResourcePool
 from trials.timings import Timings

@@ -171,7 +171,8 @@ def test_every_slots_per_trial_of_an_int_range_is_checked(tmp_path: Path) -> Non
             {"resources.slots_per_trail": 2},
             [
                 "resources.slots_per_trail: unknown field; allowed: slots_per_trial, "
-                "resource_pool, priority, weight, reuse_workers, keep_entrypoint_module"
+                "resource_pool, priority, weight, reuse_workers, keep_entrypoint_module, "
+                "shrink_to_fit"
             ],
         ),
         (
@@ -284,6 +285,26 @@ def test_every_slots_per_trial_of_an_int_range_is_checked(tmp_path: Path) -> Non
             ],
         ),
         (
+            {"searcher.objectives": ["slot_seconds"], "searcher.pruner": {"name": "median"}},
+            [
+                "searcher: pruner.name: median compares one metric with the median of the "
+                "other trials' at the same step, and several objectives have no median; "
+                "with 'objectives' use asha or hyperband (rungs ranked by Pareto fronts) or none"
+            ],
+        ),
+        (
+            {
+                "searcher.objectives": ["slot_seconds"],
+                "searcher.pruner": {"name": "asha", "resource": "slot_seconds"},
+            },
+            [
+                "searcher: pruner.resource: rungs in slot-seconds with the objective "
+                "slot_seconds: every trial meets a rung at the same compute, so compute "
+                "cannot rank them; put the rungs in epochs or batches (max_length's unit, "
+                "no pruner.resource)"
+            ],
+        ),
+        (
             {"searcher.name": "nsga2"},
             [
                 "searcher: nsga2 is multi-objective: add 'objectives' (slot_seconds or wall_seconds)"
@@ -362,6 +383,7 @@ _BOOLEAN_FIELDS: dict[str, dict[str, Any]] = {
     "searcher.smaller_is_better": {},
     "resources.reuse_workers": {},
     "resources.keep_entrypoint_module": {"resources.reuse_workers": True},
+    "resources.shrink_to_fit": {},
     "optimizations.average_aggregated_gradients": {},
     "optimizations.average_training_metrics": {},
     "optimizations.auto_tune_tensor_fusion": {},

@@ -14,6 +14,7 @@ import pytest
 from searcher.submit.samplers import build_pruner, build_sampler, pruner_spec, study_directions
 from searcher.submit.space import grid_size, suggest_hparams
 from storage import optuna_storage, optuna_trial_id
+from trials import pruning
 from trials.config import ExperimentConfig, parse_config
 
 _HPARAMS: dict[str, Any] = {
@@ -266,6 +267,30 @@ def test_pruner_specs_follow_the_config() -> None:
         assert isinstance(build_pruner(config), cls)
 
 
+@pytest.mark.parametrize(
+    ("pruner", "name", "cls"),
+    [
+        (
+            {"name": "asha", "min_resource": 2},
+            "ParetoSuccessiveHalvingPruner",
+            pruning.ParetoSuccessiveHalvingPruner,
+        ),
+        ({"name": "hyperband"}, "ParetoHyperbandPruner", pruning.ParetoHyperbandPruner),
+    ],
+)
+def test_a_multi_objective_search_prunes_by_pareto_fronts(
+    pruner: dict[str, Any], name: str, cls: type
+) -> None:
+    single = pruner_spec(_config(pruner=pruner))
+    config = _config(name="nsga2", objectives=["slot_seconds"], pruner=pruner)
+    spec = pruner_spec(config)
+    # The same rungs; each ranked over the metric and the compute spent at the rung.
+    assert spec is not None and single is not None
+    assert (spec.name, spec.kwargs) == (name, single.kwargs)
+    assert isinstance(build_pruner(config), cls)
+    assert study_directions(config) == ["minimize", "minimize"]
+
+
 def _prunes_bad_trial(config: ExperimentConfig, n_good: int) -> list[bool]:
     """Run ``n_good`` good trials to the end, then ask about a bad one at each step."""
     # Hyperband picks a trial's bracket from a hash of the study name: a fixed name makes
@@ -338,6 +363,8 @@ def test_pruner_spec_rebuilds_the_same_decisions_in_another_study_object(db_url:
     bad.report(99.0, 1)
     spec = pruner_spec(config)
     assert spec is not None
-    in_rank = optuna.load_study(study_name="pruned", storage=storage, pruner=spec.build())
+    in_rank = optuna.load_study(
+        study_name="pruned", storage=storage, pruner=pruning.build_pruner(spec)
+    )
     rank_trial = optuna.trial.Trial(in_rank, optuna_trial_id(db_url, "pruned", bad.number))
     assert rank_trial.should_prune()

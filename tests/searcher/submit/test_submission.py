@@ -343,3 +343,36 @@ def test_a_run_builds_its_executor_once() -> None:
         "searcher/submit/submission.py:validate_run",
         "searcher/submit/submission.py:validate_stored_run",
     ]
+
+
+# ------------------------------------------------- the example's size follows the machine
+
+
+def test_the_example_shrinks_to_one_slot_and_says_so_and_keeps_two_where_they_exist(
+    tmp_path: Path,
+) -> None:
+    example = REPO_ROOT / "examples" / "digits" / "experiment.yaml"
+    one = validate_run(load_config(example), local_cluster(1), f"sqlite:///{tmp_path / 'a.db'}")
+    assert one.config.resources.slots_per_trial == 1 and one.slots_per_trial == (1,)
+    assert one.notes == (
+        "resources.slots_per_trial: 2 cannot be placed in resource pool 'default'; "
+        "shrink_to_fit: each trial runs on 1 slot(s), the most it can",
+    )
+    two = validate_run(load_config(example), local_cluster(2), f"sqlite:///{tmp_path / 'b.db'}")
+    assert two.config.resources.slots_per_trial == 2 and two.notes == ()
+    eight = validate_run(load_config(example), local_cluster(8), f"sqlite:///{tmp_path / 'c.db'}")
+    assert eight.config.resources.slots_per_trial == 2 and eight.notes == ()
+
+
+def test_without_shrink_to_fit_a_size_that_cannot_be_placed_is_refused_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    exact = write_experiment(tmp_path / "exp")  # the example's 2 slots, shrink_to_fit off
+    db = tmp_path / "out.db"
+    _refused(
+        ["run", str(exact), "--slots", "1", "--db", f"sqlite:///{db}"],
+        capsys,
+        "slots_per_trial=2",
+        "valid slots_per_trial: 1",
+    )
+    assert not db.exists()

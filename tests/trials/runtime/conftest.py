@@ -80,9 +80,13 @@ def create_trial(
     *,
     study_name: str = "runtime-test",
     pruner: dict[str, Any] | None = None,
+    directions: list[str] | None = None,
     **spec_fields: Any,
 ) -> TrialHandle:
-    """An experiment (if new), a trial row and an asked Optuna trial; a spec for it."""
+    """An experiment (if new), a trial row and an asked Optuna trial; a spec for it.
+
+    ``directions``: the study's (a new study's; one minimized objective if None).
+    """
     import optuna
 
     from storage import (
@@ -96,7 +100,9 @@ def create_trial(
     )
 
     storage = optuna_storage(db_url)
-    study = optuna.create_study(study_name=study_name, storage=storage, load_if_exists=True)
+    study = optuna.create_study(
+        study_name=study_name, storage=storage, load_if_exists=True, directions=directions
+    )
     optuna_trial = study.ask()
     optuna_id = optuna_trial_id(db_url, study_name, optuna_trial.number)
     with session_scope(db_url) as session:

@@ -18,13 +18,16 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
 import zipfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
@@ -34,15 +37,24 @@ from sqlalchemy import select, text
 from storage import (
     Checkpoint,
     CheckpointState,
+    Metric,
+    MetricKind,
     Trial,
     TrialFailure,
+    TrialRun,
     session_scope,
     upgrade_schema,
 )
 from tests.conftest import S3_SECRET, add_experiment, checkpoint_folder
 from trials import CheckpointStorageConfig, collect_garbage, store_for, trial_checkpoint_dir
-from trials.checkpoint_storage import CheckpointStorageError
-from trials.runtime._checkpoint import read_checkpoint, write_checkpoint
+from trials.checkpoint_storage import (
+    MANIFEST_FILE,
+    CheckpointCorruptedError,
+    CheckpointStorageError,
+)
+from trials.runtime._checkpoint import METADATA_FILE, STATE_FILE, read_checkpoint, write_checkpoint
+from trials.runtime._distributed import DistributedInfo
+from trials.runtime._runner import run_trial
 from ui._checkpoints import checkpoint_bytes, checkpoint_problem, download_name
 
 from .conftest import TrialHandle, add_run, create_trial, run_worker
@@ -344,3 +356,165 @@ def _database_text(db_url: str) -> str:
             for table in tables
             for row in session.execute(text(f'SELECT * FROM "{table}"'))
         )
+
+
+# ------------------------------------------ a damaged checkpoint in the bucket: found, skipped
+
+
+def _object(location: str, name: str) -> str:
+    return f"{location[len('s3://') :]}/{name}"
+
+
+def _truncate_object(location: str, name: str, size: int = 64) -> None:
+    """What a half-finished overwrite or a torn copy leaves: the object's first bytes."""
+    store = store_for(location)
+    store.fs.pipe_file(_object(location, name), store.fs.cat_file(_object(location, name))[:size])
+
+
+def _name_a_file_that_is_not_there(location: str) -> None:
+    store = store_for(location)
+    manifest = json.loads(store.fs.cat_file(_object(location, MANIFEST_FILE)))
+    manifest["files"]["optimizer.pt"] = 10
+    manifest["sha256"]["optimizer.pt"] = "0" * 64
+    store.fs.pipe_file(_object(location, MANIFEST_FILE), json.dumps(manifest).encode())
+
+
+def _alter_object(location: str, name: str) -> None:
+    store = store_for(location)
+    data = bytearray(store.fs.cat_file(_object(location, name)))
+    data[len(data) // 2] ^= 0xFF
+    store.fs.pipe_file(_object(location, name), bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        (
+            lambda loc: _truncate_object(loc, STATE_FILE),
+            r"^state\.pt: 64 bytes, its manifest says",
+        ),
+        (
+            lambda loc: store_for(loc).fs.rm(_object(loc, STATE_FILE)),
+            r"^state\.pt is missing \(its manifest names it\)$",
+        ),
+        (_name_a_file_that_is_not_there, r"^optimizer\.pt is missing \(its manifest names it\)$"),
+        (lambda loc: _alter_object(loc, STATE_FILE), r"^state\.pt: its SHA-256 digest differs"),
+    ],
+    ids=["truncated-object", "missing-object", "manifest-names-a-missing-file", "altered-object"],
+)
+def test_a_damaged_checkpoint_in_the_bucket_is_refused_naming_the_object(
+    s3_bucket: str, damage: Callable[[str], None], problem: str
+) -> None:
+    folder = f"{s3_bucket}/ckpt/1/1"
+    location, _ = write_checkpoint(folder, "c", {"w": torch.arange(5.0)}, {"step": 1})
+    location = str(location)
+    manifest = json.loads(store_for(location).fs.cat_file(_object(location, MANIFEST_FILE)))
+    assert sorted(manifest["sha256"]) == [METADATA_FILE, STATE_FILE]
+    damage(location)
+    with pytest.raises(CheckpointCorruptedError) as raised:
+        read_checkpoint(location)
+    assert re.search(problem, raised.value.problem), raised.value.problem
+    assert str(raised.value) == f"checkpoint {location}: {raised.value.problem}"
+    with pytest.raises(CheckpointCorruptedError):
+        store_for(location).verify(location)
+
+
+def test_a_restore_from_the_bucket_falls_back_past_a_truncated_object(
+    s3_bucket: str, db_url: str, tmp_path: Path
+) -> None:
+    """One rank in this process: the newest checkpoints' ``state.pt`` objects truncated,
+    the restart continues from step 8's, downloaded from the bucket, on the trajectory
+    of an uninterrupted run; the damaged objects stay in the bucket."""
+    common: dict[str, Any] = {
+        "hparams": {"global_batch_size": 4},
+        "slots_per_trial": 1,
+        "max_length": {"batches": 16},
+        "min_validation_period": {"batches": 4},
+        "min_checkpoint_period": {"batches": 4},
+        "profiling": {"enabled": False},
+        "checkpoint_storage": {"path": f"{s3_bucket}/ckpt", "save_trial_latest": 100},
+    }
+    reference = create_trial(db_url, tmp_path, **common)
+    assert run_trial(reference.spec, DistributedInfo()) == "finished"
+    first = create_trial(
+        db_url, tmp_path, **{**common, "hparams": {"global_batch_size": 4, "preempt_at_step": 9}}
+    )
+    assert run_trial(first.spec, DistributedInfo()) == "preempted"
+    trial_id = first.spec.trial_id
+    _four, eight, *newer = _checkpoints(db_url, trial_id)
+    assert eight.step == 8 and newer
+    for checkpoint in newer:
+        _truncate_object(checkpoint.path, STATE_FILE)
+    restarted = first.with_changes(attempt=1, restore_checkpoint_path=newer[-1].path)
+    assert run_trial(restarted.spec, DistributedInfo()) == "finished"
+
+    rows = {row.uuid: row for row in _checkpoints(db_url, trial_id)}
+    for checkpoint in newer:
+        row = rows[checkpoint.uuid]
+        assert row.state == CheckpointState.CORRUPTED
+        assert row.problem is not None and row.problem.startswith("state.pt: 64 bytes, its ")
+        assert len(store_for(row.path).fs.cat_file(_object(row.path, STATE_FILE))) == 64
+    with session_scope(db_url) as session:
+        run = session.scalars(
+            select(TrialRun).where(TrialRun.trial_id == trial_id, TrialRun.attempt == 1)
+        ).one()
+        assert (run.restored_from_checkpoint, run.restored_from_step) == (eight.uuid, 8)
+        assert run.reason is not None
+        assert run.reason.startswith("continued from the checkpoint of step 8; skipped ")
+    for name, kind in (("loss", MetricKind.TRAINING), ("val_loss", MetricKind.VALIDATION)):
+        assert _series(db_url, trial_id, name, kind) == _series(
+            db_url, reference.spec.trial_id, name, kind
+        )
+
+
+def test_retention_in_the_bucket_keeps_the_newest_intact_checkpoint(
+    s3_bucket: str, db_url: str
+) -> None:
+    """Newer checkpoints that fail their manifest do not count: the newest one that
+    passes stays, whatever the policy; the damaged ones are marked, and stay too."""
+    experiment_id, (trial_id,) = add_experiment(db_url)
+    folder = f"{s3_bucket}/ckpt/{checkpoint_folder(db_url, experiment_id)}/{trial_id}"
+    paths = {}
+    for step in (10, 20, 30, 40):
+        location, _ = write_checkpoint(folder, f"c{step}", {"w": torch.ones(3)}, {})
+        paths[step] = str(location)
+        with session_scope(db_url) as session:
+            session.add(
+                Checkpoint(
+                    uuid=f"c{step}",
+                    trial_id=trial_id,
+                    step=step,
+                    path=str(location),
+                    state=CheckpointState.COMPLETED,
+                )
+            )
+    _truncate_object(paths[40], STATE_FILE)
+    store_for(paths[30]).fs.rm(_object(paths[30], STATE_FILE))
+    policy = CheckpointStorageConfig(
+        path=f"{s3_bucket}/ckpt", save_trial_latest=1, save_trial_best=0
+    )
+    with session_scope(db_url) as session:
+        deleted = collect_garbage(
+            session, experiment_id=experiment_id, policy=policy, metric="m", smaller_is_better=True
+        )
+    assert deleted == ["c10"]
+    with session_scope(db_url) as session:
+        states = dict(session.execute(select(Checkpoint.uuid, Checkpoint.state)).all())
+    assert states == {
+        "c10": CheckpointState.DELETED,
+        "c20": CheckpointState.COMPLETED,
+        "c30": CheckpointState.CORRUPTED,
+        "c40": CheckpointState.CORRUPTED,
+    }
+    assert store_for(folder).whole(folder) == [paths[20], paths[30], paths[40]]
+    torch.testing.assert_close(read_checkpoint(paths[20])["w"], torch.ones(3))
+
+
+def _series(db_url: str, trial_id: int, name: str, kind: MetricKind) -> dict[int, float | None]:
+    with session_scope(db_url) as session:
+        rows = session.scalars(
+            select(Metric).where(
+                Metric.trial_id == trial_id, Metric.name == name, Metric.kind == kind
+            )
+        )
+        return {row.step: row.value for row in rows}

@@ -2,7 +2,7 @@
 
 The file systems are real: a tiny tmpfs, filled up or remounted read-only (root ignores
 file modes, so ``chmod`` would prove nothing). Mounting needs root; elsewhere the tests
-are skipped with that reason.
+are skipped with that reason (under ``CI=true`` they fail with it instead).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 from sqlalchemy import select
 
 from storage import Checkpoint, CheckpointState, Trial, session_scope
+from tests.conftest import cannot_run_here
 from trials.checkpoint_storage import CheckpointStorageError
 from trials.runtime._checkpoint import read_checkpoint, write_checkpoint
 
@@ -34,13 +35,13 @@ def _mount(*args: str) -> None:
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs, unmounted afterwards."""
     if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs (a disk that fills up) needs root")
+        cannot_run_here("mounting a tmpfs (a disk that fills up) needs root")
     target = tmp_path / "mnt"
     target.mkdir()
     try:
         _mount("-t", "tmpfs", "-o", "size=1m", "tmpfs", str(target))
     except subprocess.CalledProcessError as error:
-        pytest.skip(f"cannot mount a tmpfs here: {error.stderr.strip()}")
+        cannot_run_here(f"cannot mount a tmpfs here: {error.stderr.strip()}")
     try:
         yield target
     finally:

@@ -5,10 +5,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from trials import RuntimeSpec
-from trials.runtime import InvalidTrialError, PyTorchTrialContext
+from trials.runtime import CpuAccelerator, InvalidTrialError, PyTorchTrialContext
 from trials.runtime._distributed import DistributedInfo
 from trials.runtime._loop import Schedule
 
@@ -37,7 +36,7 @@ def spec(tmp_path: Path, **changes: Any) -> RuntimeSpec:
 
 def context(tmp_path: Path, rank: int = 0, world: int = 4, **changes: Any) -> PyTorchTrialContext:
     info = DistributedInfo(rank=rank, local_rank=rank, world_size=world, local_world_size=world)
-    return PyTorchTrialContext(spec(tmp_path, **changes), info, torch.device("cpu"))
+    return PyTorchTrialContext(spec(tmp_path, **changes), info, CpuAccelerator())
 
 
 def test_batch_sizes_and_the_dropped_samples_warning(tmp_path: Path) -> None:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.data import IterableDataset, TensorDataset
+from torch.utils.data import DistributedSampler, IterableDataset, TensorDataset
 
 from trials.runtime._data import (
     DataLoader,
@@ -36,9 +36,15 @@ def test_shards_cover_the_padded_data_set_and_differ_per_epoch() -> None:
         shards.append(list(sampler))
     assert len(shards[0]) == len(shards[1]) == 4  # padded to 8
     assert set(shards[0]) | set(shards[1]) == set(data)
-    other = ResumableDistributedSampler(data, num_replicas=2, rank=0, shuffle=True, seed=0)
-    other.set_epoch(1)
-    assert sorted(other) != shards[0] or list(other) != shards[0]
+    # Each epoch draws its own order, the one torch's DistributedSampler draws for it
+    # (a set_epoch that did nothing would give epoch 0's again).
+    for epoch in (1, 2):
+        other = ResumableDistributedSampler(data, num_replicas=2, rank=0, shuffle=True, seed=0)
+        other.set_epoch(epoch)
+        reference = DistributedSampler(data, num_replicas=2, rank=0, shuffle=True, seed=0)
+        reference.set_epoch(epoch)
+        assert list(other) == list(reference)
+        assert list(other) != shards[0]
 
 
 def test_validation_shards_have_no_padding() -> None:

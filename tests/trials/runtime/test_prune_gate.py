@@ -14,6 +14,7 @@ import optuna
 import pytest
 
 from trials.config import PrunerSpec, slot_seconds_step
+from trials.pruning import build_pruner
 from trials.runtime._prune_gate import PruneGate
 
 PRUNERS = [
@@ -36,7 +37,7 @@ def _search(spec: PrunerSpec, curves: list[list[float]], *, gated: bool) -> tupl
     study = optuna.create_study(
         study_name="gate",  # Hyperband picks brackets by the study name
         direction="maximize",
-        pruner=spec.build(),
+        pruner=build_pruner(spec),
         sampler=optuna.samplers.RandomSampler(0),
     )
     pruned_at, asks = [], 0

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from trials.runtime import InvalidTrialError, PyTorchTrialContext
+from trials.runtime import CpuAccelerator, InvalidTrialError, PyTorchTrialContext
 from trials.runtime._checkpoint import NO_CHECKPOINTS, read_checkpoint
 from trials.runtime._context import LRStepMode
 from trials.runtime._distributed import DistributedInfo
@@ -52,7 +52,7 @@ class CallLog(NoRecorder):
     ) -> None:
         self.calls.append(("validation_metrics", (step, epoch, dict(values))))
 
-    def report_intermediate(self, value: float, step: int) -> None:
+    def report_intermediate(self, value: float, step: int, moment: float) -> None:
         self.calls.append(("report_intermediate", (value, step)))
 
     def should_prune(self) -> bool:
@@ -78,7 +78,7 @@ def make_context(
 ) -> PyTorchTrialContext:
     info = DistributedInfo(rank=rank, local_rank=rank, world_size=4, local_world_size=4)
     fields: dict[str, Any] = {"hparams": {"global_batch_size": 128}, **changes}
-    return PyTorchTrialContext(spec(tmp_path, **fields), info, torch.device("cpu"), recorder)
+    return PyTorchTrialContext(spec(tmp_path, **fields), info, CpuAccelerator(), recorder)
 
 
 def test_the_recorder_stand_in_records_nothing_and_never_prunes_or_stops() -> None:
@@ -89,7 +89,7 @@ def test_the_recorder_stand_in_records_nothing_and_never_prunes_or_stops() -> No
         lambda: recorder.register([process]),
         lambda: recorder.training_metrics(1, None, {"loss": 1.0}),
         lambda: recorder.validation_metrics(1, 0.5, {"val_loss": 1.0}),
-        lambda: recorder.report_intermediate(1.0, 1),
+        lambda: recorder.report_intermediate(1.0, 1, 0.0),
         lambda: recorder.pruned(1),
         lambda: recorder.finished(1),
         lambda: recorder.rewind(0),

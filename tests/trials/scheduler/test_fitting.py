@@ -14,6 +14,7 @@ from trials.scheduler import (
     check_schedulable,
     format_values,
     job_shape,
+    largest_fit,
     schedule,
     valid_slots_per_trial,
 )
@@ -153,3 +154,14 @@ def test_a_job_shape_exists_exactly_for_the_sizes_the_scheduler_accepts(
             slots % size or slots // size > sizes.count(size) or slots // size >= nodes
             for size in sizes
         )
+
+
+def test_the_largest_fit_is_the_size_itself_or_the_largest_smaller_one_that_fits() -> None:
+    one_gpu = make_pool([1])
+    assert largest_fit(one_gpu, 1) == 1
+    assert largest_fit(one_gpu, 2) == 1
+    # Larger than one agent: whole agents of one size, so 12 on 8-slot agents becomes 8.
+    four = make_pool([8] * 4)
+    assert [largest_fit(four, n) for n in (8, 12, 16, 40)] == [8, 8, 16, 32]
+    with pytest.raises(Unschedulable, match="has no agents"):
+        largest_fit(ResourcePool("default", ()), 2)
