@@ -416,7 +416,7 @@ class Allocation(Base):
     host: Mapped[str] = mapped_column(String(255))
     slot: Mapped[int] = mapped_column(Integer)
     # How much of the slot the claim holds, in eighths: 8 the whole slot (every row
-    # before revision 0014), 4, 2 or 1 a share (``resources.slots_per_trial`` 0.5,
+    # before revision 0015), 4, 2 or 1 a share (``resources.slots_per_trial`` 0.5,
     # 0.25, 0.125). Integers, so the ledger's sums are exact.
     eighths: Mapped[int] = mapped_column(
         Integer, default=SLOT_EIGHTHS, server_default=str(SLOT_EIGHTHS)

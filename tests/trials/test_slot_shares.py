@@ -306,11 +306,11 @@ def _checkpointed(db_url: str, trial_ids: list[int]) -> None:
 # -- the schema ----------------------------------------------------------------------
 
 
-def test_a_ledger_from_before_revision_0014_holds_whole_slots(tmp_path: Path) -> None:
+def test_a_ledger_from_before_revision_0015_holds_whole_slots(tmp_path: Path) -> None:
     from alembic import command
 
     url = f"sqlite:///{tmp_path / 'old.db'}"
-    command.upgrade(alembic_config(url), "0013")
+    command.upgrade(alembic_config(url), "0014")
     experiment_id, (trial,) = add_experiment(url, [{"state": TrialState.RUNNING}])
     with get_engine(url).begin() as connection:
         connection.execute(

@@ -10,9 +10,9 @@ by the claiming transaction under the ledger's lock while the slot's claims add 
 at most one slot. A plain index on (pool, agent, slot) serves the per-slot lookups the
 unique key served before.
 
-Revision ID: 0014
-Revises: 0013
-Create Date: 2026-11-29 10:00:00.000000
+Revision ID: 0015
+Revises: 0014
+Create Date: 2026-11-30 12:00:00.000000
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0014"
-down_revision = "0013"
+revision = "0015"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 
