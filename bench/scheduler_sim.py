@@ -59,6 +59,23 @@ where ``queue`` is the fewest trials queued at a measured decision. Run:
 ``python bench/scheduler_sim.py --experiments 8`` (seconds). Scheduling never preempts,
 so an experiment that starts after others have filled the pool with long trials reaches
 its share only as they end: with ``--stagger-min`` the index drops accordingly.
+
+``--shares`` mixes trials on shares of one slot (``slots_per_trial`` 1/8, 1/4, 1/2) with
+whole-slot trials (1, 2, 4, 8 slots; trial-count weights ``--share-weights``; 40,000 trials
+by default), arriving
+as one Poisson stream whose work, shares counted at their fraction, is ``--load`` times
+the cluster's capacity. The same workload runs twice through the scheduler core: with
+shares packed onto shared slots (issue 52) and as today's whole-slot placement, where
+each share trial takes a whole slot. A trial's length does not depend on its placement
+(small trials leave most of a GPU idle: the digits example used 3% of an H200). Printed
+for each: the slots claimed and the work done (shares at their fraction) over the
+cluster's capacity while trials are queued, trials per hour, the waits per size, and the
+decision latency; the last line::
+
+    packed_work=<w> whole_work=<v> work_ratio=<w/v> wait_ratio=<whole/packed mean wait> throughput_ratio=<t> p99_ms=<b>
+
+Run: ``python bench/scheduler_sim.py --shares`` (seconds). The makespan, and so trials per
+hour, is bounded by the longest trial alike for both; the waits show the difference.
 """
 
 from __future__ import annotations
@@ -582,12 +599,169 @@ def _sweep(pool: ResourcePool, args: argparse.Namespace) -> int:
     return 0
 
 
+# -- shares of one slot packed, against whole slots (--shares) ---------------------------
+
+SHARE_SIZES = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+
+
+@dataclass(frozen=True)
+class ShareTrial:
+    trial_id: int
+    size: float  # slots, a share below 1
+    arrival_s: float
+    duration_s: float
+
+    @property
+    def request_slots(self) -> int:
+        return max(1, int(self.size))
+
+
+@dataclass
+class ShareResult:
+    claimed: float  # mean claimed / total slots while the queue is non-empty
+    work: float  # mean work (shares at their fraction) / total slots while queued
+    makespan_s: float
+    latencies_ms: list[float]
+    waits_s: dict[float, list[float]] = field(default_factory=lambda: defaultdict(list))
+
+    def percentile(self, q: float) -> float:
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+    @property
+    def mean_wait_s(self) -> float:
+        return statistics.fmean(w for waits in self.waits_s.values() for w in waits)
+
+
+def make_share_workload(
+    n_trials: int,
+    capacity_slots: int,
+    *,
+    load: float,
+    mean_length_s: float,
+    seed: int,
+    size_weights: tuple[float, ...],
+    sigma: float = 0.8,
+) -> list[ShareTrial]:
+    """Trials of :data:`SHARE_SIZES` arriving at ``load`` times capacity (shares at their
+    fraction), with ASHA-pruned log-normal lengths as :func:`make_workload`'s."""
+    rng = random.Random(seed)
+    sizes = rng.choices(SHARE_SIZES, size_weights, k=n_trials)
+    durations = _durations(rng, n_trials, mean_length_s, sigma=sigma, pruned=True)
+    rate = (
+        n_trials
+        * load
+        * capacity_slots
+        / sum(size * duration for size, duration in zip(sizes, durations, strict=True))
+    )
+    t = 0.0
+    trials = []
+    for i, (size, duration) in enumerate(zip(sizes, durations, strict=True)):
+        trials.append(ShareTrial(i, size, t, duration))
+        t += rng.expovariate(rate)
+    return trials
+
+
+def simulate_shares(pool: ResourcePool, trials: list[ShareTrial], *, packed: bool) -> ShareResult:
+    """Run the workload through the core: shares as shares (``packed``) or on whole slots."""
+    scheduler = SlotScheduler(pool)
+    by_id = {trial.trial_id: trial for trial in trials}
+    events: list[tuple[float, int, int]] = [(t.arrival_s, _ARRIVE, t.trial_id) for t in trials]
+    heapq.heapify(events)
+    running: dict[int, Placement] = {}
+    result = ShareResult(0.0, 0.0, 0.0, [])
+    claimed = work = 0.0
+    claimed_area = work_area = queued_s = 0.0
+    now = 0.0
+    gc.collect()
+    while events:
+        when = events[0][0]
+        if scheduler.queued:
+            queued_s += when - now
+            claimed_area += claimed * (when - now)
+            work_area += work * (when - now)
+        now = when
+        while events and events[0][0] == now:
+            _, kind, trial_id = heapq.heappop(events)
+            trial = by_id[trial_id]
+            if kind == _FINISH:
+                placement = running.pop(trial_id)
+                scheduler.release(placement)
+                claimed -= placement.size
+                work -= trial.size
+            else:
+                share = trial.size if packed and trial.size < 1 else 1.0
+                scheduler.submit(
+                    SlotRequest(trial_id, trial.request_slots, order=trial_id, share=share)
+                )
+        start = time.perf_counter_ns()
+        placements = scheduler.schedule()
+        result.latencies_ms.append((time.perf_counter_ns() - start) / 1e6)
+        for placement in placements:
+            trial = by_id[placement.request_id]  # type: ignore[index]
+            running[trial.trial_id] = placement
+            claimed += placement.size
+            work += trial.size
+            result.waits_s[trial.size].append(now - trial.arrival_s)
+            heapq.heappush(events, (now + trial.duration_s, _FINISH, trial.trial_id))
+    if scheduler.queued:
+        raise RuntimeError(f"{scheduler.queued} trials never started")
+    total = pool.total_slots
+    result.makespan_s = now
+    result.claimed = claimed_area / (total * queued_s) if queued_s else 1.0
+    result.work = work_area / (total * queued_s) if queued_s else 1.0
+    return result
+
+
+def _run_shares(pool: ResourcePool, args: argparse.Namespace) -> int:
+    trials = make_share_workload(
+        args.trials if args.trials is not None else 40_000,
+        pool.total_slots,
+        load=args.load,
+        mean_length_s=args.mean_length_min * 60,
+        seed=args.seed,
+        size_weights=tuple(args.share_weights),
+        sigma=args.sigma,
+    )
+    sizes = "/".join(f"{size:g}" for size in SHARE_SIZES)
+    print(
+        f"cluster: {len(pool.agents)} agents x {pool.agents[0].size} slots; {len(trials)} "
+        f"trials of {sizes} slots (weights {args.share_weights}), offered load {args.load}x "
+        f"(shares at their fraction), seed {args.seed}"
+    )
+    packed = simulate_shares(pool, trials, packed=True)
+    whole = simulate_shares(pool, trials, packed=False)
+    for name, result in (("packed", packed), ("whole", whole)):
+        per_hour = len(trials) / (result.makespan_s / 3600)
+        print(
+            f"{name:>7}: claimed {result.claimed:.4f}, work {result.work:.4f} of the slots "
+            f"while queued; {per_hour:.0f} trials/h over {result.makespan_s / 3600:.1f} h; "
+            f"decisions p50 {result.percentile(0.5):.3f} ms, p99 {result.percentile(0.99):.3f} ms"
+        )
+        waits = ", ".join(
+            f"{size:g}: {statistics.fmean(w) / 60:.0f}"
+            for size, w in sorted(result.waits_s.items())
+        )
+        print(f"{'':>7}  mean wait in minutes by slots_per_trial: {waits}")
+    print(
+        f"packed_work={packed.work:.4f} whole_work={whole.work:.4f} "
+        f"work_ratio={packed.work / whole.work:.3f} "
+        f"wait_ratio={whole.mean_wait_s / max(packed.mean_wait_s, 1e-9):.3f} "
+        f"throughput_ratio={whole.makespan_s / packed.makespan_s:.3f} "
+        f"p99_ms={packed.percentile(0.99):.3f}"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, default=512)
     parser.add_argument("--slots-per-agent", type=int, default=8)
     parser.add_argument(
-        "--trials", type=int, default=None, help="default 10,000; 40,000 with --experiments"
+        "--trials",
+        type=int,
+        default=None,
+        help="default 10,000; 40,000 with --experiments or --shares",
     )
     parser.add_argument("--load", type=float, default=1.25, help="offered work / capacity")
     parser.add_argument("--mean-length-min", type=float, default=60.0)
@@ -636,9 +810,25 @@ def main(argv: list[str] | None = None) -> int:
         help="with --experiments: equal-priority experiments start at random within this "
         "many minutes (default: together)",
     )
+    parser.add_argument(
+        "--shares",
+        action="store_true",
+        help="mix trials on shares of one slot with whole-slot trials; packed against "
+        "today's whole-slot placement",
+    )
+    parser.add_argument(
+        "--share-weights",
+        type=float,
+        nargs=len(SHARE_SIZES),
+        default=[3.0, 3.0, 2.0, 2.0, 1.0, 1.0, 1.0],
+        metavar="W",
+        help=f"with --shares: relative numbers of trials of {'/'.join(f'{s:g}' for s in SHARE_SIZES)} slots",
+    )
     args = parser.parse_args(argv)
 
     pool = make_pool(args.agents, args.slots_per_agent)
+    if args.shares:
+        return _run_shares(pool, args)
     if args.experiments:
         return _run_experiments(pool, args)
     if args.trials is None:

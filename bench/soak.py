@@ -2,9 +2,11 @@
 
 Several experiments (``--experiments``, default 4) search the digits example's space at
 once with random search, on one SQLite database and one local agent of ``--slots`` CPU
-slots (default 4) that they share through the database. Experiments alternate 1 and 2
-slots per trial and run up to two trials each at once, so trials of different
-experiments take turns on the same slots. A trial is short: ``max_length: {batches:
+slots (default 4) that they share through the database. Experiments cycle through trials
+of half a slot, 1 slot, 2 slots and a quarter of a slot (:data:`SIZES`; shares of one
+slot, issue 52) and run up to two trials each at once, so trials of different
+experiments take turns on the same slots, and share trials pack onto shared slots beside
+whole-slot trials. A trial is short: ``max_length: {batches:
 30}`` with a checkpoint every 10 batches, so most of its life is process start-up, the
 part of a trial a crash most often hits.
 
@@ -38,8 +40,10 @@ last driver's exit, ``utilization`` the slot-seconds held by trial processes (ea
 ``torchrun``'s slots times its recorded lifetime, start-up and teardown included, from
 ``slotsweep_trial_processes``) over slots x wall time, ``restarts`` the relaunches of
 trials (runs with ``attempt > 0``, whatever ended the run before), ``overlaps`` the
-attempt and slot overlaps the check found (must be 0) and ``consistent`` its verdict
-(must be true). Nothing is asserted: the benchmark prints what happened.
+attempt and slot overlaps the check found (must be 0; a slot overlap is ranks holding
+more than the slot at once: shares adding up to more than one slot, or a share beside
+a whole-slot trial) and ``consistent`` its verdict (must be true). A share trial's
+``torchrun`` counts its share of its slot in ``utilization``. Nothing is asserted: the benchmark prints what happened.
 
 Run:
     .venv/bin/python bench/soak.py                       # 200 trials, 4 experiments, 4 slots
@@ -81,6 +85,7 @@ from storage import (
     session_scope,
     upgrade_schema,
 )
+from trials.config import read_stored_resources
 from trials.timings import TIMINGS_ENV_VAR, Timings, lease_timings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,6 +102,11 @@ MAX_KILLS_PER_TRIAL = 2
 # A driver resumed more often than this in a row without the experiment advancing is
 # given up on, so a broken build ends the soak instead of looping.
 MAX_SELF_EXITS = 5
+
+
+# ``slots_per_trial`` of experiment i is SIZES[i % len(SIZES)]: shares of one slot among
+# whole-slot trials, a share first so that even ``--quick`` (two experiments) has one.
+SIZES: tuple[float, ...] = (0.5, 1, 2, 0.25)
 
 
 def soak_config(index: int, *, max_trials: int, seed: int, checkpoints: Path) -> dict[str, Any]:
@@ -120,7 +130,7 @@ def soak_config(index: int, *, max_trials: int, seed: int, checkpoints: Path) ->
             "max_concurrent_trials": 2,
             "seed": seed * 1000 + index,
         },
-        "resources": {"slots_per_trial": 1 + index % 2},
+        "resources": {"slots_per_trial": SIZES[index % len(SIZES)]},
         "min_validation_period": {"batches": 15},
         "min_checkpoint_period": {"batches": 10},
         "checkpoint_storage": {"path": str(checkpoints), "save_trial_latest": 1},
@@ -198,15 +208,19 @@ class _Soak:
 
     # ----------------------------------------------------------------- drivers
     def start(self, driver: _Driver) -> None:
-        """``run`` until the experiment exists, ``resume`` afterwards; output to its log."""
+        """``run`` until the experiment exists, ``resume`` afterwards; output to its log.
+
+        An experiment that has ended (a driver killed right after it committed the end)
+        is done: a resume would be refused.
+        """
         if driver.log is None:
             driver.log = open(self.root / f"driver-{driver.name}.log", "ab")  # noqa: SIM115
+        state = self._experiment(driver.name)
+        if state is not None and state.is_terminal:
+            driver.done = True
+            return
         # A driver killed before it created its experiment leaves nothing to resume.
-        command = (
-            ["resume", driver.name]
-            if self._experiment(driver.name) is not None
-            else ["run", str(driver.config)]
-        )
+        command = ["resume", driver.name] if state is not None else ["run", str(driver.config)]
         argv = [*slotsweep_argv(), *command, "--db", self.db_url, "--slots", str(self.slots)]
         driver.log.write(f"\n=== {' '.join(command)}\n".encode())
         driver.log.flush()
@@ -234,11 +248,20 @@ class _Soak:
             # Exit 0 without an ended experiment is a pause; anything else a failure.
             self.self_exits += 1
             driver.self_exits += 1
-            print(f"driver {driver.name} exited {code} by itself; resuming", flush=True)
+            print(
+                f"driver {driver.name} exited {code} by itself ({self._last_line(driver)}); "
+                "resuming",
+                flush=True,
+            )
             if driver.self_exits > MAX_SELF_EXITS:
                 driver.done = True
                 continue
             self.start(driver)
+
+    def _last_line(self, driver: _Driver) -> str:
+        """The last line the driver printed (its reason, for a refusal)."""
+        lines = (self.root / f"driver-{driver.name}.log").read_bytes().splitlines()
+        return lines[-1].decode(errors="replace").strip() if lines else "no output"
 
     def _experiment(self, name: str) -> ExperimentState | None:
         """The state of the newest experiment called ``name``; None before it exists."""
@@ -377,14 +400,21 @@ def slot_seconds(db_url: str, start: dt.datetime, end: dt.datetime) -> float:
     """
     with session_scope(get_engine(db_url, read_only=True)) as session:
         rows = session.execute(
-            select(TrialProcess.slots, TrialProcess.started_at, TrialProcess.ended_at).where(
-                TrialProcess.role == ProcessRole.TORCHRUN
+            select(
+                TrialProcess.slots,
+                TrialProcess.started_at,
+                TrialProcess.ended_at,
+                Experiment.config,
             )
+            .join(Trial, Trial.id == TrialProcess.trial_id)
+            .join(Experiment, Experiment.id == Trial.experiment_id)
+            .where(TrialProcess.role == ProcessRole.TORCHRUN)
         ).all()
     total = 0.0
-    for slots, began, ended in rows:
+    for slots, began, ended, config in rows:
         lifetime = (min(ended or end, end) - max(began, start)).total_seconds()
-        total += len(slots) * max(lifetime, 0.0)
+        share = read_stored_resources(config).slot_share
+        total += len(slots) * share * max(lifetime, 0.0)
     return total
 
 
@@ -538,7 +568,7 @@ def main(argv: list[str] | None = None) -> None:
     if not 1 <= experiments <= trials:
         parser.error("--experiments: must be between 1 and --trials")
     if args.slots < 2:
-        parser.error("--slots: must be at least 2 (experiments alternate 1 and 2 slots per trial)")
+        parser.error("--slots: must be at least 2 (one experiment in four runs trials of 2 slots)")
     if kill_every_s <= 0:
         parser.error("--kill-every: must be positive")
     if args.lease is not None and args.lease <= 0:

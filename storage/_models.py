@@ -24,6 +24,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -379,17 +380,47 @@ class Checkpoint(Base):
     problem: Mapped[str | None] = mapped_column(Text)
 
 
+# A whole slot in the ledger's unit: a claim holds a whole number of eighths of its slot
+# (``trials.config.EIGHTHS_PER_SLOT``; storage imports no other slotsweep package).
+SLOT_EIGHTHS = 8
+
+
 class Allocation(Base):
-    """A slot held by a running trial; the unique key is what stops two drivers sharing a slot."""
+    """A slot, or a share of one, held by a trial.
+
+    A whole-slot claim (``eighths`` 8) is unique per slot: that key is what stops two
+    drivers holding one slot. Shares of one slot (``eighths`` 4, 2 or 1: a half, a
+    quarter, an eighth) are rows of their own on the same slot; the ledger admits one
+    only while the slot's rows add up to at most 8 eighths and none of them is whole,
+    checked in the claiming transaction under the ledger's lock
+    (``trials.coordination.allocations.claim``).
+    """
 
     __tablename__ = "slotsweep_allocations"
-    __table_args__ = (UniqueConstraint("resource_pool", "agent", "slot", name="uq_slot"),)
+    __table_args__ = (
+        Index(
+            "uq_slot_whole",
+            "resource_pool",
+            "agent",
+            "slot",
+            unique=True,
+            sqlite_where=text(f"eighths = {SLOT_EIGHTHS}"),
+            postgresql_where=text(f"eighths = {SLOT_EIGHTHS}"),
+        ),
+        Index("ix_slotsweep_allocations_slot", "resource_pool", "agent", "slot"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     resource_pool: Mapped[str] = mapped_column(String(255))
     agent: Mapped[str] = mapped_column(String(255))
     host: Mapped[str] = mapped_column(String(255))
     slot: Mapped[int] = mapped_column(Integer)
+    # How much of the slot the claim holds, in eighths: 8 the whole slot (every row
+    # before revision 0015), 4, 2 or 1 a share (``resources.slots_per_trial`` 0.5,
+    # 0.25, 0.125). Integers, so the ledger's sums are exact.
+    eighths: Mapped[int] = mapped_column(
+        Integer, default=SLOT_EIGHTHS, server_default=str(SLOT_EIGHTHS)
+    )
     trial_id: Mapped[int] = mapped_column(
         ForeignKey("slotsweep_trials.id", ondelete="CASCADE"), index=True
     )
@@ -478,6 +509,10 @@ class QueuedTrial(Base):
     )
     resource_pool: Mapped[str] = mapped_column(String(255), index=True)
     slots: Mapped[int] = mapped_column(Integer)
+    # Of each of those slots, in eighths: 8 whole slots; 4, 2 or 1 a share of one slot.
+    eighths: Mapped[int] = mapped_column(
+        Integer, default=SLOT_EIGHTHS, server_default=str(SLOT_EIGHTHS)
+    )
     # Determined's convention: a lower number runs first.
     priority: Mapped[int] = mapped_column(Integer)
     # The experiment's fair-share weight (``resources.weight``).

@@ -55,8 +55,10 @@ class RunSpan:
         return max(0.0, (until - self.training_started_at).total_seconds())
 
 
-def slot_seconds_spent(runs: Iterable[RunSpan], slots: int, moment: dt.datetime) -> float:
+def slot_seconds_spent(runs: Iterable[RunSpan], slots: float, moment: dt.datetime) -> float:
     """The trial's compute up to ``moment``: ``slots`` times its runs' training seconds.
+
+    A trial on a share of one slot counts at its share (``slots`` 0.25 for a quarter).
 
     ``moment`` is when the validation being reported was recorded; runs that end later
     count only up to it.

@@ -528,14 +528,14 @@ def _cmd_task(args: argparse.Namespace) -> int:
 
 
 def _cmd_agents(args: argparse.Namespace) -> int:
-    """Agents by pool; with a database, how many slots of each are held right now."""
-    from searcher.cli.tables import agents_table
+    """Agents by pool; with a database, how much of each is held right now (shares too)."""
+    from searcher.cli.tables import agents_table, shared_lines
     from searcher.experiments import UsageError
     from storage import DB_ENV_VAR, DatabaseUrlError, session_scope
-    from trials.queries import slots_in_use
+    from trials.queries import SlotsInUse, slots_in_use
 
     cluster = _cluster(args)
-    busy: dict[tuple[str, str], int] | None = None
+    use: dict[tuple[str, str], SlotsInUse] | None = None
     try:
         db_url = _db_url(args, need_schema=True)
     except (UsageError, DatabaseUrlError):
@@ -545,8 +545,11 @@ def _cmd_agents(args: argparse.Namespace) -> int:
             raise
     else:
         with session_scope(db_url) as session:
-            busy = slots_in_use(session)
-    _console().print(agents_table(cluster, busy))
+            use = slots_in_use(session)
+    console = _console()
+    console.print(agents_table(cluster, use))
+    for line in shared_lines(use or {}):
+        console.print(line, highlight=False)
     return 0
 
 

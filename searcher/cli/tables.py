@@ -24,11 +24,12 @@ from rich.table import Table
 
 from storage import Experiment, TrialState
 from trials import queries
-from trials.config import read_stored_config
+from trials.config import format_share, read_stored_config, slot_share_of
 from trials.labels import checkpoint_label, trial_label
 from trials.numbers import format_hparams, format_value
 from trials.pruning import how_far
 from trials.queries import (
+    SlotsInUse,
     Source,
     damaged_checkpoints,
     experiment_overviews,
@@ -273,7 +274,8 @@ def waiting_lines(described: Mapping[str, Any]) -> list[str]:
 def best_trials_table(
     trials: Sequence[TrialRow], metric: str, title: str = "Best trials"
 ) -> Table:
-    """The best trials of one experiment with their hyperparameters and searcher metric."""
+    """The best trials of one experiment with their hyperparameters and searcher metric;
+    a share search's trials show their share (``1/4``) as their slots."""
     table = _table(title)
     table.add_column("trial", **_SHORT)
     table.add_column(metric, **_SHORT)
@@ -283,7 +285,7 @@ def best_trials_table(
         table.add_row(
             trial_label(None, trial.number),
             format_value(trial.searcher_metric),
-            str(trial.slots),
+            format_share(trial.share) if trial.share < 1.0 else str(trial.slots),
             format_hparams(trial.hyperparameters),
         )
     return table
@@ -295,7 +297,9 @@ def task_rows(holders: Sequence[SlotHolder]) -> list[dict[str, Any]]:
 
     A warm job's slot carries the job (``warm_job_id``) and what it does
     (``warm_state``: running, reserved, idle or ending); an idle or ending job holds
-    its slots without a trial.
+    its slots without a trial. ``share`` is how much of the slot the row's holder has
+    (1.0: all of it): a slot that trials share has one row per share, and one more,
+    without a trial, for what is free of it.
     """
     return [
         {
@@ -303,6 +307,7 @@ def task_rows(holders: Sequence[SlotHolder]) -> list[dict[str, Any]]:
             "agent": h.agent,
             "host": h.host,
             "slot": h.slot,
+            "share": slot_share_of(h.eighths),
             "experiment": h.experiment_id,
             "trial": (
                 None
@@ -314,6 +319,18 @@ def task_rows(holders: Sequence[SlotHolder]) -> list[dict[str, Any]]:
         }
         for h in holders
     ]
+
+
+def share_text(row: Mapping[str, Any]) -> str:
+    """A row's part of its slot in :func:`tasks_table`: ``1/4``, or ``1/4 free`` for what
+    no trial holds of a shared slot.
+
+    Example:
+        >>> share_text({"share": 0.25, "experiment": 3}), share_text({"share": 0.5, "experiment": None})
+        ('1/4', '1/2 free')
+    """
+    share = format_share(row["share"])
+    return share if row.get("experiment") is not None else f"{share} free"
 
 
 def warm_text(row: Mapping[str, Any]) -> str:
@@ -335,6 +352,9 @@ def tasks_table(rows: Sequence[Mapping[str, Any]]) -> Table:
         table.add_column(column, overflow="fold")
     for column in ("slot", "experiment", "trial"):
         table.add_column(column, **_SHORT)
+    shared = any(row.get("share", 1.0) < 1.0 for row in rows)
+    if shared:
+        table.add_column("share", **_SHORT)
     warm = any(row.get("warm_job_id") is not None for row in rows)
     if warm:
         table.add_column("warm job", **_SHORT)
@@ -347,6 +367,7 @@ def tasks_table(rows: Sequence[Mapping[str, Any]]) -> Table:
             format_value(row["experiment"]),
             format_value(row["trial"]),
         ]
+        cells += [share_text(row)] if shared else []
         table.add_row(*cells, *([warm_text(row)] if warm else []))
     return table
 
@@ -363,6 +384,7 @@ def queue_rows(queued: Sequence[QueuedView], now: _dt.datetime) -> list[dict[str
             "priority": view.priority,
             "weight": view.weight,
             "slots": view.slots,
+            "share": view.share,
             "waiting_s": waited_s(view, now),
             "placed_on": list(view.placed_on),
             "reason": view.shown_reason,
@@ -383,7 +405,7 @@ def queue_table(rows: Sequence[Mapping[str, Any]]) -> Table:
             row["trial"],
             row["pool"],
             str(row["priority"]),
-            str(row["slots"]),
+            format_share(row["share"]) if row.get("share", 1.0) < 1.0 else str(row["slots"]),
             f"{row['waiting_s']:.0f} s",
             row["reason"],
         )
@@ -391,19 +413,42 @@ def queue_table(rows: Sequence[Mapping[str, Any]]) -> Table:
 
 
 # --------------------------------------------------------------------- agents
-def agents_table(cluster: Cluster, busy: Mapping[tuple[str, str], int] | None) -> Table:
-    """Agents by pool; ``busy`` (slots held per (pool, agent)) adds a column when known."""
+def shared_lines(use: Mapping[tuple[str, str], SlotsInUse]) -> list[str]:
+    """One line per agent whose slots trials share: how many, and what is free of them
+    (printed under :func:`agents_table`; ``task list`` says which trials share which slot).
+
+    Example:
+        >>> from trials.queries import SlotsInUse
+        >>> shared_lines({("p", "a"): SlotsInUse(1.75, 1, 0.25), ("p", "b"): SlotsInUse(2, 2, 0.0)})
+        ['p/a: 1 shared slot, 1/4 of a slot free on it', 'p/b: 2 shared slots, full']
+    """
+    lines = []
+    for (pool, agent), now in sorted(use.items()):
+        if not now.shared:
+            continue
+        slots = "1 shared slot" if now.shared == 1 else f"{now.shared} shared slots"
+        on = "it" if now.shared == 1 else "them"
+        free = f"{format_share(now.room)} of a slot free on {on}" if now.room > 0 else "full"
+        lines.append(f"{pool}/{agent}: {slots}, {free}")
+    return lines
+
+
+def agents_table(cluster: Cluster, use: Mapping[tuple[str, str], SlotsInUse] | None) -> Table:
+    """Agents by pool; ``use`` (what their slots hold, :func:`trials.queries.slots_in_use`)
+    adds a column when known: slots in use (a share at its fraction; :func:`shared_lines`
+    says more)."""
     table = _table("Agents")
     for column in ("pool", "agent", "host", "slots"):
         table.add_column(column, overflow="fold")
-    if busy is not None:
+    if use is not None:
         table.add_column("in use", **_SHORT)
     table.add_column("heterogeneous fits", **_SHORT)
     table.add_column("fitting policy", **_SHORT)
     for pool, agent in cluster.agents:
         cells = [pool.name, agent.name, agent.host, ",".join(str(s) for s in agent.slots)]
-        if busy is not None:
-            cells.append(str(busy.get((pool.name, agent.name), 0)))
+        if use is not None:
+            now = use.get((pool.name, agent.name), SlotsInUse())
+            cells.append(format_value(now.held))
         cells += [str(pool.allowing_heterogeneous_fits).lower(), pool.fitting_policy]
         table.add_row(*cells)
     return table

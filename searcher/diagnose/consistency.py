@@ -17,7 +17,8 @@ and lists every way they break that promise:
 - two attempts of one trial overlapping in time (runs, or their processes; the
   ``torchrun`` of a run whose ranks were fenced at their start used nothing, and is no
   overlap);
-- one slot used by the ranks of two trials at once;
+- one slot used by the ranks of two trials at once, beyond its capacity: two whole-slot
+  trials, or trials on shares of it whose shares add up to more than one slot;
 - a trial left QUEUED or RUNNING in a COMPLETED or CANCELED experiment.
 
 It only reads (deferred transactions, Optuna's storage opened read-only), so it can run
@@ -63,7 +64,13 @@ from storage import (
     study_trials,
     utcnow,
 )
-from trials.config import StoredConfigError, read_stored_hyperparameters
+from trials.config import (
+    EIGHTHS_PER_SLOT,
+    StoredConfigError,
+    read_stored_hyperparameters,
+    read_stored_resources,
+    slot_eighths,
+)
 from trials.launch.processes import ProcessRef
 
 # The Optuna state each terminal slotsweep state must have (by Optuna's state name).
@@ -474,13 +481,15 @@ def _fenced_out(run: TrialRun, process: TrialProcess) -> bool:
 
 
 def _slot_overlaps(session: Session, chosen_trials: set[int]) -> list[str]:
-    """Ranks of two different trials on one (agent, slot) at the same time."""
+    """Ranks on one (agent, slot) holding more than the slot at once: two whole-slot
+    trials, a share and a whole trial, or shares adding up to more than one slot."""
     ranks = session.execute(
         select(TrialProcess, TrialRun.started_at)
         .join(TrialRun, TrialRun.id == TrialProcess.run_id)
         .where(TrialProcess.role == ProcessRole.RANK)
     ).all()
     handed_on = _handed_on(process for process, _ in ranks)
+    eighths = _trial_eighths(session)
     now = utcnow()
     by_slot: dict[tuple[str, int], list[tuple[dt.datetime, TrialProcess]]] = defaultdict(list)
     for process, run_started in ranks:
@@ -490,22 +499,54 @@ def _slot_overlaps(session: Session, chosen_trials: set[int]) -> list[str]:
     problems = []
     for (agent, slot), users in by_slot.items():
         users.sort(key=lambda user: (user[0], user[1].id))
-        for i, (_, first) in enumerate(users):
-            first_end = first.ended_at or now
-            # Sorted by start: once a later process starts after ``first`` ended, so do the rest.
-            for since, second in users[i + 1 :]:
-                if since + _START_RESOLUTION >= first_end:
-                    break
-                if second.trial_id == first.trial_id or _same_process(first, second):
-                    # One process serves one trial at a time: a warm job's, handed over.
-                    continue
-                if not {first.trial_id, second.trial_id} & chosen_trials:
-                    continue
-                problems.append(
-                    f"slot {slot} of agent '{agent}': {_describe(first)} and "
-                    f"{_describe(second)} held it at the same time (from {since})"
-                )
+        for i, (since, second) in enumerate(users):
+            # Who holds the slot as ``second`` starts: one entry per other trial (a warm
+            # job's rows of one process, handed from trial to trial, serve one at a time).
+            holding = {
+                first.trial_id: first
+                for _, first in users[:i]
+                if since + _START_RESOLUTION < (first.ended_at or now)
+                and first.trial_id != second.trial_id
+                and not _same_process(first, second)
+            }
+            if not holding or not ({second.trial_id, *holding} & chosen_trials):
+                continue
+            held = eighths.get(second.trial_id, EIGHTHS_PER_SLOT) + sum(
+                eighths.get(trial_id, EIGHTHS_PER_SLOT) for trial_id in holding
+            )
+            if held <= EIGHTHS_PER_SLOT:
+                continue  # shares of the slot, within its capacity
+            who = " and ".join(_describe(p) for p in [*holding.values(), second])
+            shares = (
+                ""
+                if held == 2 * EIGHTHS_PER_SLOT and len(holding) == 1
+                else (f" ({held} eighths of its 8)")
+            )
+            problems.append(
+                f"slot {slot} of agent '{agent}': {who} held it at the same time "
+                f"(from {since}){shares}"
+            )
     return problems
+
+
+def _trial_eighths(session: Session) -> dict[int, int]:
+    """The eighths of its slot each trial of a share search holds (absent: whole slots).
+
+    A search's share is its config's ``resources.slots_per_trial``; an unreadable config
+    counts as whole slots (the strictest reading).
+    """
+    result: dict[int, int] = {}
+    for experiment_id, config in session.execute(select(Experiment.id, Experiment.config)):
+        try:
+            share = read_stored_resources(config).slot_share
+        except StoredConfigError:
+            continue
+        if share < 1:
+            for trial_id in session.scalars(
+                select(Trial.id).where(Trial.experiment_id == experiment_id)
+            ):
+                result[trial_id] = slot_eighths(share)
+    return result
 
 
 def _same_process(first: TrialProcess, second: TrialProcess) -> bool:

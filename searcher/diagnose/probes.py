@@ -163,7 +163,7 @@ def probe_plan(
     """The probes for ``config`` at ``point`` (see the module); ``agent_slots`` is the
     largest agent's slot count in the pool, ``batches`` each throughput probe's length.
     Configs only: nothing runs."""
-    slots = int(point.get("slots_per_trial", config.resources.slots_per_trial))
+    slots = int(point.get("slots_per_trial", config.resources.slots))
     per_slot = int(point["global_batch_size"]) // slots
 
     def variant(

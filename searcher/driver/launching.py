@@ -56,6 +56,7 @@ from storage import (
     utcnow,
 )
 from trials import per_slot_batch_size
+from trials.config import format_share
 from trials.coordination import allocations as slot_ledger
 from trials.coordination import warm_jobs
 from trials.coordination.allocations import ClaimedPlacement, ClaimLostError
@@ -87,6 +88,8 @@ class Attempt:
     #: The idle warm job whose running ranks take the attempt, if one was reserved.
     idle: IdleJob | None
     restored_step: int | None
+    #: The share of its slot the trial runs on (1.0: whole slots); its compute counts at it.
+    share: float = 1.0
 
 
 class AttemptStarter:
@@ -221,6 +224,7 @@ class AttemptStarter:
                 warm_job_id=warm_job_id,
                 idle=idle,
                 restored_step=checkpoint.step if checkpoint else None,
+                share=ctx.config.resources.slot_share,
             )
 
     def adopt(self, trial_id: int, run_id: int, warm_job_id: int) -> tuple[Attempt, float]:
@@ -247,6 +251,7 @@ class AttemptStarter:
                 warm_job_id=warm_job_id,
                 idle=None,
                 restored_step=run.restored_from_step,
+                share=ctx.config.resources.slot_share,
             )
             where = _placed_on((node["agent"], node["slots"]) for node in run.agents or [])
             age_s = max(0.0, (utcnow() - run.started_at).total_seconds())
@@ -261,6 +266,8 @@ class AttemptStarter:
             if placement is not None
             else f"nodes the {self.ctx.executor.name} executor's cluster picks"
         )
+        if placement is not None and placement.share < 1.0:
+            where += f" ({format_share(placement.share)} of the slot, shared)"
         self._write_start_line(attempt, where, already_running=attempt.idle is not None)
 
     def _write_start_line(self, attempt: Attempt, where: str, *, already_running: bool) -> None:

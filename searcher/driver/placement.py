@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from searcher.driver.context import DriverContext
 from storage import Trial, session_scope
+from trials.config import slot_eighths
 from trials.coordination import allocations as slot_ledger
 from trials.coordination import cluster_queue
 from trials.coordination.allocations import ClaimedPlacement
@@ -135,6 +136,7 @@ class PendingQueue:
                         experiment_id=ctx.experiment_id,
                         pool=ctx.pool.name,
                         slots=p.slots,
+                        eighths=slot_eighths(resources.slot_share),
                         priority=p.priority,
                         weight=resources.weight,
                     )

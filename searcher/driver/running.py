@@ -100,6 +100,13 @@ class _Running:
     warm_job_id: int | None = None
     # Adopted from the job's rank 0 when the job had gone past it already (it ended).
     job_went_past: bool = False
+    # The share of its slot it runs on: its slot-seconds count at it.
+    share: float = 1.0
+
+    @property
+    def compute_slots(self) -> float:
+        """What a second of it costs in slot-seconds: its slots at its share."""
+        return self.slots * self.share
 
 
 def _running(attempt: Attempt, job: TrialJob, waiting: str | None) -> _Running:
@@ -114,6 +121,7 @@ def _running(attempt: Attempt, job: TrialJob, waiting: str | None) -> _Running:
         run_id=attempt.run_id,
         waiting=waiting,
         warm_job_id=attempt.warm_job_id,
+        share=attempt.share,
     )
 
 
@@ -398,7 +406,7 @@ class RunningTrials:
             trial = session.get(Trial, running.trial_id)
             run = session.get(TrialRun, running.run_id)
             assert trial is not None and run is not None
-            trial.slot_seconds = (trial.slot_seconds or 0.0) + elapsed * running.slots
+            trial.slot_seconds = (trial.slot_seconds or 0.0) + elapsed * running.compute_slots
             run.exit_code = trial.exit_code = 0
             # Its processes live on as the warm job's (their rows end at the next hand-over).
             run.ended_at = utcnow()
@@ -416,7 +424,7 @@ class RunningTrials:
             trial = session.get(Trial, running.trial_id)
             run = session.get(TrialRun, running.run_id)
             assert trial is not None and run is not None
-            trial.slot_seconds = (trial.slot_seconds or 0.0) + elapsed * running.slots
+            trial.slot_seconds = (trial.slot_seconds or 0.0) + elapsed * running.compute_slots
             run.exit_code = exit_code
             trial.exit_code = exit_code
             if running.hang_reason:

@@ -108,6 +108,7 @@ def runtime_spec_of(
         hparams=hparams,
         data=config.data,
         slots_per_trial=slots_per_trial,
+        slot_share=config.resources.slot_share,
         max_length=config.searcher.max_length,
         searcher_metric=config.searcher.metric,
         smaller_is_better=config.searcher.smaller_is_better,

@@ -268,7 +268,7 @@ class StudySide:
 
     def new_trial_row(self, number: int, optuna_id: int, hparams: dict[str, Any]) -> Trial:
         """The QUEUED row of Optuna trial ``number`` (not added to any session)."""
-        slots = int(hparams.get("slots_per_trial", self.ctx.config.resources.slots_per_trial))
+        slots = int(hparams.get("slots_per_trial", self.ctx.config.resources.slots))
         return Trial(
             experiment_id=self.ctx.experiment_id,
             optuna_trial_id=optuna_id,

@@ -140,6 +140,8 @@ def executor_problem(executor: Executor, config: ExperimentConfig) -> str | None
     Warm workers stay inside our own placement: an executor whose cluster engine places
     each trial as its own job (Slurm with a ``slurm:`` jobs block) ends the job with
     the trial, and holding that job between trials would hide it from Slurm's queue.
+    Shares of one slot need an executor that puts processes on the ledger's slots
+    itself (:attr:`~trials.executors.Executor.shares_slots`).
 
     Example:
         >>> from trials.executors import LocalExecutor
@@ -151,6 +153,14 @@ def executor_problem(executor: Executor, config: ExperimentConfig) -> str | None
             "resources.reuse_workers: not available when the cluster's executor "
             f"({executor.name}) submits each trial as its own job; set it to false, or "
             "run the search inside an allocation"
+        )
+    if config.resources.slot_share < 1 and not executor.shares_slots:
+        return (
+            f"resources.slots_per_trial: a share of one slot "
+            f"({config.resources.slots_per_trial:g}) needs an executor that starts trials on "
+            f"the slot ledger's own slots (local); the cluster's executor ({executor.name}) "
+            "gets whole GPUs from its cluster engine: with it, use a whole number of slots "
+            "(1, 2, ...)"
         )
     return None
 
@@ -295,9 +305,10 @@ def _shrunk_to_fit(
     """``config`` with ``resources.slots_per_trial`` lowered to the largest size the pool
     can run, where ``resources.shrink_to_fit`` asks for it; the line that says so."""
     resources = config.resources
-    if not resources.shrink_to_fit:
+    # A share of one slot fits wherever one slot does: nothing to shrink.
+    if not resources.shrink_to_fit or resources.slot_share < 1.0:
         return config, ()
-    size = largest_fit(pool, resources.slots_per_trial)
+    size = largest_fit(pool, resources.slots)
     if size == resources.slots_per_trial:
         return config, ()
     fitted = resources.model_copy(update={"slots_per_trial": size})

@@ -66,3 +66,38 @@ def test_experiments_span_a_500x_range_of_trial_counts() -> None:
     assert max(counts) / min(counts) == pytest.approx(500, rel=0.05)
     ids = [t.trial_id for x in experiments for t in x.trials]
     assert len(ids) == len(set(ids))
+
+
+def test_shares_packed_against_whole_slots_print_consistent_figures(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert scheduler_sim.main(["--shares", "--agents", "8", "--trials", "600", "--seed", "2"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    match = re.fullmatch(
+        r"packed_work=([\d.]+) whole_work=([\d.]+) work_ratio=([\d.]+) wait_ratio=([\d.]+) "
+        r"throughput_ratio=([\d.]+) p99_ms=([\d.]+)",
+        out[-1],
+    )
+    assert match, out[-1]
+    packed, whole, ratio = (float(match.group(i)) for i in (1, 2, 3))
+    assert 0 < whole <= 1 and 0 < packed <= 1
+    assert ratio == pytest.approx(packed / whole, abs=2e-3)
+    assert "mean wait in minutes by slots_per_trial: 0.125:" in "\n".join(out)
+
+
+def test_a_share_workload_has_every_size_and_whole_slots_hold_shares_whole() -> None:
+    pool = scheduler_sim.make_pool(4, 4)
+    trials = scheduler_sim.make_share_workload(
+        800, pool.total_slots, load=1.2, mean_length_s=600, seed=1, size_weights=(1,) * 7
+    )
+    assert {t.size for t in trials} == set(scheduler_sim.SHARE_SIZES)
+    packed = scheduler_sim.simulate_shares(pool, trials, packed=True)
+    whole = scheduler_sim.simulate_shares(pool, trials, packed=False)
+    # Packed, a slot's claims are its trials' work; whole, share trials claim whole slots.
+    assert packed.claimed == pytest.approx(packed.work)
+    assert whole.claimed > whole.work
+    assert (
+        sum(map(len, packed.waits_s.values()))
+        == len(trials)
+        == sum(map(len, whole.waits_s.values()))
+    )

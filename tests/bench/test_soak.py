@@ -76,7 +76,8 @@ def test_the_last_line_has_the_documented_shape(db_url: str) -> None:
 def test_soak_experiments_are_valid_configs(tmp_path: Path) -> None:
     configs = [soak_config(i, max_trials=50, seed=7, checkpoints=tmp_path / "c") for i in range(4)]
     parsed = [parse_config(config) for config in configs]
-    assert [c.resources.slots_per_trial for c in parsed] == [1, 2, 1, 2]
+    # Shares of one slot among whole-slot trials (issue 52).
+    assert [c.resources.slots_per_trial for c in parsed] == [0.5, 1, 2, 0.25]
     assert len({c.name for c in parsed}) == 4
     assert len({c.searcher.seed for c in parsed}) == 4
 

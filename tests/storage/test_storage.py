@@ -146,7 +146,7 @@ def test_a_database_from_before_revision_0014_can_mark_a_checkpoint_corrupted(
             {"t": trial_id},
         )
     upgrade_schema(url)
-    assert current_revision(url) == head_revision() == "0014"
+    assert current_revision(url) == head_revision() == "0015"
     with session_scope(url) as session:
         row = session.scalars(select(Checkpoint)).one()
         assert (row.state, row.problem) == (CheckpointState.COMPLETED, None)

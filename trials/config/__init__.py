@@ -44,6 +44,17 @@ from trials.config._sections import (
     WarmSpec,
     slot_seconds_step,
 )
+from trials.config._shares import (
+    ALLOWED_SHARES,
+    ALLOWED_SLOTS_PER_TRIAL,
+    EIGHTHS_PER_SLOT,
+    SLOT_SHARES,
+    format_share,
+    is_slot_share,
+    share_problem,
+    slot_eighths,
+    slot_share_of,
+)
 from trials.config._storage_url import is_url
 from trials.config._validation import ConfigModel, validation_problems
 
@@ -72,6 +83,7 @@ if TYPE_CHECKING:
         StoredConfigError,
         read_stored_config,
         read_stored_hyperparameters,
+        read_stored_resources,
     )
     from trials.config._yaml import YamlError, parse_yaml, read_yaml
 
@@ -104,16 +116,21 @@ _LAZY = {
     "StoredConfigError": "trials.config._stored",
     "read_stored_config": "trials.config._stored",
     "read_stored_hyperparameters": "trials.config._stored",
+    "read_stored_resources": "trials.config._stored",
     "YamlError": "trials.config._yaml",
     "parse_yaml": "trials.config._yaml",
     "read_yaml": "trials.config._yaml",
 }
 
 __all__ = [
+    "ALLOWED_SHARES",
+    "ALLOWED_SLOTS_PER_TRIAL",
     "DEFAULT_PRIORITY",
     "DEFAULT_WEIGHT",
+    "EIGHTHS_PER_SLOT",
     "MAX_TRIALS",
     "NOTIFICATION_EVENTS",
+    "SLOT_SHARES",
     "STEPS_PER_SLOT_SECOND",
     "CategoricalHP",
     "CheckpointStorageConfig",
@@ -142,7 +159,9 @@ __all__ = [
     "StoredConfigError",
     "WarmSpec",
     "YamlError",
+    "format_share",
     "grid_count_problems",
+    "is_slot_share",
     "is_url",
     "load_config",
     "parse_config",
@@ -150,8 +169,12 @@ __all__ = [
     "per_slot_batch_size",
     "read_stored_config",
     "read_stored_hyperparameters",
+    "read_stored_resources",
     "read_yaml",
+    "share_problem",
+    "slot_eighths",
     "slot_seconds_step",
+    "slot_share_of",
     "validation_problems",
 ]
 

@@ -43,6 +43,12 @@ from trials.config._sections import (
     ProfilingConfig,
     slot_seconds_step,
 )
+from trials.config._shares import (
+    ALLOWED_SHARES,
+    ALLOWED_SLOTS_PER_TRIAL,
+    SLOT_SHARES,
+    share_problem,
+)
 from trials.config._validation import (
     INT32_MAX,
     VALUE_ERROR_PREFIX,
@@ -386,7 +392,9 @@ class SearcherConfig(_Strict):
 
 
 class ResourcesConfig(_Strict):
-    slots_per_trial: int = Field(default=1, ge=1, le=INT32_MAX)
+    # Whole slots (an int), or a share of one slot (one of SLOT_SHARES) for a trial of
+    # one rank: several such trials run on one slot at once (see trials.config._shares).
+    slots_per_trial: int | float = 1
     resource_pool: str = Field(default="default", min_length=1, max_length=200)
     # Determined's convention: a lower number runs first (1..99).
     priority: int = Field(default=DEFAULT_PRIORITY, ge=1, le=99)
@@ -402,6 +410,40 @@ class ResourcesConfig(_Strict):
     # example that shows DDP where two slots exist and still runs on one GPU); decided
     # once, when the run is submitted, and stored with the experiment.
     shrink_to_fit: bool = False
+
+    @field_validator("slots_per_trial", mode="before")
+    @classmethod
+    def _whole_slots_or_a_share(cls, value: Any) -> int | float:
+        # One message naming every allowed value, instead of pydantic's two for the union.
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"must be {ALLOWED_SLOTS_PER_TRIAL}")
+        problem = share_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        if value > INT32_MAX:
+            raise ValueError(f"must be at most {INT32_MAX}")
+        # 2.0 is 2 slots; a share stays the exact float it is.
+        return value if value in SLOT_SHARES else int(value)
+
+    @property
+    def slot_share(self) -> float:
+        """The part of each of its slots a trial uses: 1.0 (whole slots), or its share.
+
+        Example:
+            >>> ResourcesConfig(slots_per_trial=0.25).slot_share, ResourcesConfig().slot_share
+            (0.25, 1.0)
+        """
+        return float(self.slots_per_trial) if self.slots_per_trial in SLOT_SHARES else 1.0
+
+    @property
+    def slots(self) -> int:
+        """How many slots a trial spans (and ranks it runs): 1 for a share of one slot.
+
+        Example:
+            >>> ResourcesConfig(slots_per_trial=0.5).slots, ResourcesConfig(slots_per_trial=4).slots
+            (1, 4)
+        """
+        return 1 if self.slots_per_trial in SLOT_SHARES else int(self.slots_per_trial)
 
     @model_validator(mode="after")
     def _keep_needs_reuse(self) -> ResourcesConfig:
@@ -480,6 +522,13 @@ class ExperimentConfig(_Strict):
         hp = self.hyperparameters.get("slots_per_trial")
         if hp is None:
             return self
+        if self.resources.slot_share < 1:
+            raise ValueError(
+                f"resources.slots_per_trial: a share of one slot "
+                f"({self.resources.slots_per_trial:g}) is one size for every trial and cannot "
+                "be combined with a search over hyperparameters.slots_per_trial; remove the "
+                f"hyperparameter, or search whole numbers of slots (1, 2, ...)"
+            )
         if self.resources.shrink_to_fit:
             raise ValueError(
                 "hyperparameters.slots_per_trial: not with resources.shrink_to_fit, which "
@@ -495,6 +544,13 @@ class ExperimentConfig(_Strict):
                 f"{_MAX_SLOT_CHOICES} values; use categorical vals for the sizes you want"
             )
         for value in _possible_values(hp):
+            if isinstance(value, float) and value in SLOT_SHARES:
+                raise ValueError(
+                    f"hyperparameters.slots_per_trial: a search over trial sizes takes whole "
+                    f"numbers of slots (1, 2, ...), got {value!r}; a share of one slot "
+                    f"({ALLOWED_SHARES}) goes in resources.slots_per_trial, for every trial "
+                    "alike"
+                )
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(
                     f"hyperparameters.slots_per_trial: must be a positive integer, got {value!r}"
@@ -547,7 +603,7 @@ class ExperimentConfig(_Strict):
         """Every slots_per_trial a trial may ask for (it can itself be a hyperparameter)."""
         hp = self.hyperparameters.get("slots_per_trial")
         if hp is None:
-            return [self.resources.slots_per_trial]
+            return [self.resources.slots]
         if isinstance(hp, IntHP):
             return hp.values()
         return [int(v) for v in _possible_values(hp)]

@@ -295,6 +295,9 @@ class RuntimeSpec(ConfigModel):
     hparams: dict[str, Any]
     data: dict[str, Any] = Field(default_factory=dict)
     slots_per_trial: int = Field(ge=1)
+    #: The part of its slot the trial uses: 1.0, or its share (``resources.slots_per_trial``
+    #: 0.5, 0.25 or 0.125, a trial of one rank). Its compute counts at the share.
+    slot_share: float = Field(default=1.0, gt=0, le=1)
     max_length: MaxLength
     searcher_metric: str
     smaller_is_better: bool = True
@@ -324,3 +327,11 @@ class RuntimeSpec(ConfigModel):
     def step_unit(self) -> Literal["epochs", "batches", "slot_seconds"]:
         """The unit of the steps reported to Optuna (and of a compute ``max_length``)."""
         return self.pruner_resource or self.max_length.unit
+
+    @property
+    def compute_slots(self) -> float:
+        """What a second of the trial's training costs in slot-seconds: its slots at its share.
+
+        Exact: a share is a power of two over 8 (:mod:`trials.config._shares`).
+        """
+        return self.slots_per_trial * self.slot_share

@@ -34,7 +34,12 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from trials.config._experiment import ExperimentConfig, Hyperparameter, format_config_error
+from trials.config._experiment import (
+    ExperimentConfig,
+    Hyperparameter,
+    ResourcesConfig,
+    format_config_error,
+)
 
 
 class StoredConfigError(ValueError):
@@ -71,6 +76,27 @@ def read_stored_hyperparameters(stored: Any) -> dict[str, Hyperparameter]:
         # Located as in the whole config, so the line names the field as users wrote it.
         error = exc.errors()[0]
         problem = format_config_error({**error, "loc": ("hyperparameters", *error["loc"])})
+        raise StoredConfigError(f"stored experiment config: {problem}") from None
+
+
+def read_stored_resources(stored: Any) -> ResourcesConfig:
+    """The typed ``resources`` of a stored config, even when the rest of it does not read.
+
+    Who holds what share of a slot (the consistency check) depends on this section
+    alone. Raises :class:`StoredConfigError` when the section itself does not read.
+
+    Example:
+        >>> read_stored_resources({"resources": {"slots_per_trial": 0.25}}).slot_share
+        0.25
+        >>> read_stored_resources({}).slots_per_trial
+        1
+    """
+    resources = stored.get("resources") if isinstance(stored, dict) else None
+    try:
+        return ResourcesConfig.model_validate(resources or {})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        problem = format_config_error({**error, "loc": ("resources", *error["loc"])})
         raise StoredConfigError(f"stored experiment config: {problem}") from None
 
 

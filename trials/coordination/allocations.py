@@ -1,9 +1,18 @@
 """Slot ownership in the database: which trial holds which slot, under a renewable lease.
 
-Every held slot is one ``storage.Allocation`` row, unique per (resource pool, agent, slot).
-That unique key, plus claiming all of a placement's slots in one transaction (SQLite
-runs every transaction as ``BEGIN IMMEDIATE``), is what stops two drivers sharing a slot:
-the second claimer sees the first's rows or hits the constraint, and writes nothing.
+Every held slot is one ``storage.Allocation`` row per claim on it. A whole-slot claim's
+row (``eighths`` 8) is unique per (resource pool, agent, slot). That unique key, plus
+claiming all of a placement's slots in one transaction (SQLite runs every transaction
+as ``BEGIN IMMEDIATE``; on PostgreSQL :func:`claim` takes the ledger's advisory lock,
+the placement decision's), is what stops two drivers sharing a slot: the second claimer
+sees the first's rows or hits the constraint, and writes nothing.
+
+A trial on a share of one slot (``resources.slots_per_trial`` 0.5, 0.25, 0.125) holds a
+row of ``eighths`` 4, 2 or 1 on that slot. A claim is admitted only while the rows of
+each of its slots, its own included, add up to at most one slot (8 eighths) and a
+whole-slot row shares its slot with nothing: so no slot is ever claimed past its
+capacity, and a share and a whole trial never share a slot. Shares are fenced, leased,
+renewed, released and reclaimed exactly as whole slots are, row by row.
 
 A driver renews its leases while it runs (:func:`renew_leases`). One that dies leaves
 rows whose lease runs out. An expired lease alone does not free a slot: the dead
@@ -50,12 +59,28 @@ from collections import defaultdict
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, and_, case, delete, func, null, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    and_,
+    case,
+    delete,
+    func,
+    null,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from storage import Allocation, Experiment, QueuedTrial, Trial, WarmJob, utcnow
+from trials.config import EIGHTHS_PER_SLOT
 from trials.scheduler import Cluster, Placement, ResourcePool
+
+# Any fixed 64-bit key, distinct from the schema lock's (storage._lock): the one lock of
+# every placement decision and every claim (trials.coordination.cluster_queue takes it).
+_PG_LEDGER_LOCK_KEY = 0x510754EEA
 
 WARM_RUNNING = "running"
 """A warm job's state in :attr:`SlotHolder.warm_state`: it runs the slot's trial."""
@@ -124,6 +149,10 @@ class SlotHolder:
     warm_state: str | None = None
     """:data:`WARM_RUNNING`, :data:`WARM_RESERVED`, :data:`WARM_IDLE` or
     :data:`WARM_ENDING` for a warm job's slot, else None."""
+    eighths: int = EIGHTHS_PER_SLOT
+    """How much of the slot this holder has, in eighths (8: all of it); for a free entry,
+    how much is free. A shared slot appears once per share on it, and once more for
+    what is left of it, if anything."""
 
     @property
     def held(self) -> bool:
@@ -158,36 +187,116 @@ def trial_holds(warm_state: str | None) -> bool:
     return warm_state in (None, WARM_RUNNING, WARM_RESERVED)
 
 
+@dataclass(frozen=True)
+class LedgerState:
+    """What the ledger leaves of a pool: free slots, and the room on shared slots.
+
+    ``free`` maps each agent to its slot ids no row holds; ``shared`` each agent (with
+    some) to its slots that shares hold, and the eighths they hold there, as the
+    scheduler core takes them (:class:`~trials.scheduler.SlotScheduler`).
+    """
+
+    free: dict[str, frozenset[int]]
+    shared: dict[str, dict[int, int]]
+
+
+def ledger_state(session: Session, pool: ResourcePool) -> LedgerState:
+    """The pool's free slots and shared slots as the ledger holds them now.
+
+    Run :func:`reclaim_stale` first: a row whose lease expired still holds its slot
+    until it is reclaimed. Rows of agents the pool does not declare (another driver's
+    cluster file) are left out.
+    """
+    held: dict[str, set[int]] = defaultdict(set)
+    shares: dict[str, dict[int, int]] = defaultdict(dict)
+    whole: set[tuple[str, int]] = set()
+    rows = session.execute(
+        select(Allocation.agent, Allocation.slot, Allocation.eighths).where(
+            Allocation.resource_pool == pool.name
+        )
+    )
+    for agent, slot, eighths in rows:
+        held[agent].add(slot)
+        if eighths >= EIGHTHS_PER_SLOT:
+            whole.add((agent, slot))
+        else:
+            shares[agent][slot] = shares[agent].get(slot, 0) + eighths
+    declared = {agent.name: agent for agent in pool.agents}
+    shared = {
+        agent: {
+            slot: min(EIGHTHS_PER_SLOT, used)
+            for slot, used in slots.items()
+            if (agent, slot) not in whole and slot in declared[agent].slots
+        }
+        for agent, slots in shares.items()
+        if agent in declared
+    }
+    return LedgerState(
+        free={a.name: frozenset(set(a.slots) - held[a.name]) for a in pool.agents},
+        shared={agent: slots for agent, slots in shared.items() if slots},
+    )
+
+
 def free_slots(session: Session, pool: ResourcePool) -> dict[str, frozenset[int]]:
-    """Each agent's slot ids that no allocation row holds.
+    """Each agent's slot ids that no allocation row holds (a shared slot is not free).
 
     Run :func:`reclaim_stale` first: a row whose lease expired still holds its slot
     until it is reclaimed.
     """
-    held: dict[str, set[int]] = defaultdict(set)
-    rows = session.execute(
-        select(Allocation.agent, Allocation.slot).where(Allocation.resource_pool == pool.name)
-    )
-    for agent, slot in rows:
-        held[agent].add(slot)
-    return {agent.name: frozenset(set(agent.slots) - held[agent.name]) for agent in pool.agents}
+    return ledger_state(session, pool).free
+
+
+def lock_ledger(session: Session) -> None:
+    """Make the caller's transaction the only one claiming slots (and deciding placements).
+
+    SQLite needs nothing more: every slotsweep transaction begins ``IMMEDIATE``, so it
+    holds the database's write lock from its first statement. On PostgreSQL a
+    transaction-scoped advisory lock: a share is admitted by reading what its slot
+    holds, and no unique key can say "at most one slot in all", so two claims must not
+    read the same slot at once. Taking it again in the same transaction is free.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_LEDGER_LOCK_KEY})
+
+
+def slot_has_room(held: Collection[int], eighths: int) -> bool:
+    """Whether a claim of ``eighths`` fits beside claims of ``held`` eighths on one slot.
+
+    A whole-slot claim (8) needs the slot empty; a share needs no whole claim there and
+    the shares to add up to at most one slot.
+
+    Example:
+        >>> slot_has_room([4, 2], 2), slot_has_room([4, 2], 4), slot_has_room([], 8)
+        (True, False, True)
+        >>> slot_has_room([8], 1), slot_has_room([1], 8)
+        (False, False)
+    """
+    if not held:
+        return True
+    if eighths >= EIGHTHS_PER_SLOT or EIGHTHS_PER_SLOT in held:
+        return False
+    return sum(held) + eighths <= EIGHTHS_PER_SLOT
 
 
 def claim(
     session: Session, placement: Placement, *, trial_id: int, experiment_id: int, lease_s: float
 ) -> str | None:
-    """Hold every slot of ``placement`` for ``trial_id``, or none of them; the claim's token.
+    """Hold every slot of ``placement`` (or its share of its one slot) for ``trial_id``, or
+    none of them; the claim's token.
 
-    Returns None, having written nothing, when any of the slots is held, including
-    by another driver that claimed it a moment earlier or under an expired lease that
-    :func:`reclaim_stale` has not released. Runs in a savepoint of the caller's
-    transaction; the caller commits (``session_scope`` does). The token is new for
-    every claim, so a launch can tell its own claim from a later one of the same trial.
+    Returns None, having written nothing, when any of the slots has no room for it
+    (:func:`slot_has_room`), including because of another driver that claimed it a
+    moment earlier or under an expired lease that :func:`reclaim_stale` has not
+    released. Runs in a savepoint of the caller's transaction, under the ledger's lock
+    (:func:`lock_ledger`); the caller commits (``session_scope`` does). The token is new
+    for every claim, so a launch can tell its own claim from a later one of the same trial.
     """
     now = utcnow()
     token = new_claim_token()
+    eighths = placement.eighths
     wanted = {(part.agent.name, slot) for part in placement.agents for slot in part.slots}
     agents = {part.agent.name for part in placement.agents}
+    lock_ledger(session)
     savepoint = session.begin_nested()
     try:
         existing = [
@@ -199,12 +308,17 @@ def claim(
             )
             if (row.agent, row.slot) in wanted
         ]
-        if any(row.trial_id != trial_id for row in existing):
+        others: dict[tuple[str, int], list[int]] = {key: [] for key in wanted}
+        for row in existing:
+            if row.trial_id != trial_id:
+                others[row.agent, row.slot].append(row.eighths)
+        if not all(slot_has_room(held, eighths) for held in others.values()):
             savepoint.rollback()
             return None
         # The trial's own rows (a claim whose commit was retried) are replaced.
         for row in existing:
-            session.delete(row)
+            if row.trial_id == trial_id:
+                session.delete(row)
         # Deletes must reach the database before the inserts that reuse their keys
         # (one flush would insert first).
         session.flush()
@@ -215,6 +329,7 @@ def claim(
                 agent=part.agent.name,
                 host=part.agent.host,
                 slot=slot,
+                eighths=eighths,
                 trial_id=trial_id,
                 experiment_id=experiment_id,
                 allocated_at=now,
@@ -407,7 +522,9 @@ def holders(
     holder), followed by held slots of agents the cluster does not declare (another
     driver's cluster file). Without it, only held slots. A warm job's slot names the
     job and its state; while the job is idle it names no trial (the ledger row keeps
-    the last trial the job ran, which has finished).
+    the last trial the job ran, which has finished). A shared slot appears once per
+    share on it (:attr:`SlotHolder.eighths`, the largest share first) and, where shares
+    leave room, once more without a holder for what is free.
     """
     now = utcnow() if now is None else now
     rows = session.execute(
@@ -415,19 +532,29 @@ def holders(
         .outerjoin(Experiment, Experiment.id == Allocation.experiment_id)
         .outerjoin(Trial, Trial.id == Allocation.trial_id)
         .outerjoin(WarmJob, WarmJob.id == Allocation.warm_job_id)
-        .order_by(Allocation.resource_pool, Allocation.agent, Allocation.slot)
+        .order_by(
+            Allocation.resource_pool,
+            Allocation.agent,
+            Allocation.slot,
+            Allocation.eighths.desc(),
+            Allocation.id,
+        )
     ).all()
-    held = {
-        (row.resource_pool, row.agent, row.slot): _holder(row, name, number, state, now)
-        for row, name, number, state in rows
-    }
+    held: dict[tuple[str, str, int], list[SlotHolder]] = defaultdict(list)
+    for row, name, number, state in rows:
+        held[row.resource_pool, row.agent, row.slot].append(_holder(row, name, number, state, now))
     result: list[SlotHolder] = []
     if cluster is not None:
         for pool, agent in cluster.agents:
             for slot in agent.slots:
-                holder = held.pop((pool.name, agent.name, slot), None)
-                result.append(holder or SlotHolder(pool.name, agent.name, agent.host, slot))
-    result.extend(held.values())
+                on_slot = held.pop((pool.name, agent.name, slot), [])
+                result += on_slot
+                left = EIGHTHS_PER_SLOT - sum(holder.eighths for holder in on_slot)
+                if left > 0:
+                    free = SlotHolder(pool.name, agent.name, agent.host, slot, eighths=left)
+                    result.append(free)
+    for on_slot in held.values():
+        result += on_slot
     return result
 
 
@@ -454,6 +581,7 @@ def _holder(
         stale=row.lease_expires_at <= now,
         warm_job_id=row.warm_job_id,
         warm_state=state,
+        eighths=row.eighths,
     )
 
 

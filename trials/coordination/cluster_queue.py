@@ -8,12 +8,14 @@ transaction-scoped advisory lock. Inside that transaction the decision
 
 1. drops the rows of experiments whose driver stopped or died (a stale heartbeat: its
    running trials keep their slots until their processes are gone, as always);
-2. reads the pool's free slots from the slot ledger (:mod:`trials.coordination.allocations`) and
-   the slots each experiment holds;
+2. reads the pool's free slots and its shared slots' room from the slot ledger
+   (:mod:`trials.coordination.allocations`) and the slots each experiment holds (a share
+   of a slot at its fraction);
 3. runs the one scheduler core (:class:`~trials.scheduler.SlotScheduler`) over the
    whole queue: priority, fair share among experiments of equal priority (Determined's
    fair-share scheduler: ``held / weight`` lowest first), FIFO, best/worst fit, gang
-   scheduling, whole-agent fits and the backfilling reservation;
+   scheduling, whole-agent fits, packing shares of one slot and the backfilling
+   reservation;
 4. claims the slots of every placement, whichever experiment it belongs to (the
    ledger row carries the trial and experiment; the owner's heartbeat renews it), and
    writes the placement and the claim's token on the queue row;
@@ -50,7 +52,7 @@ from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import delete, func, or_, select, text, true, update
+from sqlalchemy import delete, func, or_, select, true, update
 from sqlalchemy.orm import Session
 
 from storage import (
@@ -67,9 +69,11 @@ from storage import (
 from trials.config import (
     DEFAULT_PRIORITY,
     DEFAULT_WEIGHT,
+    EIGHTHS_PER_SLOT,
     ResourcesConfig,
     StoredConfigError,
     read_stored_config,
+    slot_share_of,
 )
 from trials.coordination import allocations as slot_ledger
 from trials.coordination import warm_jobs
@@ -87,9 +91,6 @@ from trials.scheduler import (
     Unschedulable,
     choose_preemptions,
 )
-
-# Any fixed 64-bit key, distinct from the schema lock's (storage._lock).
-_PG_QUEUE_LOCK_KEY = 0x510754EEA
 
 NOT_DECIDED_YET = "waiting for the next placement decision"
 """Why a queued trial of a running search waits before any decision has looked at it."""
@@ -114,6 +115,8 @@ class QueueEntry:
     slots: int
     priority: int = DEFAULT_PRIORITY
     weight: float = DEFAULT_WEIGHT
+    #: Of each slot, in eighths: 8 whole slots, 4/2/1 a share of one slot.
+    eighths: int = EIGHTHS_PER_SLOT
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,8 @@ class QueuedView:
     placed_on: tuple[str, ...]
     """The agents a decision placed it on (its driver starts it at its next tick)."""
     reason: str | None
+    share: float = 1.0
+    """The share of its one slot it waits for (1.0: ``slots`` whole slots)."""
 
     @property
     def label(self) -> str:
@@ -190,6 +195,7 @@ def enqueue(session: Session, entries: Sequence[QueueEntry]) -> None:
             experiment_id=entry.experiment_id,
             resource_pool=entry.pool,
             slots=entry.slots,
+            eighths=entry.eighths,
             priority=entry.priority,
             weight=entry.weight,
             queued_at=now,
@@ -220,11 +226,10 @@ def leave(session: Session, experiment_id: int) -> None:
 def lock_queue(session: Session) -> None:
     """Make the caller's transaction the only placement decision running.
 
-    SQLite needs nothing more: every slotsweep transaction begins ``IMMEDIATE``, so it
-    holds the database's write lock from its first statement.
+    The decision's lock is the slot ledger's (:func:`trials.coordination.allocations.lock_ledger`):
+    a decision claims slots, and claims are made one at a time.
     """
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_QUEUE_LOCK_KEY})
+    slot_ledger.lock_ledger(session)
 
 
 def decide(
@@ -251,22 +256,34 @@ def decide(
     lock_queue(session)
     _drop_dead_experiments(session, now, lease_s)
     slot_ledger.reclaim_stale(session, now, processes_gone=processes_gone)
-    free = slot_ledger.free_slots(session, pool)
+    state = slot_ledger.ledger_state(session, pool)
+    free, shared = state.free, state.shared
     if unavailable_agents:
         free = {
             name: frozenset() if name in unavailable_agents else slots
             for name, slots in free.items()
         }
-    free_total = sum(len(slots) for slots in free.values())
+        # Its shared slots then take no share either: neither free nor shared, they
+        # count as held.
+        shared = {name: slots for name, slots in shared.items() if name not in unavailable_agents}
+    # What is left, in eighths of a slot (free slots and the room on shared slots).
+    left = EIGHTHS_PER_SLOT * sum(len(slots) for slots in free.values()) + sum(
+        EIGHTHS_PER_SLOT - used for slots in shared.values() for used in slots.values()
+    )
     idle = warm_jobs.idle_jobs(session, pool.name)
     # Per (experiment, size, priority) the trials wait in arrival order, and no
-    # decision can place more than free_total // size trials of a size: only those,
-    # plus one to stand for the rest of its class, need to reach the scheduler. A
-    # queue of 10,000 costs a decision a few dozen rows, not 10,000.
+    # decision can place more of a size than what is left holds: only those, plus one
+    # to stand for the rest of its class, need to reach the scheduler. A queue of
+    # 10,000 costs a decision a few dozen rows, not 10,000.
     position = (
         func.row_number()
         .over(
-            partition_by=(QueuedTrial.experiment_id, QueuedTrial.slots, QueuedTrial.priority),
+            partition_by=(
+                QueuedTrial.experiment_id,
+                QueuedTrial.slots,
+                QueuedTrial.eighths,
+                QueuedTrial.priority,
+            ),
             order_by=QueuedTrial.trial_id,
         )
         .label("position")
@@ -278,6 +295,7 @@ def decide(
             QueuedTrial.slots,
             QueuedTrial.priority,
             QueuedTrial.weight,
+            QueuedTrial.eighths,
             position,
         )
         .where(QueuedTrial.resource_pool == pool.name, QueuedTrial.placement.is_(None))
@@ -290,16 +308,17 @@ def decide(
             waiting.c.slots,
             waiting.c.priority,
             waiting.c.weight,
+            waiting.c.eighths,
         ).where(
             # An idle warm job's slots may go to a waiting trial of its shape too.
-            (waiting.c.position - 1) * waiting.c.slots
-            <= free_total + sum(job.slots for job in idle)
+            (waiting.c.position - 1) * waiting.c.slots * waiting.c.eighths
+            <= left + EIGHTHS_PER_SLOT * sum(job.slots for job in idle)
         )
     ).all()
     held_back = _held_back_for_warm_jobs(rows, idle)
     placeable = [row for row in rows if row.trial_id not in held_back]
     if placeable:
-        _place(session, pool, free, placeable, now=now, lease_s=lease_s)
+        _place(session, pool, free, shared, placeable, now=now, lease_s=lease_s)
     if idle:
         _settle_warm_jobs(session, rows, held_back, idle, now=now)
     return _take_placed(session, pool, experiment_id)
@@ -389,7 +408,8 @@ def _drop_dead_experiments(session: Session, now: _dt.datetime, lease_s: float) 
     )
 
 
-_Class = tuple[int, int, int]  # (experiment, slots, priority): trials that wait alike
+# (experiment, slots, eighths of each, priority): trials that wait alike.
+_Class = tuple[int, int, int, int]
 
 
 @dataclass
@@ -401,27 +421,31 @@ class _Submitted:
     weights: dict[int, float] = field(default_factory=dict)
     #: Trials the scheduler refused, and why (another cluster file's pool).
     unschedulable: dict[int, str] = field(default_factory=dict)
-    slots_by_experiment: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    #: Slots submitted per experiment (a share at its fraction).
+    slots_by_experiment: dict[int, float] = field(default_factory=lambda: defaultdict(float))
 
 
 def _place(
     session: Session,
     pool: ResourcePool,
     free: dict[str, frozenset[int]],
+    shared: dict[str, dict[int, int]],
     rows: Sequence[Any],
     *,
     now: _dt.datetime,
     lease_s: float,
 ) -> None:
     """One decision over ``rows`` (each class's first trials); claims and reasons."""
-    scheduler = SlotScheduler(pool, free)
-    held = dict(
-        session.execute(
-            select(Allocation.experiment_id, func.count())
+    scheduler = SlotScheduler(pool, free, shared)
+    # Slots each experiment holds, a share at its fraction (exact: whole eighths).
+    held = {
+        experiment_id: int(eighths) / EIGHTHS_PER_SLOT
+        for experiment_id, eighths in session.execute(
+            select(Allocation.experiment_id, func.sum(Allocation.eighths))
             .where(Allocation.resource_pool == pool.name)
             .group_by(Allocation.experiment_id)
-        ).all()
-    )
+        )
+    }
     submitted = _submit(scheduler, rows)
     _set_shares(session, scheduler, pool, submitted, held)
     placements = scheduler.schedule()
@@ -443,7 +467,9 @@ def _place(
     )
     preempting = ""
     if pool.preemption and head is not None:
-        preempting = _preempt(session, pool, scheduler.free_slots(), head, numbers)
+        preempting = _preempt(
+            session, pool, scheduler.free_slots(), scheduler.shared_slots(), head, numbers
+        )
     _write_reasons(session, pool, scheduler, waiting, head, preempting, numbers, now)
     for trial_id, problem in submitted.unschedulable.items():
         session.execute(
@@ -456,10 +482,17 @@ def _place(
 def _submit(scheduler: SlotScheduler, rows: Sequence[Any]) -> _Submitted:
     """Submit each row's trial to ``scheduler``; what was submitted (pure, no I/O)."""
     submitted = _Submitted()
-    for trial_id, owner, slots, priority, weight in rows:
+    for trial_id, owner, slots, priority, weight, eighths in rows:
         submitted.experiment_of[trial_id] = owner
         submitted.weights.setdefault(owner, weight)
-        request = SlotRequest(trial_id, slots, priority=priority, order=trial_id, group=owner)
+        request = SlotRequest(
+            trial_id,
+            slots,
+            priority=priority,
+            order=trial_id,
+            group=owner,
+            share=slot_share_of(eighths),
+        )
         submitted.requests[trial_id] = request
         try:
             scheduler.submit(request)
@@ -467,7 +500,7 @@ def _submit(scheduler: SlotScheduler, rows: Sequence[Any]) -> _Submitted:
             # Another driver's cluster file declares this pool differently.
             submitted.unschedulable[trial_id] = str(exc)
             continue
-        submitted.slots_by_experiment[owner] += slots
+        submitted.slots_by_experiment[owner] += request.size
     return submitted
 
 
@@ -476,16 +509,17 @@ def _set_shares(
     scheduler: SlotScheduler,
     pool: ResourcePool,
     submitted: _Submitted,
-    held: Mapping[int, int],
+    held: Mapping[int, float],
 ) -> None:
     """Give the scheduler each experiment's fair-share standing: held, weight, served, backlog."""
-    queued_slots = dict(
-        session.execute(
-            select(QueuedTrial.experiment_id, func.sum(QueuedTrial.slots))
+    queued_slots = {
+        experiment_id: int(eighths or 0) / EIGHTHS_PER_SLOT
+        for experiment_id, eighths in session.execute(
+            select(QueuedTrial.experiment_id, func.sum(QueuedTrial.slots * QueuedTrial.eighths))
             .where(QueuedTrial.resource_pool == pool.name, QueuedTrial.placement.is_(None))
             .group_by(QueuedTrial.experiment_id)
-        ).all()
-    )
+        )
+    }
     # Each experiment's latest trial start: among equal shares, the one served least
     # recently goes first (two searches whose trials each take the whole pool alternate).
     served = dict(
@@ -500,13 +534,10 @@ def _set_shares(
         last = served.get(owner)
         scheduler.set_share(
             owner,
-            held=int(held.get(owner, 0)),
+            held=held.get(owner, 0.0),
             weight=weight,
             last_served=None if last is None else last.timestamp(),
-            backlog=max(
-                0,
-                int(queued_slots.get(owner, 0) or 0) - submitted.slots_by_experiment[owner],
-            ),
+            backlog=max(0.0, queued_slots.get(owner, 0.0) - submitted.slots_by_experiment[owner]),
         )
 
 
@@ -563,19 +594,20 @@ def _write_reasons(
     for request in waiting:
         if head is not None and request.request_id == head.request_id:
             continue
-        key = (int(str(request.group)), request.slots, request.priority)
+        key = (int(str(request.group)), request.slots, _row_eighths(request), request.priority)
         if key not in by_class:
             by_class[key] = scheduler.why_waiting(
                 request.request_id, label=numbers.label, group_label=str
             ).text
     not_head = QueuedTrial.trial_id != int(str(head.request_id)) if head is not None else true()
-    for (experiment_id, slots, priority), reason in by_class.items():
+    for (experiment_id, slots, eighths, priority), reason in by_class.items():
         session.execute(
             update(QueuedTrial)
             .where(
                 QueuedTrial.resource_pool == pool.name,
                 QueuedTrial.experiment_id == experiment_id,
                 QueuedTrial.slots == slots,
+                QueuedTrial.eighths == eighths,
                 QueuedTrial.priority == priority,
                 QueuedTrial.placement.is_(None),
                 not_head,
@@ -592,6 +624,11 @@ def _write_reasons(
             .where(QueuedTrial.trial_id == int(str(head.request_id)))
             .values(reason=reason, decided_at=now)
         )
+
+
+def _row_eighths(request: SlotRequest) -> int:
+    """A request's ``eighths`` as its queue row holds them: of each of its slots."""
+    return request.eighths // request.slots
 
 
 class _TrialNumbers:
@@ -616,6 +653,7 @@ def _preempt(
     session: Session,
     pool: ResourcePool,
     free: dict[str, frozenset[int]],
+    shared: dict[str, dict[int, int]],
     head: SlotRequest,
     numbers: _TrialNumbers,
 ) -> str:
@@ -631,6 +669,7 @@ def _preempt(
         [r for r, _run in running.values()],
         head,
         without_checkpoint=pool.preempt_without_checkpoint,
+        shared=shared,
     )
     if victims is None:
         return ""
@@ -745,6 +784,7 @@ def _placement_of(
             AgentSlots(_agent(pool, name, hosts[name], ids), tuple(sorted(ids)))
             for name, ids in slots.items()
         ),
+        share=slot_share_of(min(allocation.eighths for allocation in allocations)),
     )
 
 
@@ -786,7 +826,13 @@ def _take_placed(
             )
             for part in row.placement
         )
-        placement = ClaimedPlacement(row.trial_id, pool.name, parts, token=row.claim_token)
+        placement = ClaimedPlacement(
+            row.trial_id,
+            pool.name,
+            parts,
+            share=warm_jobs.share_of_record(row.placement),
+            token=row.claim_token,
+        )
         if not slot_ledger.holds(session, row.trial_id, placement, row.claim_token):
             slot_ledger.release_claim(session, row.trial_id, row.claim_token)
             slot_ledger.unplace(session, row.trial_id)
@@ -827,6 +873,7 @@ def queue_view(
             queued_at=row.queued_at,
             placed_on=tuple(part["agent"] for part in row.placement or ()),
             reason=row.reason,
+            share=slot_share_of(row.eighths),
         )
         for row, name, number in session.execute(query)
     ]

@@ -51,6 +51,7 @@ from storage import (
     end_earlier_processes,
     utcnow,
 )
+from trials.config import EIGHTHS_PER_SLOT, slot_share_of
 from trials.coordination.allocations import new_claim_token, unplace
 from trials.labels import trial_label
 
@@ -61,11 +62,28 @@ if TYPE_CHECKING:
 
 
 def placement_record(placement: Placement) -> list[dict[str, Any]]:
-    """A placement as the database stores it (one ``{agent, host, slots}`` per agent)."""
+    """A placement as the database stores it (one ``{agent, host, slots}`` per agent; a
+    share of one slot adds ``eighths``, what it holds of that slot).
+
+    Example:
+        >>> from trials.scheduler import Agent, AgentSlots, Placement
+        >>> quarter = Placement(1, "p", (AgentSlots(Agent("a", "h", (0,)), (0,)),), share=0.25)
+        >>> placement_record(quarter)
+        [{'agent': 'a', 'host': 'h', 'slots': [0], 'eighths': 2}]
+        >>> share_of_record(placement_record(quarter))
+        0.25
+    """
+    share = {"eighths": placement.eighths} if placement.share < 1.0 else {}
     return [
-        {"agent": part.agent.name, "host": part.agent.host, "slots": list(part.slots)}
+        {"agent": part.agent.name, "host": part.agent.host, "slots": list(part.slots), **share}
         for part in placement.agents
     ]
+
+
+def share_of_record(record: Sequence[dict[str, Any]] | None) -> float:
+    """The share of its slots a stored placement holds (1.0: whole slots)."""
+    eighths = min((int(part.get("eighths", EIGHTHS_PER_SLOT)) for part in record or ()), default=8)
+    return slot_share_of(eighths)
 
 
 def open_job(session: Session, run: TrialRun, placement: Placement, *, experiment_id: int) -> int:

@@ -104,6 +104,10 @@ class Executor(Protocol):
     #: Whether the executor's cluster engine picks the nodes (launch gets no placement,
     #: and the slot ledger is the engine's own).
     places_trials: bool
+    #: Whether it can run several trials on one slot at once, each on its share
+    #: (``resources.slots_per_trial`` 0.5, 0.25, 0.125): it starts processes on the
+    #: ledger's own slots. One whose engine hands out whole GPUs itself cannot.
+    shares_slots: bool
 
     def launch(self, request: LaunchRequest) -> TrialJob:
         """Start the attempt's processes on ``request.placement``."""

@@ -26,6 +26,7 @@ from trials.launch.launcher import (
     start_trial,
     torchrun_commands,
 )
+from trials.launch.shares import mps_running
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -78,6 +79,8 @@ class LocalExecutor:
     name = "local"
     remote = False
     places_trials = False
+    # Its processes go on the ledger's slots, so several may share one (shares).
+    shares_slots = True
 
     def __init__(self, *, use_gpus: bool | None = None) -> None:
         self.use_gpus = use_gpus
@@ -94,6 +97,8 @@ class LocalExecutor:
             rdzv_id=request.rdzv_id,
             rdzv_port=rdzv_port,
             use_gpus=self.use_gpus,
+            # Asked at each launch: an MPS daemon may be started or stopped meanwhile.
+            mps=self.use_gpus and request.placement.share < 1.0 and mps_running(),
         )
         processes = start_trial(
             commands,

@@ -508,6 +508,8 @@ class RayExecutor:
     name = "ray"
     remote = True
     places_trials = False
+    # A bundle's GPUs are Ray's to pick; a fractional bundle would not follow the ledger.
+    shares_slots = False
 
     def __init__(self, cluster: Cluster | None) -> None:
         self.cluster = cluster

@@ -273,6 +273,8 @@ class SlurmExecutor:
     name = "slurm"
     remote = True
     places_trials = False
+    # Each step's ``--gres`` binds whole GPUs: Slurm cannot put two steps on one.
+    shares_slots = False
 
     def __init__(self, cluster: Cluster | None) -> None:
         self.cluster = cluster

@@ -288,6 +288,8 @@ class SbatchExecutor:
     name = "sbatch"
     remote = True
     places_trials = True
+    # Slurm picks each job's GPUs, whole (gres), from a ledger of its own.
+    shares_slots = False
 
     def __init__(self, cluster: Cluster | None) -> None:
         self.cluster = cluster

@@ -56,6 +56,7 @@ from trials.launch.processes import (
     is_local_host,
     remove_torchrun_log_dirs,
 )
+from trials.launch.shares import share_environment
 
 SPEC_ENV_VAR = "SLOTSWEEP_TRIAL_SPEC"
 DB_URL_ENV_VAR = "SLOTSWEEP_DB_URL"
@@ -162,9 +163,13 @@ def torchrun_commands(
     rdzv_id: str,
     rdzv_port: int | None = None,
     use_gpus: bool = False,
+    mps: bool = False,
     python: str = sys.executable,
 ) -> list[NodeCommand]:
     """The ``torchrun`` command and extra environment of every agent in ``placement``.
+
+    A placement on a share of one slot adds its share (and, on GPUs with CUDA MPS
+    running, ``mps``, its share of the GPU's threads): :mod:`trials.launch.shares`.
 
     Example:
         >>> from trials.scheduler import AgentSlots, Placement
@@ -189,6 +194,7 @@ def torchrun_commands(
             env[RDZV_CONF_ENV_VAR] = rendezvous_conf(hosts_store=index == 0)
         if use_gpus:
             env.update(gpu_environment(node.slots))
+        env.update(share_environment(placement.share, use_gpus=use_gpus, mps=mps))
         argv = (
             python,
             "-m",

@@ -97,9 +97,11 @@ from trials.queries._queue import (
 from trials.queries._reading import Page, Source
 from trials.queries._slots import (
     SlotHolder,
+    SlotsInUse,
     allocation_summary,
     allocations,
     held_slots,
+    in_use,
     slot_holders,
     slots_in_use,
 )
@@ -136,6 +138,7 @@ __all__ = [
     "QueuedView",
     "RankFailure",
     "SlotHolder",
+    "SlotsInUse",
     "Source",
     "TrialCounts",
     "TrialRow",
@@ -157,6 +160,7 @@ __all__ = [
     "failure_traceback",
     "has_schema",
     "held_slots",
+    "in_use",
     "latest_trial_id",
     "learning_curves",
     "list_experiments",

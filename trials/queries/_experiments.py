@@ -31,6 +31,7 @@ from sqlalchemy.engine import Engine
 
 from storage import Allocation, Experiment, Trial, TrialState
 from trials.config import (
+    EIGHTHS_PER_SLOT,
     ExperimentConfig,
     SearcherConfig,
     StoredConfigError,
@@ -41,6 +42,22 @@ from trials.queries._reading import Page, Source, enum_value, reading, table
 _E = Experiment.__table__
 _T = Trial.__table__
 _A = Allocation.__table__
+
+
+def _slots_held() -> sa.ColumnElement[Any]:
+    """SQL: the slots a group of ledger rows holds, a share at its fraction (exact)."""
+    return sa.func.sum(_A.c.eighths) / sa.literal(float(EIGHTHS_PER_SLOT))
+
+
+def slot_count(held: Any) -> int | float:
+    """Slots held as shown: a whole number as an int, shares as a fraction.
+
+    Example:
+        >>> slot_count(2.0), slot_count(0.75), slot_count(None)
+        (2, 0.75, 0)
+    """
+    value = float(held or 0)
+    return int(value) if value.is_integer() else value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,7 +246,8 @@ class ExperimentOverview:
     counts: TrialCounts
     #: The best completed trial's searcher metric (None until one completes).
     best: float | None
-    slots_in_use: int
+    #: Slots its trials hold now, a share of a slot at its fraction (0.75).
+    slots_in_use: int | float
 
     @property
     def metric(self) -> str | None:
@@ -279,9 +297,9 @@ def _overviews(
     ).all()
     ids = [row.id for row in experiments]
     aggregates = _aggregates(conn, ids)
-    slots: dict[int, int] = dict(
+    slots: dict[int, float] = dict(
         conn.execute(
-            sa.select(_A.c.experiment_id, sa.func.count())
+            sa.select(_A.c.experiment_id, _slots_held())
             .where(_A.c.experiment_id.in_(ids))
             .group_by(_A.c.experiment_id)
         ).all()
@@ -302,7 +320,7 @@ def _overviews(
                 config=config,
                 counts=aggregate.counts,
                 best=aggregate.best(smaller_is_better(config)),
-                slots_in_use=int(slots.get(exp.id, 0)),
+                slots_in_use=slot_count(slots.get(exp.id)),
             )
         )
     return overviews
@@ -415,7 +433,8 @@ class ExperimentSummary:
     driver_pid: int | None
     driver_heartbeat_at: _dt.datetime | None
     trials: TrialCounts
-    slots_in_use: int
+    #: Slots its trials hold now, a share of a slot at its fraction (0.75).
+    slots_in_use: int | float
     best_value: float | None
 
     @property
@@ -444,7 +463,7 @@ def experiment_summary(db: Source, experiment_id: int) -> ExperimentSummary | No
             return None
         aggregate = _aggregates(conn, [experiment_id]).get(experiment_id, _NO_TRIALS)
         slots = conn.execute(
-            sa.select(sa.func.count()).select_from(_A).where(_A.c.experiment_id == experiment_id)
+            sa.select(_slots_held()).where(_A.c.experiment_id == experiment_id)
         ).scalar_one()
     config = typed_config(exp.config)
     return ExperimentSummary(
@@ -462,6 +481,6 @@ def experiment_summary(db: Source, experiment_id: int) -> ExperimentSummary | No
         driver_pid=exp.driver_pid,
         driver_heartbeat_at=exp.driver_heartbeat_at,
         trials=aggregate.counts,
-        slots_in_use=int(slots),
+        slots_in_use=slot_count(slots),
         best_value=aggregate.best(smaller_is_better(config)),
     )

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 
 from storage import Experiment, QueuedTrial, Trial, TrialState, utcnow
-from trials.config import ResourcesConfig
+from trials.config import ResourcesConfig, format_share
 from trials.coordination.cluster_queue import QueuedView, queue_view, waiting_reason
 from trials.labels import trial_label
 from trials.queries._experiments import typed_config
@@ -63,6 +63,7 @@ _QUEUE_COLUMNS = [
     "pool",
     "priority",
     "slots",
+    "share",
     "waiting_s",
     "reason",
 ]
@@ -86,6 +87,8 @@ def queued_trials(db: Source, *, now: _dt.datetime | None = None) -> pd.DataFram
             "pool": view.pool,
             "priority": view.priority,
             "slots": view.slots,
+            # A share of one slot in words (1/4); nothing for whole slots.
+            "share": format_share(view.share) if view.share < 1.0 else "",
             "waiting_s": waited_s(view, now),
             "reason": view.shown_reason,
         }
@@ -162,7 +165,8 @@ def waiting_trials(
     state = enum_value(experiment.state)
     # The driver queues its trials at the experiment's priority (``resources.priority``).
     config = typed_config(experiment.config)
-    priority = (ResourcesConfig() if config is None else config.resources).priority
+    resources = ResourcesConfig() if config is None else config.resources
+    priority, share = resources.priority, resources.slot_share
     rows = []
     for trial in sorted(
         trials, key=lambda t: (order.get(t.id, len(order)), t.optuna_trial_number)
@@ -173,7 +177,8 @@ def waiting_trials(
                 "id": trial.id,
                 "trial": trial_label(experiment_id, trial.optuna_trial_number),
                 "number": trial.optuna_trial_number,
-                "slots": trial.slots_per_trial if view is None else view.slots,
+                # A share search's trial waits for its share of one slot (0.25).
+                "slots": trial.slots_per_trial * share if share < 1.0 else trial.slots_per_trial,
                 "priority": priority if view is None else view.priority,
                 "waiting_s": None if view is None else waited_s(view, now),
                 "reason": waiting_reason(view, state),

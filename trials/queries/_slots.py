@@ -4,7 +4,10 @@ The slot ledger (:mod:`trials.coordination.allocations`) owns what a holder is; 
 are its reads for people: every slot and its holder (:func:`slot_holders`), slots in use
 per agent (:func:`slots_in_use`), the UI's pages of allocations and a pool's slot map.
 A warm job's slot carries the job and its state; while the job is idle or ending no
-trial holds it (the ledger row keeps the last trial the job ran, which is over).
+trial holds it (the ledger row keeps the last trial the job ran, which is over). A slot
+that trials share (``resources.slots_per_trial`` 0.5, 0.25, 0.125) has one holder per
+share; what a holder has of its slot is its ``share``, and slots in use count a share at
+its fraction.
 
 Example:
     >>> from storage import get_engine
@@ -15,14 +18,15 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
-from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
 from storage import Allocation, Experiment, Trial, WarmJob
+from trials.config import EIGHTHS_PER_SLOT, slot_share_of
 from trials.coordination.allocations import (
     WARM_RESERVED,
     WARM_RUNNING,
@@ -56,10 +60,53 @@ def slot_holders(
         return holders(session, cluster, now)
 
 
-def slots_in_use(db: Source) -> dict[tuple[str, str], int]:
-    """Slots held per (pool, agent) right now: by a trial or a warm job, idle or not;
-    a slot whose lease ran out (its driver stopped renewing) is not counted."""
-    return dict(Counter((h.pool, h.agent) for h in slot_holders(db) if h.held and not h.stale))
+@dataclasses.dataclass(frozen=True)
+class SlotsInUse:
+    """What one agent's slots hold now: slots in use (a share at its fraction), how many
+    slots trials share, and what is free of those (a fraction of a slot)."""
+
+    held: float = 0.0
+    shared: int = 0
+    room: float = 0.0
+
+
+def slots_in_use(db: Source) -> dict[tuple[str, str], SlotsInUse]:
+    """Slots held per (pool, agent) right now: by a trial or a warm job, idle or not, a
+    share at its fraction; a slot whose lease ran out (its driver stopped renewing) is
+    not counted."""
+    return in_use(slot_holders(db))
+
+
+def in_use(holders: Sequence[SlotHolder]) -> dict[tuple[str, str], SlotsInUse]:
+    """:func:`slots_in_use` of the ledger's ``holders`` (stale claims left out).
+
+    Example:
+        >>> use = in_use([SlotHolder("p", "a", "h", 0, 1, 1, eighths=2),
+        ...               SlotHolder("p", "a", "h", 0, 1, 2, eighths=4),
+        ...               SlotHolder("p", "a", "h", 1, 1, 3)])
+        >>> use[("p", "a")]
+        SlotsInUse(held=1.75, shared=1, room=0.25)
+    """
+    held: dict[tuple[str, str], float] = {}
+    shares: dict[tuple[str, str, int], float] = {}
+    for h in holders:
+        if not h.held or h.stale:
+            continue
+        key = (h.pool, h.agent)
+        held[key] = held.get(key, 0.0) + slot_share_of(h.eighths)
+        if h.eighths < EIGHTHS_PER_SLOT:
+            slot = (h.pool, h.agent, h.slot)
+            shares[slot] = shares.get(slot, 0.0) + slot_share_of(h.eighths)
+    use = {key: SlotsInUse(held=value) for key, value in held.items()}
+    for (pool, agent, _), used in shares.items():
+        was = use[(pool, agent)]
+        use[(pool, agent)] = SlotsInUse(was.held, was.shared + 1, was.room + 1.0 - used)
+    return use
+
+
+def _share() -> sa.ColumnElement[Any]:
+    # What a ledger row holds of its slot, as a fraction (exact: eighths over 8).
+    return (_A.c.eighths / sa.literal(float(EIGHTHS_PER_SLOT))).label("share")
 
 
 def _warm_state() -> sa.ColumnElement[Any]:
@@ -102,6 +149,7 @@ def allocations(db: Source, *, limit: int = 500, offset: int = 0) -> Page:
                     _A.c.agent,
                     _A.c.host,
                     _A.c.slot,
+                    _share(),
                     _A.c.experiment_id,
                     _E.c.name.label("experiment"),
                     _A.c.trial_id,
@@ -115,7 +163,7 @@ def allocations(db: Source, *, limit: int = 500, offset: int = 0) -> Page:
                 .join(_T, _T.c.id == _A.c.trial_id)
                 .outerjoin(_E, _E.c.id == _A.c.experiment_id)
                 .outerjoin(_W, _W.c.id == _A.c.warm_job_id)
-                .order_by(_A.c.resource_pool, _A.c.agent, _A.c.slot)
+                .order_by(_A.c.resource_pool, _A.c.agent, _A.c.slot, _A.c.eighths.desc())
                 .limit(limit)
                 .offset(offset)
             )
@@ -127,8 +175,9 @@ def allocations(db: Source, *, limit: int = 500, offset: int = 0) -> Page:
 
 
 def allocation_summary(db: Source) -> pd.DataFrame:
-    """Per pool and agent: slots held, trials and warm jobs holding them, the oldest
-    allocation. An idle warm job's slots count for the job, not for its last trial."""
+    """Per pool and agent: slots held (a share at its fraction), trials and warm jobs
+    holding them, the oldest allocation. An idle warm job's slots count for the job, not
+    for its last trial."""
     state = warm_state_column()
     with reading(db) as conn:
         return frame_of(
@@ -137,7 +186,9 @@ def allocation_summary(db: Source) -> pd.DataFrame:
                     _A.c.resource_pool.label("pool"),
                     _A.c.agent,
                     _A.c.host,
-                    sa.func.count().label("slots_held"),
+                    (sa.func.sum(_A.c.eighths) / sa.literal(float(EIGHTHS_PER_SLOT))).label(
+                        "slots_held"
+                    ),
                     sa.func.count(
                         sa.distinct(sa.case((_trial_holds(state), _A.c.trial_id)))
                     ).label("trials"),
@@ -153,12 +204,14 @@ def allocation_summary(db: Source) -> pd.DataFrame:
 
 def held_slots(
     db: Source, pool: str, agents: Sequence[str]
-) -> dict[tuple[str, int], dict[str, Any]]:
-    """(agent, slot) -> holder, for the agents of one pool (used with the cluster layout).
+) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    """(agent, slot) -> its holders, for the agents of one pool (used with the cluster layout).
 
-    A warm job's slot carries ``warm_job_id`` and ``warm_state`` (running, reserved,
-    idle, ending); an idle or ending job's slot names no trial (``trial_id``,
-    ``optuna_trial_number`` and ``trial_state`` are None).
+    A slot held whole has one holder (``share`` 1.0); one that trials share has one per
+    share (``share`` 0.5, 0.25, 0.125), the largest first. A warm job's slot carries
+    ``warm_job_id`` and ``warm_state`` (running, reserved, idle, ending); an idle or
+    ending job's slot names no trial (``trial_id``, ``optuna_trial_number`` and
+    ``trial_state`` are None).
     """
     if not agents:
         return {}
@@ -167,6 +220,7 @@ def held_slots(
             sa.select(
                 _A.c.agent,
                 _A.c.slot,
+                _share(),
                 _A.c.trial_id,
                 _A.c.experiment_id,
                 _T.c.optuna_trial_number,
@@ -179,11 +233,12 @@ def held_slots(
             .outerjoin(_E, _E.c.id == _A.c.experiment_id)
             .outerjoin(_W, _W.c.id == _A.c.warm_job_id)
             .where(_A.c.resource_pool == pool, _A.c.agent.in_(list(agents)))
+            .order_by(_A.c.agent, _A.c.slot, _A.c.eighths.desc(), _A.c.id)
         ).mappings()
-        held: dict[tuple[str, int], dict[str, Any]] = {}
+        held: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for row in rows:
             holder = {**row, "trial_state": enum_value(row["trial_state"])}
             if not trial_holds(row["warm_state"]):
                 holder.update(trial_id=None, optuna_trial_number=None, trial_state=None)
-            held[(row["agent"], int(row["slot"]))] = holder
+            held.setdefault((row["agent"], int(row["slot"])), []).append(holder)
         return held

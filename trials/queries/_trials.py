@@ -28,12 +28,14 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from storage import Experiment, Trial, TrialState
+from trials.config import StoredConfigError, read_stored_resources
 from trials.labels import trial_label
 from trials.queries._experiments import typed_config
 from trials.queries._reading import Page, Source, enum_value, reading, table
 
 if TYPE_CHECKING:
     import pandas as pd
+    from sqlalchemy.orm import Session
 
 _E = Experiment.__table__
 _T = Trial.__table__
@@ -71,6 +73,13 @@ class TrialRow:
     ended_at: _dt.datetime | None
     #: Why the trial failed (None unless it did).
     error: str | None
+    #: The share of one slot a share search's trial holds (1.0: ``slots`` whole slots).
+    share: float = 1.0
+
+    @property
+    def size(self) -> int | float:
+        """What the trial holds in slots: ``slots``, or its share of one (0.25)."""
+        return self.slots if self.share == 1.0 else self.slots * self.share
 
     @property
     def label(self) -> str:
@@ -102,7 +111,7 @@ _COLUMNS = (
 )
 
 
-def _trial_row(row: Any) -> TrialRow:
+def _trial_row(row: Any, share: float = 1.0) -> TrialRow:
     return TrialRow(
         id=row.id,
         experiment_id=row.experiment_id,
@@ -117,7 +126,31 @@ def _trial_row(row: Any) -> TrialRow:
         started_at=row.started_at,
         ended_at=row.ended_at,
         error=row.error,
+        share=share,
     )
+
+
+def _trial_rows(conn: sa.Connection | Session, rows: Sequence[Any]) -> list[TrialRow]:
+    """``rows`` as :class:`TrialRow`, each with its experiment's share of a slot (one
+    read of the experiments' configs, however many rows)."""
+    ids = sorted({row.experiment_id for row in rows})
+    configs = conn.execute(sa.select(_E.c.id, _E.c.config).where(_E.c.id.in_(ids))).all()
+    shares = {experiment_id: experiment_share(config) for experiment_id, config in configs}
+    return [_trial_row(row, shares.get(row.experiment_id, 1.0)) for row in rows]
+
+
+def experiment_share(config: Any) -> float:
+    """The share of a slot an experiment's trials take (1.0: whole slots), from its stored
+    config; an unreadable one counts as whole slots.
+
+    Example:
+        >>> experiment_share({"resources": {"slots_per_trial": 0.25}}), experiment_share(None)
+        (0.25, 1.0)
+    """
+    try:
+        return read_stored_resources(config).slot_share
+    except StoredConfigError:
+        return 1.0
 
 
 def experiment_trials(db: Source, experiment_id: int) -> list[TrialRow]:
@@ -128,7 +161,7 @@ def experiment_trials(db: Source, experiment_id: int) -> list[TrialRow]:
             .where(_T.c.experiment_id == experiment_id)
             .order_by(_T.c.optuna_trial_number)
         ).all()
-    return [_trial_row(row) for row in rows]
+        return _trial_rows(conn, rows)
 
 
 def best_trials(
@@ -150,7 +183,7 @@ def best_trials(
             .order_by(value.asc() if smaller_is_better else value.desc(), _T.c.optuna_trial_number)
             .limit(limit)
         ).all()
-    return [_trial_row(row) for row in rows]
+        return _trial_rows(conn, rows)
 
 
 def trial_id(db: Source, experiment_id: int, number: int) -> int | None:
@@ -196,7 +229,7 @@ def trial_frame(rows: Sequence[TrialRow]) -> pd.DataFrame:
             "restarts": row.restarts,
             "batches": row.batches,
             "slot_seconds": row.slot_seconds,
-            "slots": row.slots,
+            "slots": row.size,
             "started": row.started_at,
             "duration_s": row.duration_s,
         }
@@ -237,7 +270,8 @@ def list_trials(
             .limit(limit)
             .offset(offset)
         ).all()
-    return Page(trial_frame([_trial_row(row) for row in rows]), int(total), offset, limit)
+        trials = _trial_rows(conn, rows)
+    return Page(trial_frame(trials), int(total), offset, limit)
 
 
 def trials_by_numbers(db: Source, experiment_id: int, numbers: Sequence[int]) -> pd.DataFrame:
@@ -253,7 +287,8 @@ def trials_by_numbers(db: Source, experiment_id: int, numbers: Sequence[int]) ->
             )
             .order_by(_T.c.optuna_trial_number)
         ).all()
-    return trial_frame([_trial_row(row) for row in rows])
+        trials = _trial_rows(conn, rows)
+    return trial_frame(trials)
 
 
 def trials_by_ids(db: Source, trial_ids: Sequence[int]) -> pd.DataFrame:
@@ -267,7 +302,8 @@ def trials_by_ids(db: Source, trial_ids: Sequence[int]) -> pd.DataFrame:
             .where(_T.c.id.in_(list(trial_ids)))
             .order_by(_T.c.experiment_id, _T.c.optuna_trial_number)
         ).all()
-    frame = trial_frame([_trial_row(row) for row in rows])
+        trials = _trial_rows(conn, rows)
+    frame = trial_frame(trials)
     frame["experiment_id"] = [row.experiment_id for row in rows]
     frame["experiment"] = [row.experiment for row in rows]
     return frame
@@ -312,5 +348,7 @@ def trial_detail(db: Source, trial_id: int) -> dict[str, Any] | None:
         return None
     detail = dict(row)
     detail["state"] = enum_value(detail["state"])
+    # What the trial holds: its slots, or a share search's share of one slot.
+    detail["slot_share"] = experiment_share(row["experiment_config"])
     detail["experiment_config"] = typed_config(row["experiment_config"])
     return detail

@@ -148,7 +148,7 @@ class TrialContext:
         self.seed = _trial_seed(spec)
         self._latest_validation: tuple[int, dict[str, float]] | None = None
         # Rank 0 asks the pruner only where it can answer yes; the others follow its answer.
-        self._prune_gate = PruneGate(spec.pruner, spec.slots_per_trial)
+        self._prune_gate = PruneGate(spec.pruner, spec.compute_slots)
         self.pruned = False
         self.steps_reported = 0
         # What the attempt restored, read once (the first ask; see _restored_checkpoint).

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from trials.runtime._accelerator import Accelerator
+from trials.runtime._memory_cap import apply_memory_cap
 
 
 @dataclass(frozen=True)
@@ -65,10 +66,15 @@ class DistributedInfo:
 
 
 def select_device(info: DistributedInfo) -> torch.device:
-    """``cuda:LOCAL_RANK`` when the driver gave this node GPUs, else the CPU."""
+    """``cuda:LOCAL_RANK`` when the driver gave this node GPUs, else the CPU.
+
+    On a share of one GPU, the rank's memory is capped at its share from here on
+    (:func:`~trials.runtime._memory_cap.apply_memory_cap`).
+    """
     if torch.cuda.is_available():
         device = torch.device("cuda", info.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
+        apply_memory_cap(device, info.local_rank)
         return device
     return torch.device("cpu")
 

@@ -39,7 +39,7 @@ from trials.config import PrunerSpec, slot_seconds_step
 class PruneGate:
     """Whether rank 0 must ask the pruner at the latest validation."""
 
-    def __init__(self, pruner: PrunerSpec | None, slots: int) -> None:
+    def __init__(self, pruner: PrunerSpec | None, slots: float) -> None:
         self.pruner = pruner
         self.slots = slots
         # The step Optuna saw at the last ask (None: not asked in this process).

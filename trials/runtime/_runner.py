@@ -48,6 +48,7 @@ from trials.runtime._distributed import (
 )
 from trials.runtime._failure import record_failure
 from trials.runtime._loop import ManagedLoop
+from trials.runtime._memory_cap import explain_memory_error
 from trials.runtime._outcome import TrialOutcome
 from trials.runtime._recorder import ChiefRecorder, RankProcess
 from trials.runtime._recorder_queue import FAILURE_EXIT_CODE, TrialStopped
@@ -208,9 +209,12 @@ def run_trial(
         print(f"slotsweep: {error}", file=sys.stderr, flush=True)
         raise SystemExit(FAILURE_EXIT_CODE) from None
     except Exception as error:
-        # InvalidTrialError included. Not SystemExit: a signal ended this rank.
-        failure = error
+        # InvalidTrialError included. Not SystemExit: a signal ended this rank. Over a
+        # share's memory cap, the error says so in one line.
+        failure = explain_memory_error(error)
         _finish_before_terminating()
+        if failure is not error:
+            raise failure from error
         raise
     finally:
         if context is not None and failure is not None:

@@ -31,7 +31,7 @@ def slot_seconds_so_far(session: Session, spec: RuntimeSpec, moment: float) -> f
         )
     ).all()
     spans = [RunSpan(start, progress, ended) for start, progress, ended in rows]
-    return slot_seconds_spent(spans, spec.slots_per_trial, utc_from_timestamp(moment))
+    return slot_seconds_spent(spans, spec.compute_slots, utc_from_timestamp(moment))
 
 
 def costs_spent(

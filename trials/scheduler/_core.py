@@ -11,20 +11,29 @@ Rules (Determined's, made explicit):
   ``fitting_policy="best"`` that is the agent with the fewest free slots that still fit
   (so whole machines stay free for large trials); with ``"worst"`` the one with the most.
   Ties go to the agent declared first.
+* A share of one slot (``share`` 0.5, 0.25 or 0.125 of a one-slot request) packs: it
+  goes to the shared slot with the least room that still holds it, and to a free slot
+  (chosen as for a one-slot request) only when no shared slot has room, so free slots
+  and whole agents stay free for whole-slot trials (``fitting_policy="worst"`` spreads
+  instead: a free slot first). A share never spans slots; a slot holds shares or one
+  whole-slot trial, never both; the shares on a slot add up to at most one slot.
+  Shares are counted in eighths of a slot, exactly (:mod:`trials.config._shares`).
 * Larger requests take whole FREE agents only: ``k`` agents of one size ``S`` with
   ``slots == k * S`` (the largest such ``S`` first, so as few machines as possible), or,
   with ``allowing_heterogeneous_fits``, free agents of any sizes, largest first, the last
   one possibly in part.
 * Order: lower ``priority`` number first; among equal priorities, fair share between
   groups (experiments): the group holding the fewest slots per unit of weight
-  (``held / weight``, see :meth:`SlotScheduler.set_share`) first, counting what the same
+  (``held / weight``, see :meth:`SlotScheduler.set_share`; a share counts as its
+  fraction of a slot) first, counting what the same
   pass has already placed, so groups take turns; on equal footing, the group served least
   recently first; then ``order`` (FIFO submission order).
   Requests without a ``group`` all belong to the group ``None``, so a queue without
   groups is ordered exactly by priority and then ``order``.
 * Backfilling (EASY-style reservation): the first request in that order that cannot start
   (the *blocked head*) reserves the agents it is closest to fitting on: for a one-agent
-  request the large-enough agent with the most free slots; for a multi-agent request the
+  request the large-enough agent with the most free slots (for a share, the agent with
+  the most left, shared slots' room included); for a multi-agent request the
   ``k`` agents of its size with the most free slots. Requests behind it may start now,
   but only on agents outside that reservation. Reserved agents therefore only drain, so
   the head starts once they are free: it is never starved by a stream of smaller
@@ -35,7 +44,8 @@ Rules (Determined's, made explicit):
   priority means. With ``backfill=False`` the pass stops at the blocked head (plain FIFO).
 
 Cost per decision is independent of the queue length: waiting requests are grouped by
-size and group (a request that cannot fit means no later request of the same size can),
+size (in eighths of a slot) and group (a request that cannot fit means no later request
+of the same size can),
 so a pass looks at one head per (size, group), and agents are indexed by their number of
 free slots (:mod:`trials.scheduler._free_slots`).
 
@@ -59,7 +69,13 @@ import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from trials.config import DEFAULT_PRIORITY
+from trials.config import (
+    ALLOWED_SLOTS_PER_TRIAL,
+    DEFAULT_PRIORITY,
+    EIGHTHS_PER_SLOT,
+    is_slot_share,
+    slot_eighths,
+)
 from trials.scheduler._cluster import Agent, ResourcePool
 from trials.scheduler._fitting import check_schedulable
 from trials.scheduler._free_slots import FreeSlots
@@ -73,6 +89,13 @@ class SlotRequest:
     ``group`` is the experiment the trial belongs to when several experiments share the
     pool: among equal priorities the group holding the fewest slots per unit of weight
     goes first (:meth:`SlotScheduler.set_share`). ``None`` is a group like any other.
+
+    ``share`` below 1 asks for that share of ONE slot (0.5, 0.25 or 0.125; ``slots`` is
+    then 1): several such requests run on one slot at once.
+
+    Example:
+        >>> SlotRequest("t", 1, share=0.25).eighths, SlotRequest("t", 2).size
+        (2, 2.0)
     """
 
     request_id: Hashable
@@ -80,6 +103,24 @@ class SlotRequest:
     priority: int = DEFAULT_PRIORITY
     order: int = 0
     group: Hashable | None = None
+    share: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.share != 1.0 and not (is_slot_share(self.share) and self.slots == 1):
+            raise ValueError(
+                f"request {self.request_id!r}: slots={self.slots} share={self.share:g}; "
+                f"a request takes {ALLOWED_SLOTS_PER_TRIAL}"
+            )
+
+    @property
+    def eighths(self) -> int:
+        """Its size in eighths of a slot, the unit the scheduler adds up exactly."""
+        return slot_eighths(self.share) if self.share != 1.0 else self.slots * EIGHTHS_PER_SLOT
+
+    @property
+    def size(self) -> float:
+        """Its size in slots: ``slots`` times ``share`` (exact)."""
+        return self.slots * self.share
 
 
 @dataclass(frozen=True)
@@ -95,20 +136,33 @@ class Placement:
     """Where a request starts: one entry per agent; the first agent hosts the rendezvous.
 
     ``group`` is the request's, so that :meth:`SlotScheduler.release` can lower what the
-    group holds.
+    group holds. ``share`` below 1: the request's share of its one slot.
     """
 
     request_id: Hashable
     pool: str
     agents: tuple[AgentSlots, ...]
     group: Hashable | None = None
+    share: float = 1.0
 
     @property
     def slots(self) -> int:
+        """How many slots it spans (a share spans one)."""
         return sum(len(part.slots) for part in self.agents)
 
+    @property
+    def size(self) -> float:
+        """What it holds in slots: ``slots`` times ``share`` (exact)."""
+        return self.slots * self.share
 
-# A queued request in its (size, group) heap: (priority, order, seq, request_id).
+    @property
+    def eighths(self) -> int:
+        """What it holds on each of its slots, in eighths (a whole slot: 8)."""
+        return slot_eighths(self.share)
+
+
+# A queued request in its (size, group) heap: (priority, order, seq, request_id). Sizes
+# are in eighths of a slot.
 _Entry = tuple[int, int, int, Hashable]
 # A (size, group) heap's head in a pass: (priority, held / weight of the group when it was
 # pushed, order, seq, size, group). ``seq`` is unique, so groups are never compared.
@@ -137,29 +191,32 @@ class SlotScheduler:
     """
 
     def __init__(
-        self, pool: ResourcePool, free_slots: Mapping[str, Iterable[int]] | None = None
+        self,
+        pool: ResourcePool,
+        free_slots: Mapping[str, Iterable[int]] | None = None,
+        shared: Mapping[str, Mapping[int, int]] | None = None,
     ) -> None:
         self.pool = pool
         # Where the slots are and what fits: bookkeeping of its own, whose attributes
         # and methods the pass reads directly.
         self._free = FreeSlots(pool)
-        self._free.set(free_slots)
+        self._free.set(free_slots, shared)
         self._groups: dict[tuple[int, Hashable], list[_Entry]] = {}
         self._live: dict[Hashable, tuple[int, SlotRequest]] = {}
         self._seq = 0
         self._checked_sizes: set[int] = set()
-        # Fair share: slots each group holds (set_share, plus placements, minus releases),
-        # its weight, and the demand still queued: slots per priority and group, and
-        # requests per priority.
-        self._held: dict[Hashable, int] = {}
+        # Fair share: slots each group holds (set_share, plus placements, minus releases;
+        # a share counts as its fraction, exactly), its weight, and the demand still
+        # queued: slots per priority and group, and requests per priority.
+        self._held: dict[Hashable, float] = {}
         self._weight: dict[Hashable, float] = {}
         # When each group last had a request placed (the caller's clock, then a counter
         # above it): among groups of equal held / weight, the least recently served
         # goes first, so groups that each hold nothing between trials take turns.
         self._served: dict[Hashable, float] = {}
-        self._backlog: dict[Hashable, int] = {}
+        self._backlog: dict[Hashable, float] = {}
         self._served_top = 0.0
-        self._queued_slots: dict[int, dict[Hashable, int]] = {}
+        self._queued_slots: dict[int, dict[Hashable, float]] = {}
         self._queued_count: dict[int, int] = {}
         self._last_priority: dict[Hashable, int] = {}
         # What :meth:`why_waiting` derives from the state, kept until the state changes.
@@ -183,14 +240,23 @@ class SlotScheduler:
 
     # -- free slots ---------------------------------------------------------------
 
-    def set_free_slots(self, free_slots: Mapping[str, Iterable[int]] | None) -> None:
-        """Replace the free slots of every agent (``None``: all free; missing agent: none free)."""
-        self._free.set(free_slots)
+    def set_free_slots(
+        self,
+        free_slots: Mapping[str, Iterable[int]] | None,
+        shared: Mapping[str, Mapping[int, int]] | None = None,
+    ) -> None:
+        """Replace the free slots of every agent (``None``: all free; missing agent: none free)
+        and the eighths shares use on each shared slot (:meth:`shared_slots`' shape)."""
+        self._free.set(free_slots, shared)
         self._why.clear()
 
     def free_slots(self) -> dict[str, frozenset[int]]:
         """Each agent's free slot ids now."""
         return self._free.by_agent()
+
+    def shared_slots(self) -> dict[str, dict[int, int]]:
+        """The eighths shares use on each shared slot now, by agent (agents with some only)."""
+        return self._free.shared_by_agent()
 
     @property
     def free_total(self) -> int:
@@ -200,8 +266,8 @@ class SlotScheduler:
     def used_total(self) -> int:
         return self._free.total - self._free.free_total
 
-    def fits(self, slots: int) -> bool:
-        """Whether a request of ``slots`` would fit the free slots now, ignoring any reservation.
+    def fits(self, slots: int, *, share: float = 1.0) -> bool:
+        """Whether a request of ``slots`` (at ``share``) would fit now, ignoring any reservation.
 
         Preemption (:func:`~trials.scheduler.choose_preemptions`) asks this of hypothetical
         free slots, so it and the scheduler never disagree on what fits.
@@ -209,20 +275,24 @@ class SlotScheduler:
         Example:
             >>> from trials.scheduler import Agent, ResourcePool
             >>> sched = SlotScheduler(ResourcePool("default", (Agent("a1", "h", (0, 1)),)))
-            >>> sched.fits(2), sched.fits(3)
-            (True, False)
+            >>> sched.fits(2), sched.fits(3), sched.fits(1, share=0.5)
+            (True, False, True)
         """
-        return self._free.fit(slots, frozenset()) is not None
+        return self._free.fits(SlotRequest(None, slots, share=share).eighths, frozenset())
 
     def release(self, placement: Placement) -> None:
         """Give a finished (or failed-to-start) placement's slots back."""
-        give_back = self._free.give_back
+        free = self._free
         for part in placement.agents:
-            give_back(part.agent.name, part.slots)
+            if placement.share < 1.0:
+                for slot in part.slots:
+                    free.give_back_share(part.agent.name, slot, placement.eighths)
+            else:
+                free.give_back(part.agent.name, part.slots)
         held = self._held.get(placement.group)
         if held is not None:
             # ``set_share`` may have been told a smaller figure since the placement.
-            self._held[placement.group] = max(0, held - placement.slots)
+            self._held[placement.group] = max(0.0, held - placement.size)
         self._why.clear()
 
     # -- fair share ---------------------------------------------------------------
@@ -231,14 +301,15 @@ class SlotScheduler:
         self,
         group: Hashable,
         *,
-        held: int,
+        held: float,
         weight: float = 1.0,
         last_served: float | None = None,
-        backlog: int = 0,
+        backlog: float = 0,
     ) -> None:
         """Tell the slots ``group`` already holds in this pool and its fair-share weight.
 
-        ``held`` counts the slots of the group's running trials; ``weight`` is the
+        ``held`` counts the slots of the group's running trials (a share trial at its
+        share: 0.25 for a quarter of a slot); ``weight`` is the
         experiment's ``resources.weight``. Among requests of equal priority the group
         with the lowest ``held / weight`` starts first, so while several groups have work
         queued their holdings grow in proportion to their weights. Placements add to
@@ -284,7 +355,7 @@ class SlotScheduler:
             self._served.get(group, -math.inf),
         )
 
-    def held_by(self, group: Hashable) -> int:
+    def held_by(self, group: Hashable) -> float:
         """Slots ``group`` holds: as last :meth:`set_share`, plus placements, minus releases."""
         return self._held.get(group, 0)
 
@@ -294,16 +365,17 @@ class SlotScheduler:
         """Queue a request; :class:`Unschedulable` if the pool could never run it."""
         if request.request_id in self._live:
             raise ValueError(f"request {request.request_id!r} is already queued")
+        # A share of a slot fits wherever one slot does.
         if request.slots not in self._checked_sizes:
             check_schedulable(self.pool, request.slots)
             self._checked_sizes.add(request.slots)
         seq = self._seq
         self._seq += 1
         self._live[request.request_id] = (seq, request)
-        heap = self._groups.setdefault((request.slots, request.group), [])
+        heap = self._groups.setdefault((request.eighths, request.group), [])
         heapq.heappush(heap, (request.priority, request.order, seq, request.request_id))
         by_group = self._queued_slots.setdefault(request.priority, {})
-        by_group[request.group] = by_group.get(request.group, 0) + request.slots
+        by_group[request.group] = by_group.get(request.group, 0) + request.size
         self._queued_count[request.priority] = self._queued_count.get(request.priority, 0) + 1
         self._last_priority[request.group] = request.priority
         self._why.clear()
@@ -326,7 +398,7 @@ class SlotScheduler:
         else:
             del self._queued_count[priority]
         by_group = self._queued_slots[priority]
-        slots = by_group[group] - request.slots
+        slots = by_group[group] - request.size
         if slots:
             by_group[group] = slots
         else:
@@ -389,7 +461,8 @@ class SlotScheduler:
         self.blocked_head = None
         free = self._free
         fit_slots, take, agents = free.fit, free.take, free.agents
-        available = free.free_total
+        # What is left, in eighths of a slot; ``size`` is too (a whole slot is 8).
+        available = free.free_eighths
         while heads and available > 0:
             head = heapq.heappop(heads)
             priority, share, order, seq, size, group = head
@@ -405,8 +478,10 @@ class SlotScheduler:
                     heapq.heappush(heads, (priority, now, order, seq, size, group))
                     continue
             key = (size, group)
-            fit = fit_slots(size, reserved)
-            if fit is None:
+            whole = size >= EIGHTHS_PER_SLOT
+            fit = fit_slots(size // EIGHTHS_PER_SLOT, reserved) if whole else None
+            spot = free.fit_share(size, reserved) if not whole else None
+            if fit is None and spot is None:
                 failed.add(size)
                 if self._blocked:
                     continue
@@ -414,17 +489,25 @@ class SlotScheduler:
                 self.blocked_head = self._groups[key][0][3]
                 if not backfill:
                     break
-                reserved = free.reserve(size)
-                available -= sum(free.nfree[i] for i in reserved)
+                reserved = (
+                    free.reserve(size // EIGHTHS_PER_SLOT) if whole else free.reserve_share()
+                )
+                available -= free.left_on(reserved)
                 continue
             _, _, _, request_id = heapq.heappop(self._groups[key])
             _, request = self._live.pop(request_id)
             self._dequeued(request)
-            held[group] = held.get(group, 0) + size
+            held[group] = held.get(group, 0) + request.size
             self._served_top += 1.0
             self._served[group] = self._served_top
-            parts = tuple(AgentSlots(agents[i], take(i, n)) for i, n in fit)
-            placements.append(Placement(request_id, self.pool.name, parts, group))
+            parts: tuple[AgentSlots, ...]
+            if spot is not None:
+                parts = (AgentSlots(agents[spot[0]], (free.take_share(*spot, size),)),)
+            else:
+                parts = tuple(AgentSlots(agents[i], take(i, n)) for i, n in fit or ())
+            placements.append(
+                Placement(request_id, self.pool.name, parts, group, share=request.share)
+            )
             available -= size
             entry = self._peek(key)
             if entry is not None:
@@ -475,9 +558,9 @@ class SlotScheduler:
             raise KeyError(request_id)
         request = live[1]
         if self._blocked and request_id == self.blocked_head:
-            return self._why.no_fit(request.slots)
+            return self._why.no_fit(request.eighths)
         return self._why.reason(
-            request.slots,
+            request.eighths,
             request.group,
             request.priority,
             head=self.blocked_head,
@@ -493,10 +576,12 @@ def schedule(
     queue: Sequence[SlotRequest],
     *,
     backfill: bool = True,
+    shared: Mapping[str, Mapping[int, int]] | None = None,
 ) -> list[Placement]:
     """The placements to start now for ``queue`` on ``pool`` (see the module's rules).
 
-    ``free_slots`` maps agent name to its free slot ids (a missing agent has none free).
+    ``free_slots`` maps agent name to its free slot ids (a missing agent has none free);
+    ``shared`` the eighths shares use on each shared slot, by agent.
     Raises :class:`~trials.scheduler.Unschedulable` for a request the pool can never run,
     and ``ValueError`` for a request id queued twice.
 
@@ -508,7 +593,7 @@ def schedule(
         ...                                 [SlotRequest("big", 4), SlotRequest("small", 1, order=1)])]
         []
     """
-    scheduler = SlotScheduler(pool, free_slots)
+    scheduler = SlotScheduler(pool, free_slots, shared)
     for request in queue:
         scheduler.submit(request)
     return scheduler.schedule(backfill=backfill)

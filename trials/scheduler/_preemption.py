@@ -21,7 +21,8 @@ Rules:
 * Fewest victims first. Sets of the same size are compared victim by victim, most
   valuable first, and the set whose most valuable victim is least valuable wins (then
   the second most valuable, and so on). A trial is more valuable when its priority is
-  higher (smaller number), then when it holds more slots, then when it started earlier
+  higher (smaller number), then when it holds more slots (a share counts at its
+  fraction), then when it started earlier
   (earlier in ``running``, which lists trials in start order). So the least important,
   smallest, most recently started trials go first.
 * The result is irredundant: without any one victim the request would not fit. No more
@@ -40,6 +41,16 @@ most candidates on one agent, at most its slot count):
   chosen greedily by new victims per needed slot, fewest first: for each agent size the
   request is a multiple of, or over all agents with heterogeneous fits. ``O(A^2 * m)``.
   This greedy is not guaranteed to find the fewest victims, only a valid, irredundant set.
+* A share of one slot (``request.share`` below 1) needs room on ONE slot: a free one,
+  a shared slot whose shares leave room once some stop, or a slot a whole-slot trial
+  holds (stopping it frees the whole slot). For every slot the fewest victims follow as
+  on one agent, in eighths of the slot; exact for the rules above. Shares count at their
+  fraction: a share trial frees its eighths of its slot, and a slot is free for a whole
+  request only once every share on it has stopped.
+* A whole-slot request is first searched among whole-slot trials only, as above; when
+  no such set makes room (the slots it needs hold shares), every candidate is taken and
+  cut down by the last step, which keeps the set valid and irredundant but not
+  necessarily the fewest.
 * Finally, victims are dropped, most valuable first, while the request still fits: one
   core check per victim, each ``O(S)`` for the pool's ``S`` slots.
 
@@ -61,8 +72,9 @@ Example (a1 is busy with two low-priority trials, a2 with one; the high-priority
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from trials.config import EIGHTHS_PER_SLOT
 from trials.scheduler._cluster import ResourcePool
 from trials.scheduler._core import Placement, SlotRequest, SlotScheduler
 
@@ -98,8 +110,9 @@ class _Candidate:
     position: int
     #: 0 for the most valuable candidate (see the module's rules); victims are compared by it.
     rank: int
-    #: Agent name -> how many of its currently used slots stopping this trial frees.
-    frees: Mapping[str, int]
+    #: Agent name -> how many of its currently used slots stopping this trial frees (a
+    #: share frees none alone); for a share request, (agent, slot) -> eighths freed.
+    frees: Mapping[Hashable, int]
 
 
 def choose_preemptions(
@@ -109,11 +122,13 @@ def choose_preemptions(
     request: SlotRequest,
     *,
     without_checkpoint: bool = False,
+    shared: Mapping[str, Mapping[int, int]] | None = None,
 ) -> tuple[Hashable, ...] | None:
     """The running trials to ask to stop so that ``request`` fits (see the module's rules).
 
-    ``free_slots`` maps agent name to its free slot ids (a missing agent has none free),
-    as for :func:`~trials.scheduler.schedule`; ``running`` lists the pool's running
+    ``free_slots`` maps agent name to its free slot ids (a missing agent has none free)
+    and ``shared`` the eighths shares use on each shared slot, as for
+    :func:`~trials.scheduler.schedule`; ``running`` lists the pool's running
     trials in the order they started. Returns the victims' request ids in that order,
     ``()`` when the request already fits once the ``stopping`` trials are gone, and
     ``None`` when no eligible set of victims makes room. Raises ``ValueError`` for a
@@ -141,10 +156,11 @@ def choose_preemptions(
     base = {name: set(ids) for name, ids in free_slots.items()}
     for name in names:
         base.setdefault(name, set())
+    used = {name: dict(slots) for name, slots in (shared or {}).items()}
     for run in running:
         if run.stopping:
-            _add_slots(base, run.placement)
-    room = _Room(pool, base, request.slots)
+            _add_slots(base, used, run.placement)
+    room = _Room(pool, base, used, request)
     if room.fits(()):
         return ()
     eligible = [
@@ -160,10 +176,14 @@ def choose_preemptions(
     if not room.fits(candidates):
         return None
     largest = max((agent.size for agent in pool.agents), default=0)
-    if request.slots <= largest:
-        chosen = _one_agent(pool, base, candidates, request.slots)
+    whole = [c for c in candidates if c.run.placement.share == 1.0]
+    chosen: list[_Candidate] | None
+    if request.share < 1.0:
+        chosen = _one_slot(used, candidates, request.eighths)
+    elif request.slots <= largest:
+        chosen = _one_agent(pool, base, whole, request.slots)
     else:
-        chosen = _whole_agents(pool, base, candidates, request.slots)
+        chosen = _whole_agents(pool, base, whole, request.slots)
     if chosen is None or not room.fits(chosen):
         # Not expected (the search mirrors the core's shapes), but inconsistent inputs,
         # e.g. two trials claiming one slot, must not yield a set that does not fit.
@@ -192,9 +212,23 @@ def _check_running(pool: ResourcePool, running: Sequence[RunningRequest]) -> Non
                 )
 
 
-def _add_slots(free: dict[str, set[int]], placement: Placement) -> None:
+def _add_slots(
+    free: dict[str, set[int]], shared: dict[str, dict[int, int]], placement: Placement
+) -> None:
+    """``placement``'s slots back: a whole slot is free; a share's eighths leave its slot,
+    which is free once no share is left on it."""
     for part in placement.agents:
-        free[part.agent.name].update(part.slots)
+        if placement.share == 1.0:
+            free[part.agent.name].update(part.slots)
+            continue
+        on_agent = shared.setdefault(part.agent.name, {})
+        for slot in part.slots:
+            left = on_agent.get(slot, 0) - placement.eighths
+            if left > 0:
+                on_agent[slot] = left
+            else:
+                on_agent.pop(slot, None)
+                free[part.agent.name].add(slot)
 
 
 def _candidates(
@@ -202,12 +236,14 @@ def _candidates(
 ) -> list[_Candidate]:
     """The eligible runs ranked most valuable first: higher priority, more slots, older."""
     ordered = sorted(
-        eligible, key=lambda item: (item[1].priority, -item[1].placement.slots, item[0])
+        eligible, key=lambda item: (item[1].priority, -item[1].placement.size, item[0])
     )
     candidates = []
     for rank, (position, run) in enumerate(ordered):
-        frees: dict[str, int] = {}
-        for part in run.placement.agents:
+        frees: dict[Hashable, int] = {}
+        # A share frees no whole slot on its own (see _one_slot for share requests).
+        parts = run.placement.agents if run.placement.share == 1.0 else ()
+        for part in parts:
             # Slots already counted free are not freed again (inconsistent input only).
             n = len(set(part.slots) - base[part.agent.name])
             if n:
@@ -226,17 +262,25 @@ def _set_key(victims: Iterable[_Candidate]) -> tuple[int, tuple[int, ...]]:
 class _Room:
     """Asks the scheduler core whether the request fits once given victims have stopped."""
 
-    def __init__(self, pool: ResourcePool, base: Mapping[str, set[int]], slots: int) -> None:
+    def __init__(
+        self,
+        pool: ResourcePool,
+        base: Mapping[str, set[int]],
+        shared: Mapping[str, Mapping[int, int]],
+        request: SlotRequest,
+    ) -> None:
         self._base = base
-        self._slots = slots
-        self._scheduler = SlotScheduler(pool, {name: frozenset(ids) for name, ids in base.items()})
+        self._shared = shared
+        self._request = request
+        self._scheduler = SlotScheduler(pool)
 
     def fits(self, victims: Iterable[_Candidate]) -> bool:
         free = {name: set(ids) for name, ids in self._base.items()}
+        shared = {name: dict(slots) for name, slots in self._shared.items()}
         for victim in victims:
-            _add_slots(free, victim.run.placement)
-        self._scheduler.set_free_slots(free)
-        return self._scheduler.fits(self._slots)
+            _add_slots(free, shared, victim.run.placement)
+        self._scheduler.set_free_slots(free, shared)
+        return self._scheduler.fits(self._request.slots, share=self._request.share)
 
 
 def _one_agent(
@@ -250,7 +294,7 @@ def _one_agent(
     A smallest set making any agent fit can be cut down to the victims on that agent,
     so the best over all agents, each with its own best set, is the best overall.
     """
-    on_agent: dict[str, list[_Candidate]] = {}
+    on_agent: dict[Hashable, list[_Candidate]] = {}
     for candidate in candidates:
         for name in candidate.frees:
             on_agent.setdefault(name, []).append(candidate)
@@ -265,8 +309,44 @@ def _one_agent(
     return best
 
 
-def _fewest_on(name: str, candidates: Sequence[_Candidate], need: int) -> list[_Candidate] | None:
-    """The best smallest set of ``candidates`` freeing ``need`` slots on agent ``name``."""
+def _one_slot(
+    shared: Mapping[str, Mapping[int, int]], candidates: Sequence[_Candidate], eighths: int
+) -> list[_Candidate] | None:
+    """The best set that frees ``eighths`` of one slot for a share: exact for the rules.
+
+    A slot a whole-slot trial holds is freed by stopping that trial; a shared slot by
+    stopping shares on it until its room holds the request (fewest first, then the
+    least valuable, as on one agent).
+    """
+    on_slot: dict[tuple[str, int], list[_Candidate]] = {}
+    for candidate in candidates:
+        for part in candidate.run.placement.agents:
+            for slot in part.slots:
+                on_slot.setdefault((part.agent.name, slot), []).append(candidate)
+    best: list[_Candidate] | None = None
+    for (name, slot), holders in on_slot.items():
+        used = shared.get(name, {}).get(slot)
+        if used is None:
+            # Held whole, by one trial: stopping it frees the slot.
+            chosen: list[_Candidate] | None = holders[:1]
+        else:
+            key = (name, slot)
+            freeing = [
+                replace(c, frees={key: c.run.placement.eighths})
+                for c in holders
+                if c.run.placement.share < 1.0
+            ]
+            chosen = _fewest_on(key, freeing, eighths - (EIGHTHS_PER_SLOT - used))
+        if chosen is not None and (best is None or _set_key(chosen) < _set_key(best)):
+            best = chosen
+    return best
+
+
+def _fewest_on(
+    name: Hashable, candidates: Sequence[_Candidate], need: int
+) -> list[_Candidate] | None:
+    """The best smallest set of ``candidates`` freeing ``need`` slots on agent ``name``
+    (or ``need`` eighths of one slot, ``name`` then being that slot)."""
     by_size = sorted(candidates, key=lambda c: (-c.frees[name], c.rank))
     count, covered = 0, 0
     for candidate in by_size:
@@ -295,7 +375,7 @@ def _whole_agents(
     slots: int,
 ) -> list[_Candidate] | None:
     """A set that frees whole agents for a request larger than any one agent (greedy)."""
-    holders: dict[str, set[int]] = {}
+    holders: dict[Hashable, set[int]] = {}
     for i, candidate in enumerate(candidates):
         for name in candidate.frees:
             holders.setdefault(name, set()).add(i)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from trials.config import EIGHTHS_PER_SLOT, format_share
 from trials.scheduler._free_slots import FreeSlots
 
 WaitKind = Literal["no_fit", "reserved", "priority", "fair_share"]
@@ -69,7 +70,9 @@ def _count(n: int, noun: str) -> str:
 
 
 class WaitReasons:
-    """The wait reasons of one scheduler, cached per (slots, group, priority) until cleared.
+    """The wait reasons of one scheduler, cached per (size, group, priority) until cleared.
+
+    Sizes are in eighths of a slot (a whole slot is 8), as the scheduler keeps them.
 
     It reads, and never changes, the scheduler's free slots and its demand ledgers, which
     it is handed once, by reference, and which the scheduler updates in place: slots held,
@@ -82,10 +85,10 @@ class WaitReasons:
         self,
         free: FreeSlots,
         *,
-        held: Mapping[Hashable, int],
+        held: Mapping[Hashable, float],
         weight: Mapping[Hashable, float],
-        backlog: Mapping[Hashable, int],
-        queued_slots: Mapping[int, Mapping[Hashable, int]],
+        backlog: Mapping[Hashable, float],
+        queued_slots: Mapping[int, Mapping[Hashable, float]],
         queued_count: Mapping[int, int],
         last_priority: Mapping[Hashable, int],
     ) -> None:
@@ -106,13 +109,13 @@ class WaitReasons:
         self._reasons.clear()
         self._shares.clear()
 
-    def no_fit(self, slots: int) -> WaitReason:
+    def no_fit(self, eighths: int) -> WaitReason:
         """The reason of a request nothing of whose shape is free (the blocked head's)."""
-        return WaitReason("no_fit", self._no_fit_text(slots))
+        return WaitReason("no_fit", self._no_fit_text(eighths))
 
     def reason(
         self,
-        slots: int,
+        eighths: int,
         group: Hashable,
         priority: int,
         *,
@@ -125,17 +128,17 @@ class WaitReasons:
 
         ``reserved`` holds the agents the last pass reserved for ``head``.
         """
-        key = (slots, group, priority)
+        key = (eighths, group, priority)
         cached = self._reasons.get(key)
         if cached is not None and cached[0] is label and cached[1] is group_label:
             return cached[2]
-        reason = self._reason(slots, group, priority, head, reserved, label, group_label)
+        reason = self._reason(eighths, group, priority, head, reserved, label, group_label)
         self._reasons[key] = (label, group_label, reason)
         return reason
 
     def _reason(
         self,
-        slots: int,
+        eighths: int,
         group: Hashable,
         priority: int,
         head: Hashable | None,
@@ -143,8 +146,8 @@ class WaitReasons:
         label: Callable[[Hashable], str],
         group_label: Callable[[Hashable], str],
     ) -> WaitReason:
-        fit = self._free.fit
-        if reserved and fit(slots, reserved) is None and fit(slots, frozenset()) is not None:
+        fits = self._free.fits
+        if reserved and not fits(eighths, reserved) and fits(eighths, frozenset()):
             names = ", ".join(self._free.agents[i].name for i in sorted(reserved))
             return WaitReason(
                 "reserved",
@@ -162,9 +165,9 @@ class WaitReasons:
                 return WaitReason(
                     "fair_share",
                     f"fair share: experiment {group_label(group)} holds its share "
-                    f"({held} of {round(share, 1):g} slots)",
+                    f"({held:g} of {round(share, 1):g} slots)",
                 )
-        return self.no_fit(slots)
+        return self.no_fit(eighths)
 
     def _fair_shares(self, priority: int) -> dict[Hashable, float]:
         """Each group's weighted max-min share of the pool at ``priority`` (cached)."""
@@ -185,8 +188,12 @@ class WaitReasons:
         self._shares[priority] = shares
         return shares
 
-    def _no_fit_text(self, slots: int) -> str:
+    def _no_fit_text(self, eighths: int) -> str:
         pool = self._free.pool.name
+        if eighths < EIGHTHS_PER_SLOT:
+            share = format_share(eighths / EIGHTHS_PER_SLOT)
+            return f"no slot in pool {pool} has {share} of a slot free"
+        slots = eighths // EIGHTHS_PER_SLOT
         if slots <= self._free.largest:
             return f"no agent in pool {pool} has {_count(slots, 'free slot')}"
         if self._free.heterogeneous:

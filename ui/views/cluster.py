@@ -8,6 +8,7 @@ from streamlit.elements.lib.column_types import ColumnConfig
 
 from storage import TrialState
 from trials import queries
+from trials.config import format_share
 from trials.labels import trial_label
 from ui import _charts, _cluster, _context, _units
 
@@ -20,45 +21,55 @@ def _layout_section(layout: list[_cluster.AgentLayout]) -> None:
         agents = [agent for agent in layout if agent.pool == pool]
         held = queries.held_slots(engine, pool, [agent.name for agent in agents])
         total = sum(len(agent.slots) for agent in agents)
-        jobless = sum(not _trial_holds(holder) for holder in held.values())
+        jobless = sum(all(not _trial_holds(h) for h in on_slot) for on_slot in held.values())
+        shared = {key: on_slot for key, on_slot in held.items() if _shared(on_slot)}
         st.markdown(f"#### Pool `{pool}`")
         st.caption(
             f"{len(agents)} agent(s), {total} slot(s), {len(held)} held"
             + (f" ({jobless} by idle or ending warm jobs)" if jobless else "")
+            + (
+                f", {len(shared)} of them shared by several trials with "
+                f"{format_share(sum(map(_room, shared.values())))} of a slot free on them"
+                if shared
+                else ""
+            )
             + f", {total - len(held)} free."
         )
         _slot_grid(agents, held)
-        st.dataframe(
-            pd.DataFrame(
-                [
-                    {
-                        "agent": agent.name,
-                        "host": agent.host,
-                        "slots": len(agent.slots),
-                        "held": sum((agent.name, s) in held for s in agent.slots),
-                        "free": sum((agent.name, s) not in held for s in agent.slots),
-                    }
-                    for agent in agents
-                ]
-            ),
-            hide_index=True,
-            width="stretch",
-        )
+        per_agent = [
+            {
+                "agent": agent.name,
+                "host": agent.host,
+                "slots": len(agent.slots),
+                "held": sum((agent.name, s) in held for s in agent.slots),
+                "free": sum((agent.name, s) not in held for s in agent.slots),
+                **(
+                    {"shared": sum((agent.name, s) in shared for s in agent.slots)}
+                    if shared
+                    else {}
+                ),
+            }
+            for agent in agents
+        ]
+        st.dataframe(pd.DataFrame(per_agent), hide_index=True, width="stretch")
         # A free slot's cells are empty, not "None"; a trial reads EXPERIMENT.NUMBER, as
-        # in the slot map above and in every other table.
+        # in the slot map above and in every other table. A shared slot has a row per
+        # share and one for what is free of it.
         slots = pd.DataFrame(
             [
                 {
                     "agent": agent.name,
                     "slot": slot,
                     "state": _slot_state(holder),
+                    **({"share": _share_text(holder, on_slot)} if shared else {}),
                     "experiment": (holder or {}).get("experiment") or "",
                     "open": _trial_link(holder) or "",
                     "warm job": _warm_job_text((holder or {}).get("warm_job_id")),
                 }
                 for agent in agents
                 for slot in agent.slots
-                for holder in [held.get((agent.name, slot))]
+                for on_slot in [held.get((agent.name, slot), [])]
+                for holder in _slot_rows(on_slot)
             ]
         )
         st.dataframe(
@@ -71,8 +82,43 @@ def _layout_section(layout: list[_cluster.AgentLayout]) -> None:
                     "warm job",
                     help="The warm job (`resources.reuse_workers`) whose workers hold the slot.",
                 ),
+                "share": st.column_config.TextColumn(
+                    "share", help="How much of the slot the trial holds, or is free."
+                ),
             },
         )
+
+
+def _share_of(holder: dict[str, object]) -> float:
+    """How much of its slot a holder has (1.0: all of it)."""
+    share = holder.get("share")
+    return float(share) if isinstance(share, (int, float)) and share > 0 else 1.0
+
+
+def _shared(on_slot: list[dict[str, object]]) -> bool:
+    """Whether trials share the slot (its holders hold shares of it)."""
+    return any(_share_of(h) < 1.0 for h in on_slot)
+
+
+def _room(on_slot: list[dict[str, object]]) -> float:
+    """What is free of a shared slot, as a fraction of it."""
+    return 1.0 - sum(_share_of(h) for h in on_slot)
+
+
+def _slot_rows(on_slot: list[dict[str, object]]) -> list[dict[str, object] | None]:
+    """A slot's rows in the slot table: its holders, and None for what is free of it."""
+    if not on_slot:
+        return [None]
+    return [*on_slot, *([None] if _shared(on_slot) and _room(on_slot) > 0 else [])]
+
+
+def _share_text(holder: dict[str, object] | None, on_slot: list[dict[str, object]]) -> str:
+    """A slot table row's share: the holder's (``1/4``), what is free of a shared slot
+    (``1/4 free``), nothing for a free slot or one held whole."""
+    if holder is not None:
+        share = _share_of(holder)
+        return format_share(share) if share < 1.0 else ""
+    return f"{format_share(_room(on_slot))} free" if on_slot else ""
 
 
 def _trial_column() -> ColumnConfig:
@@ -135,37 +181,51 @@ def _cell_label(holder: dict[str, object] | None) -> str:
 
 
 def _slot_grid(
-    agents: list[_cluster.AgentLayout], held: dict[tuple[str, int], dict[str, object]]
+    agents: list[_cluster.AgentLayout], held: dict[tuple[str, int], list[dict[str, object]]]
 ) -> None:
     """Every slot of the pool as a cell, coloured by the trial or warm job holding it.
 
     An idle or ending warm job has its own colour (a muted one: it trains nothing), and
-    every slot of a warm job, running a trial or not, has a dark dashed outline.
+    every slot of a warm job, running a trial or not, has a dark dashed outline. A slot
+    that trials share is one cell naming them all, with what is free of it.
     """
-    holders = sorted({_holder_label(h) for h in held.values() if _trial_holds(h)})
-    idle = sorted({_holder_label(h) for h in held.values() if not _trial_holds(h)})
     cells = pd.DataFrame(
         [
-            {
-                "agent": agent.name,
-                "slot": slot,
-                "holder": _holder_label(holder) if holder is not None else _charts.FREE,
-                "label": _cell_label(holder),
-                "warm_job": (
-                    f"warm job {holder['warm_job_id']} ({holder['warm_state']})"
-                    if holder is not None and holder.get("warm_job_id") is not None
-                    else ""
-                ),
-            }
+            _grid_cell(agent.name, slot, held.get((agent.name, slot), []))
             for agent in agents
             for slot in agent.slots
-            for holder in [held.get((agent.name, slot))]
         ]
     )
+    on_slots = list(held.values())
+    holders = sorted({_slot_holder(o) for o in on_slots if any(map(_trial_holds, o))})
+    idle = sorted({_slot_holder(o) for o in on_slots if not any(map(_trial_holds, o))})
     spec = _charts.slot_grid_spec(holders, len(agents), idle_warm_jobs=idle)
     # The height Streamlit gives the chart, not the spec's: without it the grid was
     # squeezed into a 40 px strip and its legend cut off.
     st.vega_lite_chart(cells, spec, height=_charts.slot_grid_height(spec), width="stretch")
+
+
+def _slot_holder(on_slot: list[dict[str, object]]) -> str:
+    """The legend's name for a slot's holders: one trial or warm job, or the shares on it."""
+    if not _shared(on_slot):
+        return _holder_label(on_slot[0])
+    shares = ", ".join(f"{_cell_label(h)} ({format_share(_share_of(h))})" for h in on_slot)
+    experiments = " + ".join(sorted({str(h.get("experiment") or "experiment ?") for h in on_slot}))
+    room = _room(on_slot)
+    free = f", {format_share(room)} free" if room > 0 else ""
+    return f"{experiments} · shared by {shares}{free}"
+
+
+def _grid_cell(agent: str, slot: int, on_slot: list[dict[str, object]]) -> dict[str, object]:
+    """One cell of the slot grid: the slot, its holder(s) and the text inside it."""
+    jobs = [h for h in on_slot if h.get("warm_job_id") is not None]
+    return {
+        "agent": agent,
+        "slot": slot,
+        "holder": _slot_holder(on_slot) if on_slot else _charts.FREE,
+        "label": " ".join(_cell_label(h) for h in on_slot),
+        "warm_job": "; ".join(f"warm job {h['warm_job_id']} ({h['warm_state']})" for h in jobs),
+    }
 
 
 @st.cache_resource(ttl=30, show_spinner=False)
@@ -198,6 +258,7 @@ def _queue_section() -> None:
                 "pool",
                 "priority",
                 "slots",
+                *(["share"] if (queue["share"] != "").any() else []),
                 "waiting",
                 "reason",
             ],

@@ -10,7 +10,7 @@ import streamlit as st
 
 from storage import MetricKind
 from trials import queries
-from trials.config import ConstHP
+from trials.config import ConstHP, format_share
 from ui import _charts, _checkpoints, _context, _diagnosis, _format, _logs, _units
 
 st.title("Trial")
@@ -110,7 +110,9 @@ def _summary() -> None:
     bottom[0].metric("Slot·seconds", _format.number(info["slot_seconds"]))
     bottom[1].metric("Restarts", info["restarts"])
     bottom[2].metric("Batches", info["total_batches"])
-    bottom[3].metric("Slots", info["slots_per_trial"])
+    share = info["slot_share"]
+    # A trial on a share of one slot shows its share (1/4); its slot-seconds count at it.
+    bottom[3].metric("Slots", format_share(share) if share < 1.0 else info["slots_per_trial"])
     started = info["started_at"]
     ended = info["ended_at"]
     when = f"started {started:%Y-%m-%d %H:%M:%S} UTC" if started else "not started yet"

@@ -235,6 +235,64 @@ def test_task_list_shows_warm_jobs_idle_or_running_which_trial_in_80_columns(
     assert [line.split()[-3] for line in agents.splitlines() if "gpu-node-" in line] == ["2"] * 5
 
 
+def test_task_list_and_agents_show_which_trials_share_a_slot_and_what_is_free(
+    db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 52: a slot that share trials hold is listed once per share and once for what
+    is free of it; agents count a share at its fraction and say what is free."""
+    import yaml
+
+    from searcher.cli import main
+    from tests.conftest import add_experiment
+    from trials.coordination import allocations
+    from trials.scheduler import Agent, AgentSlots, Placement
+
+    cluster = tmp_path / "cluster.yaml"
+    agent = {"name": "a0", "host": "127.0.0.1", "slots": 2}
+    cluster.write_text(
+        yaml.safe_dump({"resource_pools": [{"name": "default", "agents": [agent]}]})
+    )
+    experiment, (quarter, half, whole) = add_experiment(db_url, [{}] * 3, name="shares")
+    a0 = Agent("a0", "127.0.0.1", (0, 1))
+    with session_scope(db_url) as session:
+        for trial, slot, share in ((quarter, 0, 0.25), (half, 0, 0.5), (whole, 1, 1.0)):
+            placed = Placement(trial, "default", (AgentSlots(a0, (slot,)),), share=share)
+            assert allocations.claim(
+                session, placed, trial_id=trial, experiment_id=experiment, lease_s=300
+            )
+    capsys.readouterr()
+    assert main(["task", "list", "--json", "--db", db_url, "--cluster", str(cluster)]) == 0
+    rows = json.loads(capsys.readouterr().out)["slots"]
+    assert [(r["slot"], r["trial"], r["share"]) for r in rows] == [
+        (0, f"{experiment}.1", 0.5),
+        (0, f"{experiment}.0", 0.25),
+        (0, None, 0.25),
+        (1, f"{experiment}.2", 1.0),
+    ]
+    assert main(["task", "list", "--db", db_url, "--cluster", str(cluster)]) == 0
+    text = capsys.readouterr().out
+    assert_fits(text)
+    lines = [line.split() for line in text.splitlines() if "127.0.0.1" in line]
+    assert [line[-1] for line in lines] == ["1/2", "1/4", "free", "1"]
+    assert lines[2][-2:] == ["1/4", "free"]
+    assert main(["agents", "--db", db_url, "--cluster", str(cluster)]) == 0
+    text = capsys.readouterr().out
+    assert_fits(text)
+    (row,) = [line.split() for line in text.splitlines() if "127.0.0.1" in line]
+    assert row[:5] == ["default", "a0", "127.0.0.1", "0,1", "1.75"]
+    assert "default/a0: 1 shared slot, 1/4 of a slot free on it" in text
+
+
+def test_a_share_in_the_queue_shows_as_its_fraction() -> None:
+    view = QueuedView(
+        "default", 2, "small", 5, 0, 1, 42, 1.0, _dt.datetime(2025, 1, 1), (), "why", share=0.125
+    )
+    rows = queue_rows([view], _dt.datetime(2025, 1, 1, 0, 0, 5))
+    assert (rows[0]["slots"], rows[0]["share"]) == (1, 0.125)
+    (line,) = [line.split() for line in render(queue_table(rows)).splitlines() if "2.0" in line]
+    assert line[:5] == ["1", "2.0", "default", "42", "1/8"]
+
+
 def test_the_queue_reads_in_order_with_each_reason_in_80_columns() -> None:
     import datetime as _dt
 

@@ -479,3 +479,47 @@ def test_the_torchrun_of_a_run_whose_ranks_were_fenced_at_start_is_no_overlap(
     _set(search.url, TrialRun, first_run, ranks_started_at=_at(13))
     (problem,) = _problems(search)
     assert f"torchrun (pid {1000 * trial_id}) of trial {trial_id} attempt 0 never ended" in problem
+
+
+def _share_search(search: Search, share: float, trials: int, start: float) -> list[int]:
+    """A second experiment on ``share`` of a slot: ``trials`` trials on slot 3 of agent ``a``
+    (where trial 2 of the fixture held slots 2-3 until 25 s), running at once from ``start``."""
+    experiment_id, trial_ids = add_experiment(
+        search.url, [{"state": TrialState.RUNNING}] * trials, name="shares"
+    )
+    _set(
+        search.url,
+        Experiment,
+        Experiment.id == experiment_id,
+        config={"resources": {"slots_per_trial": share}},
+    )
+    for trial_id in trial_ids:
+        _add_run(search.url, trial_id, 0, start, start + 5, [3])
+    return trial_ids
+
+
+def test_shares_of_a_slot_within_its_capacity_are_no_overlap(search: Search) -> None:
+    _share_search(search, 0.25, 4, start=30)
+    with session_scope(search.url) as session:
+        session.execute(update(Experiment).values(state=ExperimentState.ACTIVE))
+    assert check_consistency(search.url).overlaps == 0
+
+
+def test_shares_adding_up_to_more_than_a_slot_overlap(search: Search) -> None:
+    halves = _share_search(search, 0.5, 3, start=30)
+    report = check_consistency(search.url)
+    assert report.overlaps == 1
+    (problem,) = [p for p in report.problems if p.startswith("slot 3")]
+    assert f"of trial {halves[2]} attempt 0 held it at the same time" in problem
+    assert problem.endswith("(12 eighths of its 8)")
+
+
+def test_a_share_beside_a_whole_trial_overlaps(search: Search) -> None:
+    # Trial 2 of the fixture holds slots 2-3 whole until 25 s; a quarter starts at 24 s.
+    (quarter,) = _share_search(search, 0.25, 1, start=24)
+    report = check_consistency(search.url)
+    assert report.overlaps == 1
+    (problem,) = [p for p in report.problems if p.startswith("slot 3")]
+    assert f"of trial {search.trial_ids[2]} attempt 0 and rank 0" in problem
+    assert f"of trial {quarter} attempt 0 held it at the same time" in problem
+    assert problem.endswith("(10 eighths of its 8)")

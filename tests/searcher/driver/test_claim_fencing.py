@@ -61,6 +61,7 @@ class _RecordingExecutor:
     name = "local"
     remote = False
     places_trials = False
+    shares_slots = False
 
     def __init__(self) -> None:
         self.launched: list[Any] = []

@@ -146,6 +146,58 @@ def test_the_executors_refusals_name_the_field(tmp_path: Path) -> None:
     assert run.pool.agents[0].host == _AWAY_HOST
 
 
+def test_bad_shares_of_a_slot_are_refused_naming_the_allowed_values(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 52: 0.3, 1.5, a share with a search over slots_per_trial, and a share on an
+    executor that cannot honour it: one line each, exit 2, nothing written."""
+    allowed = "0.5, 0.25 or 0.125"
+    third = write_experiment(tmp_path / "third", resources={"slots_per_trial": 0.3})
+    one_and_a_half = write_experiment(tmp_path / "oah", resources={"slots_per_trial": 1.5})
+    searched = write_experiment(tmp_path / "searched", resources={"slots_per_trial": 0.25})
+    yaml_text = yaml.safe_load(searched.read_text())
+    yaml_text["hyperparameters"]["slots_per_trial"] = {"type": "categorical", "vals": [1, 2]}
+    searched.write_text(yaml.safe_dump(yaml_text))
+    searched_shares = write_experiment(tmp_path / "shares")
+    yaml_text = yaml.safe_load(searched_shares.read_text())
+    yaml_text["hyperparameters"]["slots_per_trial"] = {"type": "categorical", "vals": [0.25, 1]}
+    searched_shares.write_text(yaml.safe_dump(yaml_text))
+    db = tmp_path / "out.db"
+    before = _listing(tmp_path)
+    refusals: list[tuple[Path, tuple[str, ...]]] = [
+        (third, ("resources.slots_per_trial", allowed, "(got 0.3)")),
+        (one_and_a_half, ("resources.slots_per_trial", allowed, "(got 1.5)")),
+        (searched, ("resources.slots_per_trial", "0.25", "hyperparameters.slots_per_trial")),
+        (searched_shares, ("hyperparameters.slots_per_trial", "0.25", allowed)),
+    ]
+    for path, needles in refusals:
+        _refused(["run", str(path), "--db", f"sqlite:///{db}", "--slots", "2"], capsys, *needles)
+    assert _listing(tmp_path) == before
+    assert not db.exists()
+
+
+def test_a_share_on_an_executor_that_cannot_honour_it_is_refused(tmp_path: Path) -> None:
+    config = load_config(write_experiment(tmp_path / "exp", resources={"slots_per_trial": 0.25}))
+    assert config.resources.slots_per_trial == 0.25 and config.resources.slots == 1
+    # The local executor places processes on the ledger's slots: a share runs there.
+    run = validate_run(config, local_cluster(1), f"sqlite:///{tmp_path / 'x.db'}")
+    assert run.slots_per_trial == (1,)
+    nodes = parse_cluster(
+        {
+            "resource_pools": [
+                {"name": "default", "agents": [{"name": "n1", "host": _AWAY_HOST, "slots": 2}]}
+            ]
+        }
+    )
+    for executor in ("slurm", "sbatch"):
+        cluster = Cluster(pools=nodes.pools, executor=executor)
+        with pytest.raises(UsageError) as refused:
+            validate_run(config, cluster, "postgresql+psycopg://u@127.0.0.1/db")
+        (line,) = str(refused.value).splitlines()
+        assert line.startswith("resources.slots_per_trial: a share of one slot (0.25)")
+        assert f"executor ({executor})" in line and "whole number of slots (1, 2, ...)" in line
+
+
 # ----------------------------------------------------------------- refusals of a stored run
 
 
