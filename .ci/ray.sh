@@ -21,7 +21,11 @@
 # machine, other clusters included): each node runs `ray start --block` as the leader of
 # its own session, and stopping it SIGTERMs the raylet, then the rest but gcs_server, then
 # gcs_server (all at once the GCS hangs for ~20 s). The head notices a lost node within
-# ~5 s (fast health checks). Token authentication is off (RAY_AUTH_MODE=disabled): a
+# ~5 s (fast health checks). A Ray Client connection whose server died as Ray's proxier
+# forked it (ray-project/ray#63202, about one in 15 spawns) fails after 10 s instead of
+# the proxier's 30 (RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S), and slotsweep connects
+# again; a server that starts waits at most that long for its channel, which one ready
+# takes under a second. Token authentication is off (RAY_AUTH_MODE=disabled): a
 # head would turn it on whenever ~/.ray/auth_token exists (any local `ray.init()` on the
 # machine writes one), and its workers would then be refused.
 #
@@ -159,6 +163,7 @@ start_node() {
   run_on_node "$slot" "$node" "$dir/pids/$node.new" "$dir/logs/$node.out" \
     env RAY_health_check_period_ms=1000 RAY_health_check_timeout_ms=1000 \
     RAY_health_check_failure_threshold=3 RAY_AUTH_MODE=disabled \
+    RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S=10 \
     "$ray_bin" start "${args[@]}"
   for _ in $(seq 1 50); do [[ -s "$dir/pids/$node.new" ]] && break; sleep 0.1; done
   proc_id "$(cat "$dir/pids/$node.new")" >"$dir/pids/$node"
