@@ -213,16 +213,17 @@ class Experiment:
         started = time.monotonic()
         interrupted = False
         while True:
-            state, alive = self._state_and_driver()
-            if state != ExperimentState.ACTIVE:
-                return state
-            waited = time.monotonic() - started
-            self._check_driver(alive, waited)
-            if timeout is not None and waited >= timeout:
-                raise TimeoutError(
-                    f"experiment {self.id} is still {state.value} after {timeout:g} s"
-                )
+            # Ctrl-C may land in the poll's query as well as in the sleep: both pause.
             try:
+                state, alive = self._state_and_driver()
+                if state != ExperimentState.ACTIVE:
+                    return state
+                waited = time.monotonic() - started
+                self._check_driver(alive, waited)
+                if timeout is not None and waited >= timeout:
+                    raise TimeoutError(
+                        f"experiment {self.id} is still {state.value} after {timeout:g} s"
+                    )
                 time.sleep(POLL_S)
             except KeyboardInterrupt:
                 if interrupted:

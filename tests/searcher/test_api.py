@@ -10,6 +10,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -274,19 +275,37 @@ def test_pause_goes_through_the_control_path_and_wait_times_out(
 def test_ctrl_c_while_waiting_asks_the_search_to_pause(
     db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """As in the terminal: the first Ctrl-C pauses the search and the wait goes on."""
+    """As in the terminal: the first Ctrl-C pauses the search and the wait goes on until
+    the driver has paused it."""
     experiment = api.Experiment.open(make_experiment(db_url, tmp_path / "exp", "running"), db_url)
-    # Ctrl-C as a notebook's interrupt sends it: SIGINT to this (the main) thread.
-    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
+
+    def requested_action() -> str | None:
+        with session_scope(db_url) as session:
+            row = session.get(Experiment, experiment.id)
+            assert row is not None
+            return row.requested_action
+
+    def driver() -> None:
+        # Ctrl-C as a notebook's interrupt sends it: SIGINT to this (the main) thread,
+        # then the driver's part: it sees the request and pauses the search.
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGINT)
+        deadline = time.monotonic() + 60
+        while requested_action() != "pause" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with session_scope(db_url) as session:
+            row = session.get(Experiment, experiment.id)
+            assert row is not None
+            row.state = ExperimentState.PAUSED
+
+    thread = threading.Thread(target=driver)
+    thread.start()
     try:
-        with pytest.raises(TimeoutError):
-            experiment.wait(timeout=2.0)
+        state = experiment.wait(timeout=60)
     finally:
-        timer.cancel()
-    with session_scope(db_url) as session:
-        row = session.get(Experiment, experiment.id)
-        assert row is not None and row.requested_action == "pause"
+        thread.join()
+    assert state == ExperimentState.PAUSED
+    assert requested_action() == "pause"
     assert "Ctrl-C again to stop waiting" in capsys.readouterr().err
 
 
