@@ -59,6 +59,7 @@ from storage import (
     session_scope,
     utcnow,
 )
+from trials.compute_spent import RunSpan
 from trials.coordination import allocations as slot_ledger
 from trials.coordination import warm_jobs
 from trials.coordination.attempts import end_run, open_runs, request_stop
@@ -748,8 +749,14 @@ def end_leftovers(ctx: DriverContext, session: Session, trial: Trial) -> None:
     cannot be ended from here.
     """
     # A trial whose ranks reported its end before the driver died does not go on.
-    ended = trial.finished_at is not None or trial.pruned_at is not None
+    ended_at = trial.finished_at or trial.pruned_at
+    ended = ended_at is not None
     for run in open_runs(session, trial.id):
+        # No driver timed this attempt: its compute is read from its row, from its
+        # ranks' start to its last record (its trial's end, when that came first), as
+        # a dead run's compute is counted for pruning (trials.compute_spent).
+        span = RunSpan(run.ranks_started_at, last_progress_at=run.progress_at, ended_at=ended_at)
+        untimed_s = span.seconds(utcnow())
         gone = end_run(
             session,
             run,
@@ -767,4 +774,7 @@ def end_leftovers(ctx: DriverContext, session: Session, trial: Trial) -> None:
                 "still has processes on "
                 f"{', '.join(hosts)} that this machine cannot end; end them, then resume"
             )
+        trial.slot_seconds = (trial.slot_seconds or 0.0) + untimed_s * (
+            trial.slots_per_trial * ctx.config.resources.slot_share
+        )
     slot_ledger.release(session, trial.id)

@@ -14,6 +14,7 @@ launch queues each asked trial once, the one whose row was never written include
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import os
 from dataclasses import dataclass
@@ -246,11 +247,23 @@ def test_a_resume_does_not_say_a_trial_that_ended_while_no_driver_watched_goes_o
     ctx: DriverContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _one_running_and_one_ahead(ctx)
-    # Trial 0's ranks reported it pruned; its driver died before ending its run.
+    # Trial 0's ranks reported it pruned 40 s after they started; its driver died
+    # before ending its run (and before timing it).
+    pruned_at = utcnow() - dt.timedelta(seconds=60)
     with session_scope(ctx.db_url) as session:
         trial = session.scalars(select(Trial).where(Trial.optuna_trial_number == 0)).one()
-        trial.pruned_at = utcnow()
-        session.add(TrialRun(trial_id=trial.id, attempt=0, executor="local", agents=[]))
+        trial.pruned_at = pruned_at
+        slots = trial.slots_per_trial
+        session.add(
+            TrialRun(
+                trial_id=trial.id,
+                attempt=0,
+                executor="local",
+                agents=[],
+                ranks_started_at=pruned_at - dt.timedelta(seconds=40),
+                progress_at=pruned_at,
+            )
+        )
 
     _resumed_driver(ctx, monkeypatch)
     with session_scope(ctx.db_url) as session:
@@ -259,6 +272,8 @@ def test_a_resume_does_not_say_a_trial_that_ended_while_no_driver_watched_goes_o
         assert trial.state == TrialState.PRUNED
         assert run.ended_at is not None
         assert run.reason == "driver stopped after the trial had ended"
+        # Its compute up to its end is counted, not the minute no driver watched.
+        assert trial.slot_seconds == pytest.approx(40.0 * slots)
 
 
 # ----------------------------------------------------------------- decided ahead
