@@ -47,6 +47,8 @@ class StudyReports:
         self.spec = spec
         self._trial: Any = None
         self._pending: _Pending | None = None
+        #: The steps the study holds a value of for this trial (read when it loads).
+        self._reported_steps: set[int] = set()
 
     def report(
         self, value: float, step: int, moment: float, slot_seconds: float | None = None
@@ -60,7 +62,12 @@ class StudyReports:
         from storage import retry_transient
 
         trial = retry_transient(self.trial)
+        if step in self._reported_steps:
+            # A restart replays the steps after its checkpoint: Optuna keeps a step's
+            # first value (and would warn in the trial's log for each replayed one).
+            return
         retry_transient(lambda: trial.report(float(value), step))
+        self._reported_steps.add(step)
 
     def ask(self, transaction: Transaction[list[float]]) -> bool:
         """Whether the study's pruner stops the trial, after the pending report if any."""
@@ -85,10 +92,13 @@ class StudyReports:
 
             from storage import optuna_storage
 
+            storage = optuna_storage(self.spec.db_url)
             study = optuna.load_study(
                 study_name=self.spec.study_name,
-                storage=optuna_storage(self.spec.db_url),
+                storage=storage,
                 pruner=pruning.build_pruner(self.spec.pruner),
             )
             self._trial = optuna.trial.Trial(study, self.spec.optuna_trial_id)
+            known = storage.get_trial(self.spec.optuna_trial_id).intermediate_values
+            self._reported_steps = set(known)
         return self._trial

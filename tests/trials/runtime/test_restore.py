@@ -35,6 +35,10 @@ from trials.runtime._runner import run_trial
 
 from .conftest import TrialHandle, run_worker
 
+# A fallback replays the steps after the checkpoint it restores: Optuna keeps their first
+# values, and the trial's log gets no warning for each step told again.
+pytestmark = pytest.mark.filterwarnings("error:The reported value is ignored:UserWarning")
+
 SINGLE = DistributedInfo()
 # 64 samples, 4 per batch on one rank: 16 batches an epoch; a checkpoint every 4, and
 # retention keeping them all.
