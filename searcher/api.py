@@ -45,8 +45,10 @@ from __future__ import annotations
 import datetime as _dt
 import numbers
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -103,6 +105,38 @@ POLL_S = 0.5
 DRIVER_START_GRACE_S = 60.0
 # slotsweep's packages, importable by a background driver from a source checkout too.
 _PACKAGES_ROOT = Path(__file__).resolve().parent.parent
+
+
+class _CtrlC:
+    """Ctrl-C while :meth:`Experiment.wait` runs: the first press is counted, the second
+    raises :class:`KeyboardInterrupt`.
+
+    A handler of its own rather than Python's, whose :class:`KeyboardInterrupt` is lost
+    when it lands in a finalizer (``Exception ignored in ...``) run by the poll's
+    database work: the first press then did nothing. Installed only in the main thread
+    (the only one Python lets install one, and the one signals run in); elsewhere the
+    wait falls back to catching Python's :class:`KeyboardInterrupt`.
+    """
+
+    def __init__(self) -> None:
+        self.pressed = 0
+        self.installed = False
+        self._previous: Any = None
+
+    def __enter__(self) -> _CtrlC:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+            self.installed = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.installed:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _on_sigint(self, signum: int, frame: object) -> None:
+        self.pressed += 1
+        if self.pressed > 1:
+            raise KeyboardInterrupt
 
 
 @dataclass(frozen=True)
@@ -211,27 +245,38 @@ class Experiment:
         was created by :func:`submit` and never started).
         """
         started = time.monotonic()
-        interrupted = False
-        while True:
-            # Ctrl-C may land in the poll's query as well as in the sleep: both pause.
-            try:
-                state, alive = self._state_and_driver()
-                if state != ExperimentState.ACTIVE:
-                    return state
-                waited = time.monotonic() - started
-                self._check_driver(alive, waited)
-                if timeout is not None and waited >= timeout:
-                    raise TimeoutError(
-                        f"experiment {self.id} is still {state.value} after {timeout:g} s"
-                    )
-                time.sleep(POLL_S)
-            except KeyboardInterrupt:
-                if interrupted:
+        asked_pause = False
+        with _CtrlC() as ctrl_c:
+            while True:
+                try:
+                    if ctrl_c.pressed > 1:
+                        # Its handler raised already, unless a finalizer swallowed that.
+                        raise KeyboardInterrupt
+                    if ctrl_c.pressed and not asked_pause:
+                        asked_pause = True
+                        self._pause_on_ctrl_c()
+                    state, alive = self._state_and_driver()
+                    if state != ExperimentState.ACTIVE:
+                        return state
+                    waited = time.monotonic() - started
+                    self._check_driver(alive, waited)
+                    if timeout is not None and waited >= timeout:
+                        raise TimeoutError(
+                            f"experiment {self.id} is still {state.value} after {timeout:g} s"
+                        )
+                    time.sleep(POLL_S)
+                except KeyboardInterrupt:
+                    if not ctrl_c.installed and not asked_pause:
+                        ctrl_c.pressed += 1  # Python's own handler's first Ctrl-C.
+                        continue
+                    if not asked_pause:  # Two presses before the first was acted on.
+                        self._pause_on_ctrl_c()
                     raise
-                interrupted = True
-                Console(stderr=True).print(
-                    f"Ctrl-C: {self.pause()} (Ctrl-C again to stop waiting)", highlight=False
-                )
+
+    def _pause_on_ctrl_c(self) -> None:
+        Console(stderr=True).print(
+            f"Ctrl-C: {self.pause()} (Ctrl-C again to stop waiting)", highlight=False
+        )
 
     def pause(self) -> str:
         """Ask the search to checkpoint its trials and pause (``slotsweep pause``); what happened."""

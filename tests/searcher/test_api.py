@@ -32,6 +32,7 @@ from storage import (
     Trial,
     metric_rows,
     session_scope,
+    utcnow,
 )
 from tests.conftest import EXAMPLES_DIR
 from tests.searcher.conftest import run_cli, write_experiment
@@ -272,41 +273,72 @@ def test_pause_goes_through_the_control_path_and_wait_times_out(
         experiment.wait(timeout=0.2)
 
 
+def _requested_action(db_url: str, experiment_id: int) -> str | None:
+    with session_scope(db_url) as session:
+        row = session.get(Experiment, experiment_id)
+        assert row is not None
+        return row.requested_action
+
+
+def _play_driver(db_url: str, experiment_id: int, presses: int, pause: bool, before: Any) -> None:
+    """Ctrl-C ``presses`` times as a notebook's interrupt sends it (SIGINT to this process,
+    run by its main thread), then the driver's part: its heartbeat stays fresh until it
+    sees the pause asked, and with ``pause`` it then pauses the search. It presses once
+    the wait has put its handler in the place of ``before``, the one there at the start."""
+    deadline = time.monotonic() + 60
+    while signal.getsignal(signal.SIGINT) is before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    asked_at: float | None = None
+    while time.monotonic() < deadline:
+        with session_scope(db_url) as session:
+            row = session.get(Experiment, experiment_id)
+            assert row is not None
+            row.driver_heartbeat_at = utcnow()
+            if row.requested_action == "pause":
+                asked_at = asked_at or time.monotonic()
+                if pause:
+                    row.state = ExperimentState.PAUSED
+                    return
+        if presses:
+            presses -= 1
+            os.kill(os.getpid(), signal.SIGINT)
+        elif asked_at is not None:
+            return
+        time.sleep(0.2)
+
+
 def test_ctrl_c_while_waiting_asks_the_search_to_pause(
     db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """As in the terminal: the first Ctrl-C pauses the search and the wait goes on until
     the driver has paused it."""
     experiment = api.Experiment.open(make_experiment(db_url, tmp_path / "exp", "running"), db_url)
-
-    def requested_action() -> str | None:
-        with session_scope(db_url) as session:
-            row = session.get(Experiment, experiment.id)
-            assert row is not None
-            return row.requested_action
-
-    def driver() -> None:
-        # Ctrl-C as a notebook's interrupt sends it: SIGINT to this (the main) thread,
-        # then the driver's part: it sees the request and pauses the search.
-        time.sleep(0.3)
-        os.kill(os.getpid(), signal.SIGINT)
-        deadline = time.monotonic() + 60
-        while requested_action() != "pause" and time.monotonic() < deadline:
-            time.sleep(0.05)
-        with session_scope(db_url) as session:
-            row = session.get(Experiment, experiment.id)
-            assert row is not None
-            row.state = ExperimentState.PAUSED
-
-    thread = threading.Thread(target=driver)
-    thread.start()
+    before = signal.getsignal(signal.SIGINT)
+    driver = threading.Thread(target=_play_driver, args=(db_url, experiment.id, 1, True, before))
+    driver.start()
     try:
         state = experiment.wait(timeout=60)
     finally:
-        thread.join()
+        driver.join()
     assert state == ExperimentState.PAUSED
-    assert requested_action() == "pause"
+    assert _requested_action(db_url, experiment.id) == "pause"
     assert "Ctrl-C again to stop waiting" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is before  # Python's own handler is back.
+
+
+def test_a_second_ctrl_c_stops_waiting_and_the_search_still_pauses(
+    db_url: str, tmp_path: Path
+) -> None:
+    experiment = api.Experiment.open(make_experiment(db_url, tmp_path / "exp", "running"), db_url)
+    before = signal.getsignal(signal.SIGINT)
+    driver = threading.Thread(target=_play_driver, args=(db_url, experiment.id, 2, False, before))
+    driver.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            experiment.wait(timeout=60)
+    finally:
+        driver.join()
+    assert _requested_action(db_url, experiment.id) == "pause"
 
 
 def test_an_importable_trial_class_is_stored_by_name(
