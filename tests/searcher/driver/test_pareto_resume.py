@@ -104,18 +104,23 @@ def test_rung_decisions_survive_a_power_loss_and_a_killed_driver(
     # 1. Power loss right after trial 0 passed its first rung, before any checkpoint.
     driver = start_cli(["run", str(path), *common], cli_env, tmp_path)
     wait_for(lambda: _promoted_without_checkpoint(db, 0), what="trial 0 past its first rung")
-    interrupted = _running(db)
     power_loss(driver, db)
+    # Read after the crash: a trial the driver launched between a read and the kill
+    # was interrupted too.
+    interrupted = _running(db)
     before_power_loss = _decisions(db)
 
     # 2. The driver alone SIGKILLed once a trial was pruned and a later one runs.
     driver = start_cli(resume, cli_env, tmp_path)
     wait_for(lambda: _pruned_then_running(db), what="a pruned trial, and a later one running")
-    interrupted |= _running(db)
     driver.kill()
     driver.communicate(timeout=30)
     before_kill = _decisions(db)
     pruned_before_kill = _pruned_trials(db)
+    # Its trials train on without it, and its warm job's rank 0 starts the trial the
+    # driver had decided ahead at a hand-back: every run open when the resume comes was
+    # interrupted by the kill (the resume ends them and runs their trials on).
+    interrupted |= _running(db)
 
     run_to_end(resume, cli_env, tmp_path)
 
