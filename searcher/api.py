@@ -113,9 +113,8 @@ class _CtrlC:
 
     A handler of its own rather than Python's, whose :class:`KeyboardInterrupt` is lost
     when it lands in a finalizer (``Exception ignored in ...``) run by the poll's
-    database work: the first press then did nothing. Installed only in the main thread
-    (the only one Python lets install one, and the one signals run in); elsewhere the
-    wait falls back to catching Python's :class:`KeyboardInterrupt`.
+    database work: the first press then did nothing. Installed only in the main thread,
+    the only one Python lets install one and the only one a Ctrl-C interrupts.
     """
 
     def __init__(self) -> None:
@@ -266,9 +265,6 @@ class Experiment:
                         )
                     time.sleep(POLL_S)
                 except KeyboardInterrupt:
-                    if not ctrl_c.installed and not asked_pause:
-                        ctrl_c.pressed += 1  # Python's own handler's first Ctrl-C.
-                        continue
                     if not asked_pause:  # Two presses before the first was acted on.
                         self._pause_on_ctrl_c()
                     raise

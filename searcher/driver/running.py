@@ -59,7 +59,7 @@ from storage import (
     session_scope,
     utcnow,
 )
-from trials.compute_spent import RunSpan
+from trials.compute_spent import RunSpan, slot_seconds_spent
 from trials.coordination import allocations as slot_ledger
 from trials.coordination import warm_jobs
 from trials.coordination.attempts import end_run, open_runs, request_stop
@@ -755,8 +755,11 @@ def end_leftovers(ctx: DriverContext, session: Session, trial: Trial) -> None:
         # No driver timed this attempt: its compute is read from its row, from its
         # ranks' start to its last record (its trial's end, when that came first), as
         # a dead run's compute is counted for pruning (trials.compute_spent).
-        span = RunSpan(run.ranks_started_at, last_progress_at=run.progress_at, ended_at=ended_at)
-        untimed_s = span.seconds(utcnow())
+        untimed = RunSpan(
+            run.ranks_started_at, last_progress_at=run.progress_at, ended_at=ended_at
+        )
+        compute_slots = trial.slots_per_trial * ctx.config.resources.slot_share
+        untimed_slot_s = slot_seconds_spent([untimed], compute_slots, utcnow())
         gone = end_run(
             session,
             run,
@@ -774,7 +777,5 @@ def end_leftovers(ctx: DriverContext, session: Session, trial: Trial) -> None:
                 "still has processes on "
                 f"{', '.join(hosts)} that this machine cannot end; end them, then resume"
             )
-        trial.slot_seconds = (trial.slot_seconds or 0.0) + untimed_s * (
-            trial.slots_per_trial * ctx.config.resources.slot_share
-        )
+        trial.slot_seconds = (trial.slot_seconds or 0.0) + untimed_slot_s
     slot_ledger.release(session, trial.id)

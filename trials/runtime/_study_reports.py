@@ -47,8 +47,6 @@ class StudyReports:
         self.spec = spec
         self._trial: Any = None
         self._pending: _Pending | None = None
-        #: The steps the study holds a value of for this trial (read when it loads).
-        self._reported_steps: set[int] = set()
 
     def report(
         self, value: float, step: int, moment: float, slot_seconds: float | None = None
@@ -62,12 +60,7 @@ class StudyReports:
         from storage import retry_transient
 
         trial = retry_transient(self.trial)
-        if step in self._reported_steps:
-            # A restart replays the steps after its checkpoint: Optuna keeps a step's
-            # first value (and would warn in the trial's log for each replayed one).
-            return
         retry_transient(lambda: trial.report(float(value), step))
-        self._reported_steps.add(step)
 
     def ask(self, transaction: Transaction[list[float]]) -> bool:
         """Whether the study's pruner stops the trial, after the pending report if any."""
@@ -88,17 +81,23 @@ class StudyReports:
     def trial(self) -> Any:
         """The ``optuna.trial.Trial`` of this trial, its study loaded with the pruner."""
         if self._trial is None:
+            import warnings
+
             import optuna
+
+            # A restart replays the steps after its checkpoint: Optuna keeps each step's
+            # first value (it knows them from the trial it reads) and would warn in the
+            # trial's log for every step told again.
+            warnings.filterwarnings(
+                "ignore", message="The reported value is ignored", category=UserWarning
+            )
 
             from storage import optuna_storage
 
-            storage = optuna_storage(self.spec.db_url)
             study = optuna.load_study(
                 study_name=self.spec.study_name,
-                storage=storage,
+                storage=optuna_storage(self.spec.db_url),
                 pruner=pruning.build_pruner(self.spec.pruner),
             )
             self._trial = optuna.trial.Trial(study, self.spec.optuna_trial_id)
-            known = storage.get_trial(self.spec.optuna_trial_id).intermediate_values
-            self._reported_steps = set(known)
         return self._trial
