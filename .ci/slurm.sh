@@ -263,6 +263,8 @@ JobCompLoc=$dir/jobcomp.txt
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
+# A pass over pending jobs every 5 s, not Slurm's 60 (backfill's 30): tests wait on them.
+SchedulerParameters=sched_interval=5,bf_interval=5
 GresTypes=gpu
 MpiDefault=none
 SwitchType=switch/none
