@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -72,12 +73,22 @@ def shared_fixture_group(item: pytest.Item) -> str | None:
     )
 
 
+# A test that needs one of these servers is slow (pyproject.toml's marker: it starts real
+# processes), marked or not; tests that ask for one by name inside mark that
+# parameter themselves (:data:`POSTGRESQL`).
+_SERVER_FIXTURES = frozenset({"postgres_server", "s3_server"})
+#: The parameter of a test run on SQLite and on PostgreSQL that names the latter.
+POSTGRESQL = pytest.param("postgresql", marks=pytest.mark.slow)
+
+
 # First: pytest-xdist reads the marks in its own hook of this name (and appends the group
 # to the node id there); a mark added after it has run is silently ignored, and every
 # worker then builds its own clusters.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
+        if _SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
         group = shared_fixture_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
@@ -225,13 +236,33 @@ def real_search(tmp_path_factory: pytest.TempPathFactory) -> RealSearch:
     return run_real_search(tmp_path_factory.mktemp("real_search"))
 
 
+@pytest.fixture(scope="session")
+def migrated_database(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file migrated to the newest schema, once per worker: :func:`db_url`
+    copies it. Running the migrations for every test took about a tenth of the quick
+    subset (each new database runs every Alembic revision; the migrations' own tests
+    still do)."""
+    from storage import upgrade_schema
+
+    path = tmp_path_factory.mktemp("migrated") / "slotsweep.db"
+    upgrade_schema(f"sqlite:///{path}")
+    return path
+
+
 @pytest.fixture
-def db_url(tmp_path: Path) -> str:
+def db_url(tmp_path: Path, migrated_database: Path) -> str:
     """A fresh SQLite database file, migrated to the newest schema."""
     from storage import upgrade_schema
 
-    url = f"sqlite:///{tmp_path / 'slotsweep.db'}"
-    upgrade_schema(url)
+    path = tmp_path / "slotsweep.db"
+    source, copy = sqlite3.connect(migrated_database), sqlite3.connect(path)
+    try:
+        source.backup(copy)  # SQLite's own copy: consistent whatever its WAL holds
+    finally:
+        copy.close()
+        source.close()
+    url = f"sqlite:///{path}"
+    upgrade_schema(url)  # Finds it at the newest revision: a check, no migration.
     return url
 
 

@@ -341,6 +341,7 @@ def test_a_second_ctrl_c_stops_waiting_and_the_search_still_pauses(
     assert _requested_action(db_url, experiment.id) == "pause"
 
 
+@pytest.mark.slow  # starts a Python process that imports torch
 def test_an_importable_trial_class_is_stored_by_name(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

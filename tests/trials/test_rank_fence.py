@@ -35,7 +35,7 @@ from storage import (
     upgrade_schema,
     utcnow,
 )
-from tests.conftest import add_experiment
+from tests.conftest import POSTGRESQL, add_experiment
 from trials.coordination import allocations
 from trials.coordination.attempts import end_run, open_runs, trial_processes_gone
 from trials.launch.processes import LAUNCH_TOKEN_ENV_VAR
@@ -46,7 +46,7 @@ A0 = Agent("a0", "127.0.0.1", (0,))
 BLOCKED_S = 0.5
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", POSTGRESQL])
 def url(request: pytest.FixtureRequest, db_url: str) -> str:
     if request.param == "sqlite":
         return db_url
@@ -300,6 +300,7 @@ def _python(code: str, env: dict[str, str]) -> tuple[Any, str]:
     return json.loads(done.stdout.splitlines()[-1]), done.stdout + done.stderr
 
 
+@pytest.mark.slow  # starts a Python process
 def test_the_wrapper_passes_the_fence_for_its_ranks_and_names_the_attempt(db_url: str) -> None:
     trial_id, _ = _recorded_run(db_url)
     verdict, _ = _python(_WRAPPER, _spec_env(db_url, trial_id))
@@ -308,6 +309,7 @@ def test_the_wrapper_passes_the_fence_for_its_ranks_and_names_the_attempt(db_url
     assert _started_at(db_url, trial_id) is not None
 
 
+@pytest.mark.slow  # starts a Python process
 def test_the_wrapper_refuses_an_ended_run_before_any_rank_starts(db_url: str) -> None:
     trial_id, _ = _recorded_run(db_url)
     with session_scope(db_url) as session:
@@ -319,6 +321,7 @@ def test_the_wrapper_refuses_an_ended_run_before_any_rank_starts(db_url: str) ->
     assert _started_at(db_url, trial_id) is None
 
 
+@pytest.mark.slow  # starts a Python process
 def test_a_rank_whose_wrapper_passed_the_fence_imports_no_database_code(db_url: str) -> None:
     """The guard on the rank's start-up: only a rank that checks for itself loads them."""
     from trials.node._fence import FENCE_PASSED_ENV_VAR

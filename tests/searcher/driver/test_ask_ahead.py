@@ -55,7 +55,7 @@ from storage import (
     upgrade_schema,
     utcnow,
 )
-from tests.conftest import EXAMPLES_DIR, add_experiment
+from tests.conftest import EXAMPLES_DIR, POSTGRESQL, add_experiment
 from trials.config import ExperimentConfig, parse_config
 from trials.coordination import cluster_queue, warm_jobs
 from trials.coordination.attempts import request_stop
@@ -360,7 +360,7 @@ def _job(ctx: DriverContext, job_id: int) -> WarmJob:
     return job
 
 
-@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("database", ["sqlite", POSTGRESQL])
 def test_rank_0_starts_the_trial_decided_ahead_in_its_hand_back(
     request: pytest.FixtureRequest,
     db_url: str,
@@ -565,7 +565,7 @@ def _run_of(ctx: DriverContext, trial_id: int) -> TrialRun:
     return run
 
 
-@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("database", ["sqlite", POSTGRESQL])
 def test_rank_0_takes_the_first_of_two_decided_ahead_and_the_second_moves_up(
     request: pytest.FixtureRequest, db_url: str, tmp_path: Path, database: str
 ) -> None:

@@ -111,6 +111,7 @@ def test_each_refusal_of_a_new_run_is_one_line_and_writes_nothing(
     assert not db.exists()
 
 
+@pytest.mark.slow  # starts a Python process that imports torch
 def test_an_entrypoint_that_does_not_load_is_refused_before_the_database_is_created(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -162,6 +162,7 @@ def test_a_trial_by_number_and_its_newest_checkpoint(db_url: str) -> None:
     assert (row.id, row.label, row.searcher_metric) == (first, f"{experiment_id}.0", 0.1)
 
 
+@pytest.mark.slow  # starts a Python process
 def test_reading_counts_and_rows_does_not_import_pandas() -> None:
     # The driver and the CLI read counts and typed rows here; pandas (half a second to
     # import) loads only with the first frame a query builds.
