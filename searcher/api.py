@@ -45,10 +45,8 @@ from __future__ import annotations
 import datetime as _dt
 import numbers
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -58,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 import searcher.submit.samplers as samplers
+from searcher.driver.control import CtrlC
 from searcher.driver.driver import SearchDriver
 from searcher.experiments import UsageError, find_experiment, request_action
 from searcher.logs import stored_experiment_log_dir
@@ -105,37 +104,6 @@ POLL_S = 0.5
 DRIVER_START_GRACE_S = 60.0
 # slotsweep's packages, importable by a background driver from a source checkout too.
 _PACKAGES_ROOT = Path(__file__).resolve().parent.parent
-
-
-class _CtrlC:
-    """Ctrl-C while :meth:`Experiment.wait` runs: the first press is counted, the second
-    raises :class:`KeyboardInterrupt`.
-
-    A handler of its own rather than Python's, whose :class:`KeyboardInterrupt` is lost
-    when it lands in a finalizer (``Exception ignored in ...``) run by the poll's
-    database work: the first press then did nothing. Installed only in the main thread,
-    the only one Python lets install one and the only one a Ctrl-C interrupts.
-    """
-
-    def __init__(self) -> None:
-        self.pressed = 0
-        self.installed = False
-        self._previous: Any = None
-
-    def __enter__(self) -> _CtrlC:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
-            self.installed = True
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.installed:
-            signal.signal(signal.SIGINT, self._previous)
-
-    def _on_sigint(self, signum: int, frame: object) -> None:
-        self.pressed += 1
-        if self.pressed > 1:
-            raise KeyboardInterrupt
 
 
 @dataclass(frozen=True)
@@ -245,7 +213,7 @@ class Experiment:
         """
         started = time.monotonic()
         asked_pause = False
-        with _CtrlC() as ctrl_c:
+        with CtrlC() as ctrl_c:
             while True:
                 try:
                     if ctrl_c.pressed > 1:

@@ -23,11 +23,11 @@ Ctrl-C sets ``control.action``; an example would replace the test runner's own):
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import os
 import signal
 import socket
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
@@ -59,15 +59,62 @@ class Stop(str, enum.Enum):
     ERROR = "error"
 
 
+class CtrlC:
+    """Ctrl-C presses, counted by a SIGINT handler of its own while installed: the first
+    calls ``on_first``, a second raises :class:`KeyboardInterrupt`.
+
+    A handler of its own rather than Python's, whose :class:`KeyboardInterrupt` is lost
+    when it lands in a finalizer (``Exception ignored in ...``) run by database work:
+    the first press then did nothing. Installed only in the main thread, the only one
+    Python lets install one and the only one a Ctrl-C interrupts; elsewhere
+    :meth:`install` does nothing.
+    """
+
+    def __init__(self, on_first: Callable[[], None] = lambda: None) -> None:
+        self.pressed = 0
+        self._on_first = on_first
+        self._previous: Any = None
+        self._installed = False
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+            self._installed = True
+
+    def restore(self) -> None:
+        """Put back the handler :meth:`install` replaced."""
+        if self._installed:
+            signal.signal(signal.SIGINT, self._previous)
+            self._installed = False
+
+    def __enter__(self) -> CtrlC:
+        self.install()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
+
+    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        self.pressed += 1
+        if self.pressed == 1:
+            self._on_first()
+        else:
+            raise KeyboardInterrupt
+
+
 @dataclass
 class Control:
     """What Ctrl-C and ``slotsweep pause|kill`` asked for."""
 
-    interrupts: int = 0
     action: Stop | None = None
-    handlers: dict[int, Any] = field(default_factory=dict)
+    ctrl_c: CtrlC = field(default_factory=CtrlC)
     #: Why the experiment must stop (action ERROR), for the failed trials' errors.
     stop_reason: str = ""
+
+    @property
+    def interrupts(self) -> int:
+        """How many times Ctrl-C was pressed."""
+        return self.ctrl_c.pressed
 
 
 def claim_ownership(ctx: DriverContext) -> None:
@@ -201,23 +248,16 @@ def install_signal_handlers(control: Control) -> None:
     Outside the main thread no handler can be installed, and none is.
     """
 
-    def on_interrupt(signum: int, frame: FrameType | None) -> None:
-        control.interrupts += 1
-        if control.interrupts == 1:
-            _log.warning(
-                "Ctrl-C: no new trials; running trials checkpoint and stop "
-                "(Ctrl-C again to stop now)"
-            )
-            control.action = Stop.PAUSE
-        else:
-            raise KeyboardInterrupt
+    def pause() -> None:
+        _log.warning(
+            "Ctrl-C: no new trials; running trials checkpoint and stop (Ctrl-C again to stop now)"
+        )
+        control.action = Stop.PAUSE
 
-    with contextlib.suppress(ValueError):  # Not in the main thread: no handlers.
-        control.handlers[signal.SIGINT] = signal.signal(signal.SIGINT, on_interrupt)
+    control.ctrl_c = CtrlC(pause)
+    control.ctrl_c.install()
 
 
 def restore_signal_handlers(control: Control) -> None:
-    """Put back the handlers :func:`install_signal_handlers` replaced."""
-    for signum, handler in control.handlers.items():
-        with contextlib.suppress(ValueError):
-            signal.signal(signum, handler)
+    """Put back the handler :func:`install_signal_handlers` replaced."""
+    control.ctrl_c.restore()

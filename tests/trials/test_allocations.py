@@ -17,7 +17,7 @@ from storage import (
     upgrade_schema,
     utcnow,
 )
-from tests.conftest import add_experiment
+from tests.conftest import POSTGRESQL, add_experiment
 from tests.storage.conftest import postgres_url  # noqa: F401  (a real server for the race)
 from trials.coordination import allocations
 from trials.scheduler import Agent, AgentSlots, Cluster, Placement, ResourcePool
@@ -384,7 +384,7 @@ def _racer(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("backend", ["sqlite", POSTGRESQL])
 def test_two_processes_racing_for_slots_never_both_win(
     backend: str, db_url: str, request: pytest.FixtureRequest
 ) -> None:

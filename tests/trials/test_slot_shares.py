@@ -28,7 +28,7 @@ from storage import (
     utcnow,
 )
 from storage._migrate import alembic_config
-from tests.conftest import add_experiment
+from tests.conftest import POSTGRESQL, add_experiment
 from tests.storage.conftest import postgres_url  # noqa: F401  (a real server for the race)
 from trials.coordination import allocations, cluster_queue
 from trials.coordination.allocations import ClaimedPlacement
@@ -356,7 +356,7 @@ def _racer(db_url: str, trial_ids: list[int], experiment_id: int, barrier: Any) 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("backend", ["sqlite", POSTGRESQL])
 def test_racing_processes_never_claim_a_slot_past_its_capacity(
     backend: str, db_url: str, request: pytest.FixtureRequest
 ) -> None:

@@ -13,6 +13,7 @@ the question, one Optuna write per rung instead of one per validation.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -81,8 +82,6 @@ class StudyReports:
     def trial(self) -> Any:
         """The ``optuna.trial.Trial`` of this trial, its study loaded with the pruner."""
         if self._trial is None:
-            import warnings
-
             import optuna
 
             # A restart replays the steps after its checkpoint: Optuna keeps each step's

@@ -28,6 +28,7 @@ import pytest
 from sqlalchemy import select
 
 from storage import FENCED_EXIT_CODE, Trial, TrialProcess, TrialRun, TrialState, session_scope
+from tests.conftest import POSTGRESQL
 from tests.searcher.conftest import assert_search_consistent, start_cli, wait_for, write_experiment
 from trials.timings import TIMINGS_ENV_VAR
 
@@ -78,7 +79,7 @@ def _a_later_attempt_trains(db: str, trial_id: int) -> bool:
         )
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("backend", ["sqlite", POSTGRESQL])
 def test_ranks_of_a_run_judged_gone_while_its_driver_was_frozen_start_nothing(
     tmp_path: Path, cli_env: dict[str, str], backend: str, request: pytest.FixtureRequest
 ) -> None:

@@ -30,6 +30,7 @@ import pytest
 from sqlalchemy import select
 
 from storage import Allocation, Experiment, TrialRun, session_scope
+from tests.conftest import POSTGRESQL
 from tests.searcher.conftest import (
     assert_search_consistent,
     start_cli,
@@ -162,7 +163,7 @@ def _heartbeat_written(db: str, name: str) -> bool:
         )
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("backend", ["sqlite", POSTGRESQL])
 def test_a_driver_stopped_past_its_lease_never_shares_a_slot(
     tmp_path: Path, cli_env: dict[str, str], backend: str, request: pytest.FixtureRequest
 ) -> None:
